@@ -1,0 +1,915 @@
+// cpu/runtime.cpp: the CUDA runtime on the CPU, and the emulator that runs kernels.
+//
+// Memory: device memory is host memory, counted against an emulated device size; copies and
+// memsets check that their device ranges lie inside one cudaMalloc'ed buffer, as the GPU would
+// fault otherwise. Streams execute in order, synchronously, at the time of the call (a legal
+// schedule of any stream program); events record the time at which they were reached.
+//
+// Kernels: every CUDA thread is a fiber (its own stack, a 6-register context switch). A block's
+// fibers run on one OS thread under a scheduler loop: each runnable fiber runs until it exits or
+// waits at a barrier or warp collective, then control returns to the scheduler. A barrier
+// completes when every thread of the block has arrived or exited; a warp collective completes when
+// every lane named in its mask has arrived at it, and the last to arrive computes everyone's
+// result. If no fiber can run while some still wait, the block is deadlocked: the scheduler
+// says who waits where and the launch fails, instead of hanging. Blocks are taken in order from a
+// shared counter by EMU_THREADS OS threads.
+#include <cuda_runtime.h>
+#include <cxxabi.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+#include <map>
+#include <mutex>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define EMU_ASAN 1
+#else
+#define EMU_ASAN 0
+#endif
+
+// ----------------------------------------------------------------------------
+// The H100 limits the emulator enforces and reports.
+enum {
+    MAX_THREADS_PER_BLOCK = 1024,
+    MAX_BLOCK_X = 1024, MAX_BLOCK_Y = 1024, MAX_BLOCK_Z = 64,
+    MAX_GRID_Y = 65535, MAX_GRID_Z = 65535,
+    DEFAULT_DYNAMIC_SMEM = 48 * 1024,      // without the kernel's opt-in
+    MAX_DYNAMIC_SMEM = EMU_MAX_DYNAMIC_SMEM,  // 227 KB, with cudaFuncSetAttribute
+};
+static const long long MAX_GRID_X = 2147483647LL;
+
+thread_local __attribute__((aligned(128))) unsigned char dyn_smem[EMU_MAX_DYNAMIC_SMEM];
+thread_local uint3 threadIdx;
+thread_local uint3 blockIdx;
+thread_local dim3 blockDim;
+thread_local dim3 gridDim;
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+long long clock64(void) { return (long long)(now_seconds() * 1e9); }
+
+static long long env_ll(const char* name, long long dflt) {
+    const char* s = getenv(name);
+    if (!s || !*s) return dflt;
+    char* end;
+    double v = strtod(s, &end);  // accepts 94e9 as well as 1024
+    if (*end || v < 0) {
+        fprintf(stderr, "cpu runtime: %s=%s is not a non-negative number\n", name, s);
+        exit(2);
+    }
+    return (long long)v;
+}
+
+// ----------------------------------------------------------------------------
+// Errors. As on the GPU, the last error is per host thread; kernel failures are reported by the
+// next cudaGetLastError/cudaPeekAtLastError and by synchronizing calls.
+static thread_local cudaError_t last_error = cudaSuccess;
+static cudaError_t set_error(cudaError_t e) {
+    if (e != cudaSuccess && last_error == cudaSuccess) last_error = e;
+    return e;
+}
+// fail(): an API call was misused; say why on stderr (the GPU would only return the code).
+static cudaError_t fail(cudaError_t e, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cpu runtime: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return set_error(e);
+}
+cudaError_t cudaGetLastError(void) {
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return last_error; }
+
+const char* cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    case cudaErrorIllegalInstruction: return "cudaErrorIllegalInstruction";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
+    default: return "cudaErrorUnknown";
+    }
+}
+const char* cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    case cudaErrorIllegalInstruction: return "an illegal instruction was encountered";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorInvalidDeviceFunction: return "invalid device function";
+    default: return "unknown error";
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Device memory: every allocation is remembered (start -> size) so that copies can be checked.
+static std::mutex mem_lock;
+static std::map<uintptr_t, size_t> device_allocs;
+static long long device_used = 0;
+static long long device_bytes(void) {
+    static long long total = env_ll("EMU_DEVICE_BYTES", 94e9);  // the H100 NVL's 94 GB
+    return total;
+}
+
+cudaError_t cudaMalloc(void** ptr, size_t size) {
+    if (!ptr) return fail(cudaErrorInvalidValue, "cudaMalloc: NULL output pointer");
+    *ptr = NULL;
+    std::lock_guard<std::mutex> g(mem_lock);
+    if (device_used + (long long)size > device_bytes()) {
+        fprintf(stderr, "cpu runtime: cudaMalloc(%zu bytes): out of emulated device memory (%lld of %lld bytes in use)\n",
+                size, device_used, device_bytes());
+        return set_error(cudaErrorMemoryAllocation);
+    }
+    void* p = NULL;
+    // Exactly `size` bytes (at 256-byte alignment, as cudaMalloc), so AddressSanitizer sees overruns.
+    if (posix_memalign(&p, 256, size ? size : 1) != 0) return set_error(cudaErrorMemoryAllocation);
+    device_allocs[(uintptr_t)p] = size;
+    device_used += size;
+    *ptr = p;
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+    if (!p) return cudaSuccess;
+    std::lock_guard<std::mutex> g(mem_lock);
+    auto it = device_allocs.find((uintptr_t)p);
+    if (it == device_allocs.end()) return fail(cudaErrorInvalidValue, "cudaFree(%p): not a cudaMalloc'ed pointer", p);
+    device_used -= it->second;
+    device_allocs.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
+    std::lock_guard<std::mutex> g(mem_lock);
+    *free_bytes = (size_t)(device_bytes() - device_used);
+    *total = (size_t)device_bytes();
+    return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void** ptr, size_t size) {
+    if (posix_memalign(ptr, 4096, size ? size : 1) != 0) return set_error(cudaErrorMemoryAllocation);
+    return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) { return cudaMallocHost(ptr, size); }
+cudaError_t cudaFreeHost(void* p) {
+    free(p);
+    return cudaSuccess;
+}
+
+// Is [p, p+n) inside one device allocation? 0 yes; 1 not device memory at all; 2 runs past its end.
+static int device_range(const void* p, size_t n, size_t* overrun) {
+    std::lock_guard<std::mutex> g(mem_lock);
+    auto it = device_allocs.upper_bound((uintptr_t)p);
+    if (it == device_allocs.begin()) return 1;
+    --it;
+    uintptr_t start = it->first, end = start + it->second, q = (uintptr_t)p;
+    if (q >= end && !(q == start && it->second == 0)) return 1;
+    if (q + n > end) {
+        *overrun = q + n - end;
+        return 2;
+    }
+    return 0;
+}
+static cudaError_t check_device_range(const char* fn, const char* which, const void* p, size_t n) {
+    size_t over = 0;
+    int r = device_range(p, n, &over);
+    if (r == 1) return fail(cudaErrorInvalidValue, "%s: %s %p is not device memory (cudaMalloc'ed)", fn, which, p);
+    if (r == 2)
+        return fail(cudaErrorInvalidValue, "%s: %s range [%p, +%zu) runs %zu bytes past the end of its cudaMalloc'ed buffer",
+                    fn, which, p, n, over);
+    return cudaSuccess;
+}
+static cudaError_t check_host_range(const char* fn, const char* which, const void* p, size_t n) {
+    size_t over;
+    if (device_range(p, n, &over) != 1)
+        return fail(cudaErrorInvalidValue, "%s: %s %p is device memory, but the copy kind says host", fn, which, p);
+    return cudaSuccess;
+}
+
+static cudaError_t check_copy(const char* fn, void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+    cudaError_t e = cudaSuccess;
+    if (n == 0) return cudaSuccess;
+    switch (kind) {
+    case cudaMemcpyHostToDevice:
+        if ((e = check_device_range(fn, "destination", dst, n))) return e;
+        return check_host_range(fn, "source", src, n);
+    case cudaMemcpyDeviceToHost:
+        if ((e = check_device_range(fn, "source", src, n))) return e;
+        return check_host_range(fn, "destination", dst, n);
+    case cudaMemcpyDeviceToDevice:
+        if ((e = check_device_range(fn, "destination", dst, n))) return e;
+        return check_device_range(fn, "source", src, n);
+    case cudaMemcpyHostToHost:
+    case cudaMemcpyDefault: return cudaSuccess;
+    default: return fail(cudaErrorInvalidMemcpyDirection, "%s: copy kind %d is not a cudaMemcpyKind", fn, (int)kind);
+    }
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+    cudaError_t e = check_copy("cudaMemcpy", dst, src, n, kind);
+    if (e) return e;
+    if (n) memmove(dst, src, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
+    cudaError_t e = check_copy("cudaMemcpyAsync", dst, src, n, kind);
+    if (e) return e;
+    if (n) memmove(dst, src, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void* dst, int value, size_t n) {
+    cudaError_t e = n ? check_device_range("cudaMemset", "destination", dst, n) : cudaSuccess;
+    if (e) return e;
+    memset(dst, value, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t stream) { return cudaMemset(dst, value, n); }
+
+// ----------------------------------------------------------------------------
+// Device, streams and events.
+static int current_device = 0;
+cudaError_t cudaGetDeviceCount(int* n) {
+    *n = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d) {
+    if (d != 0) return fail(cudaErrorInvalidDevice, "cudaSetDevice(%d): the CPU runtime has one device, 0", d);
+    current_device = d;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* d) {
+    *d = current_device;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) { return last_error; }
+cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
+cudaError_t cudaRuntimeGetVersion(int* v) {
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int* v) {
+    *v = CUDART_VERSION;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
+    if (device != 0) return fail(cudaErrorInvalidDevice, "cudaGetDeviceProperties(%d): only device 0 exists", device);
+    memset(p, 0, sizeof(*p));
+    snprintf(p->name, sizeof(p->name), "CPU runtime (H100 NVL limits)");
+    p->totalGlobalMem = (size_t)device_bytes();
+    p->sharedMemPerBlock = DEFAULT_DYNAMIC_SMEM;
+    p->sharedMemPerBlockOptin = MAX_DYNAMIC_SMEM;
+    p->sharedMemPerMultiprocessor = 228 * 1024;
+    p->regsPerBlock = 65536;
+    p->regsPerMultiprocessor = 65536;
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = MAX_THREADS_PER_BLOCK;
+    p->maxThreadsDim[0] = MAX_BLOCK_X;
+    p->maxThreadsDim[1] = MAX_BLOCK_Y;
+    p->maxThreadsDim[2] = MAX_BLOCK_Z;
+    p->maxGridSize[0] = (int)MAX_GRID_X;
+    p->maxGridSize[1] = MAX_GRID_Y;
+    p->maxGridSize[2] = MAX_GRID_Z;
+    p->totalConstMem = 65536;
+    p->major = 9;
+    p->minor = 0;
+    p->multiProcessorCount = 132;
+    p->maxThreadsPerMultiProcessor = 2048;
+    p->maxBlocksPerMultiProcessor = 32;
+    p->l2CacheSize = 50 * 1024 * 1024;
+    p->memoryBusWidth = 5120;
+    p->concurrentKernels = 1;
+    p->unifiedAddressing = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+    cudaDeviceProp p;
+    cudaError_t e = cudaGetDeviceProperties(&p, device);
+    if (e) return e;
+    switch (attr) {
+    case cudaDevAttrMaxThreadsPerBlock: *value = p.maxThreadsPerBlock; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *value = (int)p.sharedMemPerBlock; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = (int)p.sharedMemPerBlockOptin; break;
+    case cudaDevAttrMultiProcessorCount: *value = p.multiProcessorCount; break;
+    case cudaDevAttrWarpSize: *value = 32; break;
+    case cudaDevAttrComputeCapabilityMajor: *value = p.major; break;
+    case cudaDevAttrComputeCapabilityMinor: *value = p.minor; break;
+    case cudaDevAttrL2CacheSize: *value = p.l2CacheSize; break;
+    case cudaDevAttrMaxThreadsPerMultiProcessor: *value = p.maxThreadsPerMultiProcessor; break;
+    default: return fail(cudaErrorInvalidValue, "cudaDeviceGetAttribute: attribute %d is not emulated", (int)attr);
+    }
+    return cudaSuccess;
+}
+
+struct CUstream_st {
+    int flags;
+};
+struct CUevent_st {
+    unsigned flags;
+    int recorded;
+    double time;
+};
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
+    *s = (cudaStream_t)calloc(1, sizeof(CUstream_st));
+    (*s)->flags = flags;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int priority) {
+    return cudaStreamCreateWithFlags(s, flags);
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    free(s);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { return last_error; }
+cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaSuccess; }
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
+    if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: NULL event");
+    return cudaSuccess;  // streams run synchronously: whatever the event marks has happened
+}
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
+    *e = (cudaEvent_t)calloc(1, sizeof(CUevent_st));
+    (*e)->flags = flags;
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    free(e);
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: NULL event");
+    e->recorded = 1;
+    e->time = now_seconds();
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { return e ? cudaSuccess : cudaErrorInvalidResourceHandle; }
+cudaError_t cudaEventQuery(cudaEvent_t e) { return e ? cudaSuccess : cudaErrorInvalidResourceHandle; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+    if (!start || !end) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: NULL event");
+    if ((start->flags | end->flags) & cudaEventDisableTiming)
+        return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: event created with cudaEventDisableTiming");
+    if (!start->recorded || !end->recorded)
+        return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: event never recorded");
+    *ms = (float)((end->time - start->time) * 1e3);
+    return cudaSuccess;
+}
+
+// ----------------------------------------------------------------------------
+// Kernel attributes: the dynamic shared memory a kernel has opted into, per kernel.
+static std::mutex attr_lock;
+static std::map<const void*, int> max_dynamic_smem;
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
+        if (value < 0 || value > MAX_DYNAMIC_SMEM)
+            return fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: %d bytes of dynamic shared memory (the H100 allows %d)",
+                        value, MAX_DYNAMIC_SMEM);
+        std::lock_guard<std::mutex> g(attr_lock);
+        max_dynamic_smem[func] = value;
+        return cudaSuccess;
+    }
+    if (attr == cudaFuncAttributePreferredSharedMemoryCarveout) return cudaSuccess;
+    return fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: attribute %d is not emulated", (int)attr);
+}
+static int allowed_dynamic_smem(const void* func) {
+    std::lock_guard<std::mutex> g(attr_lock);
+    auto it = max_dynamic_smem.find(func);
+    return it == max_dynamic_smem.end() ? DEFAULT_DYNAMIC_SMEM : it->second;
+}
+
+// ----------------------------------------------------------------------------
+// Fibers. emu_switch(save, load) pushes the callee-saved registers on the current stack, stores
+// the stack pointer in *save, loads `load` as the stack pointer and pops the registers saved there.
+#if defined(__x86_64__)
+extern "C" void emu_switch(void** save_sp, void* load_sp);
+asm(".text\n"
+    ".globl emu_switch\n"
+    ".type emu_switch,@function\n"
+    "emu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size emu_switch,.-emu_switch\n");
+#else
+#error "cpu/runtime.cpp: the fiber switch is written for x86-64 only"
+#endif
+
+enum fiber_state { F_READY, F_WAIT_BAR, F_WAIT_WARP, F_EXITED };
+
+struct Fiber {
+    void* sp;  // saved stack pointer while switched out
+    char* stack_lo;
+    size_t stack_size;
+    void* asan_fake_stack;
+    uint3 tid;
+    int linear;  // x + y*bx + z*bx*by: the lane is linear % 32, the warp linear / 32
+    int state;
+    // the warp collective this thread waits in
+    int wop, warg, wwidth;
+    unsigned wmask;
+    uint64_t wval;
+    const char* wname;
+    uint64_t result;  // what the barrier or collective returns to this thread
+};
+
+struct Job {  // one kernel launch
+    emu_kernel_body body;
+    void* call;
+    dim3 grid, block;
+    size_t smem;
+    const void* kernel;
+    char name[256];  // filled on first use (errors only): dladdr is slow
+    long long nblocks;
+    long long next_block;  // atomic
+    int failed;            // atomic: a block deadlocked or misused a collective
+};
+
+struct Worker {  // one OS thread's state for running blocks
+    Fiber* fibers;
+    int nfibers;  // allocated
+    void* sched_sp;
+    Job* job;
+    Fiber* self;
+    int nthreads, exited;
+    int bar_arrived, bar_true;
+    int* order;
+    uint64_t rng;
+    int error_reported;
+    void* asan_main_bottom;  // the OS thread's own stack, for AddressSanitizer's fiber switches
+    size_t asan_main_size;
+    void* asan_sched_fake;
+};
+static thread_local Worker* W;
+
+static size_t stack_bytes(void) {
+    static size_t s = (size_t)env_ll("EMU_STACK_KB", EMU_ASAN ? 512 : 64) * 1024;
+    return s;
+}
+
+static const char* kernel_name(const void* kernel, char* buf, size_t n);
+static const char* job_name(Job* j) {
+    static std::mutex m;
+    std::lock_guard<std::mutex> g(m);
+    if (!j->name[0]) kernel_name(j->kernel, j->name, sizeof j->name);
+    return j->name;
+}
+
+// Report a misuse inside a kernel once per block, and fail the launch.
+static void kernel_error(const char* fmt, ...) {
+    Worker* w = W;
+    __atomic_store_n(&w->job->failed, 1, __ATOMIC_RELAXED);
+    if (w->error_reported++) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cpu runtime: kernel %s, block (%u,%u,%u), thread (%u,%u,%u): ", job_name(w->job), blockIdx.x,
+            blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+}
+
+static void switch_to_scheduler(Fiber* f, int exiting) {
+    Worker* w = W;
+#if EMU_ASAN
+    __sanitizer_start_switch_fiber(exiting ? NULL : &f->asan_fake_stack, w->asan_main_bottom, w->asan_main_size);
+#endif
+    emu_switch(&f->sp, w->sched_sp);
+#if EMU_ASAN
+    __sanitizer_finish_switch_fiber(f->asan_fake_stack, (const void**)&w->asan_main_bottom, &w->asan_main_size);
+#endif
+}
+
+static void release_barrier(Worker* w);
+
+// Every fiber starts here (the address its fresh stack returns to) and never returns.
+static void fiber_main(void) {
+    Worker* w = W;
+#if EMU_ASAN
+    __sanitizer_finish_switch_fiber(NULL, (const void**)&w->asan_main_bottom, &w->asan_main_size);
+#endif
+    w->job->body(w->job->call);
+    Fiber* f = w->self;
+    f->state = F_EXITED;
+    w->exited++;
+    if (w->bar_arrived > 0 && w->bar_arrived + w->exited == w->nthreads) release_barrier(w);
+    switch_to_scheduler(f, 1);
+    abort();  // unreachable: an exited fiber is never resumed
+}
+
+// Lay out a fresh stack so that the first switch into it "returns" into fiber_main.
+static void fiber_reset(Fiber* f) {
+    uintptr_t top = ((uintptr_t)f->stack_lo + f->stack_size) & ~(uintptr_t)15;
+    void** sp = (void**)top;
+    *--sp = NULL;                  // fiber_main's return address (never used); keeps ABI alignment
+    *--sp = (void*)&fiber_main;    // popped by `ret` in emu_switch
+    for (int i = 0; i < 6; i++) *--sp = NULL;  // rbp rbx r12 r13 r14 r15
+    f->sp = sp;
+    f->state = F_READY;
+    f->asan_fake_stack = NULL;
+}
+
+static void worker_reserve(Worker* w, int n) {
+    if (n <= w->nfibers) return;
+    w->fibers = (Fiber*)realloc(w->fibers, n * sizeof(Fiber));
+    w->order = (int*)realloc(w->order, n * sizeof(int));
+    size_t page = 4096, sz = stack_bytes();
+    for (int i = w->nfibers; i < n; i++) {
+        Fiber* f = &w->fibers[i];
+        memset(f, 0, sizeof(*f));
+        char* m = (char*)mmap(NULL, sz + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (m == MAP_FAILED) {
+            fprintf(stderr, "cpu runtime: cannot map a fiber stack (%zu bytes): %s\n", sz, strerror(errno));
+            abort();
+        }
+        mprotect(m, page, PROT_NONE);  // guard page: a stack overflow faults instead of corrupting
+        f->stack_lo = m + page;
+        f->stack_size = sz;
+    }
+    w->nfibers = n;
+}
+
+// ----------------------------------------------------------------------------
+// __syncthreads and its counting variants: op 0 plain, 1 count, 2 and, 3 or.
+static void release_barrier(Worker* w) {
+    for (int i = 0; i < w->nthreads; i++) {
+        Fiber* f = &w->fibers[i];
+        if (f->state != F_WAIT_BAR) continue;
+        int op = f->warg;
+        f->result = op == 1 ? w->bar_true : op == 2 ? w->bar_true == w->bar_arrived : w->bar_true > 0;
+        f->state = F_READY;
+    }
+    w->bar_arrived = 0;
+    w->bar_true = 0;
+}
+
+int emu_syncthreads(int op, int predicate) {
+    Worker* w = W;
+    if (!w || !w->job) {
+        fprintf(stderr, "cpu runtime: __syncthreads() called outside a kernel\n");
+        abort();
+    }
+    Fiber* f = w->self;
+    f->state = F_WAIT_BAR;
+    f->warg = op;
+    f->wname = "__syncthreads";
+    w->bar_arrived++;
+    w->bar_true += predicate != 0;
+    if (w->bar_arrived + w->exited == w->nthreads)
+        release_barrier(w);  // last to arrive: everyone goes on
+    else
+        switch_to_scheduler(f, 0);
+    return (int)f->result;
+}
+
+// ----------------------------------------------------------------------------
+// Warp collectives. Lanes are numbered by the linear thread index, 32 to a warp.
+static uint64_t shuffle_value(Worker* w, Fiber* f, int warp_base, unsigned mask) {
+    int lane = f->linear & 31, width = f->wwidth, arg = f->warg;
+    int seg = lane & ~(width - 1), src = lane;
+    switch (f->wop) {
+    case EMU_SHFL_IDX: src = seg + (arg & (width - 1)); break;
+    case EMU_SHFL_UP: src = (lane - seg) >= arg ? lane - arg : lane; break;
+    case EMU_SHFL_DOWN: src = (lane - seg) + arg < width ? lane + arg : lane; break;
+    case EMU_SHFL_XOR: src = lane ^ arg; if (src > seg + width - 1) src = lane; break;  // later groups: own value
+    }
+    if (src == lane) return f->wval;
+    if (!(mask >> src & 1)) {
+        kernel_error("%s reads lane %d, which is not in its mask 0x%08x (undefined on the GPU)", f->wname, src, mask);
+        return 0;
+    }
+    return w->fibers[warp_base + src].wval;
+}
+
+uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int width, const char* name) {
+    Worker* w = W;
+    if (!w || !w->job) {
+        fprintf(stderr, "cpu runtime: %s called outside a kernel\n", name);
+        abort();
+    }
+    Fiber* f = w->self;
+    int lane = f->linear & 31, warp_base = f->linear & ~31;
+    if (!(mask >> lane & 1)) kernel_error("%s with mask 0x%08x, which does not include the calling lane %d", name, mask, lane);
+    if (width < 1 || width > 32 || (width & (width - 1)))
+        kernel_error("%s with width %d (must be a power of 2 up to 32)", name, width);
+    mask |= 1u << lane;
+    if (width < 1 || width > 32 || (width & (width - 1))) width = 32;
+    f->wop = op;
+    f->wmask = mask;
+    f->wval = value;
+    f->warg = arg;
+    f->wwidth = width;
+    f->wname = name;
+    f->state = F_WAIT_WARP;
+    // Complete when every lane of the mask waits here with the same mask and operation.
+    // A lane of the mask that does not exist or has exited can never arrive: reported, then skipped.
+    for (int l = 0; l < 32; l++) {
+        if (!(mask >> l & 1)) continue;
+        int t = warp_base + l;
+        if (t >= w->nthreads) {
+            kernel_error("%s with mask 0x%08x names lane %d, which does not exist (block of %d threads)", name, mask, l,
+                         w->nthreads);
+            continue;
+        }
+        Fiber* g = &w->fibers[t];
+        if (g->state == F_EXITED) {
+            kernel_error("%s with mask 0x%08x names lane %d, which has already exited", name, mask, l);
+            continue;
+        }
+        if (g->state != F_WAIT_WARP) {
+            switch_to_scheduler(f, 0);  // someone is still on the way; the last one completes us
+            return f->result;
+        }
+        if (g->wmask != mask || g->wop != op)
+            kernel_error("lanes %d and %d meet at different warp operations (%s mask 0x%08x vs %s mask 0x%08x)", lane, l,
+                         name, mask, g->wname, g->wmask);
+    }
+    // Last to arrive: compute every member's result, then let them go.
+    unsigned ballot = 0;
+    if (op == EMU_VOTE_BALLOT)
+        for (int l = 0; l < 32; l++)
+            if ((mask >> l & 1) && warp_base + l < w->nthreads && w->fibers[warp_base + l].state == F_WAIT_WARP &&
+                w->fibers[warp_base + l].wval)
+                ballot |= 1u << l;
+    uint64_t results[32];
+    for (int l = 0; l < 32; l++) {
+        if (!(mask >> l & 1) || warp_base + l >= w->nthreads) continue;
+        Fiber* g = &w->fibers[warp_base + l];
+        if (g->state != F_WAIT_WARP) continue;
+        results[l] = op == EMU_VOTE_BALLOT ? ballot : op == EMU_WARP_SYNC ? 0 : shuffle_value(w, g, warp_base, mask);
+    }
+    for (int l = 0; l < 32; l++) {
+        if (!(mask >> l & 1) || warp_base + l >= w->nthreads) continue;
+        Fiber* g = &w->fibers[warp_base + l];
+        if (g->state != F_WAIT_WARP) continue;
+        g->result = results[l];
+        g->state = F_READY;
+    }
+    return f->result;
+}
+
+unsigned emu_activemask(void) {  // the lanes of this warp that exist and have not exited
+    Worker* w = W;
+    int warp_base = w->self->linear & ~31;
+    unsigned m = 0;
+    for (int l = 0; l < 32 && warp_base + l < w->nthreads; l++)
+        if (w->fibers[warp_base + l].state != F_EXITED) m |= 1u << l;
+    return m;
+}
+
+// ----------------------------------------------------------------------------
+// The scheduler: run one block to completion, or report its deadlock.
+static uint64_t next_random(uint64_t* s) {
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 0x2545F4914F6CDD1Dull;
+}
+static long long shuffle_seed(void) {
+    static long long s = env_ll("EMU_SHUFFLE", 0);
+    return s;
+}
+
+static void report_deadlock(Worker* w) {
+    __atomic_store_n(&w->job->failed, 1, __ATOMIC_RELAXED);
+    fprintf(stderr, "cpu runtime: kernel %s, block (%u,%u,%u): deadlock: no thread can run (%d of %d exited)\n",
+            job_name(w->job), blockIdx.x, blockIdx.y, blockIdx.z, w->exited, w->nthreads);
+    int shown = 0;
+    for (int i = 0; i < w->nthreads && shown < 8; i++) {
+        Fiber* f = &w->fibers[i];
+        if (f->state == F_WAIT_BAR)
+            fprintf(stderr, "    thread (%u,%u,%u) waits in __syncthreads\n", f->tid.x, f->tid.y, f->tid.z), shown++;
+        else if (f->state == F_WAIT_WARP)
+            fprintf(stderr, "    thread (%u,%u,%u) waits in %s (mask 0x%08x)\n", f->tid.x, f->tid.y, f->tid.z, f->wname,
+                    f->wmask),
+                shown++;
+    }
+}
+
+static void run_block(Worker* w, long long b) {
+    Job* j = w->job;
+    dim3 g = j->grid, bd = j->block;
+    blockIdx.x = (unsigned)(b % g.x);
+    blockIdx.y = (unsigned)((b / g.x) % g.y);
+    blockIdx.z = (unsigned)(b / ((long long)g.x * g.y));
+    int n = bd.x * bd.y * bd.z;
+    w->nthreads = n;
+    w->exited = 0;
+    w->bar_arrived = 0;
+    w->bar_true = 0;
+    w->error_reported = 0;
+    for (int i = 0; i < n; i++) {
+        Fiber* f = &w->fibers[i];
+        fiber_reset(f);
+        f->linear = i;
+        f->tid.x = i % bd.x;
+        f->tid.y = (i / bd.x) % bd.y;
+        f->tid.z = i / (bd.x * bd.y);
+        w->order[i] = i;
+    }
+    memset(dyn_smem, 0xFF, j->smem);  // shared memory starts as garbage (NaN for floats), not zeros
+    uint64_t seed = (uint64_t)shuffle_seed();
+    if (seed) w->rng = seed * 0x9E3779B97F4A7C15ull + (uint64_t)b + 1;
+    for (;;) {
+        if (seed)  // a fresh random order every round
+            for (int i = n - 1; i > 0; i--) {
+                int k = (int)(next_random(&w->rng) % (uint64_t)(i + 1)), t = w->order[i];
+                w->order[i] = w->order[k];
+                w->order[k] = t;
+            }
+        int ran = 0;
+        for (int i = 0; i < n; i++) {
+            Fiber* f = &w->fibers[w->order[i]];
+            if (f->state != F_READY) continue;
+            w->self = f;
+            threadIdx = f->tid;
+#if EMU_ASAN
+            __sanitizer_start_switch_fiber(&w->asan_sched_fake, f->stack_lo, f->stack_size);
+#endif
+            emu_switch(&w->sched_sp, f->sp);
+#if EMU_ASAN
+            __sanitizer_finish_switch_fiber(w->asan_sched_fake, NULL, NULL);
+#endif
+            ran = 1;
+        }
+        if (w->exited == n) break;
+        if (!ran) {
+            report_deadlock(w);
+#if EMU_ASAN  // the abandoned fibers' frames leave poisoned bytes behind on their stacks
+            for (int i = 0; i < n; i++)
+                if (w->fibers[i].state != F_EXITED)
+                    __asan_unpoison_memory_region(w->fibers[i].stack_lo, w->fibers[i].stack_size);
+#endif
+            break;
+        }
+    }
+    w->self = NULL;
+}
+
+static void run_blocks(Job* j) {
+    static thread_local Worker worker;
+    Worker* w = &worker;
+    W = w;
+    w->job = j;
+    worker_reserve(w, j->block.x * j->block.y * j->block.z);
+    blockDim = j->block;
+    gridDim = j->grid;
+#if EMU_ASAN
+    ASAN_UNPOISON_MEMORY_REGION(dyn_smem, sizeof(dyn_smem));
+    ASAN_POISON_MEMORY_REGION(dyn_smem + j->smem, sizeof(dyn_smem) - j->smem);
+#endif
+    for (;;) {
+        if (__atomic_load_n(&j->failed, __ATOMIC_RELAXED)) break;
+        long long b = __atomic_fetch_add(&j->next_block, 1, __ATOMIC_RELAXED);
+        if (b >= j->nblocks) break;
+        run_block(w, b);
+    }
+#if EMU_ASAN
+    ASAN_UNPOISON_MEMORY_REGION(dyn_smem, sizeof(dyn_smem));
+#endif
+    w->job = NULL;
+}
+
+// ----------------------------------------------------------------------------
+// The pool of OS threads that run blocks: helpers wait for a job, the launching thread joins in.
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t start, done;
+    Job* job;
+    long long generation;
+    int busy;  // helpers still on the current job
+    int nhelpers;
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0};
+
+static void* pool_helper(void*) {
+    long long seen = 0;
+    pthread_mutex_lock(&pool.lock);
+    for (;;) {
+        while (pool.generation == seen) pthread_cond_wait(&pool.start, &pool.lock);
+        seen = pool.generation;
+        Job* j = pool.job;
+        pthread_mutex_unlock(&pool.lock);
+        run_blocks(j);
+        pthread_mutex_lock(&pool.lock);
+        if (--pool.busy == 0) pthread_cond_signal(&pool.done);
+    }
+    return NULL;
+}
+
+static int pool_threads(void) {
+    static int n = 0;
+    if (!n) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        n = (int)env_ll("EMU_THREADS", cores > 0 ? (cores < 8 ? cores : 8) : 1);
+        if (n < 1) n = 1;
+    }
+    return n;
+}
+
+static void run_job(Job* j) {
+    int helpers = pool_threads() - 1;
+    if (j->nblocks < 2) helpers = 0;
+    pthread_mutex_lock(&pool.lock);
+    while (pool.nhelpers < helpers) {
+        pthread_t t;
+        pthread_attr_t a;
+        pthread_attr_init(&a);
+        pthread_attr_setstacksize(&a, 1 << 20);
+        pthread_create(&t, &a, pool_helper, NULL);
+        pthread_detach(t);
+        pthread_attr_destroy(&a);
+        pool.nhelpers++;
+    }
+    if (helpers > 0) {
+        pool.job = j;
+        pool.busy = pool.nhelpers;
+        pool.generation++;
+        pthread_cond_broadcast(&pool.start);
+    }
+    pthread_mutex_unlock(&pool.lock);
+    run_blocks(j);
+    if (helpers > 0) {
+        pthread_mutex_lock(&pool.lock);
+        while (pool.busy > 0) pthread_cond_wait(&pool.done, &pool.lock);
+        pthread_mutex_unlock(&pool.lock);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// emu_launch: check the launch against the H100's limits, as the driver does, then run it.
+static const char* kernel_name(const void* kernel, char* buf, size_t n) {
+    Dl_info info;
+    if (dladdr(kernel, &info) && info.dli_sname) {
+        int status = 0;
+        char* d = abi::__cxa_demangle(info.dli_sname, NULL, NULL, &status);
+        snprintf(buf, n, "%s", status == 0 && d ? d : info.dli_sname);
+        free(d);
+    } else {
+        snprintf(buf, n, "%p", kernel);
+    }
+    return buf;
+}
+
+static std::mutex launch_lock;  // one kernel at a time: streams are executed in order anyway
+
+void emu_launch(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, emu_kernel_body body,
+                void* call) {
+    char name[256];
+    long long threads = (long long)block.x * block.y * block.z;
+    if (threads < 1 || threads > MAX_THREADS_PER_BLOCK || block.x > MAX_BLOCK_X || block.y > MAX_BLOCK_Y ||
+        block.z > MAX_BLOCK_Z) {
+        fail(cudaErrorInvalidConfiguration, "kernel %s: block (%u,%u,%u) is not a valid block (at most 1024 threads; 1024 x 1024 x 64)",
+             kernel_name(kernel, name, sizeof name), block.x, block.y, block.z);
+        return;
+    }
+    if (grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.x > MAX_GRID_X || grid.y > MAX_GRID_Y || grid.z > MAX_GRID_Z) {
+        fail(cudaErrorInvalidConfiguration, "kernel %s: grid (%u,%u,%u) is not a valid grid", kernel_name(kernel, name, sizeof name),
+             grid.x, grid.y, grid.z);
+        return;
+    }
+    int allowed = allowed_dynamic_smem(kernel);
+    if (smem > (size_t)allowed) {
+        fail(cudaErrorInvalidValue, "kernel %s: %zu bytes of dynamic shared memory, but only %d allowed%s",
+             kernel_name(kernel, name, sizeof name), smem, allowed,
+             allowed == DEFAULT_DYNAMIC_SMEM ? " (above 48 KB needs cudaFuncSetAttribute(..., "
+                                               "cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) first)"
+                                             : "");
+        return;
+    }
+    std::lock_guard<std::mutex> g(launch_lock);
+    Job j = {};
+    j.body = body;
+    j.call = call;
+    j.grid = grid;
+    j.block = block;
+    j.smem = smem;
+    j.nblocks = (long long)grid.x * grid.y * grid.z;
+    j.kernel = kernel;
+    run_job(&j);
+    if (j.failed) set_error(cudaErrorLaunchFailure);
+}

@@ -1,0 +1,332 @@
+// test_runtime.cu: kernels that use each CUDA primitive the project relies on, checked against
+// plain C. Portable: the same file runs on the CPU runtime (build/test_runtime) and on a GPU
+// (build/gpu/test_runtime), so a primitive the emulator got wrong shows up as a difference.
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include "../kernels.cuh"
+#include "testing.h"
+
+// ----------------------------------------------------------------------------
+// Block sum in static shared memory: a tree with __syncthreads between levels.
+// Block of 256 threads; block b sums x[b*256 .. b*256+255] into out[b].
+__global__ void block_sum_static_smem(const float* x, float* out) {
+    __shared__ float s[256];
+    int t = threadIdx.x;
+    s[t] = x[blockIdx.x * 256 + t];
+    __syncthreads();
+    for (int stride = 128; stride > 0; stride /= 2) {
+        if (t < stride) s[t] += s[t + stride];
+        __syncthreads();
+    }
+    if (t == 0) out[blockIdx.x] = s[0];
+}
+
+// Warp reductions of every kind, one warp per block, each lane holding x[lane].
+// out[0..3]: xor-sum, down-sum, max by xor, broadcast of lane 7; out[4+lane]: inclusive scan by up.
+__global__ void warp_shuffles(const float* x, float* out) {
+    int lane = threadIdx.x;
+    float v = x[lane], s = v, d = v, m = v, scan = v;
+    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+    for (int o = 16; o > 0; o /= 2) d += __shfl_down_sync(0xffffffffu, d, o);
+    for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float b = __shfl_sync(0xffffffffu, v, 7);
+    for (int o = 1; o < 32; o *= 2) {
+        float up = __shfl_up_sync(0xffffffffu, scan, o);
+        if (lane >= o) scan += up;
+    }
+    if (lane == 0) { out[0] = s; out[1] = d; out[2] = m; }
+    if (lane == 5) out[3] = b;  // every lane got lane 7's value; lane 5 reports it
+    out[4 + lane] = scan;
+    if (s != __shfl_sync(0xffffffffu, s, 0)) out[0] = -1.0f;  // xor reduction: every lane holds the total
+}
+
+// Shuffles of other types and widths: double, int, bf16, bf162 and 8-wide segments.
+// out[lane] = sum of the 8-lane segment (width 8) as double, plus others written by lane 0.
+__global__ void warp_shuffle_types(const double* xd, double* out_seg, int* out_int, __nv_bfloat16* out_bf,
+                                   __nv_bfloat162* out_bf2) {
+    int lane = threadIdx.x;
+    double v = xd[lane];
+    for (int o = 4; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o, 8);
+    out_seg[lane] = v;
+    int iv = lane * 3;
+    out_int[lane] = __shfl_down_sync(0xffffffffu, iv, 3, 16);  // stays inside 16-lane segments
+    __nv_bfloat16 bv = __float2bfloat16((float)lane);
+    out_bf[lane] = __shfl_sync(0xffffffffu, bv, 31 - lane);
+    __nv_bfloat162 b2 = __floats2bfloat162_rn((float)lane, (float)-lane);
+    out_bf2[lane] = __shfl_xor_sync(0xffffffffu, b2, 1);
+}
+
+// Divergent groups: lanes 0-15 and 16-31 each reduce with their own mask, in different branches.
+__global__ void warp_divergent_groups(const float* x, float* out) {
+    int lane = threadIdx.x;
+    float v = x[lane];
+    if (lane < 16) {
+        for (int o = 8; o > 0; o /= 2) v += __shfl_xor_sync(0x0000ffffu, v, o);
+    } else {
+        v *= 2.0f;
+        for (int o = 8; o > 0; o /= 2) v += __shfl_down_sync(0xffff0000u, v, o, 16);
+    }
+    out[lane] = v;
+}
+
+// Votes: out[0] = ballot of (x[lane] > 0), out[1] = any, out[2] = all, out[3] = popc(ballot).
+__global__ void warp_votes(const float* x, unsigned* out) {
+    int lane = threadIdx.x;
+    int p = x[lane] > 0.0f;
+    unsigned b = __ballot_sync(0xffffffffu, p);
+    int any = __any_sync(0xffffffffu, p), all = __all_sync(0xffffffffu, p);
+    __syncwarp();
+    if (lane == 0) { out[0] = b; out[1] = any; out[2] = all; out[3] = __popc(b); }
+}
+
+// Atomics from many blocks: a histogram of x into 16 bins, a float sum, a max, a CAS-counted ticket.
+__global__ void atomics_kernel(const int* x, int n, int* hist, float* fsum, int* imax, unsigned* tickets,
+                               __nv_bfloat16* bsum) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    atomicAdd(&hist[x[i] & 15], 1);
+    atomicAdd(fsum, 0.5f);
+    atomicMax(imax, x[i]);
+    unsigned old, cur = *tickets;
+    do {
+        old = cur;
+        cur = atomicCAS(tickets, old, old + 1);
+    } while (cur != old);
+    if ((i & 63) == 0) atomicAdd(bsum, __float2bfloat16(1.0f));
+}
+
+// Dynamic shared memory above 48 KB (needs the kernel's opt-in): reverse n floats of a block.
+__global__ void reverse_dyn_smem(const float* x, float* out, int n) {
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    float* s = (float*)dyn_smem;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s[i] = x[blockIdx.x * n + i];
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[blockIdx.x * n + i] = s[n - 1 - i];
+}
+
+// Early return: threads past n leave; the rest still meet at a barrier and count with __syncthreads_count.
+__global__ void early_return_count(const float* x, int n, int* out_count, float* out) {
+    __shared__ float s[128];
+    int t = threadIdx.x;
+    if (t >= n) return;
+    s[t] = x[t];
+    int positives = __syncthreads_count(x[t] > 0.0f);
+    int all_pos = __syncthreads_and(x[t] > 0.0f);
+    int any_big = __syncthreads_or(x[t] > 0.9f);
+    out[t] = s[n - 1 - t];
+    if (t == 0) { out_count[0] = positives; out_count[1] = all_pos; out_count[2] = any_big; }
+}
+
+// Index arithmetic in 3D: every thread writes its global linear id at its global position.
+__global__ void index_3d(int* out, int nx, int ny) {
+    int x = blockIdx.x * blockDim.x + threadIdx.x;
+    int y = blockIdx.y * blockDim.y + threadIdx.y;
+    int z = blockIdx.z * blockDim.z + threadIdx.z;
+    if (x >= nx || y >= ny) return;
+    out[(z * ny + y) * nx + x] = x + 1000 * y + 1000000 * z;
+}
+
+int main(void) {
+    // block sums
+    {
+        const int nb = 37, n = nb * 256;
+        float *x = (float*)malloc(n * 4), want[nb], got[nb], *dx, *dout;
+        test_fill(x, n, -1, 1);
+        for (int b = 0; b < nb; b++) {
+            double s = 0;
+            for (int t = 0; t < 256; t++) s += x[b * 256 + t];
+            want[b] = (float)s;
+        }
+        CUDA_OK(cudaMalloc(&dx, n * 4));
+        CUDA_OK(cudaMalloc(&dout, nb * 4));
+        CUDA_OK(cudaMemcpy(dx, x, n * 4, cudaMemcpyHostToDevice));
+        launch(block_sum_static_smem, dim3(nb), dim3(256), 0, (cudaStream_t)0, (const float*)dx, dout);
+        CUDA_OK(cudaGetLastError());
+        CUDA_OK(cudaMemcpy(got, dout, nb * 4, cudaMemcpyDeviceToHost));
+        check_close("block sum (static smem tree)", got, want, nb, 1e-5f, 1e-5f);
+        cudaFree(dx), cudaFree(dout), free(x);
+    }
+    // warp shuffles
+    {
+        float x[32], got[36], want[36], *dx, *dout;
+        for (int i = 0; i < 32; i++) x[i] = (float)((i * 7) % 13) - 3.0f;  // integers: sums are exact
+        double s = 0, m = -1e30, scan = 0;
+        for (int i = 0; i < 32; i++) s += x[i], m = x[i] > m ? x[i] : m;
+        want[0] = want[1] = (float)s, want[2] = (float)m, want[3] = x[7];
+        for (int i = 0; i < 32; i++) scan += x[i], want[4 + i] = (float)scan;
+        CUDA_OK(cudaMalloc(&dx, 32 * 4));
+        CUDA_OK(cudaMalloc(&dout, 36 * 4));
+        CUDA_OK(cudaMemcpy(dx, x, 32 * 4, cudaMemcpyHostToDevice));
+        launch(warp_shuffles, dim3(1), dim3(32), 0, (cudaStream_t)0, (const float*)dx, dout);
+        CUDA_OK(cudaGetLastError());
+        CUDA_OK(cudaMemcpy(got, dout, 36 * 4, cudaMemcpyDeviceToHost));
+        check_close("warp shuffles: xor sum, down sum, xor max, idx broadcast, up scan", got, want, 36, 0, 0);
+
+        float gd[32], wd[32];
+        for (int l = 0; l < 32; l++) {
+            wd[l] = x[l];
+            if (l < 16) {
+                float t = 0;
+                for (int k = 0; k < 16; k++) t += x[k];
+                wd[l] = t;
+            } else {  // down-shuffles inside the upper 16 lanes: lane l sums lanes l.. of its segment, doubled
+                float v[32];
+                for (int k = 16; k < 32; k++) v[k] = 2.0f * x[k];
+                for (int o = 8; o > 0; o /= 2) {
+                    float nv[32];
+                    for (int k = 16; k < 32; k++) nv[k] = v[k] + ((k - 16) + o < 16 ? v[k + o] : v[k]);
+                    for (int k = 16; k < 32; k++) v[k] = nv[k];
+                }
+                wd[l] = v[l];
+            }
+        }
+        launch(warp_divergent_groups, dim3(1), dim3(32), 0, (cudaStream_t)0, (const float*)dx, dout);
+        CUDA_OK(cudaGetLastError());
+        CUDA_OK(cudaMemcpy(gd, dout, 32 * 4, cudaMemcpyDeviceToHost));
+        check_close("warp shuffles in two divergent groups with their own masks", gd, wd, 32, 0, 0);
+
+        unsigned *dv, gv[4];
+        unsigned b = 0;
+        for (int i = 0; i < 32; i++) b |= (x[i] > 0) << i;
+        CUDA_OK(cudaMalloc(&dv, 16));
+        launch(warp_votes, dim3(1), dim3(32), 0, (cudaStream_t)0, (const float*)dx, dv);
+        CUDA_OK(cudaMemcpy(gv, dv, 16, cudaMemcpyDeviceToHost));
+        CHECK(gv[0] == b && gv[1] == (b != 0) && gv[2] == (b == 0xffffffffu) && gv[3] == (unsigned)__builtin_popcount(b),
+              "votes: ballot %08x any %u all %u popc %u, want %08x", gv[0], gv[1], gv[2], gv[3], b);
+        cudaFree(dv), cudaFree(dx), cudaFree(dout);
+    }
+    // shuffles of other types and widths
+    {
+        double xd[32], *dxd, *dseg;
+        int* dint;
+        __nv_bfloat16* dbf;
+        __nv_bfloat162* dbf2;
+        for (int i = 0; i < 32; i++) xd[i] = 1.0 / (i + 1);
+        CUDA_OK(cudaMalloc(&dxd, 256));
+        CUDA_OK(cudaMalloc(&dseg, 256));
+        CUDA_OK(cudaMalloc(&dint, 128));
+        CUDA_OK(cudaMalloc(&dbf, 64));
+        CUDA_OK(cudaMalloc(&dbf2, 128));
+        CUDA_OK(cudaMemcpy(dxd, xd, 256, cudaMemcpyHostToDevice));
+        launch(warp_shuffle_types, dim3(1), dim3(32), 0, (cudaStream_t)0, (const double*)dxd, dseg, dint, dbf, dbf2);
+        CUDA_OK(cudaGetLastError());
+        double seg[32];
+        int iv[32];
+        __nv_bfloat16 bf[32];
+        __nv_bfloat162 bf2[32];
+        CUDA_OK(cudaMemcpy(seg, dseg, 256, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(iv, dint, 128, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(bf, dbf, 64, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(bf2, dbf2, 128, cudaMemcpyDeviceToHost));
+        int bad_seg = 0, bad_int = 0, bad_bf = 0, bad_bf2 = 0;
+        for (int l = 0; l < 32; l++) {
+            double w = 0;
+            for (int k = l & ~7; k < (l & ~7) + 8; k++) w += xd[k];
+            bad_seg += fabs(seg[l] - w) > 1e-15;
+            int src = (l % 16) + 3 < 16 ? l + 3 : l;
+            bad_int += iv[l] != src * 3;
+            bad_bf += __bfloat162float(bf[l]) != (float)(31 - l);
+            int s2 = l ^ 1;
+            bad_bf2 += __bfloat162float(bf2[l].x) != (float)s2 || __bfloat162float(bf2[l].y) != (float)-s2;
+        }
+        CHECK(bad_seg == 0, "double xor-sum in width-8 segments: %d lanes wrong", bad_seg);
+        CHECK(bad_int == 0, "int shfl_down with width 16 stays in its segment: %d lanes wrong", bad_int);
+        CHECK(bad_bf == 0, "bf16 shfl by index: %d lanes wrong", bad_bf);
+        CHECK(bad_bf2 == 0, "bf162 shfl_xor: %d lanes wrong", bad_bf2);
+        cudaFree(dxd), cudaFree(dseg), cudaFree(dint), cudaFree(dbf), cudaFree(dbf2);
+    }
+    // atomics
+    {
+        const int n = 5000;
+        int* x = (int*)malloc(n * 4), *dx, *dhist, *dmax, hist[16], want_hist[16] = {0}, gmax, want_max = 0;
+        float* dsum, gsum;
+        unsigned *dt, gt;
+        __nv_bfloat16 *dbsum, gbsum;
+        for (int i = 0; i < n; i++) {
+            x[i] = (int)(test_uniform(0, 1) * 100000);
+            want_hist[x[i] & 15]++;
+            want_max = x[i] > want_max ? x[i] : want_max;
+        }
+        CUDA_OK(cudaMalloc(&dx, n * 4));
+        CUDA_OK(cudaMalloc(&dhist, 64));
+        CUDA_OK(cudaMalloc(&dmax, 4));
+        CUDA_OK(cudaMalloc(&dsum, 4));
+        CUDA_OK(cudaMalloc(&dt, 4));
+        CUDA_OK(cudaMalloc(&dbsum, 2));
+        CUDA_OK(cudaMemcpy(dx, x, n * 4, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemset(dhist, 0, 64));
+        CUDA_OK(cudaMemset(dmax, 0, 4));
+        CUDA_OK(cudaMemset(dsum, 0, 4));
+        CUDA_OK(cudaMemset(dt, 0, 4));
+        CUDA_OK(cudaMemset(dbsum, 0, 2));
+        launch(atomics_kernel, dim3((n + 127) / 128), dim3(128), 0, (cudaStream_t)0, (const int*)dx, n, dhist, dsum,
+               dmax, dt, dbsum);
+        CUDA_OK(cudaGetLastError());
+        CUDA_OK(cudaMemcpy(hist, dhist, 64, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(&gmax, dmax, 4, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(&gsum, dsum, 4, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(&gt, dt, 4, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(&gbsum, dbsum, 2, cudaMemcpyDeviceToHost));
+        CHECK(memcmp(hist, want_hist, 64) == 0, "atomicAdd(int) histogram differs");
+        CHECK(gmax == want_max, "atomicMax: got %d want %d", gmax, want_max);
+        CHECK(gsum == 0.5f * n, "atomicAdd(float): got %f want %f", gsum, 0.5f * n);
+        CHECK(gt == (unsigned)n, "atomicCAS ticket counter: got %u want %d", gt, n);
+        CHECK(__bfloat162float(gbsum) == (float)((n + 63) / 64), "atomicAdd(bf16): got %f want %d",
+              __bfloat162float(gbsum), (n + 63) / 64);
+        cudaFree(dx), cudaFree(dhist), cudaFree(dmax), cudaFree(dsum), cudaFree(dt), cudaFree(dbsum), free(x);
+    }
+    // dynamic shared memory above 48 KB, with the opt-in
+    {
+        const int n = 20000, nb = 3;  // 80,000 bytes
+        float* x = (float*)malloc(nb * n * 4), *got = (float*)malloc(nb * n * 4), *want = (float*)malloc(nb * n * 4);
+        float *dx, *dout;
+        test_fill(x, nb * n, -1, 1);
+        for (int b = 0; b < nb; b++)
+            for (int i = 0; i < n; i++) want[b * n + i] = x[b * n + n - 1 - i];
+        CUDA_OK(cudaMalloc(&dx, nb * n * 4));
+        CUDA_OK(cudaMalloc(&dout, nb * n * 4));
+        CUDA_OK(cudaMemcpy(dx, x, nb * n * 4, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaFuncSetAttribute(reverse_dyn_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, n * 4));
+        launch(reverse_dyn_smem, dim3(nb), dim3(256), n * 4, (cudaStream_t)0, (const float*)dx, dout, n);
+        CUDA_OK(cudaGetLastError());
+        CUDA_OK(cudaMemcpy(got, dout, nb * n * 4, cudaMemcpyDeviceToHost));
+        check_close("dynamic shared memory (80 KB, opted in): reverse", got, want, nb * n, 0, 0);
+        cudaFree(dx), cudaFree(dout), free(x), free(got), free(want);
+    }
+    // early return + counting barriers, with a block that is not a multiple of 32
+    {
+        const int n = 77;
+        float x[n], got[n], want[n], *dx, *dout;
+        int *dc, gc[3], pos = 0, allpos = 1, anybig = 0;
+        test_fill(x, n, -0.5f, 1.0f);
+        for (int i = 0; i < n; i++) want[i] = x[n - 1 - i], pos += x[i] > 0, allpos &= x[i] > 0, anybig |= x[i] > 0.9f;
+        CUDA_OK(cudaMalloc(&dx, n * 4));
+        CUDA_OK(cudaMalloc(&dout, n * 4));
+        CUDA_OK(cudaMalloc(&dc, 12));
+        CUDA_OK(cudaMemcpy(dx, x, n * 4, cudaMemcpyHostToDevice));
+        launch(early_return_count, dim3(1), dim3(100), 0, (cudaStream_t)0, (const float*)dx, n, dc, dout);
+        CUDA_OK(cudaGetLastError());
+        CUDA_OK(cudaMemcpy(got, dout, n * 4, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(gc, dc, 12, cudaMemcpyDeviceToHost));
+        check_close("early-returning threads, then a barrier among the rest", got, want, n, 0, 0);
+        CHECK(gc[0] == pos && gc[1] == allpos && gc[2] == anybig, "__syncthreads_count/and/or: %d %d %d, want %d %d %d",
+              gc[0], gc[1], gc[2], pos, allpos, anybig);
+        cudaFree(dx), cudaFree(dout), cudaFree(dc);
+    }
+    // 3D grids and blocks
+    {
+        const int nx = 37, ny = 19, nz = 4, n = nx * ny * nz;
+        int *d, *got = (int*)malloc(n * 4), bad = 0;
+        CUDA_OK(cudaMalloc(&d, n * 4));
+        CUDA_OK(cudaMemset(d, 0xff, n * 4));
+        launch(index_3d, dim3((nx + 7) / 8, (ny + 3) / 4, nz / 2), dim3(8, 4, 2), 0, (cudaStream_t)0, d, nx, ny);
+        CUDA_OK(cudaGetLastError());
+        CUDA_OK(cudaMemcpy(got, d, n * 4, cudaMemcpyDeviceToHost));
+        for (int z = 0; z < nz; z++)
+            for (int y = 0; y < ny; y++)
+                for (int x = 0; x < nx; x++) bad += got[(z * ny + y) * nx + x] != x + 1000 * y + 1000000 * z;
+        CHECK(bad == 0, "3D grid/block index arithmetic: %d of %d wrong", bad, n);
+        cudaFree(d), free(got);
+    }
+    return test_summary();
+}
