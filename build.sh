@@ -61,6 +61,7 @@ cpu_obj() {
 
 CPU_SRCS=$(ls cpu/*.cpp)
 TESTS=$(ls tests/test_*.cu 2>/dev/null || true)
+BENCHES=$(ls tests/bench_*.cu 2>/dev/null || true)   # programs that print figures; CPU build only
 # tests that only make sense on the CPU runtime (they provoke deadlocks and the like); the rest also build for the GPU
 CPU_ONLY_TESTS="tests/test_emulator.cu"
 
@@ -77,6 +78,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = cpu ]; then
     cpu_obj "$t" "build/cpu/$b.o"
     cpu_obj "$t" "build/asan/$b.o" $ASAN_FLAGS
   done
+  for t in $BENCHES; do cpu_obj "$t" "build/cpu/$(basename "${t%.cu}").o"; done
   wait_all
   RT_OBJS=$(for s in $CPU_SRCS; do echo "build/cpu/$(basename "${s%.cpp}").o"; done)
   RT_ASAN=$(for s in $CPU_SRCS; do echo "build/asan/$(basename "${s%.cpp}").o"; done)
@@ -84,7 +86,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = cpu ]; then
     local out=$1 o need=0; shift
     [ -f "$out" ] || need=1
     for o in "$@"; do [ "$o" -nt "$out" ] && need=1; done
-    [ $need = 1 ] && run_job "link  $out" $CXX -pthread "$@" -o "$out" ${LINK_EXTRA:-} -lrt
+    [ $need = 1 ] && run_job "link  $out" $CXX -pthread -rdynamic "$@" -o "$out" ${LINK_EXTRA:-} -lrt -ldl
     return 0
   }
   link trainer_cpu build/cpu/trainer.o $RT_OBJS
@@ -93,6 +95,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = cpu ]; then
     link "build/$b" "build/cpu/$b.o" $RT_OBJS
     LINK_EXTRA="-fsanitize=address,undefined" link "build/asan/$b" "build/asan/$b.o" $RT_ASAN
   done
+  for t in $BENCHES; do b=$(basename "${t%.cu}"); link "build/$b" "build/cpu/$b.o" $RT_OBJS; done
   wait_all
 fi
 

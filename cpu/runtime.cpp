@@ -16,6 +16,8 @@
 #include <cuda_runtime.h>
 #include <cxxabi.h>
 #include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -435,6 +437,7 @@ struct Fiber {
     unsigned wmask;
     uint64_t wval;
     const char* wname;
+    void (*wfn)(void* const* all);  // EMU_WARP_GATHER: run once on every lane's posted pointer
     uint64_t result;  // what the barrier or collective returns to this thread
 };
 
@@ -481,7 +484,7 @@ static const char* job_name(Job* j) {
 }
 
 // Report a misuse inside a kernel once per block, and fail the launch.
-static void kernel_error(const char* fmt, ...) {
+void emu_kernel_error(const char* fmt, ...) {
     Worker* w = W;
     __atomic_store_n(&w->job->failed, 1, __ATOMIC_RELAXED);
     if (w->error_reported++) return;
@@ -600,7 +603,7 @@ static uint64_t shuffle_value(Worker* w, Fiber* f, int warp_base, unsigned mask)
     }
     if (src == lane) return f->wval;
     if (!(mask >> src & 1)) {
-        kernel_error("%s reads lane %d, which is not in its mask 0x%08x (undefined on the GPU)", f->wname, src, mask);
+        emu_kernel_error("%s reads lane %d, which is not in its mask 0x%08x (undefined on the GPU)", f->wname, src, mask);
         return 0;
     }
     return w->fibers[warp_base + src].wval;
@@ -614,9 +617,9 @@ uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int
     }
     Fiber* f = w->self;
     int lane = f->linear & 31, warp_base = f->linear & ~31;
-    if (!(mask >> lane & 1)) kernel_error("%s with mask 0x%08x, which does not include the calling lane %d", name, mask, lane);
+    if (!(mask >> lane & 1)) emu_kernel_error("%s with mask 0x%08x, which does not include the calling lane %d", name, mask, lane);
     if (width < 1 || width > 32 || (width & (width - 1)))
-        kernel_error("%s with width %d (must be a power of 2 up to 32)", name, width);
+        emu_kernel_error("%s with width %d (must be a power of 2 up to 32)", name, width);
     mask |= 1u << lane;
     if (width < 1 || width > 32 || (width & (width - 1))) width = 32;
     f->wop = op;
@@ -632,13 +635,13 @@ uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int
         if (!(mask >> l & 1)) continue;
         int t = warp_base + l;
         if (t >= w->nthreads) {
-            kernel_error("%s with mask 0x%08x names lane %d, which does not exist (block of %d threads)", name, mask, l,
+            emu_kernel_error("%s with mask 0x%08x names lane %d, which does not exist (block of %d threads)", name, mask, l,
                          w->nthreads);
             continue;
         }
         Fiber* g = &w->fibers[t];
         if (g->state == F_EXITED) {
-            kernel_error("%s with mask 0x%08x names lane %d, which has already exited", name, mask, l);
+            emu_kernel_error("%s with mask 0x%08x names lane %d, which has already exited", name, mask, l);
             continue;
         }
         if (g->state != F_WAIT_WARP) {
@@ -646,7 +649,7 @@ uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int
             return f->result;
         }
         if (g->wmask != mask || g->wop != op)
-            kernel_error("lanes %d and %d meet at different warp operations (%s mask 0x%08x vs %s mask 0x%08x)", lane, l,
+            emu_kernel_error("lanes %d and %d meet at different warp operations (%s mask 0x%08x vs %s mask 0x%08x)", lane, l,
                          name, mask, g->wname, g->wmask);
     }
     // Last to arrive: compute every member's result, then let them go.
@@ -656,12 +659,21 @@ uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int
             if ((mask >> l & 1) && warp_base + l < w->nthreads && w->fibers[warp_base + l].state == F_WAIT_WARP &&
                 w->fibers[warp_base + l].wval)
                 ballot |= 1u << l;
+    if (op == EMU_WARP_GATHER) {  // e.g. mma_sync: one computation over the whole warp's fragments
+        void* all[32] = {0};
+        for (int l = 0; l < 32; l++)
+            if ((mask >> l & 1) && warp_base + l < w->nthreads && w->fibers[warp_base + l].state == F_WAIT_WARP)
+                all[l] = (void*)(uintptr_t)w->fibers[warp_base + l].wval;
+        f->wfn(all);
+    }
     uint64_t results[32];
     for (int l = 0; l < 32; l++) {
         if (!(mask >> l & 1) || warp_base + l >= w->nthreads) continue;
         Fiber* g = &w->fibers[warp_base + l];
         if (g->state != F_WAIT_WARP) continue;
-        results[l] = op == EMU_VOTE_BALLOT ? ballot : op == EMU_WARP_SYNC ? 0 : shuffle_value(w, g, warp_base, mask);
+        results[l] = op == EMU_VOTE_BALLOT                           ? ballot
+                     : op == EMU_WARP_SYNC || op == EMU_WARP_GATHER ? 0
+                                                                    : shuffle_value(w, g, warp_base, mask);
     }
     for (int l = 0; l < 32; l++) {
         if (!(mask >> l & 1) || warp_base + l >= w->nthreads) continue;
@@ -673,6 +685,13 @@ uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int
     return f->result;
 }
 
+void emu_warp_gather(unsigned mask, void* mine, void (*fn)(void* const* all), const char* name) {
+    W->self->wfn = fn;
+    emu_warp_collective(EMU_WARP_GATHER, mask, (uint64_t)(uintptr_t)mine, 0, 32, name);
+}
+
+int emu_lane_id(void) { return W->self->linear & 31; }
+
 unsigned emu_activemask(void) {  // the lanes of this warp that exist and have not exited
     Worker* w = W;
     int warp_base = w->self->linear & ~31;
@@ -683,6 +702,52 @@ unsigned emu_activemask(void) {  // the lanes of this warp that exist and have n
 }
 
 // ----------------------------------------------------------------------------
+// Static __shared__ variables are block-scope thread_locals, so they would keep the values of the
+// block that ran before on the same OS thread, hiding a read of shared memory nobody wrote. On the
+// GPU they start as garbage. So the runtime finds them in the executable's symbol table (TLS
+// symbols of function-local statics, mangled _ZZ...), locates them relative to dyn_smem, and fills
+// them with 0xFF at every launch, and at every block in shuffled mode.
+struct SharedVar {
+    long long offset;  // from dyn_smem, in this module's TLS block
+    size_t size;
+};
+static SharedVar* shared_vars;
+static int nshared_vars = -1;  // -1: not looked up yet
+
+static void find_static_shared(void) {
+    nshared_vars = 0;
+    int fd = open("/proc/self/exe", O_RDONLY);
+    if (fd < 0) return;
+    off_t len = lseek(fd, 0, SEEK_END);
+    const unsigned char* f = (const unsigned char*)mmap(NULL, (size_t)len, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (f == MAP_FAILED) return;
+    const Elf64_Ehdr* eh = (const Elf64_Ehdr*)f;
+    const Elf64_Shdr* sh = (const Elf64_Shdr*)(f + eh->e_shoff);
+    for (int i = 0; i < eh->e_shnum; i++) {
+        if (sh[i].sh_type != SHT_SYMTAB) continue;
+        const Elf64_Sym* sym = (const Elf64_Sym*)(f + sh[i].sh_offset);
+        const char* names = (const char*)(f + sh[sh[i].sh_link].sh_offset);
+        size_t n = sh[i].sh_size / sizeof(Elf64_Sym);
+        long long anchor = -1;
+        for (size_t k = 0; k < n; k++)
+            if (ELF64_ST_TYPE(sym[k].st_info) == STT_TLS && strcmp(names + sym[k].st_name, "dyn_smem") == 0)
+                anchor = (long long)sym[k].st_value;
+        if (anchor < 0) break;
+        shared_vars = (SharedVar*)calloc(n, sizeof(SharedVar));
+        for (size_t k = 0; k < n; k++)
+            if (ELF64_ST_TYPE(sym[k].st_info) == STT_TLS && sym[k].st_size > 0 &&
+                strncmp(names + sym[k].st_name, "_ZZ", 3) == 0)
+                shared_vars[nshared_vars++] = {(long long)sym[k].st_value - anchor, (size_t)sym[k].st_size};
+    }
+    munmap((void*)f, (size_t)len);
+}
+
+static void scramble_static_shared(void) {
+    for (int i = 0; i < nshared_vars; i++) memset(dyn_smem + shared_vars[i].offset, 0xFF, shared_vars[i].size);
+}
+
+// ----------------------------------------------------------------------------
 // The scheduler: run one block to completion, or report its deadlock.
 static uint64_t next_random(uint64_t* s) {
     *s ^= *s >> 12;
@@ -690,10 +755,12 @@ static uint64_t next_random(uint64_t* s) {
     *s ^= *s >> 27;
     return *s * 0x2545F4914F6CDD1Dull;
 }
+static long long shuffle_seed_value = -1;  // -1: not read from EMU_SHUFFLE yet
 static long long shuffle_seed(void) {
-    static long long s = env_ll("EMU_SHUFFLE", 0);
-    return s;
+    if (shuffle_seed_value < 0) shuffle_seed_value = env_ll("EMU_SHUFFLE", 0);
+    return shuffle_seed_value;
 }
+void emu_set_shuffle(long long seed) { shuffle_seed_value = seed; }
 
 static void report_deadlock(Worker* w) {
     __atomic_store_n(&w->job->failed, 1, __ATOMIC_RELAXED);
@@ -704,10 +771,18 @@ static void report_deadlock(Worker* w) {
         Fiber* f = &w->fibers[i];
         if (f->state == F_WAIT_BAR)
             fprintf(stderr, "    thread (%u,%u,%u) waits in __syncthreads\n", f->tid.x, f->tid.y, f->tid.z), shown++;
-        else if (f->state == F_WAIT_WARP)
-            fprintf(stderr, "    thread (%u,%u,%u) waits in %s (mask 0x%08x)\n", f->tid.x, f->tid.y, f->tid.z, f->wname,
-                    f->wmask),
-                shown++;
+        else if (f->state == F_WAIT_WARP) {
+            unsigned gone = 0;  // lanes of the mask that exited or do not exist: they can never arrive
+            for (int l = 0; l < 32; l++) {
+                int t = (f->linear & ~31) + l;
+                if ((f->wmask >> l & 1) && (t >= w->nthreads || w->fibers[t].state == F_EXITED)) gone |= 1u << l;
+            }
+            fprintf(stderr, "    thread (%u,%u,%u) waits in %s (mask 0x%08x)", f->tid.x, f->tid.y, f->tid.z, f->wname,
+                    f->wmask);
+            if (gone) fprintf(stderr, ": lanes 0x%08x of its mask have exited or do not exist", gone);
+            fprintf(stderr, "\n");
+            shown++;
+        }
     }
 }
 
@@ -734,6 +809,7 @@ static void run_block(Worker* w, long long b) {
     }
     memset(dyn_smem, 0xFF, j->smem);  // shared memory starts as garbage (NaN for floats), not zeros
     uint64_t seed = (uint64_t)shuffle_seed();
+    if (seed) scramble_static_shared();
     if (seed) w->rng = seed * 0x9E3779B97F4A7C15ull + (uint64_t)b + 1;
     for (;;) {
         if (seed)  // a fresh random order every round
@@ -771,8 +847,9 @@ static void run_block(Worker* w, long long b) {
     w->self = NULL;
 }
 
+static thread_local Worker worker;  // at namespace scope: block-scope thread_locals are __shared__ variables
+
 static void run_blocks(Job* j) {
-    static thread_local Worker worker;
     Worker* w = &worker;
     W = w;
     w->job = j;
@@ -783,6 +860,7 @@ static void run_blocks(Job* j) {
     ASAN_UNPOISON_MEMORY_REGION(dyn_smem, sizeof(dyn_smem));
     ASAN_POISON_MEMORY_REGION(dyn_smem + j->smem, sizeof(dyn_smem) - j->smem);
 #endif
+    scramble_static_shared();
     for (;;) {
         if (__atomic_load_n(&j->failed, __ATOMIC_RELAXED)) break;
         long long b = __atomic_fetch_add(&j->next_block, 1, __ATOMIC_RELAXED);
@@ -902,6 +980,7 @@ void emu_launch(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStre
         return;
     }
     std::lock_guard<std::mutex> g(launch_lock);
+    if (nshared_vars < 0) find_static_shared();
     Job j = {};
     j.body = body;
     j.call = call;

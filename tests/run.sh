@@ -13,9 +13,9 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0}
 total_pass=0; total_fail=0
 for b in $BINS; do
   [ -x "$b" ] || continue
-  start=$(date +%s.%N)
+  start=$(date +%s%N)
   out=$(timeout "${TEST_TIMEOUT:-600}" "$b" 2>&1); rc=$?
-  secs=$(echo "$(date +%s.%N) - $start" | bc)
+  secs=$(awk -v a="$start" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
   last=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
   if [ -z "$last" ]; then
     p=0; f=1; why="crashed or printed no summary (exit $rc)"

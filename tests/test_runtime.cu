@@ -3,6 +3,7 @@
 // (build/gpu/test_runtime), so a primitive the emulator got wrong shows up as a difference.
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
+#include <mma.h>
 #include "../kernels.cuh"
 #include "testing.h"
 
@@ -126,7 +127,72 @@ __global__ void index_3d(int* out, int nx, int ny) {
     out[(z * ny + y) * nx + x] = x + 1000 * y + 1000000 * z;
 }
 
+// Tensor cores through WMMA: C (M, N) = A (M, K) @ B (K, N), bf16 in, fp32 out, one warp per 16x16
+// tile of C. A is row-major; B is read column-major (B^T stored row-major (N, K)) when b_col is set.
+// The result is stored row-major, or column-major when c_col is set.
+__global__ void wmma_matmul(const __nv_bfloat16* A, const __nv_bfloat16* B, float* C, int M, int N, int K, int b_col,
+                            int c_col) {
+    using namespace nvcuda;
+    int tile_m = blockIdx.y, tile_n = blockIdx.x;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int k = 0; k < K; k += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
+        wmma::load_matrix_sync(a, A + (size_t)tile_m * 16 * K + k, K);
+        if (b_col) {
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
+            wmma::load_matrix_sync(b, B + (size_t)tile_n * 16 * K + k, K);
+            wmma::mma_sync(acc, a, b, acc);
+        } else {
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
+            wmma::load_matrix_sync(b, B + (size_t)k * N + tile_n * 16, N);
+            wmma::mma_sync(acc, a, b, acc);
+        }
+    }
+    for (int i = 0; i < acc.num_elements; i++) acc.x[i] *= 2.0f;  // elementwise ops on fragments work
+    if (c_col)
+        wmma::store_matrix_sync(C + (size_t)tile_n * 16 * M + tile_m * 16, acc, M, wmma::mem_col_major);
+    else
+        wmma::store_matrix_sync(C + (size_t)tile_m * 16 * N + tile_n * 16, acc, N, wmma::mem_row_major);
+}
+
 int main(void) {
+    // WMMA matmul, every operand layout
+    {
+        const int M = 32, N = 48, K = 64;
+        __nv_bfloat16 *A = (__nv_bfloat16*)malloc(M * K * 2), *B = (__nv_bfloat16*)malloc(K * N * 2),
+                      *Bt = (__nv_bfloat16*)malloc(K * N * 2), *dA, *dB;
+        float *want = (float*)malloc(M * N * 4), *got = (float*)malloc(M * N * 4), *dC;
+        for (int i = 0; i < M * K; i++) A[i] = __float2bfloat16(test_uniform(-1, 1));
+        for (int i = 0; i < K * N; i++) B[i] = __float2bfloat16(test_uniform(-1, 1));
+        for (int k = 0; k < K; k++)
+            for (int n = 0; n < N; n++) Bt[n * K + k] = B[k * N + n];
+        CUDA_OK(cudaMalloc(&dA, M * K * 2));
+        CUDA_OK(cudaMalloc(&dB, K * N * 2));
+        CUDA_OK(cudaMalloc(&dC, M * N * 4));
+        CUDA_OK(cudaMemcpy(dA, A, M * K * 2, cudaMemcpyHostToDevice));
+        for (int b_col = 0; b_col < 2; b_col++)
+            for (int c_col = 0; c_col < 2; c_col++) {
+                for (int m = 0; m < M; m++)
+                    for (int n = 0; n < N; n++) {
+                        double s = 0;
+                        for (int k = 0; k < K; k++) s += (double)__bfloat162float(A[m * K + k]) * __bfloat162float(B[k * N + n]);
+                        want[c_col ? n * M + m : m * N + n] = (float)(2 * s);
+                    }
+                CUDA_OK(cudaMemcpy(dB, b_col ? Bt : B, K * N * 2, cudaMemcpyHostToDevice));
+                launch(wmma_matmul, dim3(N / 16, M / 16), dim3(32), 0, (cudaStream_t)0, (const __nv_bfloat16*)dA,
+                       (const __nv_bfloat16*)dB, dC, M, N, K, b_col, c_col);
+                CUDA_OK(cudaGetLastError());
+                CUDA_OK(cudaMemcpy(got, dC, M * N * 4, cudaMemcpyDeviceToHost));
+                char what[96];
+                snprintf(what, sizeof what, "WMMA bf16 matmul, B %s-major, C %s-major", b_col ? "col" : "row",
+                         c_col ? "col" : "row");
+                // products of bf16 are exact in fp32; only the fp32 accumulation order differs: 64 terms of |x| < 1
+                check_close(what, got, want, M * N, 1e-4f, 1e-5f);
+            }
+        cudaFree(dA), cudaFree(dB), cudaFree(dC), free(A), free(B), free(Bt), free(want), free(got);
+    }
+
     // block sums
     {
         const int nb = 37, n = nb * 256;

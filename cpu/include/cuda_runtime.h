@@ -62,10 +62,15 @@ static constexpr int warpSize = 32;
 // ----------------------------------------------------------------------------
 // Barriers and warp collectives (cpu/runtime.cpp). A thread arriving at one yields to the
 // scheduler until its group is complete; the last to arrive computes every member's result.
-enum emu_warp_op { EMU_WARP_SYNC, EMU_SHFL_IDX, EMU_SHFL_UP, EMU_SHFL_DOWN, EMU_SHFL_XOR, EMU_VOTE_BALLOT };
+enum emu_warp_op { EMU_WARP_SYNC, EMU_SHFL_IDX, EMU_SHFL_UP, EMU_SHFL_DOWN, EMU_SHFL_XOR, EMU_VOTE_BALLOT, EMU_WARP_GATHER };
 int emu_syncthreads(int op, int predicate);  // op: 0 plain, 1 count, 2 and, 3 or
 uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int width, const char* name);
+// Every lane of mask posts a pointer; once all have arrived, fn runs once on all 32 (NULL where absent).
+void emu_warp_gather(unsigned mask, void* mine, void (*fn)(void* const* all), const char* name);
 unsigned emu_activemask(void);
+int emu_lane_id(void);
+// A misuse inside a kernel (bad alignment, bad mask...): reported once per block, the launch fails.
+void emu_kernel_error(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 static inline void __syncthreads(void) { emu_syncthreads(0, 0); }
 static inline int __syncthreads_count(int p) { return emu_syncthreads(1, p); }
@@ -261,6 +266,10 @@ static inline __nv_bfloat162 __hfma2(__nv_bfloat162 a, __nv_bfloat162 b, __nv_bf
 static inline __nv_bfloat16 hexp(__nv_bfloat16 a) { return __float2bfloat16(expf(__bfloat162float(a))); }
 static inline __nv_bfloat16 hsqrt(__nv_bfloat16 a) { return __float2bfloat16(sqrtf(__bfloat162float(a))); }
 static inline __nv_bfloat16 hrsqrt(__nv_bfloat16 a) { return __float2bfloat16(1.0f / sqrtf(__bfloat162float(a))); }
+
+// Emulator control, for the CPU runtime's own tests: 0 runs threads in order, any other seed in a
+// fresh random order every round between barriers (as EMU_SHUFFLE=seed does).
+void emu_set_shuffle(long long seed);
 
 // ----------------------------------------------------------------------------
 // Kernel launch. The arguments are converted to the kernel's parameter types once, as the GPU

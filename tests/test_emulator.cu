@@ -1,0 +1,223 @@
+// test_emulator.cu: checks of the CPU runtime itself that cannot run on a GPU (they provoke
+// deadlocks, races and limit violations on purpose): the shuffled order catches a missing
+// __syncthreads, a divergent barrier is reported instead of hanging, the H100's launch limits are
+// enforced through cudaGetLastError, misused warp collectives are reported, device memory is
+// bounded and checked, and (in the AddressSanitizer build) an out-of-bounds access inside a kernel
+// is caught. Built for the CPU only (build.sh lists it in CPU_ONLY_TESTS).
+#include <cuda_runtime.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "../kernels.cuh"
+#include "testing.h"
+
+// A kernel with a missing barrier: each thread writes s[t], then reads its neighbour's s[t+1]
+// without __syncthreads. In thread order every neighbour has not written yet... so to make the
+// in-order run correct and only a reordering wrong, thread t reads s[t-1] (written before it).
+__global__ void neighbour_missing_sync(const float* x, float* out) {
+    __shared__ float s[64];
+    int t = threadIdx.x;
+    s[t] = x[t];
+    // __syncthreads();  <- the bug
+    out[t] = t > 0 ? s[t - 1] : s[0];
+}
+__global__ void neighbour_with_sync(const float* x, float* out) {
+    __shared__ float s[64];
+    int t = threadIdx.x;
+    s[t] = x[t];
+    __syncthreads();
+    out[t] = t > 0 ? s[t - 1] : s[0];
+}
+
+// Divergent barrier: even threads wait in __syncthreads, odd threads in a full-warp __syncwarp.
+__global__ void divergent_barrier(int* out) {
+    if (threadIdx.x % 2 == 0)
+        __syncthreads();
+    else
+        __syncwarp();
+    out[threadIdx.x] = 1;
+}
+
+// A shuffle whose mask names lanes that have returned.
+__global__ void shuffle_after_exit(float* out, int n) {
+    int t = threadIdx.x;
+    if (t >= n) return;
+    float v = __shfl_xor_sync(0xffffffffu, (float)t, 1);
+    out[t] = v;
+}
+
+__global__ void noop(int* out) {
+    if (out) out[0] = 1;
+}
+__global__ void big_smem(float* out) {
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    ((float*)dyn_smem)[threadIdx.x] = 1.0f;
+    __syncthreads();
+    out[threadIdx.x] = ((float*)dyn_smem)[threadIdx.x];
+}
+// Reads dynamic shared memory it never wrote: must see the 0xFF fill (NaN), not zeros.
+__global__ void read_unwritten_smem(float* out) {
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    out[threadIdx.x] = ((float*)dyn_smem)[threadIdx.x];
+}
+// Writes one element past the end of its buffer.
+__global__ void write_out_of_bounds(float* out, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i <= n) out[i] = 1.0f;  // the bug: <= instead of <
+}
+// Reads past the dynamic shared memory it asked for.
+__global__ void read_past_dyn_smem(float* out, int n) {
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    float* s = (float*)dyn_smem;
+    s[threadIdx.x] = 1.0f;
+    __syncthreads();
+    out[threadIdx.x] = s[threadIdx.x + n];  // n past the end of a 32-float allocation
+}
+
+// Runs fn in a child process; returns its exit status, with its stderr captured into `err`.
+static int run_child(void (*fn)(void), char* err, size_t errlen) {
+    int fds[2];
+    if (pipe(fds) != 0) return -1;
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        fn();
+        _exit(0);
+    }
+    close(fds[1]);
+    size_t got = 0;
+    ssize_t r;
+    while ((r = read(fds[0], err + got, errlen - 1 - got)) > 0) got += (size_t)r;
+    err[got] = 0;
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return status;
+}
+static void child_oob_write(void) {
+    float* d;
+    cudaMalloc(&d, 100 * sizeof(float));
+    launch(write_out_of_bounds, dim3(1), dim3(128), 0, (cudaStream_t)0, d, 100);
+}
+static void child_smem_overread(void) {
+    float* d;
+    cudaMalloc(&d, 32 * sizeof(float));
+    launch(read_past_dyn_smem, dim3(1), dim3(32), 32 * sizeof(float), (cudaStream_t)0, d, 32);
+}
+
+int main(void) {
+    float x[64], want[64], got[64], *dx, *dout;
+    for (int i = 0; i < 64; i++) x[i] = (float)i;
+    for (int i = 0; i < 64; i++) want[i] = x[i > 0 ? i - 1 : 0];
+    CUDA_OK(cudaMalloc(&dx, sizeof x));
+    CUDA_OK(cudaMalloc(&dout, sizeof x));
+    CUDA_OK(cudaMemcpy(dx, x, sizeof x, cudaMemcpyHostToDevice));
+
+    // 1. Shuffled order: the missing barrier is invisible in thread order, visible when shuffled.
+    emu_set_shuffle(0);
+    launch(neighbour_missing_sync, dim3(1), dim3(64), 0, (cudaStream_t)0, (const float*)dx, dout);
+    CUDA_OK(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost));
+    CHECK(memcmp(got, want, sizeof got) == 0, "in thread order the racy kernel happens to be right (the premise)");
+    int caught = 0;
+    for (int seed = 1; seed <= 5; seed++) {
+        emu_set_shuffle(seed);
+        CUDA_OK(cudaMemset(dout, 0, sizeof got));
+        launch(neighbour_missing_sync, dim3(1), dim3(64), 0, (cudaStream_t)0, (const float*)dx, dout);
+        CUDA_OK(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost));
+        caught += memcmp(got, want, sizeof got) != 0;
+    }
+    CHECK(caught == 5, "shuffled order exposes the missing __syncthreads in %d of 5 seeds", caught);
+    launch(neighbour_with_sync, dim3(1), dim3(64), 0, (cudaStream_t)0, (const float*)dx, dout);
+    CUDA_OK(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost));
+    CHECK(memcmp(got, want, sizeof got) == 0, "with the barrier, the shuffled order gives the right answer");
+    emu_set_shuffle(0);
+
+    // 2. Divergent barrier: reported as a launch failure, no hang, and the process goes on.
+    int* di;
+    CUDA_OK(cudaMalloc(&di, 64 * sizeof(int)));
+    fprintf(stderr, "(test_emulator: the deadlock and misuse reports below are expected)\n");
+    launch(divergent_barrier, dim3(2), dim3(64), 0, (cudaStream_t)0, di);
+    cudaError_t e = cudaGetLastError();
+    CHECK(e == cudaErrorLaunchFailure, "divergent barrier: cudaGetLastError gave %s, want cudaErrorLaunchFailure",
+          cudaGetErrorName(e));
+    CHECK(cudaGetLastError() == cudaSuccess, "cudaGetLastError resets the error");
+    launch(noop, dim3(1), dim3(1), 0, (cudaStream_t)0, di);
+    CHECK(cudaGetLastError() == cudaSuccess, "kernels run normally after a reported deadlock");
+
+    // 3. A shuffle naming exited lanes is reported.
+    launch(shuffle_after_exit, dim3(1), dim3(32), 0, (cudaStream_t)0, dout, 20);
+    e = cudaGetLastError();
+    CHECK(e == cudaErrorLaunchFailure, "shuffle with exited lanes in its mask: got %s", cudaGetErrorName(e));
+    launch(shuffle_after_exit, dim3(1), dim3(32), 0, (cudaStream_t)0, dout, 32);
+    CHECK(cudaGetLastError() == cudaSuccess, "the same shuffle with every lane present is fine");
+
+    // 4. Launch limits as on an H100.
+    launch(noop, dim3(1), dim3(1025), 0, (cudaStream_t)0, (int*)NULL);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "1025 threads per block is rejected");
+    launch(noop, dim3(1), dim3(1, 1, 65), 0, (cudaStream_t)0, (int*)NULL);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "blockDim.z = 65 is rejected");
+    launch(noop, dim3(1, 65536), dim3(1), 0, (cudaStream_t)0, (int*)NULL);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "gridDim.y = 65536 is rejected");
+    launch(noop, dim3(0), dim3(1), 0, (cudaStream_t)0, (int*)NULL);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "an empty grid is rejected");
+    launch(big_smem, dim3(1), dim3(32), 64 * 1024, (cudaStream_t)0, dout);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue, "64 KB dynamic smem without the opt-in is rejected");
+    CHECK(cudaFuncSetAttribute(big_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 * 1024) == cudaErrorInvalidValue,
+          "opting into more than 227 KB is rejected");
+    cudaGetLastError();
+    CUDA_OK(cudaFuncSetAttribute(big_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
+    launch(big_smem, dim3(1), dim3(32), 64 * 1024, (cudaStream_t)0, dout);
+    CHECK(cudaGetLastError() == cudaSuccess, "64 KB dynamic smem after the opt-in runs");
+    launch(big_smem, dim3(1), dim3(32), 64 * 1024 + 4, (cudaStream_t)0, dout);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue, "more than the opted-in size is rejected");
+    cudaDeviceProp p;
+    CUDA_OK(cudaGetDeviceProperties(&p, 0));
+    CHECK(p.maxThreadsPerBlock == 1024 && p.sharedMemPerBlockOptin == 227 * 1024 && p.major == 9 && p.warpSize == 32,
+          "device properties report H100 limits");
+
+    // 5. Dynamic shared memory starts as garbage (NaN), so a read-before-write shows.
+    launch(read_unwritten_smem, dim3(1), dim3(32), 32 * 4, (cudaStream_t)0, dout);
+    CUDA_OK(cudaMemcpy(got, dout, 32 * 4, cudaMemcpyDeviceToHost));
+    int nans = 0;
+    for (int i = 0; i < 32; i++) nans += isnan(got[i]);
+    CHECK(nans == 32, "unwritten dynamic shared memory reads as NaN (%d of 32)", nans);
+
+    // 6. Device memory: bounded by the emulated size, and copies are range-checked.
+    size_t free0, total;
+    CUDA_OK(cudaMemGetInfo(&free0, &total));
+    CHECK(total == (size_t)94e9 || getenv("EMU_DEVICE_BYTES"), "default device size is 94 GB (got %zu)", total);
+    void* big = NULL;
+    CHECK(cudaMalloc(&big, free0 + 1) == cudaErrorMemoryAllocation && big == NULL, "allocating past the device fails");
+    CHECK(cudaGetLastError() == cudaErrorMemoryAllocation, "and reports cudaErrorMemoryAllocation");
+    void* blk;
+    CUDA_OK(cudaMalloc(&blk, 1 << 20));
+    size_t free1;
+    CUDA_OK(cudaMemGetInfo(&free1, &total));
+    CHECK(free0 - free1 == (1 << 20), "cudaMemGetInfo counts allocations (%zu)", free0 - free1);
+    CUDA_OK(cudaFree(blk));
+    CHECK(cudaMemcpy(dout, x, sizeof x + 4, cudaMemcpyHostToDevice) == cudaErrorInvalidValue,
+          "a copy running past the end of a device buffer is rejected");
+    CHECK(cudaMemcpy(x, x + 1, 4, cudaMemcpyHostToDevice) == cudaErrorInvalidValue,
+          "a host pointer passed as the device side is rejected");
+    CHECK(cudaMemcpy(dout, dx, 4, cudaMemcpyHostToDevice) == cudaErrorInvalidValue,
+          "a device pointer passed as the host side is rejected");
+    CHECK(cudaFree(x) == cudaErrorInvalidValue, "cudaFree of a host pointer is rejected");
+    cudaGetLastError();
+
+    // 7. AddressSanitizer build: out-of-bounds accesses inside kernels are caught.
+#if defined(__SANITIZE_ADDRESS__)
+    char err[8192];
+    int st = run_child(child_oob_write, err, sizeof err);
+    CHECK(!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && strstr(err, "heap-buffer-overflow"),
+          "ASan catches a kernel writing one past its cudaMalloc'ed buffer (status %d)", st);
+    st = run_child(child_smem_overread, err, sizeof err);
+    CHECK(!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && strstr(err, "AddressSanitizer"),
+          "ASan catches a read past the requested dynamic shared memory (status %d)", st);
+#else
+    (void)run_child, (void)child_oob_write, (void)child_smem_overread;
+#endif
+    cudaFree(dx), cudaFree(dout), cudaFree(di);
+    return test_summary();
+}
