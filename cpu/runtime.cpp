@@ -431,6 +431,7 @@ struct Fiber {
     void* asan_fake_stack;
     uint3 tid;
     int linear;  // x + y*bx + z*bx*by: the lane is linear % 32, the warp linear / 32
+    int pos;     // where this thread stands in the block's run order (Worker.order)
     int state;
     // the warp collective this thread waits in
     int wop, warg, wwidth;
@@ -497,14 +498,33 @@ void emu_kernel_error(const char* fmt, ...) {
     va_end(ap);
 }
 
-static void switch_to_scheduler(Fiber* f, int exiting) {
+// Leave fiber f (now waiting, or exited) for the next runnable thread in the block's order, switching
+// to it directly; when none can run, return to the scheduler (the block is done, or deadlocked).
+static void yield_from(Fiber* f, int exiting) {
     Worker* w = W;
+    int n = w->nthreads, p = f->pos;
+    Fiber* next = NULL;
+    for (int k = 1; k < n; k++) {
+        if (++p == n) p = 0;
+        Fiber* g = &w->fibers[w->order[p]];
+        if (g->state == F_READY) {
+            next = g;
+            break;
+        }
+    }
+    void* to = w->sched_sp;
+    w->self = next;
+    if (next) {
+        threadIdx = next->tid;
+        to = next->sp;
+    }
 #if EMU_ASAN
-    __sanitizer_start_switch_fiber(exiting ? NULL : &f->asan_fake_stack, w->asan_main_bottom, w->asan_main_size);
+    __sanitizer_start_switch_fiber(exiting ? NULL : &f->asan_fake_stack, next ? next->stack_lo : w->asan_main_bottom,
+                                   next ? next->stack_size : w->asan_main_size);
 #endif
-    emu_switch(&f->sp, w->sched_sp);
+    emu_switch(&f->sp, to);
 #if EMU_ASAN
-    __sanitizer_finish_switch_fiber(f->asan_fake_stack, (const void**)&w->asan_main_bottom, &w->asan_main_size);
+    __sanitizer_finish_switch_fiber(f->asan_fake_stack, NULL, NULL);
 #endif
 }
 
@@ -514,14 +534,17 @@ static void release_barrier(Worker* w);
 static void fiber_main(void) {
     Worker* w = W;
 #if EMU_ASAN
-    __sanitizer_finish_switch_fiber(NULL, (const void**)&w->asan_main_bottom, &w->asan_main_size);
+    const void* from_bottom;
+    size_t from_size;
+    __sanitizer_finish_switch_fiber(NULL, &from_bottom, &from_size);
+    if (!w->asan_main_bottom) w->asan_main_bottom = (void*)from_bottom, w->asan_main_size = from_size;
 #endif
     w->job->body(w->job->call);
     Fiber* f = w->self;
     f->state = F_EXITED;
     w->exited++;
     if (w->bar_arrived > 0 && w->bar_arrived + w->exited == w->nthreads) release_barrier(w);
-    switch_to_scheduler(f, 1);
+    yield_from(f, 1);
     abort();  // unreachable: an exited fiber is never resumed
 }
 
@@ -557,6 +580,31 @@ static void worker_reserve(Worker* w, int n) {
     w->nfibers = n;
 }
 
+// Shuffled mode (EMU_SHUFFLE=seed): the run order is a fresh random permutation at the start of
+// every block and after every barrier.
+static long long shuffle_seed_value = -1;  // -1: not read from EMU_SHUFFLE yet
+static long long shuffle_seed(void) {
+    if (shuffle_seed_value < 0) shuffle_seed_value = env_ll("EMU_SHUFFLE", 0);
+    return shuffle_seed_value;
+}
+void emu_set_shuffle(long long seed) { shuffle_seed_value = seed; }
+
+static uint64_t next_random(uint64_t* s) {
+    *s ^= *s >> 12;
+    *s ^= *s << 25;
+    *s ^= *s >> 27;
+    return *s * 0x2545F4914F6CDD1Dull;
+}
+static void shuffle_order(Worker* w) {
+    int n = w->nthreads;
+    for (int i = n - 1; i > 0; i--) {
+        int k = (int)(next_random(&w->rng) % (uint64_t)(i + 1)), t = w->order[i];
+        w->order[i] = w->order[k];
+        w->order[k] = t;
+    }
+    for (int i = 0; i < n; i++) w->fibers[w->order[i]].pos = i;
+}
+
 // ----------------------------------------------------------------------------
 // __syncthreads and its counting variants: op 0 plain, 1 count, 2 and, 3 or.
 static void release_barrier(Worker* w) {
@@ -569,6 +617,7 @@ static void release_barrier(Worker* w) {
     }
     w->bar_arrived = 0;
     w->bar_true = 0;
+    if (shuffle_seed()) shuffle_order(w);
 }
 
 int emu_syncthreads(int op, int predicate) {
@@ -586,7 +635,7 @@ int emu_syncthreads(int op, int predicate) {
     if (w->bar_arrived + w->exited == w->nthreads)
         release_barrier(w);  // last to arrive: everyone goes on
     else
-        switch_to_scheduler(f, 0);
+        yield_from(f, 0);
     return (int)f->result;
 }
 
@@ -645,7 +694,7 @@ uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int
             continue;
         }
         if (g->state != F_WAIT_WARP) {
-            switch_to_scheduler(f, 0);  // someone is still on the way; the last one completes us
+            yield_from(f, 0);  // someone is still on the way; the last one completes us
             return f->result;
         }
         if (g->wmask != mask || g->wop != op)
@@ -749,18 +798,6 @@ static void scramble_static_shared(void) {
 
 // ----------------------------------------------------------------------------
 // The scheduler: run one block to completion, or report its deadlock.
-static uint64_t next_random(uint64_t* s) {
-    *s ^= *s >> 12;
-    *s ^= *s << 25;
-    *s ^= *s >> 27;
-    return *s * 0x2545F4914F6CDD1Dull;
-}
-static long long shuffle_seed_value = -1;  // -1: not read from EMU_SHUFFLE yet
-static long long shuffle_seed(void) {
-    if (shuffle_seed_value < 0) shuffle_seed_value = env_ll("EMU_SHUFFLE", 0);
-    return shuffle_seed_value;
-}
-void emu_set_shuffle(long long seed) { shuffle_seed_value = seed; }
 
 static void report_deadlock(Worker* w) {
     __atomic_store_n(&w->job->failed, 1, __ATOMIC_RELAXED);
@@ -805,44 +842,35 @@ static void run_block(Worker* w, long long b) {
         f->tid.x = i % bd.x;
         f->tid.y = (i / bd.x) % bd.y;
         f->tid.z = i / (bd.x * bd.y);
+        f->pos = i;
         w->order[i] = i;
     }
     memset(dyn_smem, 0xFF, j->smem);  // shared memory starts as garbage (NaN for floats), not zeros
     uint64_t seed = (uint64_t)shuffle_seed();
-    if (seed) scramble_static_shared();
-    if (seed) w->rng = seed * 0x9E3779B97F4A7C15ull + (uint64_t)b + 1;
-    for (;;) {
-        if (seed)  // a fresh random order every round
-            for (int i = n - 1; i > 0; i--) {
-                int k = (int)(next_random(&w->rng) % (uint64_t)(i + 1)), t = w->order[i];
-                w->order[i] = w->order[k];
-                w->order[k] = t;
-            }
-        int ran = 0;
-        for (int i = 0; i < n; i++) {
-            Fiber* f = &w->fibers[w->order[i]];
-            if (f->state != F_READY) continue;
-            w->self = f;
-            threadIdx = f->tid;
+    if (seed) {
+        scramble_static_shared();
+        w->rng = seed * 0x9E3779B97F4A7C15ull + (uint64_t)b + 1;
+        shuffle_order(w);
+    }
+    // Start the first thread; the threads pass control among themselves (yield_from) and come back
+    // here when none can run.
+    Fiber* first = &w->fibers[w->order[0]];
+    w->self = first;
+    threadIdx = first->tid;
 #if EMU_ASAN
-            __sanitizer_start_switch_fiber(&w->asan_sched_fake, f->stack_lo, f->stack_size);
+    __sanitizer_start_switch_fiber(&w->asan_sched_fake, first->stack_lo, first->stack_size);
 #endif
-            emu_switch(&w->sched_sp, f->sp);
+    emu_switch(&w->sched_sp, first->sp);
 #if EMU_ASAN
-            __sanitizer_finish_switch_fiber(w->asan_sched_fake, NULL, NULL);
+    __sanitizer_finish_switch_fiber(w->asan_sched_fake, NULL, NULL);
 #endif
-            ran = 1;
-        }
-        if (w->exited == n) break;
-        if (!ran) {
-            report_deadlock(w);
+    if (w->exited != n) {
+        report_deadlock(w);
 #if EMU_ASAN  // the abandoned fibers' frames leave poisoned bytes behind on their stacks
-            for (int i = 0; i < n; i++)
-                if (w->fibers[i].state != F_EXITED)
-                    __asan_unpoison_memory_region(w->fibers[i].stack_lo, w->fibers[i].stack_size);
+        for (int i = 0; i < n; i++)
+            if (w->fibers[i].state != F_EXITED)
+                __asan_unpoison_memory_region(w->fibers[i].stack_lo, w->fibers[i].stack_size);
 #endif
-            break;
-        }
     }
     w->self = NULL;
 }
