@@ -105,8 +105,9 @@ if [ "$WHAT" = all ] || [ "$WHAT" = gpu ]; then
     echo "build: nvcc not found at $NVCC: skipping the GPU build (set CUDA_HOME or NVCC)"
   else
     for lib in cublasLt cublas nccl; do
-      ls "$CUDA_HOME"/lib64/lib$lib.so* /usr/lib/*/lib$lib.so* /usr/local/lib/lib$lib.so* >/dev/null 2>&1 ||
-        die "lib$lib.so not found (needed by the GPU build; install it or set CUDA_HOME)"
+      found=""
+      for f in "$CUDA_HOME"/lib64/lib$lib.so /usr/lib/*/lib$lib.so /usr/local/lib/lib$lib.so; do [ -e "$f" ] && found=$f; done
+      [ -n "$found" ] || die "lib$lib.so not found in $CUDA_HOME/lib64, /usr/lib/* or /usr/local/lib (needed by the GPU build)"
     done
     echo "build: GPU ($ARCH) trainer and tests"
     gpu_bin() { # gpu_bin SRC OUT
