@@ -27,7 +27,8 @@ for d in "$CUDA_HOME/include" /usr/include /usr/local/include; do [ -f "$d/nccl.
 
 CPU_FLAGS="-std=c++17 -O2 -g -Wall -Wextra -Wno-unused-parameter -Icpu/include -I$CUDA_HOME/include -I$NCCL_INC -pthread"
 ASAN_FLAGS="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
-GPU_FLAGS="-std=c++17 -O3 -arch=$ARCH -lineinfo -Xcompiler -Wall -I$NCCL_INC"
+# ptxas: a kernel that spills registers fails the build
+GPU_FLAGS="-std=c++17 -O3 -arch=$ARCH -lineinfo -Xcompiler -Wall -Xptxas --warn-on-spills,--warning-as-error -I$NCCL_INC"
 GPU_LIBS="-lcublasLt -lcublas -lnccl"
 
 mkdir -p build/cpu build/asan build/gpu
@@ -36,6 +37,7 @@ mkdir -p build/cpu build/asan build/gpu
 stale() {
   local out=$1 dep=$2 f
   [ -f "$out" ] && [ -f "$dep" ] || return 0
+  [ build.sh -nt "$out" ] && return 0  # flags may have changed
   for f in $(sed -e 's/^[^:]*://' -e 's/\\$//' "$dep"); do
     [ "$f" -nt "$out" ] && return 0
   done
