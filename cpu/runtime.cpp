@@ -461,6 +461,8 @@ struct Worker {  // one OS thread's state for running blocks
     Job* job;
     Fiber* self;
     int nthreads, exited;
+    unsigned warp_waiting[32];  // per warp: lanes waiting in a warp collective
+    unsigned warp_gone[32];     // per warp: lanes that have exited
     int bar_arrived, bar_true;
     int* order;
     uint64_t rng;
@@ -542,6 +544,7 @@ static void fiber_main(void) {
     w->job->body(w->job->call);
     Fiber* f = w->self;
     f->state = F_EXITED;
+    w->warp_gone[f->linear >> 5] |= 1u << (f->linear & 31);
     w->exited++;
     if (w->bar_arrived > 0 && w->bar_arrived + w->exited == w->nthreads) release_barrier(w);
     yield_from(f, 1);
@@ -683,6 +686,13 @@ uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int
     f->state = F_WAIT_WARP;
     // Complete when every lane of the mask waits here with the same mask and operation.
     // A lane of the mask that does not exist or has exited can never arrive: reported, then skipped.
+    int warp = f->linear >> 5, in_warp = w->nthreads - warp_base;
+    unsigned exists = in_warp >= 32 ? 0xffffffffu : (1u << in_warp) - 1;
+    w->warp_waiting[warp] |= 1u << lane;
+    if (mask & exists & ~(w->warp_waiting[warp] | w->warp_gone[warp])) {
+        yield_from(f, 0);  // someone is still on the way; the last one completes us
+        return f->result;
+    }
     for (int l = 0; l < 32; l++) {
         if (!(mask >> l & 1)) continue;
         int t = warp_base + l;
@@ -695,10 +705,6 @@ uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int
         if (g->state == F_EXITED) {
             emu_kernel_error("%s with mask 0x%08x names lane %d, which has already exited", name, mask, l);
             continue;
-        }
-        if (g->state != F_WAIT_WARP) {
-            yield_from(f, 0);  // someone is still on the way; the last one completes us
-            return f->result;
         }
         if (g->wmask != mask || g->wop != op)
             emu_kernel_error("lanes %d and %d meet at different warp operations (%s mask 0x%08x vs %s mask 0x%08x)", lane, l,
@@ -733,6 +739,7 @@ uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int
         if (g->state != F_WAIT_WARP) continue;
         g->result = results[l];
         g->state = F_READY;
+        w->warp_waiting[warp] &= ~(1u << l);
     }
     return f->result;
 }
@@ -835,6 +842,8 @@ static void run_block(Worker* w, long long b) {
     int n = bd.x * bd.y * bd.z;
     w->nthreads = n;
     w->exited = 0;
+    memset(w->warp_waiting, 0, sizeof w->warp_waiting);
+    memset(w->warp_gone, 0, sizeof w->warp_gone);
     w->bar_arrived = 0;
     w->bar_true = 0;
     w->error_reported = 0;
