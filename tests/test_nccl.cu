@@ -1,0 +1,845 @@
+// tests/test_nccl.cu: the NCCL collectives mlm.c uses, between real processes.
+//
+// The parent makes a unique id, then forks the ranks; each child joins with ncclCommInitRank, runs
+// the collectives, checks what it got against plain loops, and sends its pass/fail counts (and a
+// hash of the results every rank must share, and a measured time) back through a pipe; the parent
+// adds them up, checks the exit statuses and prints the summary.
+// Covered: AllReduce (sum, avg, max, min; in and out of place), ReduceScatter and AllGather (in and
+// out of place), Broadcast/Bcast, Reduce; float32 and bf16 (int32/int64 once); odd counts and
+// counts larger than the shared-memory chunk; groups; two ranks as threads of one process; and on
+// the CPU emulation also the failures:
+// a rank killed with SIGKILL in the middle, a rank that exits without ncclCommDestroy, a rank that
+// stays away (timeout), a rank that never joins, ncclCommAbort from another thread, and ranks
+// that call mismatched collectives.
+//
+// It also builds with nvcc against the real NCCL (nvcc -std=c++17 -arch=sm_90 tests/test_nccl.cu
+// -lnccl). There the results are compared with a tolerance (NCCL sums in ring order, not rank
+// order), each rank takes GPU rank % device count, the failure cases are skipped (real NCCL would
+// hang in them), and a group of N ranks is skipped when there are fewer than N GPUs.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "testing.h"
+
+#ifdef __CUDACC__
+#define EMULATION 0  // the real NCCL
+#else
+#define EMULATION 1  // the CPU build (cpu/nccl.cpp): sums in rank order, so results are exact
+#endif
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void sleep_s(double s) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)s;
+    ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+    nanosleep(&ts, NULL);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running ranks as child processes
+
+// What a child sends back to the parent.
+struct Report {
+    int rank, passed, failed, done;
+    double seconds;  // a time the scenario measured (< 0: none)
+    uint64_t hash;   // hash of the results that must be identical on every rank (0: none)
+};
+
+typedef void (*ChildFn)(int rank, int nranks, const ncclUniqueId* id, const void* arg, Report* rep);
+
+#define MAX_FORKS 8
+
+// run_ranks: make an id, fork nforks children as ranks 0..nforks-1 of an nranks communicator and
+// collect their reports (reps[r].done = 0 when rank r sent none) and wait statuses. A child still
+// running after limit_s seconds is killed (status then says SIGKILL and its report is missing).
+static void run_ranks(int nranks, int nforks, ChildFn fn, const void* arg, double limit_s, Report* reps,
+                      int* statuses) {
+    memset(reps, 0, sizeof(Report) * nforks);
+    for (int r = 0; r < nforks; r++) statuses[r] = -1;
+    ncclUniqueId id;
+    ncclResult_t ir = ncclGetUniqueId(&id);
+    CHECK(ir == ncclSuccess, "ncclGetUniqueId: %s", ncclGetErrorString(ir));
+    int fds[2];
+    if (pipe(fds) != 0) {
+        CHECK(0, "pipe: %s", strerror(errno));
+        return;
+    }
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pids[MAX_FORKS];
+    for (int r = 0; r < nforks; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            close(fds[0]);
+            tests_passed = tests_failed = 0;  // the child counts its own checks
+            Report rep;
+            memset(&rep, 0, sizeof rep);
+            rep.rank = r;
+            rep.seconds = -1;
+            fn(r, nranks, &id, arg, &rep);
+            rep.passed = tests_passed;
+            rep.failed = tests_failed;
+            rep.done = 1;
+            fflush(stdout);
+            fflush(stderr);
+            ssize_t w = write(fds[1], &rep, sizeof rep);  // < PIPE_BUF: one atomic write
+            _exit(w == (ssize_t)sizeof rep ? 0 : 3);
+        }
+        if (pids[r] < 0) CHECK(0, "fork: %s", strerror(errno));
+    }
+    close(fds[1]);
+    // Read reports until every child has closed the pipe (exited) or the time is up.
+    char bytes[sizeof(Report) * MAX_FORKS];
+    size_t got = 0;
+    double end = now_s() + limit_s;
+    while (got < sizeof bytes) {
+        double left = end - now_s();
+        if (left <= 0) break;
+        struct pollfd pfd = {fds[0], POLLIN, 0};
+        int pr = poll(&pfd, 1, (int)(left * 1000) + 1);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr <= 0) break;
+        ssize_t n = read(fds[0], bytes + got, sizeof bytes - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    close(fds[0]);
+    for (size_t i = 0; i + sizeof(Report) <= got; i += sizeof(Report)) {
+        Report rep;
+        memcpy(&rep, bytes + i, sizeof rep);
+        if (rep.rank >= 0 && rep.rank < nforks) reps[rep.rank] = rep;
+    }
+    for (int r = 0; r < nforks; r++) {
+        if (pids[r] <= 0) continue;
+        int st = 0;
+        pid_t w;
+        // A child closes the pipe a moment before it can be reaped: poll until the limit.
+        while ((w = waitpid(pids[r], &st, WNOHANG)) == 0 && now_s() < end) sleep_s(0.001);
+        if (w == 0) {  // still running after the limit: stuck
+            CHECK(0, "rank %d of %d still running after %.0f s: killed", r, nranks, limit_s);
+            kill(pids[r], SIGKILL);
+            w = waitpid(pids[r], &st, 0);
+        }
+        statuses[r] = w == pids[r] ? st : -1;
+    }
+}
+
+// absorb: add each child's counts to ours; check it reported and exited normally, except rank
+// `killed`, which must have died of SIGKILL (-1: none).
+static void absorb(const char* what, int nforks, const Report* reps, const int* statuses, int killed) {
+    for (int r = 0; r < nforks; r++) {
+        if (r == killed) {
+            CHECK(statuses[r] != -1 && WIFSIGNALED(statuses[r]) && WTERMSIG(statuses[r]) == SIGKILL,
+                  "%s: rank %d should have died of SIGKILL (status 0x%x)", what, r, statuses[r]);
+            continue;
+        }
+        CHECK(reps[r].done, "%s: rank %d sent no report", what, r);
+        CHECK(statuses[r] != -1 && WIFEXITED(statuses[r]) && WEXITSTATUS(statuses[r]) == 0,
+              "%s: rank %d did not exit normally (status 0x%x)", what, r, statuses[r]);
+        tests_passed += reps[r].passed;
+        tests_failed += reps[r].failed;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Data: inputs, bf16, device buffers
+
+// input_value: rank q's i-th input in [-1, 1), the same in every process.
+static float input_value(int q, size_t i, int salt) {
+    uint64_t z = (uint64_t)(q + 1) * 0x9E3779B97F4A7C15ull + (uint64_t)(i + 1) * 0xBF58476D1CE4E5B9ull +
+                 (uint64_t)salt * 0x94D049BB133111EBull;
+    z ^= z >> 30;
+    z *= 0xBF58476D1CE4E5B9ull;
+    z ^= z >> 27;
+    z *= 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)((double)(z >> 40) / 16777216.0) * 2.0f - 1.0f;
+}
+
+// bf16 <-> float, round to nearest even (what __float2bfloat16 does), written out so that the
+// test needs nothing but bytes from the library.
+static uint16_t float_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+static float bf16_to_float(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static size_t dt_size(ncclDataType_t dt) { return dt == ncclBfloat16 ? 2 : 4; }
+static const char* dt_name(ncclDataType_t dt) { return dt == ncclBfloat16 ? "bf16" : "f32"; }
+static float round_to(float x, ncclDataType_t dt) { return dt == ncclBfloat16 ? bf16_to_float(float_to_bf16(x)) : x; }
+
+static void* dev_alloc(size_t bytes) {
+    void* p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        printf("cudaMalloc(%zu): %s\n", bytes, cudaGetErrorString(e));
+        fflush(stdout);
+        _exit(4);
+    }
+    return p;
+}
+
+// upload/download n floats as datatype dt to/from device memory at d.
+static void upload(void* d, const float* h, size_t n, ncclDataType_t dt) {
+    if (dt == ncclBfloat16) {
+        uint16_t* t = (uint16_t*)malloc(n * 2 + 2);
+        for (size_t i = 0; i < n; i++) t[i] = float_to_bf16(h[i]);
+        cudaMemcpy(d, t, n * 2, cudaMemcpyHostToDevice);
+        free(t);
+    } else {
+        cudaMemcpy(d, h, n * 4, cudaMemcpyHostToDevice);
+    }
+}
+static void download(float* h, const void* d, size_t n, ncclDataType_t dt) {
+    cudaDeviceSynchronize();
+    if (dt == ncclBfloat16) {
+        uint16_t* t = (uint16_t*)malloc(n * 2 + 2);
+        cudaMemcpy(t, d, n * 2, cudaMemcpyDeviceToHost);
+        for (size_t i = 0; i < n; i++) h[i] = bf16_to_float(t[i]);
+        free(t);
+    } else {
+        cudaMemcpy(h, d, n * 4, cudaMemcpyDeviceToHost);
+    }
+}
+
+static uint64_t fnv(uint64_t h, const void* p, size_t n) {
+    const unsigned char* b = (const unsigned char*)p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+// check_result: exact on the emulation (rank-order fp32 sums, one rounding), a tolerance on real NCCL.
+static void check_result(const char* what, int rank, ncclDataType_t dt, const float* got, const float* want,
+                         size_t n) {
+    char name[200];
+    snprintf(name, sizeof name, "%s %s n=%zu rank %d", what, dt_name(dt), n, rank);
+    float tol = EMULATION ? 0.0f : (dt == ncclBfloat16 ? 1e-2f : 1e-5f);
+    check_close(name, got, want, n, tol, tol);
+}
+
+#define NCCL_OK(call)                                                                              \
+    do {                                                                                           \
+        ncclResult_t r_ = (call);                                                                  \
+        CHECK(r_ == ncclSuccess, "rank %d: %s: %s (%s)", rank, #call, ncclGetErrorString(r_),      \
+              ncclGetLastError(NULL));                                                             \
+    } while (0)
+
+// use_gpu: each rank takes GPU rank % count (on the CPU runtime there is one "device").
+static void use_gpu(int rank) {
+    int ndev = 1;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) ndev = 1;
+    cudaSetDevice(rank % ndev);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The collectives, checked against plain loops
+
+struct CollArgs {
+    const char* chunk_bytes;  // NCCL_EMU_CHUNK_BYTES for the emulation (NULL: its default, 4 MiB)
+    const size_t* sizes;
+    int nsizes;
+};
+
+// State shared by the checks of one (size, datatype): all ranks' inputs, already in the datatype.
+struct Case {
+    ncclComm_t comm;
+    int rank, nranks;
+    size_t n;
+    ncclDataType_t dt;
+    float* x;        // x[q * n + i]: rank q's i-th input
+    float *want, *got;  // scratch, nranks * n each
+    uint64_t hash;   // of everything that must be the same on all ranks
+};
+
+// reduce_plain: want[i] = x_0[base + i] op ... op x_{N-1}[base + i], in rank order in fp32,
+// then divided by N for ncclAvg and rounded once to the datatype; for `count` elements, where
+// x_q is the q-th input of length `len`.
+static void reduce_plain(const Case* k, const float* x, size_t len, size_t base, size_t count, ncclRedOp_t op,
+                         float* want) {
+    for (size_t i = 0; i < count; i++) {
+        float a = x[base + i];
+        for (int q = 1; q < k->nranks; q++) {
+            float b = x[(size_t)q * len + base + i];
+            if (op == ncclMax) a = b > a ? b : a;
+            else if (op == ncclMin) a = b < a ? b : a;
+            else a = a + b;
+        }
+        if (op == ncclAvg) a = a / (float)k->nranks;
+        want[i] = round_to(a, k->dt);
+    }
+}
+
+static void test_allreduce(Case* k, ncclRedOp_t op, int in_place, const char* what) {
+    int rank = k->rank;
+    size_t n = k->n, bytes = n * dt_size(k->dt);
+    void* send = dev_alloc(bytes);
+    void* recv = in_place ? send : dev_alloc(bytes);
+    upload(send, k->x + (size_t)rank * n, n, k->dt);
+    NCCL_OK(ncclAllReduce(send, recv, n, k->dt, op, k->comm, 0));
+    download(k->got, recv, n, k->dt);
+    reduce_plain(k, k->x, n, 0, n, op, k->want);
+    check_result(what, rank, k->dt, k->got, k->want, n);
+    k->hash = fnv(k->hash, k->got, n * sizeof(float));
+    if (!in_place) {  // the input must be untouched
+        download(k->want, send, n, k->dt);
+        CHECK(memcmp(k->want, k->x + (size_t)rank * n, n * sizeof(float)) == 0, "%s: rank %d: sendbuff changed", what,
+              rank);
+        cudaFree(recv);
+    }
+    cudaFree(send);
+}
+
+// ReduceScatter with recvcount ceil(n / N): rank r gets block r of the sum of all ranks' inputs.
+static void test_reducescatter(Case* k, int in_place) {
+    int rank = k->rank, N = k->nranks;
+    size_t rc = (k->n + N - 1) / N, len = (size_t)N * rc, es = dt_size(k->dt);
+    float* mine = (float*)malloc(len * sizeof(float));     // this rank's input
+    float* block = (float*)malloc(len * sizeof(float));    // block[q * rc + i]: rank q's input rank * rc + i
+    for (size_t j = 0; j < len; j++) mine[j] = round_to(input_value(rank, j, 7), k->dt);
+    for (int q = 0; q < N; q++)
+        for (size_t i = 0; i < rc; i++) block[q * rc + i] = round_to(input_value(q, rank * rc + i, 7), k->dt);
+    void* send = dev_alloc(len * es);
+    upload(send, mine, len, k->dt);
+    void* recv = in_place ? (char*)send + (size_t)rank * rc * es : dev_alloc(rc * es);
+    NCCL_OK(ncclReduceScatter(send, recv, rc, k->dt, ncclSum, k->comm, 0));
+    download(k->got, recv, rc, k->dt);
+    reduce_plain(k, block, rc, 0, rc, ncclSum, k->want);
+    check_result(in_place ? "ReduceScatter in-place" : "ReduceScatter", rank, k->dt, k->got, k->want, rc);
+    if (!in_place) cudaFree(recv);
+    cudaFree(send);
+    free(mine);
+    free(block);
+}
+
+// AllGather: everyone gets all ranks' n inputs, in rank order.
+static void test_allgather(Case* k, int in_place) {
+    int rank = k->rank, N = k->nranks;
+    size_t n = k->n, es = dt_size(k->dt), len = (size_t)N * n;
+    void* recv = dev_alloc(len * es);
+    void* send;
+    if (in_place) {
+        for (size_t j = 0; j < len; j++) k->want[j] = 1234.0f;  // other ranks' blocks: overwritten
+        upload(recv, k->want, len, k->dt);
+        send = (char*)recv + (size_t)rank * n * es;
+    } else {
+        send = dev_alloc(n * es);
+    }
+    upload(send, k->x + (size_t)rank * n, n, k->dt);
+    NCCL_OK(ncclAllGather(send, recv, n, k->dt, k->comm, 0));
+    download(k->got, recv, len, k->dt);
+    check_result(in_place ? "AllGather in-place" : "AllGather", rank, k->dt, k->got, k->x, len);
+    k->hash = fnv(k->hash, k->got, len * sizeof(float));
+    if (!in_place) cudaFree(send);
+    cudaFree(recv);
+}
+
+// Broadcast from the last rank (out of place), and Bcast from rank 0 (in place).
+static void test_broadcast(Case* k) {
+    int rank = k->rank, N = k->nranks;
+    size_t n = k->n, bytes = n * dt_size(k->dt);
+    void* send = dev_alloc(bytes);
+    void* recv = dev_alloc(bytes);
+    upload(send, k->x + (size_t)rank * n, n, k->dt);
+    NCCL_OK(ncclBroadcast(send, recv, n, k->dt, N - 1, k->comm, 0));
+    download(k->got, recv, n, k->dt);
+    check_result("Broadcast root N-1", rank, k->dt, k->got, k->x + (size_t)(N - 1) * n, n);
+    k->hash = fnv(k->hash, k->got, n * sizeof(float));
+    upload(send, k->x + (size_t)rank * n, n, k->dt);
+    NCCL_OK(ncclBcast(send, n, k->dt, 0, k->comm, 0));
+    download(k->got, send, n, k->dt);
+    check_result("Bcast in-place root 0", rank, k->dt, k->got, k->x, n);
+    k->hash = fnv(k->hash, k->got, n * sizeof(float));
+    cudaFree(send);
+    cudaFree(recv);
+}
+
+// Reduce (sum) to rank 1 % N; the other ranks pass recvbuff = NULL, as NCCL allows.
+static void test_reduce(Case* k) {
+    int rank = k->rank, root = 1 % k->nranks;
+    size_t n = k->n, bytes = n * dt_size(k->dt);
+    void* send = dev_alloc(bytes);
+    void* recv = rank == root ? dev_alloc(bytes) : NULL;
+    upload(send, k->x + (size_t)rank * n, n, k->dt);
+    NCCL_OK(ncclReduce(send, recv, n, k->dt, ncclSum, root, k->comm, 0));
+    if (rank == root) {
+        download(k->got, recv, n, k->dt);
+        reduce_plain(k, k->x, n, 0, n, ncclSum, k->want);
+        check_result("Reduce to root 1", rank, k->dt, k->got, k->want, n);
+        cudaFree(recv);
+    }
+    cudaFree(send);
+}
+
+// A group: an AllReduce and an AllGather (nested one level deeper) run at the outer ncclGroupEnd.
+static void test_group(Case* k) {
+    int rank = k->rank, N = k->nranks;
+    size_t n = k->n, es = dt_size(k->dt);
+    void* a = dev_alloc(n * es);
+    void* g = dev_alloc((size_t)N * n * es);
+    void* s = dev_alloc(n * es);
+    upload(a, k->x + (size_t)rank * n, n, k->dt);
+    upload(s, k->x + (size_t)rank * n, n, k->dt);
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclAllReduce(a, a, n, k->dt, ncclSum, k->comm, 0));
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclAllGather(s, g, n, k->dt, k->comm, 0));
+    NCCL_OK(ncclGroupEnd());
+    NCCL_OK(ncclGroupEnd());
+    download(k->got, a, n, k->dt);
+    reduce_plain(k, k->x, n, 0, n, ncclSum, k->want);
+    check_result("group: AllReduce", rank, k->dt, k->got, k->want, n);
+    download(k->got, g, (size_t)N * n, k->dt);
+    check_result("group: AllGather", rank, k->dt, k->got, k->x, (size_t)N * n);
+    cudaFree(a);
+    cudaFree(g);
+    cudaFree(s);
+}
+
+// Integer types, once: int32 sum and int64 max.
+static void test_integers(ncclComm_t comm, int rank, int N) {
+    enum { n = 1001 };
+    int32_t a[n], want_a[n];
+    int64_t b[n], want_b[n];
+    for (int i = 0; i < n; i++) {
+        a[i] = rank * 100000 + i - 500;
+        want_a[i] = 0;
+        for (int q = 0; q < N; q++) want_a[i] += q * 100000 + i - 500;
+        b[i] = ((int64_t)(i % 7 == rank ? 3 : 1) << 40) + rank;
+        want_b[i] = INT64_MIN;
+        for (int q = 0; q < N; q++) {
+            int64_t v = ((int64_t)(i % 7 == q ? 3 : 1) << 40) + q;
+            if (v > want_b[i]) want_b[i] = v;
+        }
+    }
+    void* da = dev_alloc(sizeof a);
+    void* db = dev_alloc(sizeof b);
+    cudaMemcpy(da, a, sizeof a, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, b, sizeof b, cudaMemcpyHostToDevice);
+    NCCL_OK(ncclAllReduce(da, da, n, ncclInt32, ncclSum, comm, 0));
+    NCCL_OK(ncclAllReduce(db, db, n, ncclInt64, ncclMax, comm, 0));
+    cudaDeviceSynchronize();
+    cudaMemcpy(a, da, sizeof a, cudaMemcpyDeviceToHost);
+    cudaMemcpy(b, db, sizeof b, cudaMemcpyDeviceToHost);
+    CHECK(memcmp(a, want_a, sizeof a) == 0, "rank %d: int32 AllReduce sum wrong", rank);
+    CHECK(memcmp(b, want_b, sizeof b) == 0, "rank %d: int64 AllReduce max wrong", rank);
+    cudaFree(da);
+    cudaFree(db);
+}
+
+static void collectives_child(int rank, int nranks, const ncclUniqueId* id, const void* arg, Report* rep) {
+    const CollArgs* a = (const CollArgs*)arg;
+    if (a->chunk_bytes) setenv("NCCL_EMU_CHUNK_BYTES", a->chunk_bytes, 1);
+    use_gpu(rank);
+    ncclComm_t comm = NULL;
+    ncclResult_t r = ncclCommInitRank(&comm, nranks, *id, rank);
+    CHECK(r == ncclSuccess, "rank %d: ncclCommInitRank: %s", rank, ncclGetErrorString(r));
+    if (r != ncclSuccess) return;
+    int count = -1, me = -1;
+    NCCL_OK(ncclCommCount(comm, &count));
+    NCCL_OK(ncclCommUserRank(comm, &me));
+    CHECK(count == nranks && me == rank, "rank %d: ncclCommCount %d, ncclCommUserRank %d", rank, count, me);
+
+    for (int si = 0; si < a->nsizes; si++) {
+        for (int d = 0; d < 2; d++) {
+            Case k;
+            memset(&k, 0, sizeof k);
+            k.comm = comm;
+            k.rank = rank;
+            k.nranks = nranks;
+            k.n = a->sizes[si];
+            k.dt = d ? ncclBfloat16 : ncclFloat32;
+            size_t len = (size_t)nranks * k.n;
+            k.x = (float*)malloc(len * sizeof(float));
+            k.want = (float*)malloc(len * sizeof(float));
+            k.got = (float*)malloc(len * sizeof(float));
+            for (int q = 0; q < nranks; q++)
+                for (size_t i = 0; i < k.n; i++) k.x[q * k.n + i] = round_to(input_value(q, i, si), k.dt);
+            int all = k.n < 100000;  // the big counts (slow under ASan) run one variant of each collective
+            test_allreduce(&k, ncclSum, 0, "AllReduce sum");
+            if (all) test_allreduce(&k, ncclSum, 1, "AllReduce sum in-place");
+            test_allreduce(&k, ncclAvg, 1, "AllReduce avg in-place");
+            if (all) test_allreduce(&k, ncclMax, 1, "AllReduce max in-place");
+            if (all) test_allreduce(&k, ncclMin, 0, "AllReduce min");
+            test_reducescatter(&k, 0);
+            if (all) test_reducescatter(&k, 1);
+            if (all) test_allgather(&k, 0);
+            test_allgather(&k, 1);
+            test_broadcast(&k);
+            if (all) test_reduce(&k);
+            if (all) test_group(&k);
+            rep->hash = fnv(rep->hash ? rep->hash : 0xcbf29ce484222325ull, &k.hash, sizeof k.hash);
+            free(k.x);
+            free(k.want);
+            free(k.got);
+        }
+    }
+    test_integers(comm, rank, nranks);
+    {
+        void* z = dev_alloc(4);
+        NCCL_OK(ncclAllReduce(z, z, 0, ncclFloat32, ncclSum, comm, 0));  // count 0: nothing to do
+        cudaFree(z);
+    }
+
+#if EMULATION
+    // Mismatched calls (rank 0 passes another count): every rank must get ncclInvalidUsage, and the
+    // communicator stays failed.
+    {
+        void* b = dev_alloc(101 * 4);
+        r = ncclAllReduce(b, b, rank == 0 ? 100 : 101, ncclFloat32, ncclSum, comm, 0);
+        CHECK(r == ncclInvalidUsage, "rank %d: mismatched AllReduce gave %s, want invalid usage", rank,
+              ncclGetErrorString(r));
+        ncclResult_t ae = ncclSuccess;
+        NCCL_OK(ncclCommGetAsyncError(comm, &ae));
+        CHECK(ae == ncclInvalidUsage, "rank %d: async error after the mismatch: %s", rank, ncclGetErrorString(ae));
+        cudaFree(b);
+    }
+#endif
+    NCCL_OK(ncclCommDestroy(comm));
+}
+
+// Two ranks as two threads of one process, each with its own communicator.
+struct ThreadRank {
+    const ncclUniqueId* id;
+    int rank, nranks;
+    ncclComm_t comm;
+    ncclResult_t init, coll;
+    float got[1001];
+};
+
+static void* thread_rank(void* arg) {
+    ThreadRank* t = (ThreadRank*)arg;
+    use_gpu(t->rank);
+    t->init = ncclCommInitRank(&t->comm, t->nranks, *t->id, t->rank);
+    if (t->init != ncclSuccess) return NULL;
+    float x[1001];
+    for (int i = 0; i < 1001; i++) x[i] = input_value(t->rank, i, 99);
+    void* b = dev_alloc(sizeof x);
+    upload(b, x, 1001, ncclFloat32);
+    t->coll = ncclAllReduce(b, b, 1001, ncclFloat32, ncclSum, t->comm, 0);
+    download(t->got, b, 1001, ncclFloat32);
+    cudaFree(b);
+    return NULL;
+}
+
+static void threads_child(int rank, int nranks, const ncclUniqueId* id, const void* arg, Report* rep) {
+    (void)arg;
+    ThreadRank t[2];
+    pthread_t th[2];
+    for (int r = 0; r < 2; r++) {
+        memset(&t[r], 0, sizeof t[r]);
+        t[r].id = id;
+        t[r].rank = r;
+        t[r].nranks = nranks;
+        pthread_create(&th[r], NULL, thread_rank, &t[r]);
+    }
+    for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+    float want[1001];
+    for (int i = 0; i < 1001; i++) want[i] = input_value(0, i, 99) + input_value(1, i, 99);
+    for (int r = 0; r < 2; r++) {
+        CHECK(t[r].init == ncclSuccess && t[r].coll == ncclSuccess, "thread rank %d: init %s, AllReduce %s", r,
+              ncclGetErrorString(t[r].init), ncclGetErrorString(t[r].coll));
+        check_result("AllReduce between threads", r, ncclFloat32, t[r].got, want, 1001);
+    }
+    CHECK(memcmp(t[0].got, t[1].got, sizeof t[0].got) == 0, "threads: ranks got different bits");
+#if EMULATION
+    // One thread driving both ranks in one group: refused (the emulation needs a thread per rank),
+    // rather than a deadlock.
+    if (t[0].comm && t[1].comm) {
+        void* b = dev_alloc(16);
+        NCCL_OK(ncclGroupStart());
+        NCCL_OK(ncclAllReduce(b, b, 4, ncclFloat32, ncclSum, t[0].comm, 0));
+        NCCL_OK(ncclAllReduce(b, b, 4, ncclFloat32, ncclSum, t[1].comm, 0));
+        ncclResult_t r = ncclGroupEnd();
+        CHECK(r == ncclInvalidUsage, "one thread, two ranks in a group: %s, want invalid usage", ncclGetErrorString(r));
+        cudaFree(b);
+    }
+#endif
+    for (int r = 0; r < 2; r++)
+        if (t[r].comm) NCCL_OK(ncclCommDestroy(t[r].comm));
+}
+
+#if EMULATION
+// ---------------------------------------------------------------------------------------------
+// Failures (emulation only): every rank must get an error within a bounded time, never hang.
+
+static int is_remote_failure(ncclResult_t r) { return r == ncclRemoteError || r == ncclSystemError; }
+
+static double* shared_kill_time;  // written by the victim just before it kills itself
+
+static void* kill_me_soon(void* arg) {
+    (void)arg;
+    sleep_s(0.05);
+    *(volatile double*)shared_kill_time = now_s();
+    kill(getpid(), SIGKILL);
+    return NULL;
+}
+
+// A rank SIGKILLs itself while all ranks loop over AllReduces of many chunks; the others must fail.
+static void killed_child(int rank, int nranks, const ncclUniqueId* id, const void* arg, Report* rep) {
+    int victim = *(const int*)arg;
+    setenv("NCCL_EMU_CHUNK_BYTES", "4096", 1);  // many chunks: the kill lands inside a collective
+    ncclComm_t comm = NULL;
+    NCCL_OK(ncclCommInitRank(&comm, nranks, *id, rank));
+    if (!comm) return;
+    size_t n = 50000;
+    void* b = dev_alloc(n * 4);
+    cudaMemset(b, 0, n * 4);
+    NCCL_OK(ncclAllReduce(b, b, n, ncclFloat32, ncclSum, comm, 0));
+    if (rank == victim) {
+        pthread_t t;
+        pthread_create(&t, NULL, kill_me_soon, NULL);
+        for (double end = now_s() + 10; now_s() < end;) ncclAllReduce(b, b, n, ncclFloat32, ncclSum, comm, 0);
+        _exit(5);  // not reached: killed
+    }
+    ncclResult_t r = ncclSuccess;
+    double t_err = 0, end = now_s() + 8;
+    while (r == ncclSuccess && now_s() < end) {
+        r = ncclAllReduce(b, b, n, ncclFloat32, ncclSum, comm, 0);
+        t_err = now_s();
+    }
+    CHECK(is_remote_failure(r), "rank %d: AllReduce with a killed peer gave %s, want a remote/system error", rank,
+          ncclGetErrorString(r));
+    double kill_time = *(volatile double*)shared_kill_time;
+    rep->seconds = t_err - kill_time;
+    CHECK(kill_time > 0 && rep->seconds < 2.0, "rank %d: error %.3f s after the peer was killed (want < 2 s)", rank,
+          rep->seconds);
+    ncclResult_t ae = ncclSuccess;
+    NCCL_OK(ncclCommGetAsyncError(comm, &ae));
+    CHECK(is_remote_failure(ae), "rank %d: async error %s, want a remote/system error", rank, ncclGetErrorString(ae));
+    double t0 = now_s();
+    r = ncclAllReduce(b, b, n, ncclFloat32, ncclSum, comm, 0);
+    CHECK(r != ncclSuccess && now_s() - t0 < 0.5, "rank %d: a later AllReduce gave %s after %.3f s", rank,
+          ncclGetErrorString(r), now_s() - t0);
+    NCCL_OK(ncclCommAbort(comm));
+    cudaFree(b);
+}
+
+// Rank 1 returns (and its process exits) without ncclCommDestroy; rank 0's next call must fail.
+// The parent does not reap rank 1 while rank 0 runs: the emulation must see through the zombie.
+static void exit_child(int rank, int nranks, const ncclUniqueId* id, const void* arg, Report* rep) {
+    (void)arg;
+    ncclComm_t comm = NULL;
+    NCCL_OK(ncclCommInitRank(&comm, nranks, *id, rank));
+    if (!comm) return;
+    void* b = dev_alloc(1000 * 4);
+    cudaMemset(b, 0, 1000 * 4);
+    NCCL_OK(ncclAllReduce(b, b, 1000, ncclFloat32, ncclSum, comm, 0));
+    if (rank == 1) return;  // exits, communicator not destroyed
+    double t0 = now_s();
+    ncclResult_t r = ncclAllReduce(b, b, 1000, ncclFloat32, ncclSum, comm, 0);
+    rep->seconds = now_s() - t0;
+    CHECK(is_remote_failure(r), "rank 0: AllReduce after the peer exited gave %s", ncclGetErrorString(r));
+    CHECK(rep->seconds < 2.0, "rank 0: took %.3f s to notice the exited peer (want < 2 s)", rep->seconds);
+    ncclResult_t ae = ncclSuccess;
+    NCCL_OK(ncclCommGetAsyncError(comm, &ae));
+    CHECK(is_remote_failure(ae), "rank 0: async error %s", ncclGetErrorString(ae));
+    NCCL_OK(ncclCommAbort(comm));
+    cudaFree(b);
+}
+
+// Rank 1 is alive but stays away for 1.5 s; with NCCL_EMU_TIMEOUT_S=1 rank 0 must give up after
+// about 1 s, and rank 1's late call must then fail at once.
+static void timeout_child(int rank, int nranks, const ncclUniqueId* id, const void* arg, Report* rep) {
+    (void)arg;
+    setenv("NCCL_EMU_TIMEOUT_S", "1", 1);
+    ncclComm_t comm = NULL;
+    NCCL_OK(ncclCommInitRank(&comm, nranks, *id, rank));
+    if (!comm) return;
+    void* b = dev_alloc(1000 * 4);
+    cudaMemset(b, 0, 1000 * 4);
+    if (rank == 1) sleep_s(1.5);
+    double t0 = now_s();
+    ncclResult_t r = ncclAllReduce(b, b, 1000, ncclFloat32, ncclSum, comm, 0);
+    rep->seconds = now_s() - t0;
+    CHECK(is_remote_failure(r), "rank %d: AllReduce with an absent peer gave %s", rank, ncclGetErrorString(r));
+    if (rank == 0)
+        CHECK(rep->seconds > 0.9 && rep->seconds < 3.0, "rank 0: timed out after %.3f s, want about 1 s",
+              rep->seconds);
+    else
+        CHECK(rep->seconds < 0.5, "rank 1: late call failed after %.3f s, want at once", rep->seconds);
+    NCCL_OK(ncclCommAbort(comm));
+    cudaFree(b);
+}
+
+// Only 2 of 3 ranks ever call ncclCommInitRank: both must fail after the timeout (1 s).
+static void noshow_child(int rank, int nranks, const ncclUniqueId* id, const void* arg, Report* rep) {
+    (void)arg;
+    setenv("NCCL_EMU_TIMEOUT_S", "1", 1);
+    ncclComm_t comm = NULL;
+    double t0 = now_s();
+    ncclResult_t r = ncclCommInitRank(&comm, nranks, *id, rank);
+    rep->seconds = now_s() - t0;
+    CHECK(r != ncclSuccess, "rank %d: ncclCommInitRank without rank 2 succeeded", rank);
+    CHECK(rep->seconds > 0.9 && rep->seconds < 3.0, "rank %d: init failed after %.3f s, want about 1 s", rank,
+          rep->seconds);
+    CHECK(comm == NULL, "rank %d: a failed init left a communicator", rank);
+}
+
+// ncclCommAbort from another thread must unblock a call waiting for a peer that is late.
+struct Blocked {
+    ncclComm_t comm;
+    void* buf;
+    ncclResult_t r;
+    double t_end;
+};
+static void* blocked_allreduce(void* arg) {
+    Blocked* b = (Blocked*)arg;
+    b->r = ncclAllReduce(b->buf, b->buf, 1000, ncclFloat32, ncclSum, b->comm, 0);
+    b->t_end = now_s();
+    return NULL;
+}
+
+static void abort_child(int rank, int nranks, const ncclUniqueId* id, const void* arg, Report* rep) {
+    (void)arg;
+    ncclComm_t comm = NULL;
+    NCCL_OK(ncclCommInitRank(&comm, nranks, *id, rank));
+    if (!comm) return;
+    void* buf = dev_alloc(1000 * 4);
+    cudaMemset(buf, 0, 1000 * 4);
+    if (rank == 0) {
+        Blocked b = {comm, buf, ncclSuccess, 0};
+        pthread_t t;
+        pthread_create(&t, NULL, blocked_allreduce, &b);
+        sleep_s(0.2);
+        double t_abort = now_s();
+        NCCL_OK(ncclCommAbort(comm));
+        pthread_join(t, NULL);
+        rep->seconds = b.t_end - t_abort;
+        CHECK(b.r != ncclSuccess, "rank 0: the AllReduce interrupted by ncclCommAbort returned success");
+        CHECK(rep->seconds < 0.5, "rank 0: the blocked AllReduce returned %.3f s after ncclCommAbort", rep->seconds);
+    } else {
+        sleep_s(0.6);
+        double t0 = now_s();
+        ncclResult_t r = ncclAllReduce(buf, buf, 1000, ncclFloat32, ncclSum, comm, 0);
+        CHECK(is_remote_failure(r) && now_s() - t0 < 0.5,
+              "rank 1: AllReduce after the peer aborted gave %s after %.3f s", ncclGetErrorString(r), now_s() - t0);
+        NCCL_OK(ncclCommAbort(comm));
+    }
+    cudaFree(buf);
+}
+
+#endif  // EMULATION
+
+// ---------------------------------------------------------------------------------------------
+
+// enough_gpus: on real NCCL, how many GPUs there are (asked in a child: CUDA must not be initialized
+// in the parent before it forks the ranks). On the emulation any number of ranks can run.
+static int enough_gpus(int nranks) {
+#if EMULATION
+    (void)nranks;
+    return 1;
+#else
+    fflush(stdout);
+    pid_t p = fork();
+    if (p == 0) {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+        _exit(n > 100 ? 100 : n);
+    }
+    int st = 0;
+    waitpid(p, &st, 0);
+    int n = WIFEXITED(st) ? WEXITSTATUS(st) : 0;
+    if (n < nranks) printf("skipped: %d ranks need %d GPUs, found %d\n", nranks, nranks, n);
+    return n >= nranks;
+#endif
+}
+
+static void run_collectives(int nranks, const char* chunk, const size_t* sizes, int nsizes) {
+    if (!enough_gpus(nranks)) return;
+    CollArgs a = {chunk, sizes, nsizes};
+    Report reps[MAX_FORKS];
+    int st[MAX_FORKS];
+    char what[64];
+    snprintf(what, sizeof what, "collectives, %d ranks", nranks);
+    double t0 = now_s();
+    run_ranks(nranks, nranks, collectives_child, &a, 60, reps, st);
+    absorb(what, nranks, reps, st, -1);
+    for (int r = 1; r < nranks; r++)
+        CHECK(reps[r].hash == reps[0].hash, "%s: rank %d's results differ from rank 0's (hash %016llx vs %016llx)",
+              what, r, (unsigned long long)reps[r].hash, (unsigned long long)reps[0].hash);
+    printf("%s (chunk %s): %.2f s\n", what, chunk ? chunk : "default", now_s() - t0);
+}
+
+int main(void) {
+    int version = 0;
+    ncclResult_t r = ncclGetVersion(&version);
+    CHECK(r == ncclSuccess && version >= 20000, "ncclGetVersion: %s, %d", ncclGetErrorString(r), version);
+    CHECK(strlen(ncclGetErrorString(ncclRemoteError)) > 0, "ncclGetErrorString");
+
+    // Counts: odd ones, and ones larger than the chunk each rank's buffer holds.
+    static const size_t sizes2[] = {1, 7, 1001, 40009};     // 64 KiB chunk: 40009 floats take 3 chunks
+    static const size_t sizes4[] = {1, 3, 999, 5003};       // 4 KiB chunk: many chunks
+    static const size_t sizes3[] = {13, 1048583};           // default 4 MiB chunk: 4 MB + 28 bytes of f32
+    run_collectives(2, "65536", sizes2, 4);
+    run_collectives(4, "4096", sizes4, 4);
+    run_collectives(3, NULL, sizes3, 2);
+
+    Report reps[MAX_FORKS];
+    int st[MAX_FORKS];
+    if (enough_gpus(2)) {
+        run_ranks(2, 1, threads_child, NULL, 30, reps, st);
+        absorb("two ranks as threads", 1, reps, st, -1);
+    }
+
+#if EMULATION
+    shared_kill_time = (double*)mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    CHECK(shared_kill_time != MAP_FAILED, "mmap");
+    if (shared_kill_time == MAP_FAILED) return test_summary();
+
+    int victim = 2;
+    *shared_kill_time = 0;
+    run_ranks(4, 4, killed_child, &victim, 20, reps, st);
+    absorb("killed peer", 4, reps, st, victim);
+    double worst = 0;
+    for (int q = 0; q < 4; q++)
+        if (q != victim && reps[q].seconds > worst) worst = reps[q].seconds;
+    printf("killed peer (SIGKILL mid-AllReduce, 4 ranks): slowest survivor got its error %.3f s after the kill\n",
+           worst);
+
+    run_ranks(2, 2, exit_child, NULL, 20, reps, st);
+    absorb("exit without destroy", 2, reps, st, -1);
+    printf("peer exited without ncclCommDestroy: noticed after %.3f s\n", reps[0].seconds);
+
+    run_ranks(2, 2, timeout_child, NULL, 20, reps, st);
+    absorb("absent peer", 2, reps, st, -1);
+    printf("alive but absent peer, NCCL_EMU_TIMEOUT_S=1: error after %.3f s\n", reps[0].seconds);
+
+    run_ranks(3, 2, noshow_child, NULL, 20, reps, st);
+    absorb("rank never joins", 2, reps, st, -1);
+    printf("rank that never calls ncclCommInitRank, NCCL_EMU_TIMEOUT_S=1: error after %.3f s\n", reps[0].seconds);
+
+    run_ranks(2, 2, abort_child, NULL, 20, reps, st);
+    absorb("abort", 2, reps, st, -1);
+    printf("ncclCommAbort from another thread: blocked call returned after %.3f s\n", reps[0].seconds);
+    munmap(shared_kill_time, 4096);
+#else
+    printf("skipped: the failure cases (they run on the CPU emulation only)\n");
+#endif
+    return test_summary();
+}
