@@ -7,19 +7,20 @@
 #include <stdio.h>
 #include <string.h>
 
-#define CUDA_CHECK(call)                                                                        \
-    do {                                                                                        \
-        cudaError_t err_ = (call);                                                              \
-        if (err_ != cudaSuccess) {                                                              \
+#define CUDA_CHECK(call)                                                                             \
+    do {                                                                                             \
+        cudaError_t err_ = (call);                                                                   \
+        if (err_ != cudaSuccess) {                                                                   \
             fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
-            exit(1);                                                                            \
-        }                                                                                       \
+            exit(1);                                                                                 \
+        }                                                                                            \
     } while (0)
 
 static void usage(void) {
-    printf("usage: trainer --info\n"
-           "  --info   print the device, its memory and this process's place in the job, then exit\n"
-           "Training arrives with the model (model.h) and the data loader (data.h).\n");
+    printf(
+        "usage: trainer --info\n"
+        "  --info   print the device, its memory and this process's place in the job, then exit\n"
+        "Training arrives with the model (model.h) and the data loader (data.h).\n");
 }
 
 int main(int argc, char** argv) {

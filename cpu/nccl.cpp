@@ -96,8 +96,8 @@ struct OpDesc {
 
 // One per rank. Written by its rank, read by all; aligned so that ranks do not share cache lines.
 struct alignas(128) Slot {
-    int32_t claimed;      // set once by the rank that takes this slot (catches a rank joining twice)
-    int32_t state;        // SLOT_*; JOINED is stored after pid, pid_ns and start_time
+    int32_t claimed;  // set once by the rank that takes this slot (catches a rank joining twice)
+    int32_t state;    // SLOT_*; JOINED is stored after pid, pid_ns and start_time
     int32_t pid;
     int32_t pad;
     uint64_t pid_ns;      // inode of /proc/self/ns/pid (0: unknown); pids only compare within one
@@ -112,8 +112,8 @@ struct Header {
     int32_t nranks;
     int32_t attached;  // ranks that joined so far
     uint64_t chunk_bytes, data_offset, total_bytes;
-    uint32_t wake;     // futex word: bumped at every barrier arrival and failure
-    int32_t waiters;   // ranks sleeping on the futex
+    uint32_t wake;       // futex word: bumped at every barrier arrival and failure
+    int32_t waiters;     // ranks sleeping on the futex
     int32_t fail_claim;  // the first rank to see a failure sets this, then writes fail_msg ...
     int32_t fail_code;   // ... and then this (an ncclResult_t; 0 while all is well)
     char fail_msg[200];
@@ -126,19 +126,19 @@ struct ncclComm {
     int rank, nranks;
     Header* hdr;
     Slot* slots;
-    char* data;           // nranks buffers of chunk_bytes each
+    char* data;  // nranks buffers of chunk_bytes each
     size_t chunk_bytes, map_bytes;
     uint64_t nonce;
-    uint64_t bar;         // barriers this rank has entered so far
-    uint64_t serial;      // collectives this rank has started so far
-    double timeout_s;     // <= 0: no timeout
+    uint64_t bar;      // barriers this rank has entered so far
+    uint64_t serial;   // collectives this rank has started so far
+    double timeout_s;  // <= 0: no timeout
     pid_t my_pid;
     uint64_t my_ns;
-    int have_proc;        // /proc/<pid>/stat can be read (else only kill(pid, 0) is used)
-    const char* cur_op;   // the API call running now, for error messages
-    int error;            // sticky ncclResult_t (0 = none)
-    int aborting;         // set by ncclCommAbort, seen by a thread that waits inside a call
-    int busy;             // threads inside a call on this communicator
+    int have_proc;       // /proc/<pid>/stat can be read (else only kill(pid, 0) is used)
+    const char* cur_op;  // the API call running now, for error messages
+    int error;           // sticky ncclResult_t (0 = none)
+    int aborting;        // set by ncclCommAbort, seen by a thread that waits inside a call
+    int busy;            // threads inside a call on this communicator
     char last_error[256];
 };
 
@@ -181,8 +181,10 @@ static ncclResult_t vrecord_error(ncclComm* c, ncclResult_t code, const char* fm
     vsnprintf(tls_last_error, sizeof tls_last_error, fmt, ap);
     if (c) memcpy(c->last_error, tls_last_error, sizeof c->last_error);
     if (debug_enabled()) {
-        if (c) fprintf(stderr, "NCCL-EMU WARN rank %d/%d: %s\n", c->rank, c->nranks, tls_last_error);
-        else fprintf(stderr, "NCCL-EMU WARN: %s\n", tls_last_error);
+        if (c)
+            fprintf(stderr, "NCCL-EMU WARN rank %d/%d: %s\n", c->rank, c->nranks, tls_last_error);
+        else
+            fprintf(stderr, "NCCL-EMU WARN: %s\n", tls_last_error);
     }
     return code;
 }
@@ -316,8 +318,9 @@ static ncclResult_t check_peers(ncclComm* c, uint64_t k) {
         if (k > 0 && ready(c, q, k)) continue;
         int state = LOAD(&c->slots[q].state);
         if (state == SLOT_LEFT)
-            snprintf(msg, sizeof msg, "rank %d left the communicator (ncclCommDestroy/Abort) while rank %d waited in %s",
-                     q, c->rank, c->cur_op);
+            snprintf(msg, sizeof msg,
+                     "rank %d left the communicator (ncclCommDestroy/Abort) while rank %d waited in %s", q, c->rank,
+                     c->cur_op);
         else if (state == SLOT_JOINED && q != c->rank && !peer_alive(c, q))
             snprintf(msg, sizeof msg, "rank %d (pid %d) died while rank %d waited for it in %s", q, c->slots[q].pid,
                      c->rank, c->cur_op);
@@ -481,11 +484,24 @@ static void reduce_typed(char* dst, const char* src, size_t stride, int nsrc, si
 // dtype_size: bytes per element; 0 for a type this file does not know.
 static size_t dtype_size(int dt) {
     switch (dt) {
-        case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
-        case ncclFloat16: case ncclBfloat16: return 2;
-        case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-        case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
-        default: return 0;
+        case ncclInt8:
+        case ncclUint8:
+        case ncclFloat8e4m3:
+        case ncclFloat8e5m2:
+            return 1;
+        case ncclFloat16:
+        case ncclBfloat16:
+            return 2;
+        case ncclInt32:
+        case ncclUint32:
+        case ncclFloat32:
+            return 4;
+        case ncclInt64:
+        case ncclUint64:
+        case ncclFloat64:
+            return 8;
+        default:
+            return 0;
     }
 }
 
@@ -496,15 +512,33 @@ static int can_reduce(int dt) {
 
 static void reduce(int dt, int op, char* dst, const char* src, size_t stride, int nsrc, size_t n) {
     switch (dt) {
-        case ncclInt8: reduce_typed<int8_t, int8_t>(dst, src, stride, nsrc, n, op); break;
-        case ncclUint8: reduce_typed<uint8_t, uint8_t>(dst, src, stride, nsrc, n, op); break;
-        case ncclInt32: reduce_typed<int32_t, int32_t>(dst, src, stride, nsrc, n, op); break;
-        case ncclUint32: reduce_typed<uint32_t, uint32_t>(dst, src, stride, nsrc, n, op); break;
-        case ncclInt64: reduce_typed<int64_t, int64_t>(dst, src, stride, nsrc, n, op); break;
-        case ncclUint64: reduce_typed<uint64_t, uint64_t>(dst, src, stride, nsrc, n, op); break;
-        case ncclFloat32: reduce_typed<float, float>(dst, src, stride, nsrc, n, op); break;
-        case ncclFloat64: reduce_typed<double, double>(dst, src, stride, nsrc, n, op); break;
-        case ncclBfloat16: reduce_typed<bf16_t, float>(dst, src, stride, nsrc, n, op); break;
+        case ncclInt8:
+            reduce_typed<int8_t, int8_t>(dst, src, stride, nsrc, n, op);
+            break;
+        case ncclUint8:
+            reduce_typed<uint8_t, uint8_t>(dst, src, stride, nsrc, n, op);
+            break;
+        case ncclInt32:
+            reduce_typed<int32_t, int32_t>(dst, src, stride, nsrc, n, op);
+            break;
+        case ncclUint32:
+            reduce_typed<uint32_t, uint32_t>(dst, src, stride, nsrc, n, op);
+            break;
+        case ncclInt64:
+            reduce_typed<int64_t, int64_t>(dst, src, stride, nsrc, n, op);
+            break;
+        case ncclUint64:
+            reduce_typed<uint64_t, uint64_t>(dst, src, stride, nsrc, n, op);
+            break;
+        case ncclFloat32:
+            reduce_typed<float, float>(dst, src, stride, nsrc, n, op);
+            break;
+        case ncclFloat64:
+            reduce_typed<double, double>(dst, src, stride, nsrc, n, op);
+            break;
+        case ncclBfloat16:
+            reduce_typed<bf16_t, float>(dst, src, stride, nsrc, n, op);
+            break;
     }
 }
 
@@ -521,7 +555,7 @@ struct Call {
     int kind;
     const char* send;
     char* recv;
-    size_t count;  // AllReduce/Reduce/Broadcast: elements; AllGather: sendcount; ReduceScatter: recvcount
+    size_t count;         // AllReduce/Reduce/Broadcast: elements; AllGather: sendcount; ReduceScatter: recvcount
     int dtype, op, root;  // op and root are -1 where the call has none
     ncclComm* comm;
 };
@@ -529,10 +563,10 @@ struct Call {
 
 static char* buf(ncclComm* c, int q) { return c->data + (size_t)q * c->chunk_bytes; }
 
-#define TRY(x)                                  \
-    do {                                        \
-        ncclResult_t r_ = (x);                  \
-        if (r_ != ncclSuccess) return r_;       \
+#define TRY(x)                            \
+    do {                                  \
+        ncclResult_t r_ = (x);            \
+        if (r_ != ncclSuccess) return r_; \
     } while (0)
 
 // AllReduce (root < 0) or Reduce (to root). Per chunk: every rank copies its part of the input
@@ -546,7 +580,8 @@ static ncclResult_t run_allreduce(ncclComm* c, const Call* k) {
         memcpy(buf(c, me), k->send + off * es, n * es);
         TRY(barrier(c));
         size_t lo = n * me / n_ranks, hi = n * (me + 1) / n_ranks;
-        if (hi > lo) reduce(k->dtype, k->op, buf(c, 0) + lo * es, buf(c, 0) + lo * es, c->chunk_bytes, n_ranks, hi - lo);
+        if (hi > lo)
+            reduce(k->dtype, k->op, buf(c, 0) + lo * es, buf(c, 0) + lo * es, c->chunk_bytes, n_ranks, hi - lo);
         TRY(barrier(c));
         if (k->root < 0 || k->root == me) memcpy(k->recv + off * es, buf(c, 0), n * es);
         TRY(barrier(c));  // buffer 0 is read by all before the next chunk overwrites it
@@ -644,10 +679,18 @@ static ncclResult_t run_call(const Call* k) {
         if (r == ncclSuccess) {
             switch (k->kind) {
                 case OP_ALLREDUCE:
-                case OP_REDUCE: r = run_allreduce(c, k); break;
-                case OP_BROADCAST: r = run_broadcast(c, k); break;
-                case OP_ALLGATHER: r = run_allgather(c, k); break;
-                case OP_REDUCESCATTER: r = run_reducescatter(c, k); break;
+                case OP_REDUCE:
+                    r = run_allreduce(c, k);
+                    break;
+                case OP_BROADCAST:
+                    r = run_broadcast(c, k);
+                    break;
+                case OP_ALLGATHER:
+                    r = run_allgather(c, k);
+                    break;
+                case OP_REDUCESCATTER:
+                    r = run_reducescatter(c, k);
+                    break;
             }
         }
     }
@@ -709,7 +752,8 @@ ncclResult_t ncclGroupEnd() {
     int conflict = 0;
     for (int i = 0; i < group_n && !conflict; i++)
         for (int j = i + 1; j < group_n && !conflict; j++)
-            if (group_calls[i].comm != group_calls[j].comm && group_calls[i].comm->nonce == group_calls[j].comm->nonce) {
+            if (group_calls[i].comm != group_calls[j].comm &&
+                group_calls[i].comm->nonce == group_calls[j].comm->nonce) {
                 first = record_error(NULL, ncclInvalidUsage,
                                      "ncclGroupEnd: one thread drives ranks %d and %d of the same communicator; the "
                                      "CPU emulation needs one thread (or process) per rank",
@@ -730,8 +774,8 @@ ncclResult_t ncclGroupEnd() {
 // ---------------------------------------------------------------------------------------------
 // The collective API
 
-ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
-                           ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream) {
     (void)stream;
     Call k = {OP_ALLREDUCE, (const char*)sendbuff, (char*)recvbuff, count, datatype, op, -1, comm};
     return submit(&k);
@@ -817,7 +861,8 @@ static size_t env_chunk_bytes(int nranks) {
         unsigned long long v = strtoull(s, &end, 10);
         if (end != s && v > 0) chunk = (size_t)v;
     }
-    size_t min_chunk = 8 * (size_t)nranks > 1024 ? 8 * (size_t)nranks : 1024;  // ReduceScatter needs >= 1 element of each block
+    size_t min_chunk =
+        8 * (size_t)nranks > 1024 ? 8 * (size_t)nranks : 1024;  // ReduceScatter needs >= 1 element of each block
     if (chunk < min_chunk) chunk = min_chunk;
     return (chunk + 63) & ~(size_t)63;
 }
@@ -903,14 +948,18 @@ static ncclResult_t open_segment(ncclComm* c, int fd, const IdInfo* id, double d
         sleep_s(0.001);
     }
     const char* why = NULL;
-    if (h->nonce != id->nonce) why = "it belongs to another unique id";
-    else if (h->total_bytes != size) why = "its size is wrong";
-    else if (h->nranks != c->nranks) why = "the ranks disagree on nranks";
+    if (h->nonce != id->nonce)
+        why = "it belongs to another unique id";
+    else if (h->total_bytes != size)
+        why = "its size is wrong";
+    else if (h->nranks != c->nranks)
+        why = "the ranks disagree on nranks";
     if (why) {
         int their_nranks = h->nranks;
         munmap(base, size);
-        return record_error(NULL, ncclInvalidUsage, "ncclCommInitRank: rank %d (nranks %d) cannot use segment %s (nranks %d): %s",
-                            c->rank, c->nranks, id->name, their_nranks, why);
+        return record_error(NULL, ncclInvalidUsage,
+                            "ncclCommInitRank: rank %d (nranks %d) cannot use segment %s (nranks %d): %s", c->rank,
+                            c->nranks, id->name, their_nranks, why);
     }
     set_pointers(c, base, size);
     return ncclSuccess;
@@ -995,8 +1044,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
     return ncclSuccess;
 }
 
-ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
-                                    ncclConfig_t* config) {
+ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config) {
     // The options tune GPU resources; none applies here. blocking = 0 is allowed: every call
     // here completes before it returns, so ncclInProgress is never needed.
     if (config && config->magic != 0xcafebeef)
@@ -1082,15 +1130,24 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
 
 const char* ncclGetErrorString(ncclResult_t result) {
     switch (result) {
-        case ncclSuccess: return "no error";
-        case ncclUnhandledCudaError: return "unhandled cuda error";
-        case ncclSystemError: return "unhandled system error (shared memory or the communicator was aborted)";
-        case ncclInternalError: return "internal error";
-        case ncclInvalidArgument: return "invalid argument";
-        case ncclInvalidUsage: return "invalid usage";
-        case ncclRemoteError: return "remote process exited, aborted or timed out";
-        case ncclInProgress: return "NCCL operation in progress";
-        default: return "unknown result code";
+        case ncclSuccess:
+            return "no error";
+        case ncclUnhandledCudaError:
+            return "unhandled cuda error";
+        case ncclSystemError:
+            return "unhandled system error (shared memory or the communicator was aborted)";
+        case ncclInternalError:
+            return "internal error";
+        case ncclInvalidArgument:
+            return "invalid argument";
+        case ncclInvalidUsage:
+            return "invalid usage";
+        case ncclRemoteError:
+            return "remote process exited, aborted or timed out";
+        case ncclInProgress:
+            return "NCCL operation in progress";
+        default:
+            return "unknown result code";
     }
 }
 

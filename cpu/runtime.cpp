@@ -40,9 +40,12 @@
 // The H100 limits the emulator enforces and reports.
 enum {
     MAX_THREADS_PER_BLOCK = 1024,
-    MAX_BLOCK_X = 1024, MAX_BLOCK_Y = 1024, MAX_BLOCK_Z = 64,
-    MAX_GRID_Y = 65535, MAX_GRID_Z = 65535,
-    DEFAULT_DYNAMIC_SMEM = 48 * 1024,      // without the kernel's opt-in
+    MAX_BLOCK_X = 1024,
+    MAX_BLOCK_Y = 1024,
+    MAX_BLOCK_Z = 64,
+    MAX_GRID_Y = 65535,
+    MAX_GRID_Z = 65535,
+    DEFAULT_DYNAMIC_SMEM = 48 * 1024,         // without the kernel's opt-in
     MAX_DYNAMIC_SMEM = EMU_MAX_DYNAMIC_SMEM,  // 227 KB, with cudaFuncSetAttribute
 };
 static const long long MAX_GRID_X = 2147483647LL;
@@ -99,34 +102,58 @@ cudaError_t cudaPeekAtLastError(void) { return last_error; }
 
 const char* cudaGetErrorName(cudaError_t e) {
     switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-    case cudaErrorIllegalInstruction: return "cudaErrorIllegalInstruction";
-    case cudaErrorNotReady: return "cudaErrorNotReady";
-    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
-    default: return "cudaErrorUnknown";
+        case cudaSuccess:
+            return "cudaSuccess";
+        case cudaErrorInvalidValue:
+            return "cudaErrorInvalidValue";
+        case cudaErrorMemoryAllocation:
+            return "cudaErrorMemoryAllocation";
+        case cudaErrorInvalidConfiguration:
+            return "cudaErrorInvalidConfiguration";
+        case cudaErrorInvalidDevice:
+            return "cudaErrorInvalidDevice";
+        case cudaErrorInvalidResourceHandle:
+            return "cudaErrorInvalidResourceHandle";
+        case cudaErrorInvalidMemcpyDirection:
+            return "cudaErrorInvalidMemcpyDirection";
+        case cudaErrorLaunchFailure:
+            return "cudaErrorLaunchFailure";
+        case cudaErrorIllegalInstruction:
+            return "cudaErrorIllegalInstruction";
+        case cudaErrorNotReady:
+            return "cudaErrorNotReady";
+        case cudaErrorInvalidDeviceFunction:
+            return "cudaErrorInvalidDeviceFunction";
+        default:
+            return "cudaErrorUnknown";
     }
 }
 const char* cudaGetErrorString(cudaError_t e) {
     switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
-    case cudaErrorLaunchFailure: return "unspecified launch failure";
-    case cudaErrorIllegalInstruction: return "an illegal instruction was encountered";
-    case cudaErrorNotReady: return "device not ready";
-    case cudaErrorInvalidDeviceFunction: return "invalid device function";
-    default: return "unknown error";
+        case cudaSuccess:
+            return "no error";
+        case cudaErrorInvalidValue:
+            return "invalid argument";
+        case cudaErrorMemoryAllocation:
+            return "out of memory";
+        case cudaErrorInvalidConfiguration:
+            return "invalid configuration argument";
+        case cudaErrorInvalidDevice:
+            return "invalid device ordinal";
+        case cudaErrorInvalidResourceHandle:
+            return "invalid resource handle";
+        case cudaErrorInvalidMemcpyDirection:
+            return "invalid copy direction for memcpy";
+        case cudaErrorLaunchFailure:
+            return "unspecified launch failure";
+        case cudaErrorIllegalInstruction:
+            return "an illegal instruction was encountered";
+        case cudaErrorNotReady:
+            return "device not ready";
+        case cudaErrorInvalidDeviceFunction:
+            return "invalid device function";
+        default:
+            return "unknown error";
     }
 }
 
@@ -145,8 +172,9 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
     *ptr = NULL;
     std::lock_guard<std::mutex> g(mem_lock);
     if (device_used + (long long)size > device_bytes()) {
-        fprintf(stderr, "cpu runtime: cudaMalloc(%zu bytes): out of emulated device memory (%lld of %lld bytes in use)\n",
-                size, device_used, device_bytes());
+        fprintf(stderr,
+                "cpu runtime: cudaMalloc(%zu bytes): out of emulated device memory (%lld of %lld bytes in use)\n", size,
+                device_used, device_bytes());
         return set_error(cudaErrorMemoryAllocation);
     }
     void* p = NULL;
@@ -202,8 +230,9 @@ static cudaError_t check_device_range(const char* fn, const char* which, const v
     int r = device_range(p, n, &over);
     if (r == 1) return fail(cudaErrorInvalidValue, "%s: %s %p is not device memory (cudaMalloc'ed)", fn, which, p);
     if (r == 2)
-        return fail(cudaErrorInvalidValue, "%s: %s range [%p, +%zu) runs %zu bytes past the end of its cudaMalloc'ed buffer",
-                    fn, which, p, n, over);
+        return fail(cudaErrorInvalidValue,
+                    "%s: %s range [%p, +%zu) runs %zu bytes past the end of its cudaMalloc'ed buffer", fn, which, p, n,
+                    over);
     return cudaSuccess;
 }
 static cudaError_t check_host_range(const char* fn, const char* which, const void* p, size_t n) {
@@ -217,18 +246,20 @@ static cudaError_t check_copy(const char* fn, void* dst, const void* src, size_t
     cudaError_t e = cudaSuccess;
     if (n == 0) return cudaSuccess;
     switch (kind) {
-    case cudaMemcpyHostToDevice:
-        if ((e = check_device_range(fn, "destination", dst, n))) return e;
-        return check_host_range(fn, "source", src, n);
-    case cudaMemcpyDeviceToHost:
-        if ((e = check_device_range(fn, "source", src, n))) return e;
-        return check_host_range(fn, "destination", dst, n);
-    case cudaMemcpyDeviceToDevice:
-        if ((e = check_device_range(fn, "destination", dst, n))) return e;
-        return check_device_range(fn, "source", src, n);
-    case cudaMemcpyHostToHost:
-    case cudaMemcpyDefault: return cudaSuccess;
-    default: return fail(cudaErrorInvalidMemcpyDirection, "%s: copy kind %d is not a cudaMemcpyKind", fn, (int)kind);
+        case cudaMemcpyHostToDevice:
+            if ((e = check_device_range(fn, "destination", dst, n))) return e;
+            return check_host_range(fn, "source", src, n);
+        case cudaMemcpyDeviceToHost:
+            if ((e = check_device_range(fn, "source", src, n))) return e;
+            return check_host_range(fn, "destination", dst, n);
+        case cudaMemcpyDeviceToDevice:
+            if ((e = check_device_range(fn, "destination", dst, n))) return e;
+            return check_device_range(fn, "source", src, n);
+        case cudaMemcpyHostToHost:
+        case cudaMemcpyDefault:
+            return cudaSuccess;
+        default:
+            return fail(cudaErrorInvalidMemcpyDirection, "%s: copy kind %d is not a cudaMemcpyKind", fn, (int)kind);
     }
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
@@ -312,16 +343,35 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     cudaError_t e = cudaGetDeviceProperties(&p, device);
     if (e) return e;
     switch (attr) {
-    case cudaDevAttrMaxThreadsPerBlock: *value = p.maxThreadsPerBlock; break;
-    case cudaDevAttrMaxSharedMemoryPerBlock: *value = (int)p.sharedMemPerBlock; break;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *value = (int)p.sharedMemPerBlockOptin; break;
-    case cudaDevAttrMultiProcessorCount: *value = p.multiProcessorCount; break;
-    case cudaDevAttrWarpSize: *value = 32; break;
-    case cudaDevAttrComputeCapabilityMajor: *value = p.major; break;
-    case cudaDevAttrComputeCapabilityMinor: *value = p.minor; break;
-    case cudaDevAttrL2CacheSize: *value = p.l2CacheSize; break;
-    case cudaDevAttrMaxThreadsPerMultiProcessor: *value = p.maxThreadsPerMultiProcessor; break;
-    default: return fail(cudaErrorInvalidValue, "cudaDeviceGetAttribute: attribute %d is not emulated", (int)attr);
+        case cudaDevAttrMaxThreadsPerBlock:
+            *value = p.maxThreadsPerBlock;
+            break;
+        case cudaDevAttrMaxSharedMemoryPerBlock:
+            *value = (int)p.sharedMemPerBlock;
+            break;
+        case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+            *value = (int)p.sharedMemPerBlockOptin;
+            break;
+        case cudaDevAttrMultiProcessorCount:
+            *value = p.multiProcessorCount;
+            break;
+        case cudaDevAttrWarpSize:
+            *value = 32;
+            break;
+        case cudaDevAttrComputeCapabilityMajor:
+            *value = p.major;
+            break;
+        case cudaDevAttrComputeCapabilityMinor:
+            *value = p.minor;
+            break;
+        case cudaDevAttrL2CacheSize:
+            *value = p.l2CacheSize;
+            break;
+        case cudaDevAttrMaxThreadsPerMultiProcessor:
+            *value = p.maxThreadsPerMultiProcessor;
+            break;
+        default:
+            return fail(cudaErrorInvalidValue, "cudaDeviceGetAttribute: attribute %d is not emulated", (int)attr);
     }
     return cudaSuccess;
 }
@@ -388,8 +438,9 @@ static std::map<const void*, int> max_dynamic_smem;
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
     if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
         if (value < 0 || value > MAX_DYNAMIC_SMEM)
-            return fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: %d bytes of dynamic shared memory (the H100 allows %d)",
-                        value, MAX_DYNAMIC_SMEM);
+            return fail(cudaErrorInvalidValue,
+                        "cudaFuncSetAttribute: %d bytes of dynamic shared memory (the H100 allows %d)", value,
+                        MAX_DYNAMIC_SMEM);
         std::lock_guard<std::mutex> g(attr_lock);
         max_dynamic_smem[func] = value;
         return cudaSuccess;
@@ -439,7 +490,7 @@ struct Fiber {
     uint64_t wval;
     const char* wname;
     void (*wfn)(void* const* all);  // EMU_WARP_GATHER: run once on every lane's posted pointer
-    uint64_t result;  // what the barrier or collective returns to this thread
+    uint64_t result;                // what the barrier or collective returns to this thread
 };
 
 struct Job {  // one kernel launch
@@ -558,8 +609,8 @@ static void fiber_reset(Fiber* f) {
     __asan_unpoison_memory_region((void*)(top - 4096), 4096);
 #endif
     void** sp = (void**)top;
-    *--sp = NULL;                  // fiber_main's return address (never used); keeps ABI alignment
-    *--sp = (void*)&fiber_main;    // popped by `ret` in emu_switch
+    *--sp = NULL;                              // fiber_main's return address (never used); keeps ABI alignment
+    *--sp = (void*)&fiber_main;                // popped by `ret` in emu_switch
     for (int i = 0; i < 6; i++) *--sp = NULL;  // rbp rbx r12 r13 r14 r15
     f->sp = sp;
     f->state = F_READY;
@@ -574,7 +625,8 @@ static void worker_reserve(Worker* w, int n) {
     for (int i = w->nfibers; i < n; i++) {
         Fiber* f = &w->fibers[i];
         memset(f, 0, sizeof(*f));
-        char* m = (char*)mmap(NULL, sz + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        char* m =
+            (char*)mmap(NULL, sz + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (m == MAP_FAILED) {
             fprintf(stderr, "cpu runtime: cannot map a fiber stack (%zu bytes): %s\n", sz, strerror(errno));
             abort();
@@ -651,14 +703,24 @@ static uint64_t shuffle_value(Worker* w, Fiber* f, int warp_base, unsigned mask)
     int lane = f->linear & 31, width = f->wwidth, arg = f->warg;
     int seg = lane & ~(width - 1), src = lane;
     switch (f->wop) {
-    case EMU_SHFL_IDX: src = seg + (arg & (width - 1)); break;
-    case EMU_SHFL_UP: src = (lane - seg) >= arg ? lane - arg : lane; break;
-    case EMU_SHFL_DOWN: src = (lane - seg) + arg < width ? lane + arg : lane; break;
-    case EMU_SHFL_XOR: src = lane ^ arg; if (src > seg + width - 1) src = lane; break;  // later groups: own value
+        case EMU_SHFL_IDX:
+            src = seg + (arg & (width - 1));
+            break;
+        case EMU_SHFL_UP:
+            src = (lane - seg) >= arg ? lane - arg : lane;
+            break;
+        case EMU_SHFL_DOWN:
+            src = (lane - seg) + arg < width ? lane + arg : lane;
+            break;
+        case EMU_SHFL_XOR:
+            src = lane ^ arg;
+            if (src > seg + width - 1) src = lane;
+            break;  // later groups: own value
     }
     if (src == lane) return f->wval;
     if (!(mask >> src & 1)) {
-        emu_kernel_error("%s reads lane %d, which is not in its mask 0x%08x (undefined on the GPU)", f->wname, src, mask);
+        emu_kernel_error("%s reads lane %d, which is not in its mask 0x%08x (undefined on the GPU)", f->wname, src,
+                         mask);
         return 0;
     }
     return w->fibers[warp_base + src].wval;
@@ -672,7 +734,8 @@ uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int
     }
     Fiber* f = w->self;
     int lane = f->linear & 31, warp_base = f->linear & ~31;
-    if (!(mask >> lane & 1)) emu_kernel_error("%s with mask 0x%08x, which does not include the calling lane %d", name, mask, lane);
+    if (!(mask >> lane & 1))
+        emu_kernel_error("%s with mask 0x%08x, which does not include the calling lane %d", name, mask, lane);
     if (width < 1 || width > 32 || (width & (width - 1)))
         emu_kernel_error("%s with width %d (must be a power of 2 up to 32)", name, width);
     mask |= 1u << lane;
@@ -697,8 +760,8 @@ uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int
         if (!(mask >> l & 1)) continue;
         int t = warp_base + l;
         if (t >= w->nthreads) {
-            emu_kernel_error("%s with mask 0x%08x names lane %d, which does not exist (block of %d threads)", name, mask, l,
-                         w->nthreads);
+            emu_kernel_error("%s with mask 0x%08x names lane %d, which does not exist (block of %d threads)", name,
+                             mask, l, w->nthreads);
             continue;
         }
         Fiber* g = &w->fibers[t];
@@ -707,8 +770,8 @@ uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int
             continue;
         }
         if (g->wmask != mask || g->wop != op)
-            emu_kernel_error("lanes %d and %d meet at different warp operations (%s mask 0x%08x vs %s mask 0x%08x)", lane, l,
-                         name, mask, g->wname, g->wmask);
+            emu_kernel_error("lanes %d and %d meet at different warp operations (%s mask 0x%08x vs %s mask 0x%08x)",
+                             lane, l, name, mask, g->wname, g->wmask);
     }
     // Last to arrive: compute every member's result, then let them go.
     unsigned ballot = 0;
@@ -729,7 +792,7 @@ uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int
         if (!(mask >> l & 1) || warp_base + l >= w->nthreads) continue;
         Fiber* g = &w->fibers[warp_base + l];
         if (g->state != F_WAIT_WARP) continue;
-        results[l] = op == EMU_VOTE_BALLOT                           ? ballot
+        results[l] = op == EMU_VOTE_BALLOT                          ? ballot
                      : op == EMU_WARP_SYNC || op == EMU_WARP_GATHER ? 0
                                                                     : shuffle_value(w, g, warp_base, mask);
     }
@@ -1001,13 +1064,14 @@ void emu_launch(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStre
     long long threads = (long long)block.x * block.y * block.z;
     if (threads < 1 || threads > MAX_THREADS_PER_BLOCK || block.x > MAX_BLOCK_X || block.y > MAX_BLOCK_Y ||
         block.z > MAX_BLOCK_Z) {
-        fail(cudaErrorInvalidConfiguration, "kernel %s: block (%u,%u,%u) is not a valid block (at most 1024 threads; 1024 x 1024 x 64)",
+        fail(cudaErrorInvalidConfiguration,
+             "kernel %s: block (%u,%u,%u) is not a valid block (at most 1024 threads; 1024 x 1024 x 64)",
              kernel_name(kernel, name, sizeof name), block.x, block.y, block.z);
         return;
     }
     if (grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.x > MAX_GRID_X || grid.y > MAX_GRID_Y || grid.z > MAX_GRID_Z) {
-        fail(cudaErrorInvalidConfiguration, "kernel %s: grid (%u,%u,%u) is not a valid grid", kernel_name(kernel, name, sizeof name),
-             grid.x, grid.y, grid.z);
+        fail(cudaErrorInvalidConfiguration, "kernel %s: grid (%u,%u,%u) is not a valid grid",
+             kernel_name(kernel, name, sizeof name), grid.x, grid.y, grid.z);
         return;
     }
     int allowed = allowed_dynamic_smem(kernel);

@@ -164,7 +164,8 @@ int main(void) {
     CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "an empty grid is rejected");
     launch(big_smem, dim3(1), dim3(32), 64 * 1024, (cudaStream_t)0, dout);
     CHECK(cudaGetLastError() == cudaErrorInvalidValue, "64 KB dynamic smem without the opt-in is rejected");
-    CHECK(cudaFuncSetAttribute(big_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 * 1024) == cudaErrorInvalidValue,
+    CHECK(cudaFuncSetAttribute(big_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 * 1024) ==
+              cudaErrorInvalidValue,
           "opting into more than 227 KB is rejected");
     cudaGetLastError();
     CUDA_OK(cudaFuncSetAttribute(big_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));

@@ -235,19 +235,17 @@ static uint64_t fnv(uint64_t h, const void* p, size_t n) {
 }
 
 // check_result: exact on the emulation (rank-order fp32 sums, one rounding), a tolerance on real NCCL.
-static void check_result(const char* what, int rank, ncclDataType_t dt, const float* got, const float* want,
-                         size_t n) {
+static void check_result(const char* what, int rank, ncclDataType_t dt, const float* got, const float* want, size_t n) {
     char name[200];
     snprintf(name, sizeof name, "%s %s n=%zu rank %d", what, dt_name(dt), n, rank);
     float tol = EMULATION ? 0.0f : (dt == ncclBfloat16 ? 1e-2f : 1e-5f);
     check_close(name, got, want, n, tol, tol);
 }
 
-#define NCCL_OK(call)                                                                              \
-    do {                                                                                           \
-        ncclResult_t r_ = (call);                                                                  \
-        CHECK(r_ == ncclSuccess, "rank %d: %s: %s (%s)", rank, #call, ncclGetErrorString(r_),      \
-              ncclGetLastError(NULL));                                                             \
+#define NCCL_OK(call)                                                                                                  \
+    do {                                                                                                               \
+        ncclResult_t r_ = (call);                                                                                      \
+        CHECK(r_ == ncclSuccess, "rank %d: %s: %s (%s)", rank, #call, ncclGetErrorString(r_), ncclGetLastError(NULL)); \
     } while (0)
 
 // use_gpu: each rank takes GPU rank % count (on the CPU runtime there is one "device").
@@ -272,9 +270,9 @@ struct Case {
     int rank, nranks;
     size_t n;
     ncclDataType_t dt;
-    float* x;        // x[q * n + i]: rank q's i-th input
+    float* x;           // x[q * n + i]: rank q's i-th input
     float *want, *got;  // scratch, nranks * n each
-    uint64_t hash;   // of everything that must be the same on all ranks
+    uint64_t hash;      // of everything that must be the same on all ranks
 };
 
 // reduce_plain: want[i] = x_0[base + i] op ... op x_{N-1}[base + i], in rank order in fp32,
@@ -286,9 +284,12 @@ static void reduce_plain(const Case* k, const float* x, size_t len, size_t base,
         float a = x[base + i];
         for (int q = 1; q < k->nranks; q++) {
             float b = x[(size_t)q * len + base + i];
-            if (op == ncclMax) a = b > a ? b : a;
-            else if (op == ncclMin) a = b < a ? b : a;
-            else a = a + b;
+            if (op == ncclMax)
+                a = b > a ? b : a;
+            else if (op == ncclMin)
+                a = b < a ? b : a;
+            else
+                a = a + b;
         }
         if (op == ncclAvg) a = a / (float)k->nranks;
         want[i] = round_to(a, k->dt);
@@ -319,8 +320,8 @@ static void test_allreduce(Case* k, ncclRedOp_t op, int in_place, const char* wh
 static void test_reducescatter(Case* k, int in_place) {
     int rank = k->rank, N = k->nranks;
     size_t rc = (k->n + N - 1) / N, len = (size_t)N * rc, es = dt_size(k->dt);
-    float* mine = (float*)malloc(len * sizeof(float));     // this rank's input
-    float* block = (float*)malloc(len * sizeof(float));    // block[q * rc + i]: rank q's input rank * rc + i
+    float* mine = (float*)malloc(len * sizeof(float));   // this rank's input
+    float* block = (float*)malloc(len * sizeof(float));  // block[q * rc + i]: rank q's input rank * rc + i
     for (size_t j = 0; j < len; j++) mine[j] = round_to(input_value(rank, j, 7), k->dt);
     for (int q = 0; q < N; q++)
         for (size_t i = 0; i < rc; i++) block[q * rc + i] = round_to(input_value(q, rank * rc + i, 7), k->dt);
@@ -679,8 +680,7 @@ static void timeout_child(int rank, int nranks, const ncclUniqueId* id, const vo
     rep->seconds = now_s() - t0;
     CHECK(is_remote_failure(r), "rank %d: AllReduce with an absent peer gave %s", rank, ncclGetErrorString(r));
     if (rank == 0)
-        CHECK(rep->seconds > 0.9 && rep->seconds < 3.0, "rank 0: timed out after %.3f s, want about 1 s",
-              rep->seconds);
+        CHECK(rep->seconds > 0.9 && rep->seconds < 3.0, "rank 0: timed out after %.3f s, want about 1 s", rep->seconds);
     else
         CHECK(rep->seconds < 0.5, "rank 1: late call failed after %.3f s, want at once", rep->seconds);
     NCCL_OK(ncclCommAbort(comm));
@@ -793,9 +793,9 @@ int main(void) {
     CHECK(strlen(ncclGetErrorString(ncclRemoteError)) > 0, "ncclGetErrorString");
 
     // Counts: odd ones, and ones larger than the chunk each rank's buffer holds.
-    static const size_t sizes2[] = {1, 7, 1001, 40009};     // 64 KiB chunk: 40009 floats take 3 chunks
-    static const size_t sizes4[] = {1, 3, 999, 5003};       // 4 KiB chunk: many chunks
-    static const size_t sizes3[] = {13, 1048583};           // default 4 MiB chunk: 4 MB + 28 bytes of f32
+    static const size_t sizes2[] = {1, 7, 1001, 40009};  // 64 KiB chunk: 40009 floats take 3 chunks
+    static const size_t sizes4[] = {1, 3, 999, 5003};    // 4 KiB chunk: many chunks
+    static const size_t sizes3[] = {13, 1048583};        // default 4 MiB chunk: 4 MB + 28 bytes of f32
     run_collectives(2, "65536", sizes2, 4);
     run_collectives(4, "4096", sizes4, 4);
     run_collectives(3, NULL, sizes3, 2);

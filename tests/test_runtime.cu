@@ -35,7 +35,11 @@ __global__ void warp_shuffles(const float* x, float* out) {
         float up = __shfl_up_sync(0xffffffffu, scan, o);
         if (lane >= o) scan += up;
     }
-    if (lane == 0) { out[0] = s; out[1] = d; out[2] = m; }
+    if (lane == 0) {
+        out[0] = s;
+        out[1] = d;
+        out[2] = m;
+    }
     if (lane == 5) out[3] = b;  // every lane got lane 7's value; lane 5 reports it
     out[4 + lane] = scan;
     if (s != __shfl_sync(0xffffffffu, s, 0)) out[0] = -1.0f;  // xor reduction: every lane holds the total
@@ -77,7 +81,12 @@ __global__ void warp_votes(const float* x, unsigned* out) {
     unsigned b = __ballot_sync(0xffffffffu, p);
     int any = __any_sync(0xffffffffu, p), all = __all_sync(0xffffffffu, p);
     __syncwarp();
-    if (lane == 0) { out[0] = b; out[1] = any; out[2] = all; out[3] = __popc(b); }
+    if (lane == 0) {
+        out[0] = b;
+        out[1] = any;
+        out[2] = all;
+        out[3] = __popc(b);
+    }
 }
 
 // Atomics from many blocks: a histogram of x into 16 bins, a float sum, a max, a CAS-counted ticket.
@@ -115,7 +124,11 @@ __global__ void early_return_count(const float* x, int n, int* out_count, float*
     int all_pos = __syncthreads_and(x[t] > 0.0f);
     int any_big = __syncthreads_or(x[t] > 0.9f);
     out[t] = s[n - 1 - t];
-    if (t == 0) { out_count[0] = positives; out_count[1] = all_pos; out_count[2] = any_big; }
+    if (t == 0) {
+        out_count[0] = positives;
+        out_count[1] = all_pos;
+        out_count[2] = any_big;
+    }
 }
 
 // Index arithmetic in 3D: every thread writes its global linear id at its global position.
@@ -176,7 +189,8 @@ int main(void) {
                 for (int m = 0; m < M; m++)
                     for (int n = 0; n < N; n++) {
                         double s = 0;
-                        for (int k = 0; k < K; k++) s += (double)__bfloat162float(A[m * K + k]) * __bfloat162float(B[k * N + n]);
+                        for (int k = 0; k < K; k++)
+                            s += (double)__bfloat162float(A[m * K + k]) * __bfloat162float(B[k * N + n]);
                         want[c_col ? n * M + m : m * N + n] = (float)(2 * s);
                     }
                 CUDA_OK(cudaMemcpy(dB, b_col ? Bt : B, K * N * 2, cudaMemcpyHostToDevice));
@@ -257,8 +271,9 @@ int main(void) {
         CUDA_OK(cudaMalloc(&dv, 16));
         launch(warp_votes, dim3(1), dim3(32), 0, (cudaStream_t)0, (const float*)dx, dv);
         CUDA_OK(cudaMemcpy(gv, dv, 16, cudaMemcpyDeviceToHost));
-        CHECK(gv[0] == b && gv[1] == (b != 0) && gv[2] == (b == 0xffffffffu) && gv[3] == (unsigned)__builtin_popcount(b),
-              "votes: ballot %08x any %u all %u popc %u, want %08x", gv[0], gv[1], gv[2], gv[3], b);
+        CHECK(
+            gv[0] == b && gv[1] == (b != 0) && gv[2] == (b == 0xffffffffu) && gv[3] == (unsigned)__builtin_popcount(b),
+            "votes: ballot %08x any %u all %u popc %u, want %08x", gv[0], gv[1], gv[2], gv[3], b);
         cudaFree(dv), cudaFree(dx), cudaFree(dout);
     }
     // shuffles of other types and widths
@@ -304,8 +319,8 @@ int main(void) {
     // atomics
     {
         const int n = 5000;
-        int* x = (int*)malloc(n * 4), *dx, *dhist, *dmax, hist[16], want_hist[16] = {0}, gmax, want_max = 0;
-        float* dsum, gsum;
+        int *x = (int*)malloc(n * 4), *dx, *dhist, *dmax, hist[16], want_hist[16] = {0}, gmax, want_max = 0;
+        float *dsum, gsum;
         unsigned *dt, gt;
         __nv_bfloat16 *dbsum, gbsum;
         for (int i = 0; i < n; i++) {
@@ -344,7 +359,7 @@ int main(void) {
     // dynamic shared memory above 48 KB, with the opt-in
     {
         const int n = 20000, nb = 3;  // 80,000 bytes
-        float* x = (float*)malloc(nb * n * 4), *got = (float*)malloc(nb * n * 4), *want = (float*)malloc(nb * n * 4);
+        float *x = (float*)malloc(nb * n * 4), *got = (float*)malloc(nb * n * 4), *want = (float*)malloc(nb * n * 4);
         float *dx, *dout;
         test_fill(x, nb * n, -1, 1);
         for (int b = 0; b < nb; b++)

@@ -11,34 +11,33 @@
 static int tests_passed = 0, tests_failed = 0;
 
 // CHECK(cond, fmt, ...): one check; the message says what was expected when it fails.
-#define CHECK(cond, ...)                                           \
-    do {                                                           \
-        if (cond) {                                                \
-            tests_passed++;                                        \
-        } else {                                                   \
-            tests_failed++;                                        \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);            \
-            printf(__VA_ARGS__);                                   \
-            printf("\n");                                          \
-        }                                                          \
+#define CHECK(cond, ...)                                \
+    do {                                                \
+        if (cond) {                                     \
+            tests_passed++;                             \
+        } else {                                        \
+            tests_failed++;                             \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+            printf(__VA_ARGS__);                        \
+            printf("\n");                               \
+        }                                               \
     } while (0)
 
 // CUDA_OK(call): a CUDA runtime call that must succeed; the test stops if it does not.
-#define CUDA_OK(call)                                                                                   \
-    do {                                                                                                \
-        cudaError_t err_ = (call);                                                                      \
-        if (err_ != cudaSuccess) {                                                                      \
-            printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_));        \
-            tests_failed++;                                                                             \
-            printf("%d passed, %d failed\n", tests_passed, tests_failed);                               \
-            exit(1);                                                                                    \
-        }                                                                                               \
+#define CUDA_OK(call)                                                                            \
+    do {                                                                                         \
+        cudaError_t err_ = (call);                                                               \
+        if (err_ != cudaSuccess) {                                                               \
+            printf("FAIL %s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
+            tests_failed++;                                                                      \
+            printf("%d passed, %d failed\n", tests_passed, tests_failed);                        \
+            exit(1);                                                                             \
+        }                                                                                        \
     } while (0)
 
 // check_close: one check over n values: |got - want| <= atol + rtol * |want| for every i.
 // Prints the worst element on failure (and on success when TEST_VERBOSE is set).
-static inline int check_close(const char* what, const float* got, const float* want, size_t n, float atol,
-                              float rtol) {
+static inline int check_close(const char* what, const float* got, const float* want, size_t n, float atol, float rtol) {
     size_t worst = 0, bad = 0;
     double worst_excess = -1e300;
     for (size_t i = 0; i < n; i++) {
@@ -46,7 +45,10 @@ static inline int check_close(const char* what, const float* got, const float* w
         double tol = atol + rtol * fabs((double)want[i]);
         if (!(err <= tol)) bad++;  // NaN counts as bad
         double excess = isnan(err) ? 1e300 : err - tol;
-        if (excess > worst_excess) { worst_excess = excess; worst = i; }
+        if (excess > worst_excess) {
+            worst_excess = excess;
+            worst = i;
+        }
     }
     if (bad) {
         tests_failed++;

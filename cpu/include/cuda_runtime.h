@@ -62,7 +62,15 @@ static constexpr int warpSize = 32;
 // ----------------------------------------------------------------------------
 // Barriers and warp collectives (cpu/runtime.cpp). A thread arriving at one yields to the
 // scheduler until its group is complete; the last to arrive computes every member's result.
-enum emu_warp_op { EMU_WARP_SYNC, EMU_SHFL_IDX, EMU_SHFL_UP, EMU_SHFL_DOWN, EMU_SHFL_XOR, EMU_VOTE_BALLOT, EMU_WARP_GATHER };
+enum emu_warp_op {
+    EMU_WARP_SYNC,
+    EMU_SHFL_IDX,
+    EMU_SHFL_UP,
+    EMU_SHFL_DOWN,
+    EMU_SHFL_XOR,
+    EMU_VOTE_BALLOT,
+    EMU_WARP_GATHER
+};
 int emu_syncthreads(int op, int predicate);  // op: 0 plain, 1 count, 2 and, 3 or
 uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int width, const char* name);
 // Every lane of mask posts a pointer; once all have arrived, fn runs once on all 32 (NULL where absent).
@@ -76,7 +84,9 @@ static inline void __syncthreads(void) { emu_syncthreads(0, 0); }
 static inline int __syncthreads_count(int p) { return emu_syncthreads(1, p); }
 static inline int __syncthreads_and(int p) { return emu_syncthreads(2, p); }
 static inline int __syncthreads_or(int p) { return emu_syncthreads(3, p); }
-static inline void __syncwarp(unsigned mask = 0xffffffffu) { emu_warp_collective(EMU_WARP_SYNC, mask, 0, 0, 32, "__syncwarp"); }
+static inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    emu_warp_collective(EMU_WARP_SYNC, mask, 0, 0, 32, "__syncwarp");
+}
 static inline unsigned __activemask(void) { return emu_activemask(); }
 static inline unsigned __ballot_sync(unsigned mask, int p) {
     return (unsigned)emu_warp_collective(EMU_VOTE_BALLOT, mask, p != 0, 0, 32, "__ballot_sync");
@@ -194,8 +204,12 @@ static inline float atomicExch(float* p, float v) {
     memcpy(&v, &old, 4);
     return v;
 }
-static inline int atomicMax(int* p, int v) { return emu_atomic_cas_loop(p, [v](int o) { return o > v ? o : v; }); }
-static inline int atomicMin(int* p, int v) { return emu_atomic_cas_loop(p, [v](int o) { return o < v ? o : v; }); }
+static inline int atomicMax(int* p, int v) {
+    return emu_atomic_cas_loop(p, [v](int o) { return o > v ? o : v; });
+}
+static inline int atomicMin(int* p, int v) {
+    return emu_atomic_cas_loop(p, [v](int o) { return o < v ? o : v; });
+}
 static inline unsigned atomicMax(unsigned* p, unsigned v) {
     return emu_atomic_cas_loop(p, [v](unsigned o) { return o > v ? o : v; });
 }
@@ -205,14 +219,38 @@ static inline unsigned atomicMin(unsigned* p, unsigned v) {
 
 // ----------------------------------------------------------------------------
 // Loads and stores with cache hints are plain loads and stores here.
-template <typename T> static inline T __ldg(const T* p) { return *p; }
-template <typename T> static inline T __ldcg(const T* p) { return *p; }
-template <typename T> static inline T __ldca(const T* p) { return *p; }
-template <typename T> static inline T __ldcs(const T* p) { return *p; }
-template <typename T> static inline T __ldlu(const T* p) { return *p; }
-template <typename T> static inline void __stcg(T* p, T v) { *p = v; }
-template <typename T> static inline void __stcs(T* p, T v) { *p = v; }
-template <typename T> static inline void __stwb(T* p, T v) { *p = v; }
+template <typename T>
+static inline T __ldg(const T* p) {
+    return *p;
+}
+template <typename T>
+static inline T __ldcg(const T* p) {
+    return *p;
+}
+template <typename T>
+static inline T __ldca(const T* p) {
+    return *p;
+}
+template <typename T>
+static inline T __ldcs(const T* p) {
+    return *p;
+}
+template <typename T>
+static inline T __ldlu(const T* p) {
+    return *p;
+}
+template <typename T>
+static inline void __stcg(T* p, T v) {
+    *p = v;
+}
+template <typename T>
+static inline void __stcs(T* p, T v) {
+    *p = v;
+}
+template <typename T>
+static inline void __stwb(T* p, T v) {
+    *p = v;
+}
 
 // Math intrinsics: the GPU's fast approximations are computed exactly here (tests need tolerances).
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
@@ -228,10 +266,26 @@ static inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f
 static inline int __float2int_rn(float x) { return (int)nearbyintf(x); }
 static inline int __float2int_rz(float x) { return (int)x; }
 static inline unsigned __float2uint_rn(float x) { return (unsigned)nearbyintf(x); }
-static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }
-static inline int __float_as_int(float x) { int i; memcpy(&i, &x, 4); return i; }
-static inline float __uint_as_float(unsigned x) { float f; memcpy(&f, &x, 4); return f; }
-static inline unsigned __float_as_uint(float x) { unsigned i; memcpy(&i, &x, 4); return i; }
+static inline float __int_as_float(int x) {
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+static inline int __float_as_int(float x) {
+    int i;
+    memcpy(&i, &x, 4);
+    return i;
+}
+static inline float __uint_as_float(unsigned x) {
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+static inline unsigned __float_as_uint(float x) {
+    unsigned i;
+    memcpy(&i, &x, 4);
+    return i;
+}
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
 static inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 static inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
@@ -275,8 +329,8 @@ void emu_set_shuffle(long long seed);
 // Kernel launch. The arguments are converted to the kernel's parameter types once, as the GPU
 // copies them into its parameter space, and every thread calls the kernel with that copy.
 typedef void (*emu_kernel_body)(void* call);
-void emu_launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
-                emu_kernel_body body, void* call);
+void emu_launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, emu_kernel_body body,
+                void* call);
 
 template <typename... KArgs>
 struct emu_call {
