@@ -7,15 +7,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define CUDA_CHECK(call)                                                                             \
-    do {                                                                                             \
-        cudaError_t err_ = (call);                                                                   \
-        if (err_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
-            exit(1);                                                                                 \
-        }                                                                                            \
-    } while (0)
-
 static void usage(void) {
     printf(
         "usage: trainer --info\n"

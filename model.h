@@ -1,0 +1,1154 @@
+// model.h: the BERT masked-language model of mlm.c.
+//
+//   1. configuration and named presets                         (BertConfig, bert_preset)
+//   2. the parameter table: Hugging Face BertForMaskedLM names and shapes over one slab
+//   3. the memory layout for (B, T, M): parameters, gradients, AdamW state, activations.
+//      One source of truth: the memory planner prints it, bert_alloc allocates exactly it.
+//   4. initialisation, figures (FLOPs per token)
+//   5. Hugging Face interchange: model.safetensors + config.json, written and read
+//   6. the model on the device: forward, backward, gradient norm, AdamW   (needs kernels.cuh)
+//
+// Shapes are written (B, T, C): B rows of T tokens, C = hidden size, NH heads of HD = C/NH,
+// I = intermediate size, V = vocab size, M = masked positions in the batch (the MLM head runs
+// only on those rows), L = layers.
+//
+// The storage type of weights and activations is floatX: bf16, or fp32 when the translation
+// unit defines MLM_FP32 before including this file (the fp32 model checks gradients tightly).
+// Master weights, gradients and the AdamW moments are always fp32.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+// ---------------------------------------------------------------------------------------------
+// 1. configuration
+
+typedef struct {
+    int vocab_size;       // V
+    int max_position;     // P: rows of the position table (a sample is at most P tokens)
+    int type_vocab_size;  // token types (2: sentence A / B)
+    int hidden;           // C
+    int layers;           // L
+    int heads;            // NH (C / NH must be a multiple of 16: tensor-core tiles)
+    int intermediate;     // I (the MLP's hidden width, usually 4C)
+    float ln_eps;         // LayerNorm epsilon (1e-12 as in BERT)
+    // the activation is always exact erf GELU; LayerNorm is post-residual as in BERT.
+} BertConfig;
+
+// Presets. The seed paper (arXiv 2509.05258) reports a "120M" and a "350M" BERT-like encoder
+// without their shapes; we take the two standard encoder shapes (12 x 768 and 24 x 1024) with a
+// 50,304-token vocabulary (a RoBERTa-sized BPE vocabulary, 50,265, rounded up to a multiple of
+// 64), which gives 124.7M and 355.4M parameters: "paper-120m" and "paper-350m".
+static inline int bert_preset(const char* name, BertConfig* c) {
+    memset(c, 0, sizeof(*c));
+    c->type_vocab_size = 2;
+    c->ln_eps = 1e-12f;
+    c->max_position = 512;
+    if (!strcmp(name, "tiny")) {  // tests: odd vocabulary, two layers, two 16-wide heads
+        c->vocab_size = 211;
+        c->max_position = 40;
+        c->hidden = 32;
+        c->layers = 2;
+        c->heads = 2;
+        c->intermediate = 64;
+    } else if (!strcmp(name, "bert-base")) {
+        c->vocab_size = 30522;
+        c->hidden = 768;
+        c->layers = 12;
+        c->heads = 12;
+        c->intermediate = 3072;
+    } else if (!strcmp(name, "bert-large")) {
+        c->vocab_size = 30522;
+        c->hidden = 1024;
+        c->layers = 24;
+        c->heads = 16;
+        c->intermediate = 4096;
+    } else if (!strcmp(name, "paper-120m")) {
+        c->vocab_size = 50304;
+        c->hidden = 768;
+        c->layers = 12;
+        c->heads = 12;
+        c->intermediate = 3072;
+    } else if (!strcmp(name, "paper-350m")) {
+        c->vocab_size = 50304;
+        c->hidden = 1024;
+        c->layers = 24;
+        c->heads = 16;
+        c->intermediate = 4096;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+static const char* bert_preset_names[] = {"tiny", "bert-base", "bert-large", "paper-120m", "paper-350m"};
+
+// bert_config_check: 1 when the kernels can run this configuration; otherwise prints why and gives 0.
+static inline int bert_config_check(const BertConfig* c) {
+    const char* why = NULL;
+    if (c->vocab_size < 1 || c->max_position < 1 || c->type_vocab_size < 1 || c->layers < 1 || c->heads < 1)
+        why = "sizes must be positive";
+    else if (c->hidden % c->heads)
+        why = "hidden size must be a multiple of the head count";
+    else if ((c->hidden / c->heads) % 16 || c->hidden / c->heads > 128)
+        why = "head size must be a multiple of 16 and at most 128 (tensor-core attention)";
+    else if (c->hidden % 8 || c->intermediate % 8)
+        why = "hidden and intermediate sizes must be multiples of 8 (128-bit loads)";
+    else if (!(c->ln_eps > 0))
+        why = "layer_norm_eps must be positive";
+    if (why) fprintf(stderr, "model: unsupported configuration: %s\n", why);
+    return why == NULL;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. the parameter table
+//
+// Every parameter is one named tensor in one contiguous slab. Names and shapes are those of
+// Hugging Face's BertForMaskedLM (weights are (out, in) like torch.nn.Linear), so export is a
+// walk over the table. The decoder's weight is tied to bert.embeddings.word_embeddings.weight
+// and is not a separate tensor; its bias is cls.predictions.bias.
+//
+// Order in the slab: first every tensor AdamW decays (matrices and embeddings), then every one it
+// does not (biases and LayerNorm), so decay is one boundary index. Within a layer, query, key and
+// value weights are adjacent, and so are their biases: together they are the fused (3C, C) QKV
+// projection and its (3C) bias.
+
+#define BERT_MAX_NAME 64
+typedef struct {
+    char name[BERT_MAX_NAME];
+    int rank;       // 1 or 2
+    int shape[2];   // (rows, cols) or (n, 1)
+    size_t offset;  // in elements, from the start of the slab
+    size_t numel;
+    int decay;  // AdamW weight decay applies
+} BertTensor;
+
+// per-layer tensor indices in the table (after the 3 embedding matrices), in slab order
+enum {
+    BL_QW,
+    BL_KW,
+    BL_VW,
+    BL_AOW,
+    BL_IW,
+    BL_OW,  // matrices (decayed)
+    BL_QB,
+    BL_KB,
+    BL_VB,
+    BL_AOB,
+    BL_ALNW,
+    BL_ALNB,
+    BL_IB,
+    BL_OB,
+    BL_OLNW,
+    BL_OLNB,  // vectors
+    BL_COUNT
+};
+
+typedef struct {
+    BertConfig cfg;
+    int n;           // tensors in the table
+    BertTensor* t;   // n entries (malloc'd)
+    size_t numel;    // parameters in the slab
+    size_t n_decay;  // the first n_decay elements are decayed
+    // indices into t[] of the named tensors the model uses
+    int word, pos, type, emb_ln_w, emb_ln_b;
+    int head_w, head_b, head_ln_w, head_ln_b, dec_b;
+    int layer0_mat,
+        layer0_vec;  // layer l, matrix j (0..5): t[layer0_mat + 6*l + j]; vector j (0..9): t[layer0_vec + 10*l + j]
+} BertParams;
+
+static inline void bert_add_tensor(BertParams* p, const char* name, int rows, int cols, int decay) {
+    BertTensor* t = &p->t[p->n++];
+    snprintf(t->name, sizeof(t->name), "%s", name);
+    t->rank = cols ? 2 : 1;
+    t->shape[0] = rows;
+    t->shape[1] = cols ? cols : 1;
+    t->numel = (size_t)rows * (cols ? cols : 1);
+    t->offset = p->numel;
+    t->decay = decay;
+    // every tensor starts on a 16-byte boundary in both the fp32 and the bf16 slab
+    p->numel += (t->numel + 7) & ~(size_t)7;
+}
+
+// bert_params_build: fills the table for cfg (free with bert_params_free).
+static inline void bert_params_build(BertParams* p, const BertConfig* cfg) {
+    memset(p, 0, sizeof(*p));
+    p->cfg = *cfg;
+    int C = cfg->hidden, I = cfg->intermediate, L = cfg->layers;
+    p->t = (BertTensor*)calloc((size_t)(10 + BL_COUNT * L), sizeof(BertTensor));
+    char nm[BERT_MAX_NAME];
+    p->word = p->n;
+    bert_add_tensor(p, "bert.embeddings.word_embeddings.weight", cfg->vocab_size, C, 1);
+    p->pos = p->n;
+    bert_add_tensor(p, "bert.embeddings.position_embeddings.weight", cfg->max_position, C, 1);
+    p->type = p->n;
+    bert_add_tensor(p, "bert.embeddings.token_type_embeddings.weight", cfg->type_vocab_size, C, 1);
+    p->layer0_mat = p->n;
+    static const char* mats[6] = {"attention.self.query.weight", "attention.self.key.weight",
+                                  "attention.self.value.weight", "attention.output.dense.weight",
+                                  "intermediate.dense.weight",   "output.dense.weight"};
+    for (int l = 0; l < L; l++)
+        for (int j = 0; j < 6; j++) {
+            snprintf(nm, sizeof(nm), "bert.encoder.layer.%d.%s", l, mats[j]);
+            int rows = j == 4 ? I : C, cols = j == 5 ? I : C;
+            bert_add_tensor(p, nm, rows, cols, 1);
+        }
+    p->head_w = p->n;
+    bert_add_tensor(p, "cls.predictions.transform.dense.weight", C, C, 1);
+    p->n_decay = p->numel;
+    p->emb_ln_w = p->n;
+    bert_add_tensor(p, "bert.embeddings.LayerNorm.weight", C, 0, 0);
+    p->emb_ln_b = p->n;
+    bert_add_tensor(p, "bert.embeddings.LayerNorm.bias", C, 0, 0);
+    p->layer0_vec = p->n;
+    static const char* vecs[10] = {"attention.self.query.bias",         "attention.self.key.bias",
+                                   "attention.self.value.bias",         "attention.output.dense.bias",
+                                   "attention.output.LayerNorm.weight", "attention.output.LayerNorm.bias",
+                                   "intermediate.dense.bias",           "output.dense.bias",
+                                   "output.LayerNorm.weight",           "output.LayerNorm.bias"};
+    for (int l = 0; l < L; l++)
+        for (int j = 0; j < 10; j++) {
+            snprintf(nm, sizeof(nm), "bert.encoder.layer.%d.%s", l, vecs[j]);
+            bert_add_tensor(p, nm, j == 6 ? I : C, 0, 0);
+        }
+    p->head_b = p->n;
+    bert_add_tensor(p, "cls.predictions.transform.dense.bias", C, 0, 0);
+    p->head_ln_w = p->n;
+    bert_add_tensor(p, "cls.predictions.transform.LayerNorm.weight", C, 0, 0);
+    p->head_ln_b = p->n;
+    bert_add_tensor(p, "cls.predictions.transform.LayerNorm.bias", C, 0, 0);
+    p->dec_b = p->n;
+    bert_add_tensor(p, "cls.predictions.bias", cfg->vocab_size, 0, 0);
+}
+static inline void bert_params_free(BertParams* p) {
+    free(p->t);
+    p->t = NULL;
+    p->n = 0;
+}
+
+// the offset (elements) of layer l's matrix j (BL_QW..BL_OW) or vector j (BL_QB..BL_OLNB)
+static inline size_t bert_layer_off(const BertParams* p, int l, int j) {
+    if (j < BL_QB) return p->t[p->layer0_mat + 6 * l + j].offset;
+    return p->t[p->layer0_vec + 10 * l + (j - BL_QB)].offset;
+}
+static inline int bert_find_tensor(const BertParams* p, const char* name) {
+    for (int i = 0; i < p->n; i++)
+        if (!strcmp(p->t[i].name, name)) return i;
+    return -1;
+}
+// parameters in the model (the slab also holds a few alignment pad elements, which stay zero)
+static inline size_t bert_param_count(const BertParams* p) {
+    size_t n = 0;
+    for (int i = 0; i < p->n; i++) n += p->t[i].numel;
+    return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. the memory layout for (B, T, M)
+//
+// Activations are one slab of bytes; every buffer starts on a 256-byte boundary. "Saved" buffers
+// are kept from forward to backward, one per layer; "scratch" buffers are reused by every layer.
+// The element size of floatX buffers is given (2 for bf16, 4 for fp32) so the planner can size
+// either mode without compiling it.
+
+typedef struct {
+    // saved, embeddings: x0 = LayerNorm(word + position + type)
+    size_t emb_out;    // (B, T, C) floatX          the input of layer 0
+    size_t emb_stats;  // (B, T, 2) fp32            LayerNorm mean, rstd
+    // saved, per layer (a layer's buffers are at offset + l * stride)
+    size_t qkv;        // (B, T, 3C) floatX         Q | K | V, heads contiguous inside each
+    size_t atty;       // (B, T, C) floatX          attention output, before the output projection
+    size_t lse;        // (B, NH, T) fp32           softmax log-sum-exp of each query row
+    size_t res1;       // (B, T, C) floatX          x + attn_out (the LayerNorm input)
+    size_t ln1;        // (B, T, C) floatX          LayerNorm(res1)
+    size_t ln1_stats;  // (B, T, 2) fp32
+    size_t fc1;        // (B, T, I) floatX          pre-GELU (GELU is recomputed in backward)
+    size_t res2;       // (B, T, C) floatX          ln1 + mlp_out
+    size_t ln2;        // (B, T, C) floatX          LayerNorm(res2): the layer's output
+    size_t ln2_stats;  // (B, T, 2) fp32
+    size_t layer_stride;
+    // saved, MLM head on the M masked rows
+    size_t h_in;     // (M, C) floatX             gathered final hidden rows
+    size_t h_pre;    // (M, C) floatX             dense + bias, before GELU
+    size_t h_act;    // (M, C) floatX             GELU(h_pre)
+    size_t h_ln;     // (M, C) floatX             LayerNorm(h_act)
+    size_t h_stats;  // (M, 2) fp32
+    size_t logits;   // (M, Vp) floatX            Vp = V rounded up to 8; becomes dlogits in backward
+    size_t losses;   // (M) fp32                  per-row cross-entropy
+    size_t loss;     // (4) fp32                  [0] mean loss of the micro-batch
+    // scratch, shared by all layers
+    size_t gelu;  // (B, T, I) floatX          GELU(fc1) in forward, recomputed in backward
+    size_t proj;  // (B, T, C) floatX          a projection output before its residual LayerNorm
+    // backward scratch
+    size_t d_x;      // (B, T, C) floatX          dLoss/d(layer output), flows down the stack
+    size_t d_res;    // (B, T, C) floatX          dLoss/d(residual sum)
+    size_t d_ln1;    // (B, T, C) floatX
+    size_t d_fc1;    // (B, T, I) floatX
+    size_t d_qkv;    // (B, T, 3C) floatX
+    size_t d_atty;   // (B, T, C) floatX
+    size_t d_delta;  // (B, NH, T) fp32           rowsum(dO * O) for attention backward
+    size_t d_h;      // (M, C) floatX             head backward
+    size_t d_h2;     // (M, C) floatX
+    size_t total;    // bytes
+    int B, T, M, Vp;
+} BertActLayout;
+
+static inline size_t bert_align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+// bert_act_layout: the activation layout for B rows of T tokens with at most M masked positions,
+// with floatX of xsize bytes. Gives the total bytes.
+static inline size_t bert_act_layout(BertActLayout* a, const BertConfig* c, int B, int T, int M, int xsize) {
+    memset(a, 0, sizeof(*a));
+    size_t BT = (size_t)B * T, C = c->hidden, I = c->intermediate, NH = c->heads;
+    int Vp = (c->vocab_size + 7) & ~7;
+    a->B = B;
+    a->T = T;
+    a->M = M;
+    a->Vp = Vp;
+    size_t off = 0;
+#define ACT(field, bytes)                           \
+    do {                                            \
+        a->field = off;                             \
+        off = bert_align256(off + (size_t)(bytes)); \
+    } while (0)
+    ACT(emb_out, BT * C * xsize);
+    ACT(emb_stats, BT * 2 * 4);
+    size_t l0 = off;
+    ACT(qkv, BT * 3 * C * xsize);
+    ACT(atty, BT * C * xsize);
+    ACT(lse, BT * NH * 4);
+    ACT(res1, BT * C * xsize);
+    ACT(ln1, BT * C * xsize);
+    ACT(ln1_stats, BT * 2 * 4);
+    ACT(fc1, BT * I * xsize);
+    ACT(res2, BT * C * xsize);
+    ACT(ln2, BT * C * xsize);
+    ACT(ln2_stats, BT * 2 * 4);
+    a->layer_stride = off - l0;
+    off = l0 + a->layer_stride * c->layers;
+    ACT(h_in, (size_t)M * C * xsize);
+    ACT(h_pre, (size_t)M * C * xsize);
+    ACT(h_act, (size_t)M * C * xsize);
+    ACT(h_ln, (size_t)M * C * xsize);
+    ACT(h_stats, (size_t)M * 2 * 4);
+    ACT(logits, (size_t)M * Vp * xsize);
+    ACT(losses, (size_t)M * 4);
+    ACT(loss, 4 * 4);
+    ACT(gelu, BT * I * xsize);
+    ACT(proj, BT * C * xsize);
+    ACT(d_x, BT * C * xsize);
+    ACT(d_res, BT * C * xsize);
+    ACT(d_ln1, BT * C * xsize);
+    ACT(d_fc1, BT * I * xsize);
+    ACT(d_qkv, BT * 3 * C * xsize);
+    ACT(d_atty, BT * C * xsize);
+    ACT(d_delta, BT * NH * 4);
+    ACT(d_h, (size_t)M * C * xsize);
+    ACT(d_h2, (size_t)M * C * xsize);
+#undef ACT
+    a->total = off;
+    return off;
+}
+
+// the whole memory plan of a training process (bytes), from the same functions bert_alloc uses
+typedef struct {
+    size_t n_params;                   // parameters (the slab, with its few pad elements)
+    size_t params_master;              // fp32 master weights
+    size_t params_x;                   // floatX weights the kernels read (absent in fp32 mode: they are the master)
+    size_t grads;                      // fp32 gradients
+    size_t adam;                       // fp32 m and v
+    size_t acts;                       // activations (BertActLayout.total)
+    size_t act_saved_per_token_layer;  // bytes kept from forward to backward per token per layer
+    size_t cublas_workspace;
+    size_t total;
+} BertMemPlan;
+
+#define BERT_CUBLAS_WORKSPACE ((size_t)32 << 20)
+static inline BertMemPlan bert_mem_plan(const BertConfig* c, int B, int T, int M, int xsize) {
+    BertMemPlan m;
+    memset(&m, 0, sizeof(m));
+    BertParams p;
+    bert_params_build(&p, c);
+    m.n_params = p.numel;
+    bert_params_free(&p);
+    m.params_master = m.n_params * 4;
+    m.params_x = xsize == 4 ? 0 : m.n_params * xsize;
+    m.grads = m.n_params * 4;
+    m.adam = m.n_params * 8;
+    BertActLayout a;
+    m.acts = bert_act_layout(&a, c, B, T, M, xsize);
+    m.act_saved_per_token_layer = a.layer_stride / ((size_t)B * T);
+    m.cublas_workspace = BERT_CUBLAS_WORKSPACE;
+    m.total = m.params_master + m.params_x + m.grads + m.adam + m.acts + m.cublas_workspace;
+    return m;
+}
+
+static inline void bert_print_plan(const BertConfig* c, int B, int T, int M, int xsize) {
+    BertMemPlan m = bert_mem_plan(c, B, T, M, xsize);
+    double G = 1.0 / (1 << 30);
+    printf("memory plan (B=%d, T=%d, M=%d, %s activations): %.3f GiB\n", B, T, M, xsize == 2 ? "bf16" : "fp32",
+           m.total * G);
+    printf(
+        "  parameters %zu: master fp32 %.3f GiB, floatX copy %.3f GiB, gradients fp32 %.3f GiB, AdamW m+v %.3f GiB\n",
+        m.n_params, m.params_master * G, m.params_x * G, m.grads * G, m.adam * G);
+    printf("  activations %.3f GiB (%zu bytes per token per layer kept for backward), cuBLASLt workspace %.3f GiB\n",
+           m.acts * G, m.act_saved_per_token_layer, m.cublas_workspace * G);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. initialisation and figures
+
+// splitmix64 / Box-Muller: deterministic host initialisation
+static inline uint64_t bert_splitmix(uint64_t* s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline float bert_normal(uint64_t* s) {
+    double u1 = ((bert_splitmix(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    double u2 = ((bert_splitmix(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+// bert_init_host: BERT's initialisation into a host fp32 slab of p->numel: matrices and embeddings
+// N(0, 0.02), biases 0, LayerNorm weights 1 (Hugging Face's _init_weights).
+static inline void bert_init_host(const BertParams* p, float* w, uint64_t seed) {
+    memset(w, 0, p->numel * sizeof(float));
+    uint64_t s = seed;
+    for (int i = 0; i < p->n; i++) {
+        const BertTensor* t = &p->t[i];
+        float* x = w + t->offset;
+        if (t->rank == 2) {
+            for (size_t j = 0; j < t->numel; j++) x[j] = 0.02f * bert_normal(&s);
+        } else if (strstr(t->name, "LayerNorm.weight")) {
+            for (size_t j = 0; j < t->numel; j++) x[j] = 1.0f;
+        }
+    }
+}
+
+// Training FLOPs per token: 6 per weight per token for the encoder's matmuls (forward 2, backward 4),
+// attention's two (T x T x HD) products per head (4 T C per token forward, 8 backward, plus the
+// recomputation of Q K^T in each of the two backward kernels and of dO V^T: 4 T C more), and the
+// MLM head on the masked fraction only (dense C x C and decoder C x V per masked token).
+// Embedding lookups, LayerNorm, GELU and softmax are left out (a few hundred FLOPs per element).
+typedef struct {
+    double encoder_matmul, attention, head, total;  // what the hardware executes
+    double model;                                   // the usual "6N + 12 L T C" model FLOPs, head sparse
+} BertFlops;
+static inline BertFlops bert_flops_per_token(const BertConfig* c, int T, double mask_fraction) {
+    BertFlops f;
+    double C = c->hidden, I = c->intermediate, L = c->layers, V = c->vocab_size;
+    double w_layer = 4 * C * C + 2 * C * I;
+    f.encoder_matmul = 6 * L * w_layer;
+    f.attention = L * (12 * T * C + 4 * T * C + 2 * T * C);  // fwd 4TC, bwd 8TC, recompute QK^T twice + dO V^T once
+    f.head = mask_fraction * 6 * (C * C + C * V);
+    f.total = f.encoder_matmul + f.attention + f.head;
+    f.model = f.encoder_matmul + L * 12 * T * C + f.head;
+    return f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Hugging Face interchange: model.safetensors + config.json (BertForMaskedLM)
+//
+// safetensors: an 8-byte little-endian header length N, N bytes of JSON
+//   {"name": {"dtype": "F32", "shape": [r, c], "data_offsets": [begin, end]}, ..., "__metadata__": {...}}
+// then the tensors' bytes (offsets relative to the end of the header). We write F32 (the master
+// weights, so a round trip is bit-exact) and read F32, BF16 or F16. The decoder weight is tied to the
+// word embeddings and is not written (transformers re-ties it on load); on read,
+// cls.predictions.decoder.bias is accepted for cls.predictions.bias, and tensors this model does not
+// have (the pooler, the next-sentence head, position_ids) are skipped.
+
+// a minimal JSON reader, enough for safetensors headers and config.json
+typedef struct {
+    const char* s;
+    const char* end;
+    int err;
+} BertJson;
+static inline void bj_ws(BertJson* j) {
+    while (j->s < j->end && (*j->s == ' ' || *j->s == '\n' || *j->s == '\r' || *j->s == '\t')) j->s++;
+}
+static inline int bj_peek(BertJson* j) {
+    bj_ws(j);
+    return j->s < j->end ? *j->s : -1;
+}
+static inline int bj_eat(BertJson* j, char c) {
+    if (bj_peek(j) == c) {
+        j->s++;
+        return 1;
+    }
+    j->err = 1;
+    return 0;
+}
+// a string into out (truncated to cap-1; escapes other than \" and \\ are kept as the escaped char)
+static inline int bj_string(BertJson* j, char* out, size_t cap) {
+    if (!bj_eat(j, '"')) return 0;
+    size_t n = 0;
+    while (j->s < j->end && *j->s != '"') {
+        char c = *j->s++;
+        if (c == '\\' && j->s < j->end) c = *j->s++;
+        if (n + 1 < cap) out[n++] = c;
+    }
+    if (cap) out[n] = 0;
+    return bj_eat(j, '"');
+}
+static inline double bj_number(BertJson* j) {
+    bj_ws(j);
+    char* e;
+    double v = strtod(j->s, &e);
+    if (e == j->s || e > j->end) {
+        j->err = 1;
+        return 0;
+    }
+    j->s = e;
+    return v;
+}
+static inline void bj_skip(BertJson* j) {  // any value
+    int c = bj_peek(j);
+    char tmp[8];
+    if (c == '"') {
+        bj_string(j, tmp, sizeof(tmp));
+        return;
+    }
+    if (c == '{' || c == '[') {
+        char close = c == '{' ? '}' : ']';
+        j->s++;
+        if (bj_peek(j) == close) {
+            j->s++;
+            return;
+        }
+        for (;;) {
+            if (c == '{') {
+                bj_string(j, tmp, sizeof(tmp));
+                bj_eat(j, ':');
+            }
+            bj_skip(j);
+            if (j->err) return;
+            if (bj_peek(j) == ',') {
+                j->s++;
+                continue;
+            }
+            bj_eat(j, close);
+            return;
+        }
+    }
+    if (c == 't' || c == 'f' || c == 'n') {
+        while (j->s < j->end && *j->s >= 'a' && *j->s <= 'z') j->s++;
+        return;
+    }
+    bj_number(j);
+}
+
+static inline int bert_write_file(const char* path, const void* a, size_t na, const void* b, size_t nb) {
+    FILE* f = fopen(path, "wb");
+    if (!f) {
+        fprintf(stderr, "model: cannot write %s\n", path);
+        return 0;
+    }
+    int ok = fwrite(a, 1, na, f) == na && (nb == 0 || fwrite(b, 1, nb, f) == nb);
+    ok = (fclose(f) == 0) && ok;
+    if (!ok) fprintf(stderr, "model: error writing %s\n", path);
+    return ok;
+}
+
+// bert_save_hf: writes dir/model.safetensors (F32) and dir/config.json for the host fp32 slab w.
+// dir must exist. Gives 1 on success.
+static inline int bert_save_hf(const char* dir, const BertParams* p, const float* w) {
+    const BertConfig* c = &p->cfg;
+    char path[4096];
+    // config.json
+    char cfg[2048];
+    int n =
+        snprintf(cfg, sizeof(cfg),
+                 "{\n  \"architectures\": [\"BertForMaskedLM\"],\n  \"model_type\": \"bert\",\n"
+                 "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"num_hidden_layers\": %d,\n"
+                 "  \"num_attention_heads\": %d,\n  \"intermediate_size\": %d,\n  \"hidden_act\": \"gelu\",\n"
+                 "  \"hidden_dropout_prob\": 0.1,\n  \"attention_probs_dropout_prob\": 0.1,\n"
+                 "  \"max_position_embeddings\": %d,\n  \"type_vocab_size\": %d,\n  \"initializer_range\": 0.02,\n"
+                 "  \"layer_norm_eps\": %.9g,\n  \"pad_token_id\": 0,\n  \"position_embedding_type\": \"absolute\",\n"
+                 "  \"tie_word_embeddings\": true,\n  \"torch_dtype\": \"float32\"\n}\n",
+                 c->vocab_size, c->hidden, c->layers, c->heads, c->intermediate, c->max_position, c->type_vocab_size,
+                 (double)c->ln_eps);
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    if (!bert_write_file(path, cfg, (size_t)n, NULL, 0)) return 0;
+    // safetensors header
+    size_t cap = 256 + (size_t)p->n * 160, len = 0, data = 0;
+    char* h = (char*)malloc(cap);
+    len += snprintf(h + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int i = 0; i < p->n; i++) {
+        const BertTensor* t = &p->t[i];
+        if (t->rank == 2)
+            len +=
+                snprintf(h + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d,%d],\"data_offsets\":[%zu,%zu]}",
+                         t->name, t->shape[0], t->shape[1], data, data + t->numel * 4);
+        else
+            len += snprintf(h + len, cap - len, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%d],\"data_offsets\":[%zu,%zu]}",
+                            t->name, t->shape[0], data, data + t->numel * 4);
+        data += t->numel * 4;
+    }
+    len += snprintf(h + len, cap - len, "}");
+    while ((8 + len) % 8) h[len++] = ' ';  // the data starts 8-byte aligned
+    unsigned char* buf = (unsigned char*)malloc(8 + len + data);
+    uint64_t hl = len;
+    for (int b = 0; b < 8; b++) buf[b] = (unsigned char)(hl >> (8 * b));
+    memcpy(buf + 8, h, len);
+    size_t o = 8 + len;
+    for (int i = 0; i < p->n; i++) {  // little-endian host assumed (x86-64, aarch64)
+        memcpy(buf + o, w + p->t[i].offset, p->t[i].numel * 4);
+        o += p->t[i].numel * 4;
+    }
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    int ok = bert_write_file(path, buf, o, NULL, 0);
+    free(h);
+    free(buf);
+    return ok;
+}
+
+static inline char* bert_read_file(const char* path, size_t* size) {
+    FILE* f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "model: cannot open %s\n", path);
+        return NULL;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char* buf = (char*)malloc((size_t)(n > 0 ? n : 0) + 1);
+    if (n < 0 || fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fprintf(stderr, "model: cannot read %s\n", path);
+        free(buf);
+        fclose(f);
+        return NULL;
+    }
+    fclose(f);
+    buf[n] = 0;
+    *size = (size_t)n;
+    return buf;
+}
+
+// bert_read_config: reads a Hugging Face config.json into c. Gives 1 on success.
+static inline int bert_read_config(const char* path, BertConfig* c) {
+    size_t n;
+    char* buf = bert_read_file(path, &n);
+    if (!buf) return 0;
+    memset(c, 0, sizeof(*c));
+    c->type_vocab_size = 2;
+    c->ln_eps = 1e-12f;
+    c->max_position = 512;
+    BertJson j = {buf, buf + n, 0};
+    char key[128], str[64];
+    int ok = bj_eat(&j, '{');
+    while (ok && !j.err && bj_peek(&j) != '}') {
+        bj_string(&j, key, sizeof(key));
+        bj_eat(&j, ':');
+        int* target = NULL;
+        if (!strcmp(key, "vocab_size"))
+            target = &c->vocab_size;
+        else if (!strcmp(key, "hidden_size"))
+            target = &c->hidden;
+        else if (!strcmp(key, "num_hidden_layers"))
+            target = &c->layers;
+        else if (!strcmp(key, "num_attention_heads"))
+            target = &c->heads;
+        else if (!strcmp(key, "intermediate_size"))
+            target = &c->intermediate;
+        else if (!strcmp(key, "max_position_embeddings"))
+            target = &c->max_position;
+        else if (!strcmp(key, "type_vocab_size"))
+            target = &c->type_vocab_size;
+        if (target)
+            *target = (int)bj_number(&j);
+        else if (!strcmp(key, "layer_norm_eps"))
+            c->ln_eps = (float)bj_number(&j);
+        else if (!strcmp(key, "hidden_act") || !strcmp(key, "position_embedding_type")) {
+            bj_string(&j, str, sizeof(str));
+            if (strcmp(str, "gelu") && strcmp(str, "absolute")) {
+                fprintf(stderr, "model: %s: %s \"%s\" is not supported (exact gelu, absolute positions)\n", path, key,
+                        str);
+                ok = 0;
+            }
+        } else
+            bj_skip(&j);
+        if (bj_peek(&j) == ',') j.s++;
+    }
+    free(buf);
+    if (j.err) {
+        fprintf(stderr, "model: %s: malformed JSON\n", path);
+        return 0;
+    }
+    if (ok && !c->vocab_size) {
+        fprintf(stderr, "model: %s: no vocab_size\n", path);
+        ok = 0;
+    }
+    return ok && bert_config_check(c);
+}
+
+static inline float bert_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline float bert_f16_to_f32(uint16_t h) {
+    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, u;
+    if (e == 0) {
+        float f = ldexpf((float)m, -24);
+        return s ? -f : f;
+    }
+    if (e == 31)
+        u = s | 0x7F800000u | (m << 13);
+    else
+        u = s | ((e + 112) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// A parsed safetensors file: its entries and where their bytes are.
+typedef struct {
+    char name[160];
+    char dtype[16];  // "F32", "BF16", "F16", "I32", "I64", ...
+    int rank;
+    long long shape[4];
+    size_t begin, end;  // byte offsets into data
+} BertStEntry;
+typedef struct {
+    char* buf;         // the whole file
+    const char* data;  // the byte buffer after the header
+    size_t data_len;
+    int n;
+    BertStEntry* e;
+} BertSt;
+
+static inline void bert_st_free(BertSt* st) {
+    free(st->buf);
+    free(st->e);
+    memset(st, 0, sizeof(*st));
+}
+
+// bert_st_open: reads and validates a safetensors file. Gives 1 on success.
+static inline int bert_st_open(const char* path, BertSt* st) {
+    memset(st, 0, sizeof(*st));
+    size_t n;
+    st->buf = bert_read_file(path, &n);
+    if (!st->buf) return 0;
+    uint64_t hl = 0;
+    if (n >= 8)
+        for (int b = 0; b < 8; b++) hl |= (uint64_t)(unsigned char)st->buf[b] << (8 * b);
+    if (n < 8 || hl > n - 8) {
+        fprintf(stderr, "model: %s: not a safetensors file (bad header length)\n", path);
+        bert_st_free(st);
+        return 0;
+    }
+    st->data = st->buf + 8 + hl;
+    st->data_len = n - 8 - hl;
+    int cap = 64;
+    st->e = (BertStEntry*)malloc(cap * sizeof(BertStEntry));
+    BertJson j = {st->buf + 8, st->buf + 8 + hl, 0};
+    char key[64];
+    int ok = 1;
+    bj_eat(&j, '{');
+    while (!j.err && bj_peek(&j) != '}') {
+        BertStEntry en;
+        memset(&en, 0, sizeof(en));
+        bj_string(&j, en.name, sizeof(en.name));
+        bj_eat(&j, ':');
+        if (!strcmp(en.name, "__metadata__")) {
+            bj_skip(&j);
+            if (bj_peek(&j) == ',') j.s++;
+            continue;
+        }
+        double off[2] = {-1, -1};
+        bj_eat(&j, '{');
+        while (!j.err && bj_peek(&j) != '}') {
+            bj_string(&j, key, sizeof(key));
+            bj_eat(&j, ':');
+            if (!strcmp(key, "dtype"))
+                bj_string(&j, en.dtype, sizeof(en.dtype));
+            else if (!strcmp(key, "shape") || !strcmp(key, "data_offsets")) {
+                int is_shape = key[0] == 's', k = 0;
+                bj_eat(&j, '[');
+                while (!j.err && bj_peek(&j) != ']') {
+                    double v = bj_number(&j);
+                    if (is_shape) {
+                        if (k < 4) en.shape[k] = (long long)v;
+                    } else if (k < 2)
+                        off[k] = v;
+                    k++;
+                    if (bj_peek(&j) == ',') j.s++;
+                }
+                bj_eat(&j, ']');
+                if (is_shape) en.rank = k;
+            } else
+                bj_skip(&j);
+            if (bj_peek(&j) == ',') j.s++;
+        }
+        bj_eat(&j, '}');
+        if (bj_peek(&j) == ',') j.s++;
+        if (j.err) break;
+        int esize = !strcmp(en.dtype, "F32") || !strcmp(en.dtype, "I32")                                ? 4
+                    : !strcmp(en.dtype, "BF16") || !strcmp(en.dtype, "F16") || !strcmp(en.dtype, "I16") ? 2
+                    : !strcmp(en.dtype, "I64") || !strcmp(en.dtype, "F64")                              ? 8
+                                                                                                        : 1;
+        double numel = 1;
+        for (int k = 0; k < en.rank; k++) numel *= en.shape[k] < 0 ? -1 : (double)en.shape[k];
+        if (en.rank > 4 || numel < 0 || off[0] < 0 || off[1] > (double)st->data_len ||
+            off[1] - off[0] != numel * esize) {
+            fprintf(stderr, "model: %s: %s has a bad shape or bad data offsets\n", path, en.name);
+            ok = 0;
+            break;
+        }
+        en.begin = (size_t)off[0];
+        en.end = (size_t)off[1];
+        if (st->n == cap) {
+            cap *= 2;
+            st->e = (BertStEntry*)realloc(st->e, cap * sizeof(BertStEntry));
+        }
+        st->e[st->n++] = en;
+    }
+    if (j.err) {
+        fprintf(stderr, "model: %s: malformed header\n", path);
+        ok = 0;
+    }
+    if (!ok) bert_st_free(st);
+    return ok;
+}
+static inline const BertStEntry* bert_st_find(const BertSt* st, const char* name) {
+    for (int i = 0; i < st->n; i++)
+        if (!strcmp(st->e[i].name, name)) return &st->e[i];
+    return NULL;
+}
+static inline size_t bert_st_numel(const BertStEntry* e) {
+    size_t n = 1;
+    for (int k = 0; k < e->rank; k++) n *= (size_t)e->shape[k];
+    return n;
+}
+// bert_st_read_f32: converts entry e (F32, BF16 or F16) into dst (bert_st_numel(e) floats). Gives 1 on success.
+static inline int bert_st_read_f32(const BertSt* st, const BertStEntry* e, float* dst) {
+    const unsigned char* src = (const unsigned char*)st->data + e->begin;
+    size_t numel = bert_st_numel(e);
+    if (!strcmp(e->dtype, "F32")) {
+        memcpy(dst, src, numel * 4);
+        return 1;
+    }  // little-endian host
+    int bf = !strcmp(e->dtype, "BF16");
+    if (!bf && strcmp(e->dtype, "F16")) return 0;
+    for (size_t i = 0; i < numel; i++) {
+        uint16_t h = (uint16_t)(src[2 * i] | (src[2 * i + 1] << 8));
+        dst[i] = bf ? bert_bf16_to_f32(h) : bert_f16_to_f32(h);
+    }
+    return 1;
+}
+
+// bert_read_safetensors: reads the tensors of table p from path into the host fp32 slab w
+// (p->numel floats, zeroed first). Every tensor of the table must be present with its shape.
+static inline int bert_read_safetensors(const char* path, const BertParams* p, float* w) {
+    BertSt st;
+    if (!bert_st_open(path, &st)) return 0;
+    memset(w, 0, p->numel * sizeof(float));
+    int ok = 1;
+    for (int i = 0; ok && i < p->n; i++) {
+        const BertTensor* t = &p->t[i];
+        const BertStEntry* e = bert_st_find(&st, t->name);
+        if (!e && i == p->dec_b) e = bert_st_find(&st, "cls.predictions.decoder.bias");
+        if (!e) {
+            fprintf(stderr, "model: %s: missing tensor %s\n", path, t->name);
+            ok = 0;
+            break;
+        }
+        if (e->rank != t->rank || e->shape[0] != t->shape[0] || (t->rank == 2 && e->shape[1] != t->shape[1])) {
+            fprintf(stderr, "model: %s: %s has the wrong shape for this config\n", path, t->name);
+            ok = 0;
+            break;
+        }
+        if (!bert_st_read_f32(&st, e, w + t->offset)) {
+            fprintf(stderr, "model: %s: %s has dtype %s (F32, BF16 or F16 expected)\n", path, t->name, e->dtype);
+            ok = 0;
+        }
+    }
+    bert_st_free(&st);
+    return ok;
+}
+
+// bert_load_hf: reads dir/config.json into cfg, builds the table p and fills a new host slab
+// (*w, malloc'd, p->numel floats) from dir/model.safetensors. Gives 1 on success.
+static inline int bert_load_hf(const char* dir, BertConfig* cfg, BertParams* p, float** w) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    if (!bert_read_config(path, cfg)) return 0;
+    bert_params_build(p, cfg);
+    *w = (float*)malloc(p->numel * sizeof(float));
+    snprintf(path, sizeof(path), "%s/model.safetensors", dir);
+    if (!bert_read_safetensors(path, p, *w)) {
+        free(*w);
+        *w = NULL;
+        bert_params_free(p);
+        return 0;
+    }
+    return 1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. the model on the device
+
+#include "kernels.cuh"
+
+// One micro-batch, device pointers. Token n = b * T + t.
+typedef struct {
+    const int* tokens;      // (B, T) token ids (padding: any valid id, e.g. 0)
+    const int* types;       // (B, T) token types, or NULL for all 0
+    const int* seg_lo;      // (B, T) token (b, t) attends to keys [seg_lo, seg_hi) of row b: its own sample;
+    const int* seg_hi;      //        padding tokens have seg_lo == seg_hi. Positions restart at each seg_lo.
+    const int* mlm_pos;     // (M) masked positions, indices into the flattened (B * T), distinct
+    const int* mlm_labels;  // (M) their target ids (< 0: ignored)
+    int B, T, M;
+} BertBatch;
+
+// bert_segments: host helper building seg_lo / seg_hi (B, T) for rows packed with samples:
+// row b holds n_samples[b] samples whose lengths follow one another in lens (row 0's, then row 1's, ...);
+// the rest of each row is padding. Gives 0 when a row overflows T.
+static inline int bert_segments(int B, int T, const int* n_samples, const int* lens, int* seg_lo, int* seg_hi) {
+    int k = 0;
+    for (int b = 0; b < B; b++) {
+        int s = 0;
+        for (int i = 0; i < n_samples[b]; i++, k++) {
+            if (lens[k] < 0 || s + lens[k] > T) return 0;
+            for (int t = s; t < s + lens[k]; t++) {
+                seg_lo[b * T + t] = s;
+                seg_hi[b * T + t] = s + lens[k];
+            }
+            s += lens[k];
+        }
+        for (int t = s; t < T; t++) {
+            seg_lo[b * T + t] = 0;
+            seg_hi[b * T + t] = 0;
+        }
+    }
+    return 1;
+}
+
+typedef struct {
+    BertConfig cfg;
+    BertParams p;
+    BertActLayout act;
+    int B, T, M;          // capacity
+    float* master;        // (numel) fp32 master weights
+    floatX* w;            // (numel) floatX weights the kernels read (== master in fp32 mode)
+    float* grad;          // (numel) fp32
+    float* adam_m;        // (numel) fp32
+    float* adam_v;        // (numel) fp32
+    unsigned char* acts;  // act.total bytes
+    float* norm_partial;  // grad-norm scratch (launch_grid_cap() floats) and norm[0] at the end
+    float* norm;
+    Blas blas;
+    cudaStream_t stream;
+    int step;
+} BertModel;
+
+#define ACT_X(m, field) ((floatX*)((m)->acts + (m)->act.field))
+#define ACT_F(m, field) ((float*)((m)->acts + (m)->act.field))
+#define ACT_XL(m, field, l) ((floatX*)((m)->acts + (m)->act.field + (size_t)(l) * (m)->act.layer_stride))
+#define ACT_FL(m, field, l) ((float*)((m)->acts + (m)->act.field + (size_t)(l) * (m)->act.layer_stride))
+
+// bert_alloc: allocates everything bert_mem_plan counts, for at most B rows of T tokens and M masked positions.
+static inline int bert_alloc(BertModel* m, const BertConfig* cfg, int B, int T, int M, cudaStream_t stream) {
+    memset(m, 0, sizeof(*m));
+    if (!bert_config_check(cfg)) return 0;
+    if (T > cfg->max_position) {
+        fprintf(stderr, "model: T = %d exceeds max_position %d\n", T, cfg->max_position);
+        return 0;
+    }
+    m->cfg = *cfg;
+    m->B = B;
+    m->T = T;
+    m->M = M;
+    m->stream = stream;
+    bert_params_build(&m->p, cfg);
+    bert_act_layout(&m->act, cfg, B, T, M, (int)sizeof(floatX));
+    size_t n = m->p.numel;
+    CUDA_CHECK(cudaMalloc((void**)&m->master, n * sizeof(float)));
+    if (sizeof(floatX) == sizeof(float))
+        m->w = (floatX*)m->master;
+    else
+        CUDA_CHECK(cudaMalloc((void**)&m->w, n * sizeof(floatX)));
+    CUDA_CHECK(cudaMalloc((void**)&m->grad, n * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&m->adam_m, n * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&m->adam_v, n * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&m->acts, m->act.total));
+    CUDA_CHECK(cudaMalloc((void**)&m->norm_partial, (launch_grid_cap() + 1) * sizeof(float)));
+    m->norm = m->norm_partial + launch_grid_cap();
+    CUDA_CHECK(cudaMemset(m->grad, 0, n * sizeof(float)));
+    CUDA_CHECK(cudaMemset(m->adam_m, 0, n * sizeof(float)));
+    CUDA_CHECK(cudaMemset(m->adam_v, 0, n * sizeof(float)));
+    CUDA_CHECK(cudaMemset(m->acts, 0, m->act.total));
+    blas_init(&m->blas, BERT_CUBLAS_WORKSPACE);
+    return 1;
+}
+static inline void bert_free(BertModel* m) {
+    if (m->w != (floatX*)m->master) cudaFree(m->w);
+    cudaFree(m->master);
+    cudaFree(m->grad);
+    cudaFree(m->adam_m);
+    cudaFree(m->adam_v);
+    cudaFree(m->acts);
+    cudaFree(m->norm_partial);
+    blas_free(&m->blas);
+    bert_params_free(&m->p);
+    memset(m, 0, sizeof(*m));
+}
+// bert_set_params: uploads a host fp32 slab (p.numel floats) as the master weights and refreshes the floatX copy.
+static inline void bert_set_params(BertModel* m, const float* host) {
+    size_t n = m->p.numel;
+    CUDA_CHECK(cudaMemcpyAsync(m->master, host, n * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+    if (m->w != (floatX*)m->master)
+        launch(copy_to_floatX, dim3(launch_grid_cap()), dim3(256), 0, m->stream, m->w, (const float*)m->master, n);
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+}
+static inline void bert_get_params(BertModel* m, float* host) {
+    CUDA_CHECK(cudaMemcpy(host, m->master, m->p.numel * sizeof(float), cudaMemcpyDeviceToHost));
+}
+static inline void bert_zero_grad(BertModel* m) {
+    CUDA_CHECK(cudaMemsetAsync(m->grad, 0, m->p.numel * sizeof(float), m->stream));
+}
+
+static inline const floatX* bert_w(const BertModel* m, int tensor) { return m->w + m->p.t[tensor].offset; }
+static inline float* bert_g(const BertModel* m, int tensor) { return m->grad + m->p.t[tensor].offset; }
+static inline const floatX* bert_lw(const BertModel* m, int l, int j) { return m->w + bert_layer_off(&m->p, l, j); }
+static inline float* bert_lg(const BertModel* m, int l, int j) { return m->grad + bert_layer_off(&m->p, l, j); }
+
+// bert_forward: the encoder and the MLM head on batch; the micro-batch's mean loss is left at
+// ACT_F(m, loss)[0] (device). When dlogit_scale != 0 the cross-entropy also turns the logits into
+// dLoss/dlogits (scaled by dlogit_scale: 1 / the number of masked tokens the loss averages over),
+// ready for bert_backward; with 0 the logits of the masked rows stay in ACT_X(m, logits) (M, Vp).
+static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_scale) {
+    const BertConfig* c = &m->cfg;
+    cudaStream_t s = m->stream;
+    Blas* bl = &m->blas;
+    int B = bt->B, T = bt->T, M = bt->M, C = c->hidden, I = c->intermediate, NH = c->heads, HD = C / NH,
+        V = c->vocab_size;
+    int N = B * T, Vp = m->act.Vp;
+    const BertParams* p = &m->p;
+    launch(embedding_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, s, ACT_X(m, emb_out), ACT_F(m, emb_stats),
+           bt->tokens, bt->types, bt->seg_lo, bt->seg_hi, bert_w(m, p->word), bert_w(m, p->pos), bert_w(m, p->type),
+           bert_w(m, p->emb_ln_w), bert_w(m, p->emb_ln_b), N, T, C, c->ln_eps);
+    for (int l = 0; l < c->layers; l++) {
+        const floatX* x = l == 0 ? ACT_X(m, emb_out) : ACT_XL(m, ln2, l - 1);
+        floatX *qkv = ACT_XL(m, qkv, l), *atty = ACT_XL(m, atty, l), *proj = ACT_X(m, proj);
+        matmul_forward(bl, s, qkv, 3 * C, x, bert_lw(m, l, BL_QW), bert_lw(m, l, BL_QB), N, C, 3 * C);
+        launch_attention_forward(s, atty, ACT_FL(m, lse, l), qkv, bt->seg_lo, bt->seg_hi, B, T, NH, HD);
+        matmul_forward(bl, s, proj, C, atty, bert_lw(m, l, BL_AOW), bert_lw(m, l, BL_AOB), N, C, C);
+        launch(residual_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, s, ACT_XL(m, res1, l), ACT_XL(m, ln1, l),
+               ACT_FL(m, ln1_stats, l), x, (const floatX*)proj, bert_lw(m, l, BL_ALNW), bert_lw(m, l, BL_ALNB), N, C,
+               c->ln_eps);
+        matmul_forward(bl, s, ACT_XL(m, fc1, l), I, ACT_XL(m, ln1, l), bert_lw(m, l, BL_IW), bert_lw(m, l, BL_IB), N, C,
+                       I);
+        launch_gelu_forward(s, ACT_X(m, gelu), ACT_XL(m, fc1, l), (size_t)N * I);
+        matmul_forward(bl, s, proj, C, ACT_X(m, gelu), bert_lw(m, l, BL_OW), bert_lw(m, l, BL_OB), N, I, C);
+        launch(residual_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, s, ACT_XL(m, res2, l), ACT_XL(m, ln2, l),
+               ACT_FL(m, ln2_stats, l), (const floatX*)ACT_XL(m, ln1, l), (const floatX*)proj, bert_lw(m, l, BL_OLNW),
+               bert_lw(m, l, BL_OLNB), N, C, c->ln_eps);
+    }
+    // MLM head on the M masked rows only
+    if (M > 0) {
+        launch(gather_rows, dim3(ceil_div((long long)M * C / X128, 256)), dim3(256), 0, s, ACT_X(m, h_in),
+               (const floatX*)ACT_XL(m, ln2, c->layers - 1), bt->mlm_pos, M, C);
+        matmul_forward(bl, s, ACT_X(m, h_pre), C, ACT_X(m, h_in), bert_w(m, p->head_w), bert_w(m, p->head_b), M, C, C);
+        launch_gelu_forward(s, ACT_X(m, h_act), ACT_X(m, h_pre), (size_t)M * C);
+        launch(layernorm_forward, dim3(ceil_div(M, 4)), dim3(128), 0, s, ACT_X(m, h_ln), ACT_F(m, h_stats),
+               (const floatX*)ACT_X(m, h_act), bert_w(m, p->head_ln_w), bert_w(m, p->head_ln_b), M, C, c->ln_eps);
+        matmul_forward(bl, s, ACT_X(m, logits), Vp, ACT_X(m, h_ln), bert_w(m, p->word), bert_w(m, p->dec_b), M, C, V);
+        launch(cross_entropy_forward_backward, dim3(M), dim3(256), 0, s, ACT_X(m, logits), ACT_F(m, losses),
+               bt->mlm_labels, M, V, Vp, dlogit_scale);
+    }
+    launch(loss_mean, dim3(1), dim3(256), 0, s, ACT_F(m, loss), (const float*)ACT_F(m, losses), M,
+           M > 0 ? 1.f / M : 0.f);
+}
+
+// bert_backward: adds dLoss/dparameters to m->grad (fp32; zero it with bert_zero_grad at the start of a
+// step). Needs the activations of bert_forward(m, bt, dlogit_scale != 0) on the same batch.
+static inline void bert_backward(BertModel* m, const BertBatch* bt) {
+    const BertConfig* c = &m->cfg;
+    cudaStream_t s = m->stream;
+    Blas* bl = &m->blas;
+    int B = bt->B, T = bt->T, M = bt->M, C = c->hidden, I = c->intermediate, NH = c->heads, HD = C / NH,
+        V = c->vocab_size;
+    int N = B * T, Vp = m->act.Vp;
+    const BertParams* p = &m->p;
+    floatX *d_x = ACT_X(m, d_x), *d_res = ACT_X(m, d_res), *d_ln1 = ACT_X(m, d_ln1), *d_fc1 = ACT_X(m, d_fc1);
+    floatX *d_qkv = ACT_X(m, d_qkv), *d_atty = ACT_X(m, d_atty), *gelu = ACT_X(m, gelu);
+    CUDA_CHECK(cudaMemsetAsync(d_x, 0, (size_t)N * C * sizeof(floatX), s));
+    if (M > 0) {
+        floatX *dlogits = ACT_X(m, logits), *d_h = ACT_X(m, d_h), *d_h2 = ACT_X(m, d_h2);
+        // decoder: logits = h_ln Wword^T + dec_b
+        matmul_backward_weight(bl, s, bert_g(m, p->word), dlogits, Vp, ACT_X(m, h_ln), M, C, V);
+        launch_bias_grad(s, bert_g(m, p->dec_b), dlogits, M, V, Vp);
+        matmul_backward_input(bl, s, d_h, dlogits, Vp, bert_w(m, p->word), NULL, M, C, V);
+        // head LayerNorm, GELU, dense
+        launch_layernorm_backward(s, d_h2, bert_g(m, p->head_ln_w), bert_g(m, p->head_ln_b), d_h, ACT_X(m, h_act),
+                                  ACT_F(m, h_stats), bert_w(m, p->head_ln_w), M, C);
+        launch_gelu_backward(s, d_h2, ACT_X(m, h_pre), (size_t)M * C);
+        matmul_backward_weight(bl, s, bert_g(m, p->head_w), d_h2, C, ACT_X(m, h_in), M, C, C);
+        launch_bias_grad(s, bert_g(m, p->head_b), d_h2, M, C, C);
+        matmul_backward_input(bl, s, d_h, d_h2, C, bert_w(m, p->head_w), NULL, M, C, C);
+        launch(scatter_rows, dim3(ceil_div((long long)M * C / X128, 256)), dim3(256), 0, s, d_x, (const floatX*)d_h,
+               bt->mlm_pos, M, C);
+    }
+    for (int l = c->layers - 1; l >= 0; l--) {
+        const floatX* x = l == 0 ? ACT_X(m, emb_out) : ACT_XL(m, ln2, l - 1);
+        const floatX *ln1 = ACT_XL(m, ln1, l), *fc1 = ACT_XL(m, fc1, l);
+        // output LayerNorm: ln2 = LN(ln1 + fc2); d_res is the gradient of both ln1 (residual) and fc2
+        launch_layernorm_backward(s, d_res, bert_lg(m, l, BL_OLNW), bert_lg(m, l, BL_OLNB), d_x, ACT_XL(m, res2, l),
+                                  ACT_FL(m, ln2_stats, l), bert_lw(m, l, BL_OLNW), N, C);
+        // fc2 = GELU(fc1) W2^T + b2 (GELU recomputed)
+        launch_gelu_forward(s, gelu, fc1, (size_t)N * I);
+        matmul_backward_weight(bl, s, bert_lg(m, l, BL_OW), d_res, C, gelu, N, I, C);
+        launch_bias_grad(s, bert_lg(m, l, BL_OB), d_res, N, C, C);
+        matmul_backward_input(bl, s, d_fc1, d_res, C, bert_lw(m, l, BL_OW), NULL, N, I, C);
+        launch_gelu_backward(s, d_fc1, fc1, (size_t)N * I);
+        // fc1 = ln1 W1^T + b1; d_ln1 = d_fc1 W1 + d_res (the residual branch)
+        matmul_backward_weight(bl, s, bert_lg(m, l, BL_IW), d_fc1, I, ln1, N, C, I);
+        launch_bias_grad(s, bert_lg(m, l, BL_IB), d_fc1, N, I, I);
+        matmul_backward_input(bl, s, d_ln1, d_fc1, I, bert_lw(m, l, BL_IW), d_res, N, C, I);
+        // attention LayerNorm: ln1 = LN(x + proj)
+        launch_layernorm_backward(s, d_res, bert_lg(m, l, BL_ALNW), bert_lg(m, l, BL_ALNB), d_ln1, ACT_XL(m, res1, l),
+                                  ACT_FL(m, ln1_stats, l), bert_lw(m, l, BL_ALNW), N, C);
+        // proj = atty Wo^T + bo
+        matmul_backward_weight(bl, s, bert_lg(m, l, BL_AOW), d_res, C, ACT_XL(m, atty, l), N, C, C);
+        launch_bias_grad(s, bert_lg(m, l, BL_AOB), d_res, N, C, C);
+        matmul_backward_input(bl, s, d_atty, d_res, C, bert_lw(m, l, BL_AOW), NULL, N, C, C);
+        launch_attention_backward(s, d_qkv, ACT_F(m, d_delta), d_atty, ACT_XL(m, qkv, l), ACT_XL(m, atty, l),
+                                  ACT_FL(m, lse, l), bt->seg_lo, bt->seg_hi, B, T, NH, HD);
+        // qkv = x Wqkv^T + bqkv; d_x = d_qkv Wqkv + d_res (the residual branch)
+        matmul_backward_weight(bl, s, bert_lg(m, l, BL_QW), d_qkv, 3 * C, x, N, C, 3 * C);
+        launch_bias_grad(s, bert_lg(m, l, BL_QB), d_qkv, N, 3 * C, 3 * C);
+        matmul_backward_input(bl, s, d_x, d_qkv, 3 * C, bert_lw(m, l, BL_QW), d_res, N, C, 3 * C);
+    }
+    size_t bytes = (size_t)4 * 2 * C * sizeof(float);
+    static size_t done = 0;
+    attention_opt_in((const void*)embedding_layernorm_backward, bytes, &done);
+    int grid = ceil_div(N, 4);
+    if (grid > launch_grid_cap()) grid = launch_grid_cap();
+    launch(embedding_layernorm_backward, dim3(grid), dim3(128), bytes, s, bert_g(m, p->word), bert_g(m, p->pos),
+           bert_g(m, p->type), bert_g(m, p->emb_ln_w), bert_g(m, p->emb_ln_b), (const floatX*)d_x,
+           (const float*)ACT_F(m, emb_stats), bt->tokens, bt->types, bt->seg_lo, bt->seg_hi, bert_w(m, p->word),
+           bert_w(m, p->pos), bert_w(m, p->type), bert_w(m, p->emb_ln_w), N, T, C);
+}
+
+// bert_grad_norm: the global L2 norm of the gradients, left at m->norm[0] (device; no host sync).
+static inline void bert_grad_norm(BertModel* m) {
+    launch(grad_norm_partial, dim3(launch_grid_cap()), dim3(256), 0, m->stream, m->norm_partial, (const float*)m->grad,
+           m->p.numel);
+    launch(grad_norm_finish, dim3(1), dim3(256), 0, m->stream, m->norm, (const float*)m->norm_partial,
+           launch_grid_cap());
+}
+
+// bert_adamw_step: one AdamW step (step counts from 1) with gradient clipping to max_norm (<= 0: none)
+// using the norm bert_grad_norm computed. No weight decay on biases and LayerNorm parameters.
+static inline void bert_adamw_step(BertModel* m, float lr, float b1, float b2, float eps, float wd, float max_norm) {
+    m->step++;
+    float bc1 = 1.f - powf(b1, (float)m->step), bc2 = 1.f - powf(b2, (float)m->step);
+    launch(adamw_update, dim3(launch_grid_cap()), dim3(256), 0, m->stream, m->master, m->w, (const float*)m->grad,
+           m->adam_m, m->adam_v, m->p.numel, m->p.n_decay, lr, b1, b2, eps, wd, bc1, bc2, (const float*)m->norm,
+           max_norm, (uint32_t)m->step);
+}

@@ -1,0 +1,489 @@
+// test_kernels.cu: every kernel of kernels.cuh against a plain-C (double) reference on random inputs,
+// forward and backward, at odd sizes: T not a multiple of the 64-row attention tile, samples of length 1,
+// packed rows, an all-padding row, C with fewer and more 128-bit chunks than a warp has lanes, a vocabulary
+// that is not a multiple of 8.
+// Inputs are rounded to floatX first and the reference computes from the rounded values, so the tolerance
+// covers only the kernel's own rounding: fp32 mode ~1e-5 relative; bf16 mode one bf16 rounding of the
+// output (2^-8 relative) plus, in attention, the bf16 rounding of P and dS (2^-8 each, partly averaging).
+// tests/test_kernels_fp32.cu runs the same checks with fp32 storage (MLM_FP32).
+#include "../kernels.cuh"
+#include "testing.h"
+#include <vector>
+typedef std::vector<float> vf;
+typedef std::vector<double> vd;
+
+static const int FP32 = sizeof(floatX) == 4;
+static const float TOL = FP32 ? 1e-5f : 1e-2f;  // outputs stored as floatX, computed in fp32
+
+static floatX hx(float f) { return (floatX)f; }
+static float hf(floatX x) { return (float)x; }
+// random values rounded to floatX (r) and their device copy
+static floatX* dev_rand(vf* r, size_t n, float lo, float hi) {
+    r->resize(n);
+    test_fill(r->data(), n, lo, hi);
+    std::vector<floatX> x(n);
+    for (size_t i = 0; i < n; i++) {
+        x[i] = hx((*r)[i]);
+        (*r)[i] = hf(x[i]);
+    }
+    floatX* d;
+    CUDA_CHECK(cudaMalloc((void**)&d, n * sizeof(floatX)));
+    CUDA_CHECK(cudaMemcpy(d, x.data(), n * sizeof(floatX), cudaMemcpyHostToDevice));
+    return d;
+}
+static floatX* dev_x(size_t n) {
+    floatX* d;
+    CUDA_CHECK(cudaMalloc((void**)&d, n * sizeof(floatX)));
+    CUDA_CHECK(cudaMemset(d, 0, n * sizeof(floatX)));
+    return d;
+}
+static float* dev_f(size_t n) {
+    float* d;
+    CUDA_CHECK(cudaMalloc((void**)&d, n * sizeof(float)));
+    CUDA_CHECK(cudaMemset(d, 0, n * sizeof(float)));
+    return d;
+}
+static int* dev_i(const std::vector<int>& v) {
+    int* d;
+    CUDA_CHECK(cudaMalloc((void**)&d, v.size() * sizeof(int) + 4));
+    CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(int), cudaMemcpyHostToDevice));
+    return d;
+}
+static vf get_x(const floatX* d, size_t n, size_t ld = 0, size_t cols = 0) {  // optional row stride
+    if (!ld) {
+        ld = n;
+        cols = n;
+    }
+    size_t rows = n / cols;
+    std::vector<floatX> x(rows * ld);
+    CUDA_CHECK(cudaMemcpy(x.data(), d, x.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+    vf r(n);
+    for (size_t i = 0; i < rows; i++)
+        for (size_t j = 0; j < cols; j++) r[i * cols + j] = hf(x[i * ld + j]);
+    return r;
+}
+static vf get_f(const float* d, size_t n) {
+    vf r(n);
+    CUDA_CHECK(cudaMemcpy(r.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return r;
+}
+static vf tof(const vd& v) { return vf(v.begin(), v.end()); }
+static float maxabs(const vf& v) {
+    float m = 0;
+    for (float x : v) m = fmaxf(m, fabsf(x));
+    return m;
+}
+// check with a tolerance relative to the tensor's scale (elements near 0 are sums of cancelling terms)
+static void close_scaled(const char* what, const vf& got, const vd& want, float tol) {
+    vf w = tof(want);
+    check_close(what, got.data(), w.data(), w.size(), tol * fmaxf(maxabs(w), 1e-6f), tol);
+}
+
+// segments: rows of T with packed samples (lens per row); returns lo, hi (B*T)
+static void segments(int B, int T, const std::vector<std::vector<int>>& rows, std::vector<int>* lo,
+                     std::vector<int>* hi) {
+    lo->assign((size_t)B * T, 0);
+    hi->assign((size_t)B * T, 0);
+    for (int b = 0; b < B; b++) {
+        int s = 0;
+        for (int n : rows[b]) {
+            for (int t = s; t < s + n; t++) {
+                (*lo)[b * T + t] = s;
+                (*hi)[b * T + t] = s + n;
+            }
+            s += n;
+        }
+    }
+}
+
+// reference LayerNorm of one row (double): y, mean, rstd
+static void ln_ref(const double* x, const float* g, const float* b, int C, double eps, double* y, double* mean,
+                   double* rstd) {
+    double m = 0, v = 0;
+    for (int i = 0; i < C; i++) m += x[i];
+    m /= C;
+    for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
+    v /= C;
+    double rs = 1 / sqrt(v + eps);
+    for (int i = 0; i < C; i++) y[i] = (x[i] - m) * rs * g[i] + b[i];
+    *mean = m;
+    *rstd = rs;
+}
+// reference LayerNorm backward of one row: dx, and dgamma/dbeta accumulated
+static void ln_back_ref(const double* x, const float* dy, const float* g, int C, double mean, double rstd, double* dx,
+                        double* dg, double* db) {
+    double s1 = 0, s2 = 0;
+    for (int i = 0; i < C; i++) {
+        double xh = (x[i] - mean) * rstd, gg = dy[i] * (double)g[i];
+        s1 += gg;
+        s2 += gg * xh;
+        dg[i] += dy[i] * xh;
+        db[i] += dy[i];
+    }
+    s1 /= C;
+    s2 /= C;
+    for (int i = 0; i < C; i++) dx[i] = rstd * (dy[i] * (double)g[i] - s1 - (x[i] - mean) * rstd * s2);
+}
+
+static void test_embedding(int C) {
+    int V = 37, P = 29, B = 3, T = 13, N = B * T;
+    float eps = 1e-12f;
+    std::vector<int> lo, hi, tok(N), ty(N);
+    segments(B, T, {{5, 8}, {1}, {}}, &lo, &hi);  // row 2: all padding
+    for (int n = 0; n < N; n++) {
+        tok[n] = (int)test_uniform(0, V - 0.01f);
+        ty[n] = test_uniform(0, 1) > 0.5f;
+    }
+    vf wte, wpe, wtt, g, be, dout;
+    floatX *d_wte = dev_rand(&wte, (size_t)V * C, -1, 1), *d_wpe = dev_rand(&wpe, (size_t)P * C, -1, 1),
+           *d_wtt = dev_rand(&wtt, 2 * (size_t)C, -1, 1), *d_g = dev_rand(&g, C, 0.5f, 1.5f),
+           *d_b = dev_rand(&be, C, -0.5f, 0.5f), *d_dout = dev_rand(&dout, (size_t)N * C, -1, 1),
+           *d_out = dev_x((size_t)N * C);
+    int *d_tok = dev_i(tok), *d_ty = dev_i(ty), *d_lo = dev_i(lo), *d_hi = dev_i(hi);
+    float *d_stats = dev_f(2 * N), *d_dwte = dev_f((size_t)V * C), *d_dwpe = dev_f((size_t)P * C),
+          *d_dwtt = dev_f(2 * C), *d_dg = dev_f(C), *d_db = dev_f(C);
+    launch(embedding_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, (cudaStream_t)0, d_out, d_stats,
+           (const int*)d_tok, (const int*)d_ty, (const int*)d_lo, (const int*)d_hi, (const floatX*)d_wte,
+           (const floatX*)d_wpe, (const floatX*)d_wtt, (const floatX*)d_g, (const floatX*)d_b, N, T, C, eps);
+    size_t bytes = (size_t)8 * C * sizeof(float);
+    if (bytes > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(embedding_layernorm_backward, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)bytes));
+    launch(embedding_layernorm_backward, dim3(3), dim3(128), bytes, (cudaStream_t)0, d_dwte, d_dwpe, d_dwtt, d_dg, d_db,
+           (const floatX*)d_dout, (const float*)d_stats, (const int*)d_tok, (const int*)d_ty, (const int*)d_lo,
+           (const int*)d_hi, (const floatX*)d_wte, (const floatX*)d_wpe, (const floatX*)d_wtt, (const floatX*)d_g, N, T,
+           C);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    vd out((size_t)N * C), dwte((size_t)V * C), dwpe((size_t)P * C), dwtt(2 * C), dg(C), db(C), x(C), dx(C),
+        stats(2 * N);
+    for (int n = 0; n < N; n++) {
+        int t = n % T, pos = hi[n] > lo[n] ? t - lo[n] : 0;
+        for (int i = 0; i < C; i++)
+            x[i] = (double)wte[(size_t)tok[n] * C + i] + wpe[(size_t)pos * C + i] + wtt[(size_t)ty[n] * C + i];
+        ln_ref(x.data(), g.data(), be.data(), C, eps, &out[(size_t)n * C], &stats[2 * n], &stats[2 * n + 1]);
+        ln_back_ref(x.data(), &dout[(size_t)n * C], g.data(), C, stats[2 * n], stats[2 * n + 1], dx.data(), dg.data(),
+                    db.data());
+        for (int i = 0; i < C; i++) {
+            dwte[(size_t)tok[n] * C + i] += dx[i];
+            dwpe[(size_t)pos * C + i] += dx[i];
+            dwtt[(size_t)ty[n] * C + i] += dx[i];
+        }
+    }
+    char w[64];
+    snprintf(w, sizeof(w), "embedding_layernorm_forward C=%d", C);
+    close_scaled(w, get_x(d_out, (size_t)N * C), out, TOL);
+    close_scaled("embedding stats", get_f(d_stats, 2 * N), stats, 1e-5f);
+    close_scaled("embedding backward: dwte", get_f(d_dwte, (size_t)V * C), dwte, FP32 ? 1e-5f : 1e-2f);
+    close_scaled("embedding backward: dwpe", get_f(d_dwpe, (size_t)P * C), dwpe, FP32 ? 1e-5f : 1e-2f);
+    close_scaled("embedding backward: dwtt", get_f(d_dwtt, 2 * C), dwtt, FP32 ? 1e-5f : 1e-2f);
+    close_scaled("embedding backward: dgamma", get_f(d_dg, C), dg, 1e-5f);
+    close_scaled("embedding backward: dbeta", get_f(d_db, C), db, 1e-5f);
+    cudaFree(d_wte);
+    cudaFree(d_wpe);
+    cudaFree(d_wtt);
+    cudaFree(d_g);
+    cudaFree(d_b);
+    cudaFree(d_dout);
+    cudaFree(d_out);
+    cudaFree(d_tok);
+    cudaFree(d_ty);
+    cudaFree(d_lo);
+    cudaFree(d_hi);
+    cudaFree(d_stats);
+    cudaFree(d_dwte);
+    cudaFree(d_dwpe);
+    cudaFree(d_dwtt);
+    cudaFree(d_dg);
+    cudaFree(d_db);
+}
+
+static void test_layernorms(int N, int C) {
+    float eps = 1e-5f;
+    vf x, r, g, be, dout;
+    floatX *d_x = dev_rand(&x, (size_t)N * C, -2, 2), *d_r = dev_rand(&r, (size_t)N * C, -2, 2),
+           *d_g = dev_rand(&g, C, 0.5f, 1.5f), *d_b = dev_rand(&be, C, -0.5f, 0.5f),
+           *d_dout = dev_rand(&dout, (size_t)N * C, -1, 1);
+    floatX *d_res = dev_x((size_t)N * C), *d_out = dev_x((size_t)N * C), *d_out2 = dev_x((size_t)N * C),
+           *d_dx = dev_x((size_t)N * C);
+    float *d_stats = dev_f(2 * N), *d_stats2 = dev_f(2 * N), *d_dg = dev_f(C), *d_db = dev_f(C);
+    launch(residual_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, (cudaStream_t)0, d_res, d_out, d_stats,
+           (const floatX*)d_x, (const floatX*)d_r, (const floatX*)d_g, (const floatX*)d_b, N, C, eps);
+    launch(layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, (cudaStream_t)0, d_out2, d_stats2, (const floatX*)d_x,
+           (const floatX*)d_g, (const floatX*)d_b, N, C, eps);
+    launch_layernorm_backward((cudaStream_t)0, d_dx, d_dg, d_db, d_dout, d_res, d_stats, d_g, N, C);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    vf res = get_x(d_res, (size_t)N * C);  // the kernel's rounded residual sum, input of its LayerNorm
+    vd out((size_t)N * C), out2((size_t)N * C), st(2 * N), st2(2 * N), dx((size_t)N * C), dg(C), db(C), row(C),
+        res_ref((size_t)N * C);
+    for (int n = 0; n < N; n++) {
+        for (int i = 0; i < C; i++) {
+            res_ref[(size_t)n * C + i] = (double)x[(size_t)n * C + i] + r[(size_t)n * C + i];
+            row[i] = res[(size_t)n * C + i];
+        }
+        ln_ref(row.data(), g.data(), be.data(), C, eps, &out[(size_t)n * C], &st[2 * n], &st[2 * n + 1]);
+        ln_back_ref(row.data(), &dout[(size_t)n * C], g.data(), C, st[2 * n], st[2 * n + 1], &dx[(size_t)n * C],
+                    dg.data(), db.data());
+        for (int i = 0; i < C; i++) row[i] = x[(size_t)n * C + i];
+        ln_ref(row.data(), g.data(), be.data(), C, eps, &out2[(size_t)n * C], &st2[2 * n], &st2[2 * n + 1]);
+    }
+    char w[96];
+    snprintf(w, sizeof(w), "residual_layernorm_forward N=%d C=%d: residual", N, C);
+    close_scaled(w, res, res_ref, TOL / 2);
+    snprintf(w, sizeof(w), "residual_layernorm_forward N=%d C=%d: output", N, C);
+    close_scaled(w, get_x(d_out, (size_t)N * C), out, TOL);
+    close_scaled("residual_layernorm_forward: stats", get_f(d_stats, 2 * N), st, 1e-5f);
+    snprintf(w, sizeof(w), "layernorm_forward N=%d C=%d", N, C);
+    close_scaled(w, get_x(d_out2, (size_t)N * C), out2, TOL);
+    close_scaled("layernorm_forward: stats", get_f(d_stats2, 2 * N), st2, 1e-5f);
+    snprintf(w, sizeof(w), "layernorm_backward N=%d C=%d: dx", N, C);
+    close_scaled(w, get_x(d_dx, (size_t)N * C), dx, TOL);
+    close_scaled("layernorm_backward: dgamma", get_f(d_dg, C), dg, 1e-5f);
+    close_scaled("layernorm_backward: dbeta", get_f(d_db, C), db, 1e-5f);
+    cudaFree(d_x);
+    cudaFree(d_r);
+    cudaFree(d_g);
+    cudaFree(d_b);
+    cudaFree(d_dout);
+    cudaFree(d_res);
+    cudaFree(d_out);
+    cudaFree(d_out2);
+    cudaFree(d_dx);
+    cudaFree(d_stats);
+    cudaFree(d_stats2);
+    cudaFree(d_dg);
+    cudaFree(d_db);
+}
+
+static void test_gelu_bias_gather(void) {
+    size_t n = 8 * 37;
+    vf x, d;
+    floatX *d_x = dev_rand(&x, n, -4, 4), *d_d = dev_rand(&d, n, -1, 1), *d_y = dev_x(n);
+    launch_gelu_forward((cudaStream_t)0, d_y, d_x, n);
+    launch_gelu_backward((cudaStream_t)0, d_d, d_x, n);
+    vd y(n), dd(n);
+    for (size_t i = 0; i < n; i++) {
+        double v = x[i], cdf = 0.5 * (1 + erf(v / sqrt(2.0)));
+        y[i] = v * cdf;
+        dd[i] = d[i] * (cdf + v * exp(-0.5 * v * v) / sqrt(2 * M_PI));
+    }
+    close_scaled("gelu_forward (erf)", get_x(d_y, n), y, TOL);
+    close_scaled("gelu_backward_inplace", get_x(d_d, n), dd, TOL);
+    // bias_grad over a padded row stride with a vocabulary-sized tail (OC not a multiple of 8)
+    int N = 75, OC = 211, ld = 216;
+    vf o;
+    floatX* d_o = dev_rand(&o, (size_t)N * ld, -1, 1);
+    float* d_bias = dev_f(OC);
+    std::vector<float> init(OC, 0.5f);
+    CUDA_CHECK(cudaMemcpy(d_bias, init.data(), OC * 4, cudaMemcpyHostToDevice));
+    launch_bias_grad((cudaStream_t)0, d_bias, d_o, N, OC, ld);
+    vd bg(OC, 0.5);
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < OC; j++) bg[j] += o[(size_t)i * ld + j];
+    CUDA_CHECK(cudaDeviceSynchronize());
+    close_scaled("bias_grad (accumulates, OC=211, ld=216)", get_f(d_bias, OC), bg, 1e-5f);
+    // gather / scatter of masked rows
+    int C = 24, M = 3;
+    std::vector<int> pos = {7, 0, 12};
+    int* d_pos = dev_i(pos);
+    floatX* d_g = dev_x((size_t)M * C);
+    floatX* d_s = dev_x((size_t)N * C);
+    launch(gather_rows, dim3(1), dim3(256), 0, (cudaStream_t)0, d_g, (const floatX*)d_o, (const int*)d_pos, M, C);
+    launch(scatter_rows, dim3(1), dim3(256), 0, (cudaStream_t)0, d_s, (const floatX*)d_g, (const int*)d_pos, M, C);
+    vf gg = get_x(d_g, (size_t)M * C), ss = get_x(d_s, (size_t)N * C);
+    int ok = 1;
+    for (int m = 0; m < M; m++)
+        for (int c = 0; c < C; c++)
+            ok &= gg[m * C + c] == o[(size_t)pos[m] * C + c] && ss[(size_t)pos[m] * C + c] == gg[m * C + c];
+    CHECK(ok, "gather_rows / scatter_rows");
+    cudaFree(d_x);
+    cudaFree(d_d);
+    cudaFree(d_y);
+    cudaFree(d_o);
+    cudaFree(d_bias);
+    cudaFree(d_pos);
+    cudaFree(d_g);
+    cudaFree(d_s);
+}
+
+static void test_cross_entropy(void) {
+    int M = 5, V = 211, ld = 216;
+    vf z;
+    floatX* d_z = dev_rand(&z, (size_t)M * ld, -6, 6);
+    std::vector<int> lab = {3, 210, 0, -1, 100};
+    int* d_lab = dev_i(lab);
+    float* d_loss = dev_f(M);
+    float* d_mean = dev_f(1);
+    float dscale = 1.f / 4;
+    launch(cross_entropy_forward_backward, dim3(M), dim3(256), 0, (cudaStream_t)0, d_z, d_loss, (const int*)d_lab, M, V,
+           ld, dscale);
+    launch(loss_mean, dim3(1), dim3(256), 0, (cudaStream_t)0, d_mean, (const float*)d_loss, M, 0.25f);
+    vd loss(M), dz((size_t)M * V);
+    double total = 0;
+    for (int m = 0; m < M; m++) {
+        double mx = -1e300, s = 0;
+        for (int j = 0; j < V; j++) mx = fmax(mx, z[(size_t)m * ld + j]);
+        for (int j = 0; j < V; j++) s += exp(z[(size_t)m * ld + j] - mx);
+        double lse = mx + log(s);
+        loss[m] = lab[m] >= 0 ? lse - z[(size_t)m * ld + lab[m]] : 0;
+        total += loss[m];
+        for (int j = 0; j < V; j++)
+            dz[(size_t)m * V + j] = lab[m] >= 0 ? (exp(z[(size_t)m * ld + j] - lse) - (j == lab[m])) * dscale : 0;
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    close_scaled("cross_entropy losses (V=211, a label < 0)", get_f(d_loss, M), loss, 1e-5f);
+    close_scaled("cross_entropy dlogits in place", get_x(d_z, (size_t)M * V, ld, V), dz, TOL);
+    close_scaled("loss_mean", get_f(d_mean, 1), vd(1, total / 4), 1e-5f);
+    cudaFree(d_z);
+    cudaFree(d_lab);
+    cudaFree(d_loss);
+    cudaFree(d_mean);
+}
+
+// attention: forward, lse and the three gradients against a double reference
+static void test_attention(int T, int HD, const std::vector<std::vector<int>>& rows) {
+    int B = (int)rows.size(), NH = 2, C = NH * HD, N = B * T;
+    std::vector<int> lo, hi;
+    segments(B, T, rows, &lo, &hi);
+    vf qkv, dout;
+    floatX *d_qkv = dev_rand(&qkv, (size_t)N * 3 * C, -2, 2), *d_dout = dev_rand(&dout, (size_t)N * C, -1, 1);
+    floatX *d_out = dev_x((size_t)N * C), *d_dqkv = dev_x((size_t)N * 3 * C);
+    float *d_lse = dev_f((size_t)B * NH * T), *d_delta = dev_f((size_t)B * NH * T);
+    int *d_lo = dev_i(lo), *d_hi = dev_i(hi);
+    launch_attention_forward((cudaStream_t)0, d_out, d_lse, d_qkv, d_lo, d_hi, B, T, NH, HD);
+    launch_attention_backward((cudaStream_t)0, d_dqkv, d_delta, d_dout, d_qkv, d_out, d_lse, d_lo, d_hi, B, T, NH, HD);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    vf out_k = get_x(d_out, (size_t)N * C);  // the backward uses the kernel's own (rounded) output
+    vd out((size_t)N * C, 0), lse((size_t)B * NH * T, 0), dqkv((size_t)N * 3 * C, 0);
+    double scale = 1 / sqrt((double)HD);
+    vd p(T), dp(T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < T; i++) {
+                int n = b * T + i;
+                if (hi[n] <= lo[n]) continue;  // padding query: zeros
+                const float* q = &qkv[(size_t)n * 3 * C + h * HD];
+                double mx = -1e300, s = 0;
+                for (int j = lo[n]; j < hi[n]; j++) {
+                    const float* k = &qkv[((size_t)b * T + j) * 3 * C + C + h * HD];
+                    double d = 0;
+                    for (int e = 0; e < HD; e++) d += (double)q[e] * k[e];
+                    p[j] = d * scale;
+                    mx = fmax(mx, p[j]);
+                }
+                for (int j = lo[n]; j < hi[n]; j++) {
+                    p[j] = exp(p[j] - mx);
+                    s += p[j];
+                }
+                lse[((size_t)b * NH + h) * T + i] = mx + log(s);
+                for (int j = lo[n]; j < hi[n]; j++) p[j] /= s;
+                for (int e = 0; e < HD; e++) {
+                    double o = 0;
+                    for (int j = lo[n]; j < hi[n]; j++)
+                        o += p[j] * qkv[((size_t)b * T + j) * 3 * C + 2 * C + h * HD + e];
+                    out[(size_t)n * C + h * HD + e] = o;
+                }
+                // backward: dP = dO V^T, dS = P (dP - sum P dP) with sum P dP = dO . O (the kernel's O)
+                const float* go = &dout[(size_t)n * C + h * HD];
+                double delta = 0;
+                for (int e = 0; e < HD; e++) delta += (double)go[e] * out_k[(size_t)n * C + h * HD + e];
+                for (int j = lo[n]; j < hi[n]; j++) {
+                    const float* v = &qkv[((size_t)b * T + j) * 3 * C + 2 * C + h * HD];
+                    double d = 0;
+                    for (int e = 0; e < HD; e++) d += (double)go[e] * v[e];
+                    double ds = p[j] * (d - delta);
+                    for (int e = 0; e < HD; e++) {
+                        dqkv[(size_t)n * 3 * C + h * HD + e] +=
+                            scale * ds * qkv[((size_t)b * T + j) * 3 * C + C + h * HD + e];
+                        dqkv[((size_t)b * T + j) * 3 * C + C + h * HD + e] += scale * ds * q[e];
+                        dqkv[((size_t)b * T + j) * 3 * C + 2 * C + h * HD + e] += p[j] * go[e];
+                    }
+                }
+            }
+    // bf16: P and dS are rounded to bf16 before their products (2^-8 relative each)
+    float tol = FP32 ? 1e-5f : 2e-2f;
+    char w[96];
+    snprintf(w, sizeof(w), "attention_forward T=%d HD=%d B=%d", T, HD, B);
+    close_scaled(w, out_k, out, tol);
+    snprintf(w, sizeof(w), "attention_forward lse T=%d HD=%d", T, HD);
+    close_scaled(w, get_f(d_lse, (size_t)B * NH * T), lse, 1e-5f);
+    snprintf(w, sizeof(w), "attention_backward dqkv T=%d HD=%d", T, HD);
+    close_scaled(w, get_x(d_dqkv, (size_t)N * 3 * C), dqkv, FP32 ? 1e-5f : 3e-2f);
+    cudaFree(d_qkv);
+    cudaFree(d_dout);
+    cudaFree(d_out);
+    cudaFree(d_dqkv);
+    cudaFree(d_lse);
+    cudaFree(d_delta);
+    cudaFree(d_lo);
+    cudaFree(d_hi);
+}
+
+// the cuBLASLt wrappers: forward with the bias epilogue, input gradient accumulating onto a residual
+// gradient, weight gradient accumulating in fp32
+static void test_matmuls(void) {
+    int N = 37, IC = 40, OC = 24;
+    vf x, W, bias, dy, acc;
+    floatX *d_x = dev_rand(&x, (size_t)N * IC, -1, 1), *d_W = dev_rand(&W, (size_t)OC * IC, -1, 1),
+           *d_b = dev_rand(&bias, OC, -1, 1), *d_dy = dev_rand(&dy, (size_t)N * OC, -1, 1),
+           *d_acc = dev_rand(&acc, (size_t)N * IC, -1, 1);
+    floatX *d_y = dev_x((size_t)N * OC), *d_dx = dev_x((size_t)N * IC);
+    float* d_dW = dev_f((size_t)OC * IC);
+    std::vector<float> one((size_t)OC * IC, 1.f);
+    CUDA_CHECK(cudaMemcpy(d_dW, one.data(), one.size() * 4, cudaMemcpyHostToDevice));
+    Blas bl;
+    blas_init(&bl, 1 << 20);
+    for (int rep = 0; rep < 2; rep++) {  // the second round reuses the plans
+        matmul_forward(&bl, 0, d_y, OC, d_x, d_W, d_b, N, IC, OC);
+        matmul_backward_input(&bl, 0, d_dx, d_dy, OC, d_W, d_acc, N, IC, OC);
+        matmul_backward_weight(&bl, 0, d_dW, d_dy, OC, d_x, N, IC, OC);
+    }
+    CHECK(bl.n == 3, "three matmul plans built once (%d)", bl.n);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    vd y((size_t)N * OC), dx((size_t)N * IC), dW((size_t)OC * IC, 1.0);
+    for (int n = 0; n < N; n++)
+        for (int o = 0; o < OC; o++) {
+            double s = bias[o];
+            for (int i = 0; i < IC; i++) s += (double)x[(size_t)n * IC + i] * W[(size_t)o * IC + i];
+            y[(size_t)n * OC + o] = s;
+        }
+    for (int n = 0; n < N; n++)
+        for (int i = 0; i < IC; i++) {
+            double s = acc[(size_t)n * IC + i];
+            for (int o = 0; o < OC; o++) s += (double)dy[(size_t)n * OC + o] * W[(size_t)o * IC + i];
+            dx[(size_t)n * IC + i] = s;
+        }
+    for (int o = 0; o < OC; o++)
+        for (int i = 0; i < IC; i++) {
+            double s = 0;
+            for (int n = 0; n < N; n++) s += (double)dy[(size_t)n * OC + o] * x[(size_t)n * IC + i];
+            dW[(size_t)o * IC + i] += 2 * s;  // two accumulating calls
+        }
+    close_scaled("matmul_forward (+bias epilogue)", get_x(d_y, (size_t)N * OC), y, TOL);
+    close_scaled("matmul_backward_input (+residual gradient)", get_x(d_dx, (size_t)N * IC), dx, TOL);
+    close_scaled("matmul_backward_weight (fp32, accumulating)", get_f(d_dW, (size_t)OC * IC), dW, 1e-5f);
+    blas_free(&bl);
+    cudaFree(d_x);
+    cudaFree(d_W);
+    cudaFree(d_b);
+    cudaFree(d_dy);
+    cudaFree(d_acc);
+    cudaFree(d_y);
+    cudaFree(d_dx);
+    cudaFree(d_dW);
+}
+
+int main(void) {
+    printf("test_kernels (%s storage)\n", FLOATX_NAME);
+    test_embedding(40);   // 5 chunks of 128 bits per row (fewer than 32 lanes) in bf16
+    test_embedding(264);  // 33 chunks: lanes loop
+    test_layernorms(37, 40);
+    test_layernorms(5, 264);
+    test_gelu_bias_gather();
+    test_cross_entropy();
+    // T not a multiple of 64; a sample of length 1; packed rows; an all-padding row; several key tiles
+    test_attention(77, 16, {{30, 1, 46}, {50}, {}});
+    test_attention(130, 64, {{1, 129}, {64, 3, 40}});
+    test_attention(5, 32, {{5}, {1, 1, 1}});
+    test_matmuls();
+    return test_summary();
+}
