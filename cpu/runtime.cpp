@@ -284,7 +284,7 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t stream)
 
 // ----------------------------------------------------------------------------
 // Device, streams and events.
-static int current_device = 0;
+static thread_local int current_device = 0;  // per host thread, as in CUDA
 cudaError_t cudaGetDeviceCount(int* n) {
     *n = 1;
     return cudaSuccess;

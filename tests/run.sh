@@ -8,16 +8,18 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE=${1:-cpu}
 if [ "$MODE" = gpu ]; then BINS=$(ls build/gpu/test_* 2>/dev/null | grep -v '\.d$'); else BINS="$(ls build/test_* 2>/dev/null) $(ls build/asan/test_* 2>/dev/null)"; fi
-# Test scripts (tests/test_*.sh) run in CPU mode too; each prints its own "N passed, N failed" line.
-[ "$MODE" = gpu ] || BINS="$BINS $(ls tests/test_*.sh 2>/dev/null)"
+# Test scripts (tests/test_*.sh, tests/test_*.py for the Python tools) run in CPU mode too;
+# each prints its own "N passed, N failed" line.
+[ "$MODE" = gpu ] || BINS="$BINS $(ls tests/test_*.sh tests/test_*.py 2>/dev/null)"
 
 [ -n "${BINS// /}" ] || { echo "tests/run.sh: no test binaries in build/ (run ./build.sh first)"; echo "0 passed, 1 failed"; exit 1; }
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0}
 total_pass=0; total_fail=0
 for b in $BINS; do
-  [ -x "$b" ] || continue
+  [ -x "$b" ] || [[ "$b" == *.py ]] || continue
   start=$(date +%s%N)
-  out=$(timeout "${TEST_TIMEOUT:-600}" "$b" 2>&1); rc=$?
+  run=("$b"); case "$b" in *.py) run=(python3 "$b") ;; esac
+  out=$(timeout "${TEST_TIMEOUT:-600}" "${run[@]}" 2>&1); rc=$?
   secs=$(awk -v a="$start" -v b="$(date +%s%N)" 'BEGIN { printf "%.1f", (b - a) / 1e9 }')
   last=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
   if [ -z "$last" ]; then

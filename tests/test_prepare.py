@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""tests/test_prepare.py: tests of tools/prepare.py (needs tools/requirements.txt).
+
+    python3 tests/test_prepare.py          # prints "N passed, N failed" last; exit code 1 on failure
+    python3 -m pytest tests/test_prepare.py
+
+The shard bytes are pinned against data.h's writer by the golden shard (the same file CRC is
+checked in tests/test_data.cu).
+"""
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zlib
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+import prepare  # noqa: E402
+
+WORDS = ("alpha beta gamma delta epsilon zeta theta kernel tensor shard token mask loader binary function "
+         "compile symbol section offset header checksum").split()
+
+
+def read_split(out, split):
+    """All samples of a split, in order, as lists of ids; and the shards' headers."""
+    samples, headers = [], []
+    for path in sorted(p for p in os.listdir(out) if p.startswith(split + "_")):
+        h, tokens, offsets = prepare.read_shard(os.path.join(out, path))
+        headers.append(h)
+        for i in range(h["num_samples"]):
+            samples.append([int(t) for t in tokens[offsets[i]:offsets[i + 1]]])
+    return samples, headers
+
+
+def expected_samples(docs_ids, seq_len, cls, sep):
+    out = []
+    for ids in docs_ids:
+        for i in range(0, len(ids), seq_len - 2):
+            out.append([cls] + list(ids[i:i + seq_len - 2]) + [sep])
+    return out
+
+
+def assign(n_docs, seed, fraction):
+    """The documented split rule: the k-th non-empty document goes to val when the k-th draw of Random(seed) < fraction."""
+    rng = random.Random(seed)
+    return ["val" if rng.random() < fraction else "train" for _ in range(n_docs)]
+
+
+def test_golden_shard():
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "golden.bin")
+        w = prepare.ShardWriter(path, 30522, dict(pad=0, unk=100, cls=2, sep=3, mask=103), 8)
+        w.add(np.array([2, 10, 11, 3]))
+        w.add(np.array([2, 12, 3]))
+        w.close()
+        data = open(path, "rb").read()
+        assert len(data) == 168, len(data)
+        assert zlib.crc32(data) == 0x7E341EE9, hex(zlib.crc32(data))  # the same bytes as data.h's shard_write
+        h, tokens, offsets = prepare.read_shard(path)
+        assert h["num_samples"] == 2 and h["num_tokens"] == 7 and list(offsets) == [0, 4, 7]
+        assert list(tokens) == [2, 10, 11, 3, 2, 12, 3]
+
+
+def test_text_trained_vocab():
+    rng = random.Random(5)
+    docs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 60))) for _ in range(120)]
+    with tempfile.TemporaryDirectory() as d:
+        corpus = os.path.join(d, "corpus.txt")
+        with open(corpus, "w") as f:
+            f.write("\n\n".join(docs) + "\n")
+        out = os.path.join(d, "out")
+        assert prepare.main(["text", "--input", corpus, "--train-vocab", "300", "--out", out, "--seq-len", "24",
+                             "--val-fraction", "0.25", "--seed", "3", "--shard-tokens", "500"]) == 0
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
+        cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        ids = [tok.encode(doc, add_special_tokens=False).ids for doc in docs]
+        where = assign(len(docs), 3, 0.25)
+        meta = json.load(open(os.path.join(out, "meta.json")))
+        for split in ("train", "val"):
+            got, headers = read_split(out, split)
+            want = expected_samples([i for i, w in zip(ids, where) if w == split], 24, cls, sep)
+            assert got == want, f"{split}: the shards hold exactly the tokenized documents, split at 22 tokens"
+            assert all(h["vocab_size"] == tok.get_vocab_size() and h["max_len"] == 24 for h in headers)
+            row = [r for r in meta["splits"] if r["split"] == split][0]
+            n_tok = sum(len(s) for s in got)
+            assert row["samples"] == len(got) and row["tokens"] == n_tok
+            assert row["padding_avoided_tokens"] == 24 * len(got) - n_tok
+        assert len(read_split(out, "train")[1]) > 1, "several shards at --shard-tokens 500"
+        # The tokens decode back to the text.
+        sample = read_split(out, "train")[0][0]
+        assert tok.decode(sample[1:-1]).split() == docs[where.index("train")].split()[:len(tok.decode(sample[1:-1]).split())]
+
+
+def test_text_vocab_txt_and_long_documents():
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "world", "token", "##s", "mask"]
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "vocab.txt"), "w") as f:
+            f.write("\n".join(vocab) + "\n")
+        os.makedirs(os.path.join(d, "corpus"))
+        with open(os.path.join(d, "corpus", "a.txt"), "w") as f:
+            f.write("Hello world tokens\nmask\n\n" + " ".join(["hello"] * 40) + "\n")
+        out = os.path.join(d, "out")
+        prepare.main(["text", "--input", os.path.join(d, "corpus"), "--tokenizer", os.path.join(d, "vocab.txt"), "--lowercase", "--out", out,
+                      "--seq-len", "16", "--val-fraction", "0"])
+        got, headers = read_split(out, "train")
+        assert headers[0]["vocab_size"] == 10 and headers[0]["cls_id"] == 2 and headers[0]["mask_id"] == 4
+        assert headers[0]["unk_id"] == 1 and headers[0]["pad_id"] == 0
+        assert got[0] == [2, 5, 6, 7, 8, 9, 3], got[0]  # [CLS] hello world token ##s mask [SEP]
+        # 40 tokens at --seq-len 16: 14 + 14 + 12, nothing truncated
+        assert [len(s) for s in got[1:]] == [16, 16, 14] and sum(s.count(5) for s in got[1:]) == 40
+        meta = json.load(open(os.path.join(out, "meta.json")))
+        assert meta["splits"][0]["split_documents"] == 1
+        assert not [p for p in os.listdir(out) if p.startswith("val_")], "--val-fraction 0: no val shards"
+
+
+def test_bytes_files():
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "src")
+        os.makedirs(os.path.join(src, "sub"))
+        a = bytes(range(256)) * 3
+        b = b"\x00\x01\xff"
+        open(os.path.join(src, "a.bin"), "wb").write(a)
+        open(os.path.join(src, "sub", "b.bin"), "wb").write(b)
+        os.symlink(os.path.join(src, "a.bin"), os.path.join(src, "link.bin"))  # the same file, counted once
+        out = os.path.join(d, "out")
+        prepare.main(["bytes", "--input", src, "--out", out, "--seq-len", "100", "--val-fraction", "0"])
+        got, headers = read_split(out, "train")
+        h = headers[0]
+        assert h["vocab_size"] == 260 and h["token_bytes"] == 2 and h["unk_id"] == -1
+        assert (h["pad_id"], h["cls_id"], h["sep_id"], h["mask_id"]) == (256, 257, 258, 259)
+        want = expected_samples([list(a), list(b)], 100, 257, 258)
+        assert got == want, "one document per file, split at 98 bytes, each byte its own token"
+
+
+def test_elf_functions():
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if not cc or not shutil.which("nm") or not shutil.which("readelf"):
+        print("skip test_elf_functions: no gcc/nm/readelf")
+        return
+    src = ("__attribute__((noinline)) int add3(int a, int b, int c) { return a + b + c; }\n"
+           "__attribute__((noinline)) long mul(long a, long b) { return a * b + 7; }\n"
+           "int main(int argc, char** argv) { return add3(argc, 2, 3) + (int)mul(argc, 5); }\n")
+    with tempfile.TemporaryDirectory() as d:
+        open(os.path.join(d, "p.c"), "w").write(src)
+        prog = os.path.join(d, "bin", "prog")
+        os.makedirs(os.path.dirname(prog))
+        subprocess.run([cc, "-O1", "-o", prog, os.path.join(d, "p.c")], check=True)
+        open(os.path.join(d, "bin", "notes.txt"), "w").write("not an ELF file")
+        out = os.path.join(d, "out")
+        prepare.main(["bytes", "--input", os.path.join(d, "bin"), "--elf-functions", "--out", out, "--seq-len", "512",
+                      "--val-fraction", "0"])
+        got, _ = read_split(out, "train")
+        content = [bytes(s[1:-1]) for s in got]
+        # The bytes of add3 and mul, found independently with nm (address, size) and readelf (.text).
+        data = open(prog, "rb").read()
+        sec = re.search(r"\.text\s+PROGBITS\s+([0-9a-f]+)\s+([0-9a-f]+)", subprocess.run(
+            ["readelf", "-SW", prog], capture_output=True, text=True).stdout)
+        text_addr, text_off = int(sec.group(1), 16), int(sec.group(2), 16)
+        syms = {}
+        for line in subprocess.run(["nm", "-S", "--defined-only", prog], capture_output=True, text=True).stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 4 and parts[2] in "Tt":
+                syms[parts[3]] = (int(parts[0], 16), int(parts[1], 16))
+        for name in ("add3", "mul", "main"):
+            addr, size = syms[name]
+            fn = data[text_off + addr - text_addr:text_off + addr - text_addr + size]
+            assert fn in content, f"the function {name} ({size} bytes) is a sample"
+        meta = json.load(open(os.path.join(out, "meta.json")))
+        assert meta["files_without_functions"] == 1, "notes.txt is not ELF: skipped and counted"
+        assert meta["elf_functions"] == len(got)
+
+
+def test_check_and_errors():
+    with tempfile.TemporaryDirectory() as d:
+        open(os.path.join(d, "a.bin"), "wb").write(bytes(range(200)))
+        out = os.path.join(d, "out")
+        prepare.main(["bytes", "--input", os.path.join(d, "a.bin"), "--out", out, "--seq-len", "64",
+                      "--val-fraction", "0"])
+        shard = os.path.join(out, "train_00000.bin")
+        assert prepare.main(["check", shard]) == 0
+        raw = bytearray(open(shard, "rb").read())
+        raw[130] ^= 0xFF
+        open(shard, "wb").write(raw)
+        try:
+            prepare.read_shard(shard)
+            assert False, "a corrupt shard must be refused"
+        except ValueError as e:
+            assert shard in str(e) and "checksum" in str(e)
+        assert prepare.main(["check", shard]) == 1
+        # A re-run replaces the earlier shards (none left behind).
+        prepare.main(["bytes", "--input", os.path.join(d, "a.bin"), "--out", out, "--seq-len", "64",
+                      "--val-fraction", "0", "--shard-tokens", "10"])
+        n = len([p for p in os.listdir(out) if p.startswith("train_")])
+        prepare.main(["bytes", "--input", os.path.join(d, "a.bin"), "--out", out, "--seq-len", "64",
+                      "--val-fraction", "0"])
+        assert n > 1 and [p for p in os.listdir(out) if p.startswith("train_")] == ["train_00000.bin"]
+        # An empty corpus is an error, not empty shards.
+        open(os.path.join(d, "empty.txt"), "w").close()
+        try:
+            prepare.main(["bytes", "--input", os.path.join(d, "empty.txt"), "--out", os.path.join(d, "o2")])
+            assert False, "an empty corpus must fail"
+        except SystemExit as e:
+            assert e.code == 1
+
+
+if __name__ == "__main__":
+    passed = failed = 0
+    for name, fn in sorted((n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)):
+        try:
+            fn()
+            passed += 1
+            print(f"ok   {name}")
+        except Exception as e:  # noqa: BLE001 - report and go on
+            failed += 1
+            print(f"FAIL {name}: {type(e).__name__}: {e}")
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
