@@ -366,6 +366,39 @@ __global__ void bias_grad(float* dbias, const floatX* dout, int N, int OC, int l
 }
 
 // ---------------------------------------------------------------------------------------------
+// Batch helpers
+
+// segment_ranges: the key range each token of a packed batch attends to, from the loader's segments
+// (data.h). Token n = b*T + t lies in segment s = segment_ids[n], the flat span [cu_seqlens[s],
+// cu_seqlens[s+1]) inside row b; it attends to keys [seg_lo, seg_hi) = that span less the row start
+// b*T. A padding segment (its first token is pad_id, which no sample contains) gets the empty range
+// [0, 0), which the model reads as padding. One thread per token.
+__global__ void segment_ranges(int* seg_lo, int* seg_hi, const int* segment_ids, const int* cu_seqlens,
+                               const int* input_ids, int pad_id, int N, int T) {
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    int s = segment_ids[n], start = cu_seqlens[s], row_start = (n / T) * T;
+    int pad = input_ids[start] == pad_id;
+    seg_lo[n] = pad ? 0 : start - row_start;
+    seg_hi[n] = pad ? 0 : cu_seqlens[s + 1] - row_start;
+}
+
+// pad_masked_rows: the MLM head's M rows from a batch's n <= M masked positions. M is fixed (the memory
+// plan's cap), so the head's matmul shapes, and their cuBLASLt descriptors, never change. Rows m < n
+// copy (mask_pos[m], mask_target[m]); rows m >= n are padding: position 0, label -1, which the head
+// computes and the loss and the backward ignore. One thread per row.
+__global__ void pad_masked_rows(int* pos, int* labels, const int* mask_pos, const int* mask_target, int n, int M) {
+    int m = blockIdx.x * blockDim.x + threadIdx.x;
+    if (m >= M) return;
+    pos[m] = m < n ? mask_pos[m] : 0;
+    labels[m] = m < n ? mask_target[m] : -1;
+}
+
+// accumulate_scaled: acc[0] += scale * x[0]; adds a micro-batch's loss to the step's without a host
+// sync. One thread.
+__global__ void accumulate_scaled(float* acc, const float* x, float scale) { acc[0] += scale * x[0]; }
+
+// ---------------------------------------------------------------------------------------------
 // MLM head helpers
 
 // gather_rows: out[m] = inp[pos[m]] for the M masked positions; rows of C. One thread per 128-bit chunk.
@@ -375,11 +408,13 @@ __global__ void gather_rows(floatX* out, const floatX* inp, const int* pos, int 
     int m = i / per, c = (i % per) * X128;
     store128(out + (size_t)m * C + c, load128(inp + (size_t)pos[m] * C + c));
 }
-// scatter_rows: out[pos[m]] = inp[m] (positions distinct; the rest of out is zeroed by the caller).
-__global__ void scatter_rows(floatX* out, const floatX* inp, const int* pos, int M, int C) {
+// scatter_rows: out[pos[m]] = inp[m] for the rows with labels[m] >= 0 (their positions are distinct; rows
+// with label < 0 are padding and are skipped; the rest of out is zeroed by the caller).
+__global__ void scatter_rows(floatX* out, const floatX* inp, const int* pos, const int* labels, int M, int C) {
     int i = blockIdx.x * blockDim.x + threadIdx.x, per = C / X128;
     if (i >= M * per) return;
     int m = i / per, c = (i % per) * X128;
+    if (labels[m] < 0) return;  // a padding row (its gradient is zero; its position may repeat another's)
     store128(out + (size_t)pos[m] * C + c, load128(inp + (size_t)m * C + c));
 }
 
@@ -440,18 +475,23 @@ __global__ void cross_entropy_forward_backward(floatX* logits, float* losses, co
         z[j] = fromf((expf(tof(z[j]) - lse) - (j == label ? 1.f : 0.f)) * sc);
 }
 
-// loss_mean: out[0] = scale * sum_m losses[m]. One block of 256 threads (a fixed-order, deterministic sum).
-__global__ void loss_mean(float* out, const float* losses, int M, float scale) {
-    __shared__ float red[8];
-    float s = 0.f;
-    for (int i = threadIdx.x; i < M; i += blockDim.x) s += losses[i];
+// loss_mean: out[0] = the mean of losses[m] over the rows with labels[m] >= 0 (rows with label < 0 are
+// padding or ignored, and have loss 0). One block of 256 threads (a fixed-order, deterministic sum).
+__global__ void loss_mean(float* out, const float* losses, const int* labels, int M) {
+    __shared__ float red[8], cnt[8];
+    float s = 0.f, c = 0.f;
+    for (int i = threadIdx.x; i < M; i += blockDim.x) {
+        s += losses[i];
+        c += labels[i] >= 0;
+    }
     s = warp_sum(s);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = s;
+    c = warp_sum(c);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = s, cnt[threadIdx.x / 32] = c;
     __syncthreads();
     if (threadIdx.x == 0) {
-        float t = 0.f;
-        for (int i = 0; i < 8; i++) t += red[i];
-        out[0] = t * scale;
+        float t = 0.f, n = 0.f;
+        for (int i = 0; i < 8; i++) t += red[i], n += cnt[i];
+        out[0] = n > 0.f ? t / n : 0.f;
     }
 }
 

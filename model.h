@@ -83,7 +83,7 @@ static inline int bert_preset(const char* name, BertConfig* c) {
     }
     return 1;
 }
-static const char* bert_preset_names[] = {"tiny", "bert-base", "bert-large", "paper-120m", "paper-350m"};
+static const char* const bert_preset_names[] = {"tiny", "bert-base", "bert-large", "paper-120m", "paper-350m"};
 
 // bert_config_check: 1 when the kernels can run this configuration; otherwise prints why and gives 0.
 static inline int bert_config_check(const BertConfig* c) {
@@ -900,8 +900,8 @@ typedef struct {
     const int* types;       // (B, T) token types, or NULL for all 0
     const int* seg_lo;      // (B, T) token (b, t) attends to keys [seg_lo, seg_hi) of row b: its own sample;
     const int* seg_hi;      //        padding tokens have seg_lo == seg_hi. Positions restart at each seg_lo.
-    const int* mlm_pos;     // (M) masked positions, indices into the flattened (B * T), distinct
-    const int* mlm_labels;  // (M) their target ids (< 0: ignored)
+    const int* mlm_pos;     // (M) masked positions, indices into the flattened (B * T), distinct among
+    const int* mlm_labels;  // (M) the rows whose target id (label) is >= 0; label < 0: a padding row, ignored
     int B, T, M;
 } BertBatch;
 
@@ -1017,7 +1017,8 @@ static inline float* bert_g(const BertModel* m, int tensor) { return m->grad + m
 static inline const floatX* bert_lw(const BertModel* m, int l, int j) { return m->w + bert_layer_off(&m->p, l, j); }
 static inline float* bert_lg(const BertModel* m, int l, int j) { return m->grad + bert_layer_off(&m->p, l, j); }
 
-// bert_forward: the encoder and the MLM head on batch; the micro-batch's mean loss is left at
+// bert_forward: the encoder and the MLM head on batch; the micro-batch's mean loss (over its rows with a
+// label >= 0) is left at
 // ACT_F(m, loss)[0] (device). When dlogit_scale != 0 the cross-entropy also turns the logits into
 // dLoss/dlogits (scaled by dlogit_scale: 1 / the number of masked tokens the loss averages over),
 // ready for bert_backward; with 0 the logits of the masked rows stay in ACT_X(m, logits) (M, Vp).
@@ -1061,8 +1062,7 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
         launch(cross_entropy_forward_backward, dim3(M), dim3(256), 0, s, ACT_X(m, logits), ACT_F(m, losses),
                bt->mlm_labels, M, V, Vp, dlogit_scale);
     }
-    launch(loss_mean, dim3(1), dim3(256), 0, s, ACT_F(m, loss), (const float*)ACT_F(m, losses), M,
-           M > 0 ? 1.f / M : 0.f);
+    launch(loss_mean, dim3(1), dim3(256), 0, s, ACT_F(m, loss), (const float*)ACT_F(m, losses), bt->mlm_labels, M);
 }
 
 // bert_backward: adds dLoss/dparameters to m->grad (fp32; zero it with bert_zero_grad at the start of a
@@ -1092,7 +1092,7 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
         launch_bias_grad(s, bert_g(m, p->head_b), d_h2, M, C, C);
         matmul_backward_input(bl, s, d_h, d_h2, C, bert_w(m, p->head_w), NULL, M, C, C);
         launch(scatter_rows, dim3(ceil_div((long long)M * C / X128, 256)), dim3(256), 0, s, d_x, (const floatX*)d_h,
-               bt->mlm_pos, M, C);
+               bt->mlm_pos, bt->mlm_labels, M, C);
     }
     for (int l = c->layers - 1; l >= 0; l--) {
         const floatX* x = l == 0 ? ACT_X(m, emb_out) : ACT_XL(m, ln2, l - 1);

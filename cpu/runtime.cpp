@@ -475,14 +475,14 @@ asm(".text\n"
 
 enum fiber_state { F_READY, F_WAIT_BAR, F_WAIT_WARP, F_EXITED };
 
-struct Fiber {
+struct EmuFiber {
     void* sp;  // saved stack pointer while switched out
     char* stack_lo;
     size_t stack_size;
     void* asan_fake_stack;
     uint3 tid;
     int linear;  // x + y*bx + z*bx*by: the lane is linear % 32, the warp linear / 32
-    int pos;     // where this thread stands in the block's run order (Worker.order)
+    int pos;     // where this thread stands in the block's run order (EmuWorker.order)
     int state;
     // the warp collective this thread waits in
     int wop, warg, wwidth;
@@ -493,7 +493,7 @@ struct Fiber {
     uint64_t result;                // what the barrier or collective returns to this thread
 };
 
-struct Job {  // one kernel launch
+struct EmuJob {  // one kernel launch
     emu_kernel_body body;
     void* call;
     dim3 grid, block;
@@ -505,12 +505,12 @@ struct Job {  // one kernel launch
     int failed;            // atomic: a block deadlocked or misused a collective
 };
 
-struct Worker {  // one OS thread's state for running blocks
-    Fiber* fibers;
+struct EmuWorker {  // one OS thread's state for running blocks
+    EmuFiber* fibers;
     int nfibers;  // allocated
     void* sched_sp;
-    Job* job;
-    Fiber* self;
+    EmuJob* job;
+    EmuFiber* self;
     int nthreads, exited;
     unsigned warp_waiting[32];  // per warp: lanes waiting in a warp collective
     unsigned warp_gone[32];     // per warp: lanes that have exited
@@ -522,7 +522,7 @@ struct Worker {  // one OS thread's state for running blocks
     size_t asan_main_size;
     void* asan_sched_fake;
 };
-static thread_local Worker* W;
+static thread_local EmuWorker* W;
 
 static size_t stack_bytes(void) {
     static size_t s = (size_t)env_ll("EMU_STACK_KB", EMU_ASAN ? 512 : 64) * 1024;
@@ -530,7 +530,7 @@ static size_t stack_bytes(void) {
 }
 
 static const char* kernel_name(const void* kernel, char* buf, size_t n);
-static const char* job_name(Job* j) {
+static const char* job_name(EmuJob* j) {
     static std::mutex m;
     std::lock_guard<std::mutex> g(m);
     if (!j->name[0]) kernel_name(j->kernel, j->name, sizeof j->name);
@@ -539,7 +539,7 @@ static const char* job_name(Job* j) {
 
 // Report a misuse inside a kernel once per block, and fail the launch.
 void emu_kernel_error(const char* fmt, ...) {
-    Worker* w = W;
+    EmuWorker* w = W;
     __atomic_store_n(&w->job->failed, 1, __ATOMIC_RELAXED);
     if (w->error_reported++) return;
     va_list ap;
@@ -553,13 +553,13 @@ void emu_kernel_error(const char* fmt, ...) {
 
 // Leave fiber f (now waiting, or exited) for the next runnable thread in the block's order, switching
 // to it directly; when none can run, return to the scheduler (the block is done, or deadlocked).
-static void yield_from(Fiber* f, int exiting) {
-    Worker* w = W;
+static void yield_from(EmuFiber* f, int exiting) {
+    EmuWorker* w = W;
     int n = w->nthreads, p = f->pos;
-    Fiber* next = NULL;
+    EmuFiber* next = NULL;
     for (int k = 1; k < n; k++) {
         if (++p == n) p = 0;
-        Fiber* g = &w->fibers[w->order[p]];
+        EmuFiber* g = &w->fibers[w->order[p]];
         if (g->state == F_READY) {
             next = g;
             break;
@@ -581,11 +581,11 @@ static void yield_from(Fiber* f, int exiting) {
 #endif
 }
 
-static void release_barrier(Worker* w);
+static void release_barrier(EmuWorker* w);
 
 // Every fiber starts here (the address its fresh stack returns to) and never returns.
 static void fiber_main(void) {
-    Worker* w = W;
+    EmuWorker* w = W;
 #if EMU_ASAN
     const void* from_bottom;
     size_t from_size;
@@ -593,7 +593,7 @@ static void fiber_main(void) {
     if (!w->asan_main_bottom) w->asan_main_bottom = (void*)from_bottom, w->asan_main_size = from_size;
 #endif
     w->job->body(w->job->call);
-    Fiber* f = w->self;
+    EmuFiber* f = w->self;
     f->state = F_EXITED;
     w->warp_gone[f->linear >> 5] |= 1u << (f->linear & 31);
     w->exited++;
@@ -603,7 +603,7 @@ static void fiber_main(void) {
 }
 
 // Lay out a fresh stack so that the first switch into it "returns" into fiber_main.
-static void fiber_reset(Fiber* f) {
+static void fiber_reset(EmuFiber* f) {
     uintptr_t top = ((uintptr_t)f->stack_lo + f->stack_size) & ~(uintptr_t)15;
 #if EMU_ASAN  // fiber_main never returns, so its frame's redzones stay poisoned: clear them
     __asan_unpoison_memory_region((void*)(top - 4096), 4096);
@@ -617,13 +617,13 @@ static void fiber_reset(Fiber* f) {
     f->asan_fake_stack = NULL;
 }
 
-static void worker_reserve(Worker* w, int n) {
+static void worker_reserve(EmuWorker* w, int n) {
     if (n <= w->nfibers) return;
-    w->fibers = (Fiber*)realloc(w->fibers, n * sizeof(Fiber));
+    w->fibers = (EmuFiber*)realloc(w->fibers, n * sizeof(EmuFiber));
     w->order = (int*)realloc(w->order, n * sizeof(int));
     size_t page = 4096, sz = stack_bytes();
     for (int i = w->nfibers; i < n; i++) {
-        Fiber* f = &w->fibers[i];
+        EmuFiber* f = &w->fibers[i];
         memset(f, 0, sizeof(*f));
         char* m =
             (char*)mmap(NULL, sz + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -653,7 +653,7 @@ static uint64_t next_random(uint64_t* s) {
     *s ^= *s >> 27;
     return *s * 0x2545F4914F6CDD1Dull;
 }
-static void shuffle_order(Worker* w) {
+static void shuffle_order(EmuWorker* w) {
     int n = w->nthreads;
     for (int i = n - 1; i > 0; i--) {
         int k = (int)(next_random(&w->rng) % (uint64_t)(i + 1)), t = w->order[i];
@@ -665,9 +665,9 @@ static void shuffle_order(Worker* w) {
 
 // ----------------------------------------------------------------------------
 // __syncthreads and its counting variants: op 0 plain, 1 count, 2 and, 3 or.
-static void release_barrier(Worker* w) {
+static void release_barrier(EmuWorker* w) {
     for (int i = 0; i < w->nthreads; i++) {
-        Fiber* f = &w->fibers[i];
+        EmuFiber* f = &w->fibers[i];
         if (f->state != F_WAIT_BAR) continue;
         int op = f->warg;
         f->result = op == 1 ? w->bar_true : op == 2 ? w->bar_true == w->bar_arrived : w->bar_true > 0;
@@ -679,12 +679,12 @@ static void release_barrier(Worker* w) {
 }
 
 int emu_syncthreads(int op, int predicate) {
-    Worker* w = W;
+    EmuWorker* w = W;
     if (!w || !w->job) {
         fprintf(stderr, "cpu runtime: __syncthreads() called outside a kernel\n");
         abort();
     }
-    Fiber* f = w->self;
+    EmuFiber* f = w->self;
     f->state = F_WAIT_BAR;
     f->warg = op;
     f->wname = "__syncthreads";
@@ -699,7 +699,7 @@ int emu_syncthreads(int op, int predicate) {
 
 // ----------------------------------------------------------------------------
 // Warp collectives. Lanes are numbered by the linear thread index, 32 to a warp.
-static uint64_t shuffle_value(Worker* w, Fiber* f, int warp_base, unsigned mask) {
+static uint64_t shuffle_value(EmuWorker* w, EmuFiber* f, int warp_base, unsigned mask) {
     int lane = f->linear & 31, width = f->wwidth, arg = f->warg;
     int seg = lane & ~(width - 1), src = lane;
     switch (f->wop) {
@@ -727,12 +727,12 @@ static uint64_t shuffle_value(Worker* w, Fiber* f, int warp_base, unsigned mask)
 }
 
 uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int width, const char* name) {
-    Worker* w = W;
+    EmuWorker* w = W;
     if (!w || !w->job) {
         fprintf(stderr, "cpu runtime: %s called outside a kernel\n", name);
         abort();
     }
-    Fiber* f = w->self;
+    EmuFiber* f = w->self;
     int lane = f->linear & 31, warp_base = f->linear & ~31;
     if (!(mask >> lane & 1))
         emu_kernel_error("%s with mask 0x%08x, which does not include the calling lane %d", name, mask, lane);
@@ -764,7 +764,7 @@ uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int
                              mask, l, w->nthreads);
             continue;
         }
-        Fiber* g = &w->fibers[t];
+        EmuFiber* g = &w->fibers[t];
         if (g->state == F_EXITED) {
             emu_kernel_error("%s with mask 0x%08x names lane %d, which has already exited", name, mask, l);
             continue;
@@ -790,7 +790,7 @@ uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int
     uint64_t results[32];
     for (int l = 0; l < 32; l++) {
         if (!(mask >> l & 1) || warp_base + l >= w->nthreads) continue;
-        Fiber* g = &w->fibers[warp_base + l];
+        EmuFiber* g = &w->fibers[warp_base + l];
         if (g->state != F_WAIT_WARP) continue;
         results[l] = op == EMU_VOTE_BALLOT                          ? ballot
                      : op == EMU_WARP_SYNC || op == EMU_WARP_GATHER ? 0
@@ -798,7 +798,7 @@ uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int
     }
     for (int l = 0; l < 32; l++) {
         if (!(mask >> l & 1) || warp_base + l >= w->nthreads) continue;
-        Fiber* g = &w->fibers[warp_base + l];
+        EmuFiber* g = &w->fibers[warp_base + l];
         if (g->state != F_WAIT_WARP) continue;
         g->result = results[l];
         g->state = F_READY;
@@ -815,7 +815,7 @@ void emu_warp_gather(unsigned mask, void* mine, void (*fn)(void* const* all), co
 int emu_lane_id(void) { return W->self->linear & 31; }
 
 unsigned emu_activemask(void) {  // the lanes of this warp that exist and have not exited
-    Worker* w = W;
+    EmuWorker* w = W;
     int warp_base = w->self->linear & ~31;
     unsigned m = 0;
     for (int l = 0; l < 32 && warp_base + l < w->nthreads; l++)
@@ -872,13 +872,13 @@ static void scramble_static_shared(void) {
 // ----------------------------------------------------------------------------
 // The scheduler: run one block to completion, or report its deadlock.
 
-static void report_deadlock(Worker* w) {
+static void report_deadlock(EmuWorker* w) {
     __atomic_store_n(&w->job->failed, 1, __ATOMIC_RELAXED);
     fprintf(stderr, "cpu runtime: kernel %s, block (%u,%u,%u): deadlock: no thread can run (%d of %d exited)\n",
             job_name(w->job), blockIdx.x, blockIdx.y, blockIdx.z, w->exited, w->nthreads);
     int shown = 0;
     for (int i = 0; i < w->nthreads && shown < 8; i++) {
-        Fiber* f = &w->fibers[i];
+        EmuFiber* f = &w->fibers[i];
         if (f->state == F_WAIT_BAR)
             fprintf(stderr, "    thread (%u,%u,%u) waits in __syncthreads\n", f->tid.x, f->tid.y, f->tid.z), shown++;
         else if (f->state == F_WAIT_WARP) {
@@ -896,8 +896,8 @@ static void report_deadlock(Worker* w) {
     }
 }
 
-static void run_block(Worker* w, long long b) {
-    Job* j = w->job;
+static void run_block(EmuWorker* w, long long b) {
+    EmuJob* j = w->job;
     dim3 g = j->grid, bd = j->block;
     blockIdx.x = (unsigned)(b % g.x);
     blockIdx.y = (unsigned)((b / g.x) % g.y);
@@ -911,7 +911,7 @@ static void run_block(Worker* w, long long b) {
     w->bar_true = 0;
     w->error_reported = 0;
     for (int i = 0; i < n; i++) {
-        Fiber* f = &w->fibers[i];
+        EmuFiber* f = &w->fibers[i];
         fiber_reset(f);
         f->linear = i;
         f->tid.x = i % bd.x;
@@ -929,7 +929,7 @@ static void run_block(Worker* w, long long b) {
     }
     // Start the first thread; the threads pass control among themselves (yield_from) and come back
     // here when none can run.
-    Fiber* first = &w->fibers[w->order[0]];
+    EmuFiber* first = &w->fibers[w->order[0]];
     w->self = first;
     threadIdx = first->tid;
 #if EMU_ASAN
@@ -950,10 +950,10 @@ static void run_block(Worker* w, long long b) {
     w->self = NULL;
 }
 
-static thread_local Worker worker;  // at namespace scope: block-scope thread_locals are __shared__ variables
+static thread_local EmuWorker worker;  // at namespace scope: block-scope thread_locals are __shared__ variables
 
-static void run_blocks(Job* j) {
-    Worker* w = &worker;
+static void run_blocks(EmuJob* j) {
+    EmuWorker* w = &worker;
     W = w;
     w->job = j;
     worker_reserve(w, j->block.x * j->block.y * j->block.z);
@@ -981,7 +981,7 @@ static void run_blocks(Job* j) {
 static struct {
     pthread_mutex_t lock;
     pthread_cond_t start, done;
-    Job* job;
+    EmuJob* job;
     long long generation;
     int busy;  // helpers still on the current job
     int nhelpers;
@@ -993,7 +993,7 @@ static void* pool_helper(void*) {
     for (;;) {
         while (pool.generation == seen) pthread_cond_wait(&pool.start, &pool.lock);
         seen = pool.generation;
-        Job* j = pool.job;
+        EmuJob* j = pool.job;
         pthread_mutex_unlock(&pool.lock);
         run_blocks(j);
         pthread_mutex_lock(&pool.lock);
@@ -1012,7 +1012,7 @@ static int pool_threads(void) {
     return n;
 }
 
-static void run_job(Job* j) {
+static void run_job(EmuJob* j) {
     int helpers = pool_threads() - 1;
     if (j->nblocks < 2) helpers = 0;
     pthread_mutex_lock(&pool.lock);
@@ -1085,7 +1085,7 @@ void emu_launch(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStre
     }
     std::lock_guard<std::mutex> g(launch_lock);
     if (nshared_vars < 0) find_static_shared();
-    Job j = {};
+    EmuJob j = {};
     j.body = body;
     j.call = call;
     j.grid = grid;

@@ -36,7 +36,7 @@ static void sample_tokens(uint64_t g, int len, uint32_t* out) {
     out[len - 1] = SEP;
 }
 static ShardHeader test_header(uint32_t token_bytes, uint32_t max_len) {
-    ShardHeader h;
+    ShardHeader h = {};
     memset(&h, 0, sizeof(h));
     h.vocab_size = VOCAB;
     h.token_bytes = token_bytes;
@@ -316,7 +316,7 @@ static void run_config(const char* pattern, const Corpus* c, int B, int T, int w
         int64_t epoch = 0;
         int nids = 0;
         for (;;) {
-            Batch b;
+            Batch b = {};
             if (next_host(&dl, stream, &r, &b)) { CHECK(0, "next: %s", dl.error); break; }
             if (b.epoch != epoch) {  // the epoch ended: each of this rank's samples once...
                 for (int i = 0; i < nids; i++) count[ids[i]] += 1 << (4 * epoch);  // a counter per epoch
@@ -524,7 +524,7 @@ static void test_resume(void) {
     DataLoaderConfig cfg = dataloader_default_config(pattern, B, T);
     cfg.seed = 5;
     if (dataloader_init(&dl, &cfg)) { CHECK(0, "init: %s", dl.error); return; }
-    Batch b;
+    Batch b = {};
     int64_t epochs_seen = 0;
     for (int i = 0; i < N; i++) {
         next_host(&dl, stream, &r, &b);
@@ -700,7 +700,7 @@ static void test_bad_input(void) {
         cfg.verify = 0;
         cudaStream_t s;
         cudaStreamCreate(&s);
-        Batch b;
+        Batch b = {};
         int rc = dataloader_init(&dl, &cfg);
         CHECK(rc == 0, "verify off: init passes: %s", dl.error);
         if (rc == 0) {
@@ -790,7 +790,7 @@ static void test_bad_input(void) {
                 size_t at = (r & 1) ? (r >> 8) % 128 : st.st_size - 1 - (r >> 8) % (8 * 41);
                 mut[at] ^= (uint8_t)(1 + (r >> 40) % 255);
             }
-            ShardHeader h;
+            ShardHeader h = {};
             size_t size = (rng_next(&rng) % 8 == 0) ? (size_t)(rng_next(&rng) % st.st_size) : (size_t)st.st_size;
             int rc = shard_check_layout(mut, size, "mut", &h, err);
             if (rc == 0) rc = shard_check_data(mut, size, "mut", &h, err);
@@ -909,7 +909,7 @@ static void test_wait_measure(void) {
         double sum = 0;
         int ok = 1;
         for (int i = 0; i < 50; i++) {
-            Batch b;
+            Batch b = {};
             ok &= dataloader_next(&dl, s, &b) == 0 && b.wait_ms >= 0 && b.wait_ms < 10000;
             sum += b.wait_ms;
         }

@@ -282,25 +282,29 @@ static void test_gelu_bias_gather(void) {
     CUDA_CHECK(cudaDeviceSynchronize());
     close_scaled("bias_grad (accumulates, OC=211, ld=216)", get_f(d_bias, OC), bg, 1e-5f);
     // gather / scatter of masked rows
-    int C = 24, M = 3;
-    std::vector<int> pos = {7, 0, 12};
-    int* d_pos = dev_i(pos);
+    // the 4th row is padding (label -1) at a position another row has: scatter must skip it
+    int C = 24, M = 4;
+    std::vector<int> pos = {7, 0, 12, 0}, lab = {5, 9, 1, -1};
+    int *d_pos = dev_i(pos), *d_plab = dev_i(lab);
     floatX* d_g = dev_x((size_t)M * C);
     floatX* d_s = dev_x((size_t)N * C);
     launch(gather_rows, dim3(1), dim3(256), 0, (cudaStream_t)0, d_g, (const floatX*)d_o, (const int*)d_pos, M, C);
-    launch(scatter_rows, dim3(1), dim3(256), 0, (cudaStream_t)0, d_s, (const floatX*)d_g, (const int*)d_pos, M, C);
+    CUDA_CHECK(cudaMemset(d_g + 3 * C, 0, C * sizeof(floatX)));  // the padding row's (zero) gradient
+    launch(scatter_rows, dim3(1), dim3(256), 0, (cudaStream_t)0, d_s, (const floatX*)d_g, (const int*)d_pos,
+           (const int*)d_plab, M, C);
     vf gg = get_x(d_g, (size_t)M * C), ss = get_x(d_s, (size_t)N * C);
     int ok = 1;
-    for (int m = 0; m < M; m++)
+    for (int m = 0; m < 3; m++)
         for (int c = 0; c < C; c++)
             ok &= gg[m * C + c] == o[(size_t)pos[m] * C + c] && ss[(size_t)pos[m] * C + c] == gg[m * C + c];
-    CHECK(ok, "gather_rows / scatter_rows");
+    CHECK(ok, "gather_rows / scatter_rows (a padding row is not scattered)");
     cudaFree(d_x);
     cudaFree(d_d);
     cudaFree(d_y);
     cudaFree(d_o);
     cudaFree(d_bias);
     cudaFree(d_pos);
+    cudaFree(d_plab);
     cudaFree(d_g);
     cudaFree(d_s);
 }
@@ -316,7 +320,7 @@ static void test_cross_entropy(void) {
     float dscale = 1.f / 4;
     launch(cross_entropy_forward_backward, dim3(M), dim3(256), 0, (cudaStream_t)0, d_z, d_loss, (const int*)d_lab, M, V,
            ld, dscale);
-    launch(loss_mean, dim3(1), dim3(256), 0, (cudaStream_t)0, d_mean, (const float*)d_loss, M, 0.25f);
+    launch(loss_mean, dim3(1), dim3(256), 0, (cudaStream_t)0, d_mean, (const float*)d_loss, (const int*)d_lab, M);
     vd loss(M), dz((size_t)M * V);
     double total = 0;
     for (int m = 0; m < M; m++) {
@@ -332,7 +336,7 @@ static void test_cross_entropy(void) {
     CUDA_CHECK(cudaDeviceSynchronize());
     close_scaled("cross_entropy losses (V=211, a label < 0)", get_f(d_loss, M), loss, 1e-5f);
     close_scaled("cross_entropy dlogits in place", get_x(d_z, (size_t)M * V, ld, V), dz, TOL);
-    close_scaled("loss_mean", get_f(d_mean, 1), vd(1, total / 4), 1e-5f);
+    close_scaled("loss_mean (over the 4 rows with a label)", get_f(d_mean, 1), vd(1, total / 4), 1e-5f);
     cudaFree(d_z);
     cudaFree(d_lab);
     cudaFree(d_loss);

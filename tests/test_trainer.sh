@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# test_trainer.sh: the whole program, end to end, on the CPU build (./trainer_cpu), tiny model:
+#   - it learns: the loss falls on real data (byte-level shards of this repository's own sources);
+#   - resume: 10 steps + --resume 10 steps give bit-for-bit the weights of 20 uninterrupted steps;
+#   - data parallel: 2 processes (NCCL over shared memory) match 1 process with --grad-accum 2;
+#   - the memory planner picks a larger micro-batch when the device has more memory;
+#   - bad input: each gives one clear error and a non-zero exit.
+# Run by tests/run.sh; needs tools/requirements.txt (python3 tools/prepare.py).
+cd "$(dirname "$0")/.."
+pass=0; fail=0
+ok()  { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL test_trainer: $*"; }
+check() { if eval "$1"; then ok; else bad "$2"; fi; }
+W=$(mktemp -d /tmp/mlm_trainer_XXXXXX)
+trap 'rm -rf "$W"' EXIT
+export EMU_THREADS=1  # one OS thread: kernels with atomics sum in a fixed order, so runs are bitwise repeatable
+
+python3 tools/prepare.py bytes --input cpu tests --out "$W/data" --seq-len 32 --val-fraction 0.3 >"$W/prep.log" 2>&1
+check '[ -f "$W/data/train_00000.bin" ] && [ -f "$W/data/val_00000.bin" ]' "tools/prepare.py made no shards: $(tail -n 3 "$W/prep.log")"
+COMMON=(--data "$W/data/train_*.bin" --preset tiny --seq 32 --batch 8 --lr 5e-3 --warmup 2 --seed 7)
+loss_at() { grep -E "^step +$1/" "$2" | sed -E 's/.*loss ([0-9.]+).*/\1/'; }
+
+# 1. it learns
+./trainer_cpu "${COMMON[@]}" --out "$W/a" --steps 20 --val "$W/data/val_*.bin" --val-every 20 --val-batches 2 >"$W/a.log" 2>&1
+check '[ -f "$W/a/model.safetensors" ] && [ -f "$W/a/config.json" ] && [ -f "$W/a/checkpoint.bin" ]' \
+  "20 steps did not leave checkpoint.bin + the Hugging Face export: $(tail -n 3 "$W/a.log")"
+l1=$(loss_at 1 "$W/a.log"); l20=$(loss_at 20 "$W/a.log")
+check 'awk -v a="$l1" -v b="$l20" "BEGIN { exit !(a > 5 && b < a - 0.5) }"' "loss did not fall: step 1 $l1, step 20 $l20"
+check 'grep -q "val loss" "$W/a.log"' "no validation loss printed"
+
+# 2. resume is exact
+./trainer_cpu "${COMMON[@]}" --out "$W/b" --steps 20 --run-steps 10 >"$W/b1.log" 2>&1
+check 'grep -q "stopped after step 10" "$W/b1.log" && [ ! -f "$W/b/model.safetensors" ]' "--run-steps 10 did not stop at 10"
+./trainer_cpu "${COMMON[@]}" --out "$W/b" --steps 20 --resume >"$W/b2.log" 2>&1
+check 'grep -q "resumed from .* at step 10" "$W/b2.log"' "--resume did not resume at step 10: $(tail -n 2 "$W/b2.log")"
+check 'cmp -s "$W/a/model.safetensors" "$W/b/model.safetensors"' "10 + 10 resumed steps differ from 20 steps"
+check '[ "$(loss_at 20 "$W/b2.log")" = "$l20" ]' "loss at step 20 after resume $(loss_at 20 "$W/b2.log") != $l20"
+
+# 3. data parallel: 2 ranks of B=8 == 1 rank of B=8 with 2 micro-batches per step
+./trainer_cpu "${COMMON[@]}" --out "$W/c" --steps 8 --grad-accum 2 >"$W/c.log" 2>&1
+mkdir -p "$W/d"
+for r in 0 1; do
+  SLURM_NTASKS=2 SLURM_PROCID=$r SLURM_LOCALID=0 NCCL_EMU_TIMEOUT_S=60 \
+    ./trainer_cpu "${COMMON[@]}" --out "$W/d" --steps 8 >"$W/d$r.log" 2>&1 &
+done
+wait
+check 'grep -q "2 process(es)" "$W/d0.log" && [ -f "$W/d/model.safetensors" ]' "2-process run failed: $(tail -n 3 "$W/d0.log" "$W/d1.log")"
+same=1
+for s in 1 4 8; do
+  a=$(loss_at $s "$W/c.log"); b=$(loss_at $s "$W/d0.log")
+  awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && d <= 2e-3 * a) }' || { same=0; echo "  step $s: 1 rank $a, 2 ranks $b"; }
+done
+check '[ $same = 1 ]' "2 ranks x B=8 do not match 1 rank x 2 micro-batches of B=8"
+
+# 4. the memory planner fills the device
+plan_b() { EMU_DEVICE_BYTES=$1 ./trainer_cpu --data "$W/data/train_*.bin" --out "$W/p" --preset bert-base --seq 512 --plan-only 2>&1 |
+  sed -n -E 's/.*total .* GiB for B=([0-9]+) .*/\1/p'; }
+b16=$(plan_b 16e9); b32=$(plan_b 32e9); b94=$(plan_b 94e9)
+check '[ -n "$b16" ] && [ "$b16" -ge 1 ] && [ "$b32" -gt $((2 * b16 - 2)) ] && [ "$b94" -gt "$b32" ]' \
+  "planner: B=$b16 at 16 GB, $b32 at 32 GB, $b94 at 94 GB"
+echo "  (planner: bert-base, T=512 fits B=$b94 on a 94 GB H100 NVL)"
+
+# 5. bad input: one clear error naming what is wrong, non-zero exit
+expect_error() {  # expect_error PATTERN ARGS... : the run fails and says PATTERN
+  local pat=$1; shift
+  out=$("$@" 2>&1); rc=$?
+  if [ $rc -ne 0 ] && echo "$out" | grep -q -- "$pat"; then ok; else bad "'$*' gave exit $rc and: $(echo "$out" | tail -n 2)"; fi
+}
+expect_error "are required" ./trainer_cpu --data "$W/data/train_*.bin" --steps 5
+expect_error "unknown flag" ./trainer_cpu "${COMMON[@]}" --out "$W/e" --steps 5 --bogus 1
+expect_error "expected an integer" ./trainer_cpu "${COMMON[@]}" --out "$W/e" --steps five
+expect_error "no-such-dir" ./trainer_cpu --data "$W/no-such-dir/*.bin" --out "$W/e" --steps 5 --preset tiny --seq 32
+expect_error "longer than the model's 40 positions" ./trainer_cpu --data "$W/data/train_*.bin" --out "$W/e" --steps 5 --preset tiny --seq 64
+expect_error "unknown (tiny" ./trainer_cpu --data "$W/data/train_*.bin" --out "$W/e" --steps 5 --preset huge
+expect_error "checkpoint.bin" ./trainer_cpu "${COMMON[@]}" --out "$W/e" --steps 5 --resume
+head -c 1000 "$W/a/checkpoint.bin" >"$W/e/checkpoint.bin"
+expect_error "truncated" ./trainer_cpu "${COMMON[@]}" --out "$W/e" --steps 5 --resume
+expect_error "needs .* GiB at B=" env EMU_DEVICE_BYTES=1e8 ./trainer_cpu --data "$W/data/train_*.bin" --out "$W/e" --steps 5 --preset bert-base --seq 512
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
