@@ -231,6 +231,31 @@ __global__ void embedding_layernorm_backward(float* dwte, float* dwpe, float* dw
     layernorm_backward_flush(dgamma, dbeta, sm, C);
 }
 
+// layernorm_row: the second half of a LayerNorm of one row, done by one warp: given the row x (C) and the
+// sum of its elements (this lane's part; each lane reads back only the chunks it summed), writes
+// out = (x - mean) * rstd * gamma + beta and stats[0..1] = (mean, rstd). Variance in a second pass, in fp32.
+__device__ inline void layernorm_row(floatX* out, float* stats, const floatX* x, float sum, const floatX* gamma,
+                                     const floatX* beta, int C, float eps, int lane) {
+    float mean = warp_sum(sum) / C, var = 0.f;
+    for (int i = lane * X128; i < C; i += 32 * X128) {
+        Pack128 s = load128(x + i);
+        for (int k = 0; k < X128; k++) {
+            float d = tof(s.v[k]) - mean;
+            var += d * d;
+        }
+    }
+    float rstd = rsqrtf(warp_sum(var) / C + eps);
+    for (int i = lane * X128; i < C; i += 32 * X128) {
+        Pack128 s = load128(x + i), g = load128(gamma + i), b = load128(beta + i), o;
+        for (int k = 0; k < X128; k++) o.v[k] = fromf((tof(s.v[k]) - mean) * rstd * tof(g.v[k]) + tof(b.v[k]));
+        store128(out + i, o);
+    }
+    if (lane == 0) {
+        stats[0] = mean;
+        stats[1] = rstd;
+    }
+}
+
 // residual_layernorm_forward: res = x + r (stored, rounded to floatX), out = LayerNorm(res) * gamma + beta,
 // stats = (mean, rstd) of res. Layout: one warp per row of (N, C), 4 warps per block, 128-bit chunks.
 __global__ void residual_layernorm_forward(floatX* res, floatX* out, float* stats, const floatX* x, const floatX* r,
@@ -247,24 +272,7 @@ __global__ void residual_layernorm_forward(floatX* res, floatX* out, float* stat
         }
         store128(res + row + i, s);
     }
-    float mean = warp_sum(sum) / C, var = 0.f;
-    for (int i = lane * X128; i < C; i += 32 * X128) {  // each lane re-reads only what it wrote
-        Pack128 s = load128(res + row + i);
-        for (int k = 0; k < X128; k++) {
-            float d = tof(s.v[k]) - mean;
-            var += d * d;
-        }
-    }
-    float rstd = rsqrtf(warp_sum(var) / C + eps);
-    for (int i = lane * X128; i < C; i += 32 * X128) {
-        Pack128 s = load128(res + row + i), g = load128(gamma + i), b = load128(beta + i), o;
-        for (int k = 0; k < X128; k++) o.v[k] = fromf((tof(s.v[k]) - mean) * rstd * tof(g.v[k]) + tof(b.v[k]));
-        store128(out + row + i, o);
-    }
-    if (lane == 0) {
-        stats[2 * n] = mean;
-        stats[2 * n + 1] = rstd;
-    }
+    layernorm_row(out + row, stats + 2 * n, res + row, sum, gamma, beta, C, eps, lane);
 }
 
 // layernorm_forward: out = LayerNorm(inp) * gamma + beta, stats = (mean, rstd). One warp per row of (N, C).
@@ -278,24 +286,7 @@ __global__ void layernorm_forward(floatX* out, float* stats, const floatX* inp, 
         Pack128 s = load128(inp + row + i);
         for (int k = 0; k < X128; k++) sum += tof(s.v[k]);
     }
-    float mean = warp_sum(sum) / C, var = 0.f;
-    for (int i = lane * X128; i < C; i += 32 * X128) {
-        Pack128 s = load128(inp + row + i);
-        for (int k = 0; k < X128; k++) {
-            float d = tof(s.v[k]) - mean;
-            var += d * d;
-        }
-    }
-    float rstd = rsqrtf(warp_sum(var) / C + eps);
-    for (int i = lane * X128; i < C; i += 32 * X128) {
-        Pack128 s = load128(inp + row + i), g = load128(gamma + i), b = load128(beta + i), o;
-        for (int k = 0; k < X128; k++) o.v[k] = fromf((tof(s.v[k]) - mean) * rstd * tof(g.v[k]) + tof(b.v[k]));
-        store128(out + row + i, o);
-    }
-    if (lane == 0) {
-        stats[2 * n] = mean;
-        stats[2 * n + 1] = rstd;
-    }
+    layernorm_row(out + row, stats + 2 * n, inp + row, sum, gamma, beta, C, eps, lane);
 }
 
 // layernorm_backward: dinp = LayerNorm backward of dout at inp (the saved LayerNorm input, with its stats);

@@ -42,48 +42,34 @@ typedef struct {
 // without their shapes; we take the two standard encoder shapes (12 x 768 and 24 x 1024) with a
 // 50,304-token vocabulary (a RoBERTa-sized BPE vocabulary, 50,265, rounded up to a multiple of
 // 64), which gives 124.7M and 355.4M parameters: "paper-120m" and "paper-350m".
+static const struct {
+    const char* name;
+    int vocab_size, max_position, hidden, layers, heads, intermediate;
+} bert_presets[] = {
+    {"tiny", 211, 40, 32, 2, 2, 64},  // tests: odd vocabulary, two layers, two 16-wide heads
+    {"bert-base", 30522, 512, 768, 12, 12, 3072},
+    {"bert-large", 30522, 512, 1024, 24, 16, 4096},
+    {"paper-120m", 50304, 512, 768, 12, 12, 3072},
+    {"paper-350m", 50304, 512, 1024, 24, 16, 4096},
+};
+#define BERT_NUM_PRESETS ((int)(sizeof(bert_presets) / sizeof(bert_presets[0])))
+
 static inline int bert_preset(const char* name, BertConfig* c) {
     memset(c, 0, sizeof(*c));
-    c->type_vocab_size = 2;
-    c->ln_eps = 1e-12f;
-    c->max_position = 512;
-    if (!strcmp(name, "tiny")) {  // tests: odd vocabulary, two layers, two 16-wide heads
-        c->vocab_size = 211;
-        c->max_position = 40;
-        c->hidden = 32;
-        c->layers = 2;
-        c->heads = 2;
-        c->intermediate = 64;
-    } else if (!strcmp(name, "bert-base")) {
-        c->vocab_size = 30522;
-        c->hidden = 768;
-        c->layers = 12;
-        c->heads = 12;
-        c->intermediate = 3072;
-    } else if (!strcmp(name, "bert-large")) {
-        c->vocab_size = 30522;
-        c->hidden = 1024;
-        c->layers = 24;
-        c->heads = 16;
-        c->intermediate = 4096;
-    } else if (!strcmp(name, "paper-120m")) {
-        c->vocab_size = 50304;
-        c->hidden = 768;
-        c->layers = 12;
-        c->heads = 12;
-        c->intermediate = 3072;
-    } else if (!strcmp(name, "paper-350m")) {
-        c->vocab_size = 50304;
-        c->hidden = 1024;
-        c->layers = 24;
-        c->heads = 16;
-        c->intermediate = 4096;
-    } else {
-        return 0;
+    for (int i = 0; i < BERT_NUM_PRESETS; i++) {
+        if (strcmp(name, bert_presets[i].name)) continue;
+        c->vocab_size = bert_presets[i].vocab_size;
+        c->max_position = bert_presets[i].max_position;
+        c->type_vocab_size = 2;
+        c->hidden = bert_presets[i].hidden;
+        c->layers = bert_presets[i].layers;
+        c->heads = bert_presets[i].heads;
+        c->intermediate = bert_presets[i].intermediate;
+        c->ln_eps = 1e-12f;
+        return 1;
     }
-    return 1;
+    return 0;
 }
-static const char* const bert_preset_names[] = {"tiny", "bert-base", "bert-large", "paper-120m", "paper-350m"};
 
 // bert_config_check: 1 when the kernels can run this configuration; otherwise prints why and gives 0.
 static inline int bert_config_check(const BertConfig* c) {

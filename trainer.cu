@@ -441,8 +441,9 @@ int main(int argc, char** argv) {
         }
     } else {
         if (!bert_preset(o.preset, &cfg)) {
-            fprintf(stderr, "trainer: --preset %s: unknown (tiny, bert-base, bert-large, paper-120m, paper-350m)\n",
-                    o.preset);
+            fprintf(stderr, "trainer: --preset %s: unknown; one of:", o.preset);
+            for (int i = 0; i < BERT_NUM_PRESETS; i++) fprintf(stderr, " %s", bert_presets[i].name);
+            fprintf(stderr, "\n");
             return 1;
         }
         cfg.vocab_size = data_vocab;

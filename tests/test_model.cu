@@ -23,13 +23,14 @@ static const int FP32 = sizeof(floatX) == 4;
 
 static void test_presets(void) {
     static const size_t want[5] = {26579, 109514298, 335174458, 124726656, 355451008};
+    CHECK(BERT_NUM_PRESETS == 5, "%d presets", BERT_NUM_PRESETS);
     for (int i = 0; i < 5; i++) {
         BertConfig c;
-        CHECK(bert_preset(bert_preset_names[i], &c) && bert_config_check(&c), "preset %s", bert_preset_names[i]);
+        CHECK(bert_preset(bert_presets[i].name, &c) && bert_config_check(&c), "preset %s", bert_presets[i].name);
         BertParams p;
         bert_params_build(&p, &c);
         size_t n = bert_param_count(&p);
-        CHECK(n == want[i], "%s: %zu parameters, want %zu", bert_preset_names[i], n, want[i]);
+        CHECK(n == want[i], "%s: %zu parameters, want %zu", bert_presets[i].name, n, want[i]);
         // the slab is the table: offsets increase, tensors do not overlap, decayed ones come first
         int ok = 1;
         for (int k = 0; k < p.n; k++) {
@@ -37,13 +38,13 @@ static void test_presets(void) {
             if (t->offset % 8 || (k + 1 < p.n && t->offset + t->numel > p.t[k + 1].offset)) ok = 0;
             if ((t->offset < p.n_decay) != (t->decay == 1) || (t->decay != (t->rank == 2))) ok = 0;
         }
-        CHECK(ok, "%s: table layout", bert_preset_names[i]);
+        CHECK(ok, "%s: table layout", bert_presets[i].name);
         // fused QKV: query, key, value weights adjacent, and their biases
         size_t C = c.hidden;
         CHECK(bert_layer_off(&p, 0, BL_KW) == bert_layer_off(&p, 0, BL_QW) + C * C &&
                   bert_layer_off(&p, 0, BL_VW) == bert_layer_off(&p, 0, BL_QW) + 2 * C * C &&
                   bert_layer_off(&p, 0, BL_VB) == bert_layer_off(&p, 0, BL_QB) + 2 * C,
-              "%s: QKV adjacent", bert_preset_names[i]);
+              "%s: QKV adjacent", bert_presets[i].name);
         bert_params_free(&p);
     }
     BertConfig c;
