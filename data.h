@@ -65,7 +65,8 @@ static inline void crc32_make_tables(void) {
         crc32_table[0][i] = c;
     }
     for (uint32_t i = 0; i < 256; i++)
-        for (int t = 1; t < 8; t++) crc32_table[t][i] = (crc32_table[t - 1][i] >> 8) ^ crc32_table[0][crc32_table[t - 1][i] & 0xFF];
+        for (int t = 1; t < 8; t++)
+            crc32_table[t][i] = (crc32_table[t - 1][i] >> 8) ^ crc32_table[0][crc32_table[t - 1][i] & 0xFF];
 }
 // crc32_update(crc, p, n): continue a CRC over n more bytes; start with crc = 0 (as zlib.crc32).
 static inline uint32_t crc32_update(uint32_t crc, const void* data, size_t n) {
@@ -194,8 +195,8 @@ static inline int shard_check_header(const uint8_t* buf, size_t size, const char
                             h->vocab_size - 1, optional ? ", or -1 for none" : "");
         for (int j = 0; j < i; j++)
             if (ids[i] >= 0 && ids[i] == ids[j])
-                return data_err(err, "data: %s: %s and %s are both %d (expected distinct special tokens)", name, names[j],
-                                names[i], ids[i]);
+                return data_err(err, "data: %s: %s and %s are both %d (expected distinct special tokens)", name,
+                                names[j], names[i], ids[i]);
     }
     if (h->vocab_size <= SHARD_NUM_SPECIAL)
         return data_err(err, "data: %s: vocab size %u leaves no ordinary tokens", name, h->vocab_size);
@@ -204,8 +205,9 @@ static inline int shard_check_header(const uint8_t* buf, size_t size, const char
     if (h->num_samples == 0) return data_err(err, "data: %s: the shard holds no samples", name);
     // Sizes, compared before they are multiplied so that a huge count cannot overflow.
     if (h->num_tokens > size / h->token_bytes || h->num_samples > size / 8)
-        return data_err(err, "data: %s: header claims %llu tokens and %llu samples, more than a %zu-byte file holds (truncated?)",
-                        name, (unsigned long long)h->num_tokens, (unsigned long long)h->num_samples, size);
+        return data_err(
+            err, "data: %s: header claims %llu tokens and %llu samples, more than a %zu-byte file holds (truncated?)",
+            name, (unsigned long long)h->num_tokens, (unsigned long long)h->num_samples, size);
     uint64_t off_pos = shard_offsets_pos(h->num_tokens, h->token_bytes);
     uint64_t want = off_pos + 8 * (h->num_samples + 1);
     if (want != size)
@@ -261,8 +263,13 @@ static inline int shard_check_data(const uint8_t* buf, size_t size, const char* 
             }
             if (mx >= h->vocab_size) {  // find the first bad token, for the message
                 for (size_t i = 0; i < m; i++) {
-                    uint32_t t = h->token_bytes == 2 ? ((const uint16_t*)(buf + pos))[i] : ((const uint32_t*)(buf + pos))[i];
-                    if (t >= h->vocab_size) { bad_at = (pos - SHARD_HEADER_BYTES) / h->token_bytes + i; max_tok = t; break; }
+                    uint32_t t =
+                        h->token_bytes == 2 ? ((const uint16_t*)(buf + pos))[i] : ((const uint32_t*)(buf + pos))[i];
+                    if (t >= h->vocab_size) {
+                        bad_at = (pos - SHARD_HEADER_BYTES) / h->token_bytes + i;
+                        max_tok = t;
+                        break;
+                    }
                 }
             }
         }
@@ -278,7 +285,8 @@ static inline int shard_check_data(const uint8_t* buf, size_t size, const char* 
 
 // shard_write: writes a shard (tests and the benchmark use this; tools/prepare.py writes the same
 // bytes). tokens: (h->num_tokens) ids; offsets: (h->num_samples + 1). Fills in h->data_crc.
-static inline int shard_write(const char* path, ShardHeader* h, const uint32_t* tokens, const uint64_t* offsets, char* err) {
+static inline int shard_write(const char* path, ShardHeader* h, const uint32_t* tokens, const uint64_t* offsets,
+                              char* err) {
     FILE* f = fopen(path, "wb");
     if (!f) return data_err(err, "data: %s: cannot create: %s", path, strerror(errno));
     uint8_t header[SHARD_HEADER_BYTES] = {0};
@@ -391,16 +399,20 @@ static inline int shards_open_all(const char* pattern, Shard** out, int* n_out, 
     *n_out = 0;
     struct stat st;
     if (stat(pattern, &st) == 0 && S_ISDIR(st.st_mode))
-        return data_err(err, "data: %s: is a directory (expected a pattern of shard files, e.g. %s/train_*.bin)", pattern,
-                        pattern);
+        return data_err(err, "data: %s: is a directory (expected a pattern of shard files, e.g. %s/train_*.bin)",
+                        pattern, pattern);
     glob_t g;
     int rc = glob(pattern, 0, NULL, &g);
     if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) {
         if (rc == 0) globfree(&g);
-        return data_err(err, "data: %s: no shard files match (an empty split, or a wrong path? expected files written by "
-                             "tools/prepare.py, e.g. DIR/train_*.bin)", pattern);
+        return data_err(err,
+                        "data: %s: no shard files match (an empty split, or a wrong path? expected files written by "
+                        "tools/prepare.py, e.g. DIR/train_*.bin)",
+                        pattern);
     }
-    if (rc != 0) return data_err(err, "data: %s: cannot list the shard files (glob error %d: unreadable directory?)", pattern, rc);
+    if (rc != 0)
+        return data_err(err, "data: %s: cannot list the shard files (glob error %d: unreadable directory?)", pattern,
+                        rc);
     Shard* s = (Shard*)calloc(g.gl_pathc, sizeof(Shard));
     *out = s;
     for (size_t i = 0; i < g.gl_pathc; i++) {
@@ -507,7 +519,7 @@ static inline uint64_t perm_index(uint64_t i, uint64_t n, uint64_t key) {
 typedef struct {
     size_t stride;  // int32 elements between arrays: B*T+1 rounded up to 64
     size_t input_ids, segment_ids, position_ids, cu_seqlens, mask_pos, mask_target;  // offsets, in int32 elements
-    size_t ints;    // total int32 elements of one batch
+    size_t ints;  // total int32 elements of one batch
 } BatchLayout;
 static inline BatchLayout batch_layout(int B, int T) {
     BatchLayout L;
@@ -528,8 +540,9 @@ static inline size_t dataloader_device_bytes(int B, int T) { return 2 * dataload
 // What dataloader_next() hands the trainer. The device pointers stay valid for the work the
 // trainer enqueues on its compute stream until it calls dataloader_next() again.
 typedef struct {
-    const int32_t *input_ids, *segment_ids, *position_ids, *cu_seqlens, *mask_pos, *mask_target;  // device, layout above
-    const int32_t* device_base;  // the whole batch block on the device (header first)
+    const int32_t *input_ids, *segment_ids, *position_ids, *cu_seqlens, *mask_pos,
+        *mask_target;                                            // device, layout above
+    const int32_t* device_base;                                  // the whole batch block on the device (header first)
     int num_segments, num_masked, num_real_tokens, num_samples;  // host copies of the counts (launch sizes)
     int64_t epoch, row;  // where this batch starts in the global row stream (the same on every rank)
     double wait_ms;      // host time dataloader_next() waited for the loader threads: the data stall
@@ -573,7 +586,7 @@ static inline DataLoaderConfig dataloader_default_config(const char* pattern, in
 // exactly the same batches); everything random derives from seed and position.
 #define DATA_STATE_VERSION 1
 typedef struct {
-    uint64_t version;      // DATA_STATE_VERSION
+    uint64_t version;  // DATA_STATE_VERSION
     uint64_t seed;
     uint64_t epoch, row;   // the next batch: epoch, first global row of it
     uint64_t num_samples;  // the data set the position refers to
@@ -588,11 +601,11 @@ typedef struct {
 
 enum { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_COPYING };
 typedef struct {
-    int32_t* host;        // pinned, batch_layout ints
+    int32_t* host;  // pinned, batch_layout ints
     int state;
-    int64_t seq;          // which micro-batch it holds
+    int64_t seq;  // which micro-batch it holds
     int64_t epoch, row, next_epoch, next_row;
-    cudaEvent_t copied;   // recorded on the copy stream after this slot's host-to-device copy
+    cudaEvent_t copied;  // recorded on the copy stream after this slot's host-to-device copy
 } Slot;
 
 // What a loader thread needs to fill one batch, copied out of the plan under the lock.
@@ -624,10 +637,10 @@ struct DataLoader {
     // The current epoch's plan: row r is the samples order[row_start[r] .. row_start[r+1]).
     int64_t plan_epoch;
     uint64_t num_rows;
-    uint32_t *order, *row_start;                   // (N), (N+1)
-    uint32_t* open_sample;                         // (DATA_OPEN_ROWS * T) rows being packed
+    uint32_t *order, *row_start;  // (N), (N+1)
+    uint32_t* open_sample;        // (DATA_OPEN_ROWS * T) rows being packed
     int open_len[DATA_OPEN_ROWS], open_n[DATA_OPEN_ROWS];
-    double plan_fill;                              // real tokens / (rows * T) of the last plan
+    double plan_fill;  // real tokens / (rows * T) of the last plan
 
     // The ring. Producers claim micro-batches in order (prod_*) under `lock`; the consumer takes them in order.
     pthread_mutex_t lock;
@@ -652,7 +665,10 @@ static inline int shard_of(const DataLoader* dl, uint64_t g) {  // binary search
     int lo = 0, hi = dl->num_shards - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (dl->shards[mid].first <= g) lo = mid; else hi = mid - 1;
+        if (dl->shards[mid].first <= g)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     return lo;
 }
@@ -765,8 +781,8 @@ static inline int is_special(const uint32_t* sp, uint32_t t) {
 // Returns -1 (with dl->error) if a token id is outside the vocabulary: possible only when the
 // shards were opened without verify and are bad.
 // bits: scratch of (T+63)/64 words.
-static inline int fill_sample(DataLoader* dl, uint64_t g, int64_t epoch, int32_t* slot, size_t at, int seg, int* num_masked,
-                              uint64_t* bits) {
+static inline int fill_sample(DataLoader* dl, uint64_t g, int64_t epoch, int32_t* slot, size_t at, int seg,
+                              int* num_masked, uint64_t* bits) {
     const BatchLayout* L = &dl->L;
     const Shard* s = &dl->shards[shard_of(dl, g)];
     uint64_t i = g - s->first, o0 = s->offsets[i];
@@ -797,8 +813,10 @@ static inline int fill_sample(DataLoader* dl, uint64_t g, int64_t epoch, int32_t
     if (bad) {
         pthread_mutex_lock(&dl->lock);
         if (!dl->failed)
-            data_err(dl->error, "data: %s: sample %llu holds a token id >= the vocab size %u (a corrupt shard: run with verify on)",
-                     s->path, (unsigned long long)i, vocab);
+            data_err(
+                dl->error,
+                "data: %s: sample %llu holds a token id >= the vocab size %u (a corrupt shard: run with verify on)",
+                s->path, (unsigned long long)i, vocab);
         dl->failed = 1;
         pthread_mutex_unlock(&dl->lock);
         return -1;
@@ -953,15 +971,20 @@ static inline int dataloader_init(DataLoader* dl, const DataLoaderConfig* cfg) {
     pthread_cond_init(&dl->cv_ready, NULL);
     pthread_cond_init(&dl->cv_free, NULL);
     char* err = dl->error;
-    if (!cfg->pattern) { data_err(err, "data: no shard pattern given"); goto fail; }
+    if (!cfg->pattern) {
+        data_err(err, "data: no shard pattern given");
+        goto fail;
+    }
     dl->pattern = strdup(cfg->pattern);
     dl->cfg.pattern = dl->pattern;
     if (cfg->B < 1 || cfg->T < 2 || (int64_t)cfg->B * cfg->T > (1 << 26) || cfg->world < 1 || cfg->rank < 0 ||
         cfg->rank >= cfg->world || cfg->num_threads < 1 || cfg->num_threads > 256 || cfg->ring_slots < 2 ||
         !(cfg->mask_prob >= 0 && cfg->mask_prob < 1)) {
-        data_err(err, "data: %s: bad loader settings B=%d T=%d rank=%d world=%d threads=%d slots=%d mask_prob=%g (expected "
-                      "B>=1, T>=2, B*T<=2^26, 0<=rank<world, 1..256 threads, >=2 slots, 0<=mask_prob<1)",
-                 cfg->pattern, cfg->B, cfg->T, cfg->rank, cfg->world, cfg->num_threads, cfg->ring_slots, cfg->mask_prob);
+        data_err(err,
+                 "data: %s: bad loader settings B=%d T=%d rank=%d world=%d threads=%d slots=%d mask_prob=%g (expected "
+                 "B>=1, T>=2, B*T<=2^26, 0<=rank<world, 1..256 threads, >=2 slots, 0<=mask_prob<1)",
+                 cfg->pattern, cfg->B, cfg->T, cfg->rank, cfg->world, cfg->num_threads, cfg->ring_slots,
+                 cfg->mask_prob);
         goto fail;
     }
     if (shards_open_all(cfg->pattern, &dl->shards, &dl->num_shards, 0, err)) goto fail;
@@ -969,9 +992,11 @@ static inline int dataloader_init(DataLoader* dl, const DataLoaderConfig* cfg) {
     for (int i = 0; i < dl->num_shards; i++) {
         Shard* s = &dl->shards[i];
         const ShardHeader *a = &dl->h, *b = &s->h;
-        if (a->vocab_size != b->vocab_size || a->pad_id != b->pad_id || a->cls_id != b->cls_id || a->sep_id != b->sep_id ||
-            a->mask_id != b->mask_id || a->unk_id != b->unk_id) {
-            data_err(err, "data: %s: vocabulary (size %u, special ids %d %d %d %d %d) differs from %s's (size %u, %d %d %d %d %d)",
+        if (a->vocab_size != b->vocab_size || a->pad_id != b->pad_id || a->cls_id != b->cls_id ||
+            a->sep_id != b->sep_id || a->mask_id != b->mask_id || a->unk_id != b->unk_id) {
+            data_err(err,
+                     "data: %s: vocabulary (size %u, special ids %d %d %d %d %d) differs from %s's (size %u, %d %d %d "
+                     "%d %d)",
                      s->path, b->vocab_size, b->pad_id, b->cls_id, b->sep_id, b->mask_id, b->unk_id, dl->shards[0].path,
                      a->vocab_size, a->pad_id, a->cls_id, a->sep_id, a->mask_id, a->unk_id);
             goto fail;
@@ -1024,7 +1049,10 @@ static inline int dataloader_init(DataLoader* dl, const DataLoaderConfig* cfg) {
             w->job.row_count = (int*)malloc(sizeof(int) * B);
             w->job.sample = (uint32_t*)malloc(sizeof(uint32_t) * B * T);
             w->job.bits = (uint64_t*)malloc(sizeof(uint64_t) * ((T + 63) / 64));
-            if (!w->job.row_count || !w->job.sample || !w->job.bits) { data_err(err, "data: out of host memory"); goto fail; }
+            if (!w->job.row_count || !w->job.sample || !w->job.bits) {
+                data_err(err, "data: out of host memory");
+                goto fail;
+            }
         }
         cudaError_t ce = cudaGetDevice(&dl->device);
         if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&dl->copy_stream, cudaStreamNonBlocking);
@@ -1038,28 +1066,32 @@ static inline int dataloader_init(DataLoader* dl, const DataLoaderConfig* cfg) {
             if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&dl->dev_free[i], cudaEventDisableTiming);
         }
         if (ce != cudaSuccess) {
-            data_err(err, "data: %s: CUDA allocation of the loader's buffers (%d pinned slots + 2 device batches of %zu bytes) "
-                          "failed: %s", cfg->pattern, K, bytes, cudaGetErrorString(ce));
+            data_err(
+                err,
+                "data: %s: CUDA allocation of the loader's buffers (%d pinned slots + 2 device batches of %zu bytes) "
+                "failed: %s",
+                cfg->pattern, K, bytes, cudaGetErrorString(ce));
             goto fail;
         }
     }
     dl->plan_epoch = -1;
     if (cfg->verbose) {
         plan_build(dl, 0);
-        printf("data: %s: %d shards, %llu samples, %llu tokens, vocab %u; epoch 0: %llu rows of %d (%.1f%% real tokens), "
-               "rank %d/%d takes %d rows per micro-batch\n",
-               cfg->pattern, dl->num_shards, (unsigned long long)dl->num_samples, (unsigned long long)dl->num_tokens,
-               dl->h.vocab_size, (unsigned long long)dl->num_rows, cfg->T, 100 * dl->plan_fill, cfg->rank, cfg->world, cfg->B);
+        printf(
+            "data: %s: %d shards, %llu samples, %llu tokens, vocab %u; epoch 0: %llu rows of %d (%.1f%% real tokens), "
+            "rank %d/%d takes %d rows per micro-batch\n",
+            cfg->pattern, dl->num_shards, (unsigned long long)dl->num_samples, (unsigned long long)dl->num_tokens,
+            dl->h.vocab_size, (unsigned long long)dl->num_rows, cfg->T, 100 * dl->plan_fill, cfg->rank, cfg->world,
+            cfg->B);
     }
     loader_start(dl);
     return 0;
-fail:
-    {
-        char saved[DATA_ERR_LEN];
-        memcpy(saved, dl->error, DATA_ERR_LEN);
-        dataloader_free(dl);
-        memcpy(dl->error, saved, DATA_ERR_LEN);
-    }
+fail : {
+    char saved[DATA_ERR_LEN];
+    memcpy(saved, dl->error, DATA_ERR_LEN);
+    dataloader_free(dl);
+    memcpy(dl->error, saved, DATA_ERR_LEN);
+}
     return -1;
 }
 
@@ -1089,7 +1121,8 @@ static inline int dataloader_next(DataLoader* dl, cudaStream_t stream, Batch* ou
         dl->dev_free_recorded[prev] = 1;
     }
     if (dl->dev_free_recorded[d]) cudaStreamWaitEvent(dl->copy_stream, dl->dev_free[d], 0);  // batch m-2 is done
-    cudaError_t ce = cudaMemcpyAsync(dl->dev[d], s->host, dl->L.ints * sizeof(int32_t), cudaMemcpyHostToDevice, dl->copy_stream);
+    cudaError_t ce =
+        cudaMemcpyAsync(dl->dev[d], s->host, dl->L.ints * sizeof(int32_t), cudaMemcpyHostToDevice, dl->copy_stream);
     if (ce == cudaSuccess) ce = cudaEventRecord(s->copied, dl->copy_stream);
     if (ce == cudaSuccess) ce = cudaStreamWaitEvent(stream, s->copied, 0);
     if (ce != cudaSuccess) {
@@ -1146,15 +1179,17 @@ static inline int dataloader_restore(DataLoader* dl, const DataLoaderState* st) 
         return data_err(dl->error, "data: checkpoint loader state version %llu (expected %d)",
                         (unsigned long long)st->version, DATA_STATE_VERSION);
     if (st->num_samples != dl->num_samples || st->fingerprint != dl->fingerprint)
-        return data_err(dl->error, "data: %s: the checkpoint was made on other data (%llu samples, fingerprint %016llx; "
-                                   "these shards: %llu samples, %016llx)", dl->pattern, (unsigned long long)st->num_samples,
-                        (unsigned long long)st->fingerprint, (unsigned long long)dl->num_samples,
-                        (unsigned long long)dl->fingerprint);
+        return data_err(dl->error,
+                        "data: %s: the checkpoint was made on other data (%llu samples, fingerprint %016llx; "
+                        "these shards: %llu samples, %016llx)",
+                        dl->pattern, (unsigned long long)st->num_samples, (unsigned long long)st->fingerprint,
+                        (unsigned long long)dl->num_samples, (unsigned long long)dl->fingerprint);
     DataLoaderState mine = dataloader_state(dl);
     if (st->T != mine.T || st->mask_prob_ppm != mine.mask_prob_ppm || st->shuffle != mine.shuffle)
-        return data_err(dl->error, "data: the checkpoint's loader used T=%u mask_prob=%g shuffle=%u; this run has T=%u "
-                                   "mask_prob=%g shuffle=%u (expected the same)", st->T, st->mask_prob_ppm * 1e-6,
-                        st->shuffle, mine.T, mine.mask_prob_ppm * 1e-6, mine.shuffle);
+        return data_err(dl->error,
+                        "data: the checkpoint's loader used T=%u mask_prob=%g shuffle=%u; this run has T=%u "
+                        "mask_prob=%g shuffle=%u (expected the same)",
+                        st->T, st->mask_prob_ppm * 1e-6, st->shuffle, mine.T, mine.mask_prob_ppm * 1e-6, mine.shuffle);
     loader_stop(dl);
     dl->cfg.seed = st->seed;
     dl->plan_epoch = -1;  // the seed may have changed
@@ -1271,8 +1306,10 @@ static inline int stage_copy(const Shard* s, const char* dst, const char* tmp, c
     }
     if (crc != s->h.data_crc) {
         unlink(tmp);
-        return data_err(err, "data: %s: data checksum 0x%08x, the header says 0x%08x (the shared copy is corrupt; nothing "
-                             "was staged)", s->path, crc, s->h.data_crc);
+        return data_err(err,
+                        "data: %s: data checksum 0x%08x, the header says 0x%08x (the shared copy is corrupt; nothing "
+                        "was staged)",
+                        s->path, crc, s->h.data_crc);
     }
     if (rename(tmp, dst) != 0) {
         unlink(tmp);
@@ -1282,7 +1319,7 @@ static inline int stage_copy(const Shard* s, const char* dst, const char* tmp, c
 }
 
 static inline int dataloader_stage(const char* pattern, const char* local_dir, int local_rank, double timeout_s,
-                            char* local_pattern, size_t cap, char* err) {
+                                   char* local_pattern, size_t cap, char* err) {
     const char* base = data_basename(pattern);
     if (snprintf(local_pattern, cap, "%s/%s", local_dir, base) >= (int)cap)
         return data_err(err, "data: %s: staging path too long", local_dir);
@@ -1327,7 +1364,8 @@ static inline int dataloader_stage(const char* pattern, const char* local_dir, i
         if (glob(local_pattern, 0, NULL, &g) == 0) {
             for (size_t k = 0; k < g.gl_pathc; k++) {
                 int keep = 0;
-                for (int i = 0; i < n && !keep; i++) keep = !strcmp(data_basename(g.gl_pathv[k]), data_basename(shards[i].path));
+                for (int i = 0; i < n && !keep; i++)
+                    keep = !strcmp(data_basename(g.gl_pathv[k]), data_basename(shards[i].path));
                 if (!keep) unlink(g.gl_pathv[k]);
             }
             globfree(&g);

@@ -65,7 +65,10 @@ static void make_shards(const char* dir, double gb, int T) {
         h.num_samples = ns;
         h.num_tokens = n;
         snprintf(path, sizeof(path), "%s/train_%05d.bin", dir, s);
-        if (shard_write(path, &h, tok, off, err)) { fprintf(stderr, "%s\n", err); exit(1); }
+        if (shard_write(path, &h, tok, off, err)) {
+            fprintf(stderr, "%s\n", err);
+            exit(1);
+        }
         made += n;
     }
     printf("made %.2f GB of shards (%llu tokens) in %s in %.1f s\n", made * 2 / 1e9, (unsigned long long)made, dir,
@@ -75,13 +78,17 @@ static void make_shards(const char* dir, double gb, int T) {
 }
 
 // One thread's work alone: claim the next batch and fill a slot, no ring, no other thread.
-static void bench_fill(const char* pattern, int B, int T, float mask_prob, double seconds, double* tok_s, double* pos_s) {
+static void bench_fill(const char* pattern, int B, int T, float mask_prob, double seconds, double* tok_s,
+                       double* pos_s) {
     DataLoader dl;
     DataLoaderConfig cfg = dataloader_default_config(pattern, B, T);
     cfg.num_threads = 1;
     cfg.verify = 0;
     cfg.mask_prob = mask_prob;
-    if (dataloader_init(&dl, &cfg)) { fprintf(stderr, "%s\n", dl.error); exit(1); }
+    if (dataloader_init(&dl, &cfg)) {
+        fprintf(stderr, "%s\n", dl.error);
+        exit(1);
+    }
     loader_stop(&dl);  // measure the work of one loader thread, here, alone
     Job* job = &dl.workers[0].job;
     int32_t* slot = dl.slots[0].host;
@@ -94,7 +101,10 @@ static void bench_fill(const char* pattern, int B, int T, float mask_prob, doubl
         pthread_mutex_lock(&dl.lock);
         claim_job(&dl, job);
         pthread_mutex_unlock(&dl.lock);
-        if (fill_batch(&dl, job, slot)) { fprintf(stderr, "%s\n", dl.error); exit(1); }
+        if (fill_batch(&dl, job, slot)) {
+            fprintf(stderr, "%s\n", dl.error);
+            exit(1);
+        }
         real += (uint64_t)slot[2];
         batches++;
     } while ((t = now_s() - t0) < seconds);
@@ -104,13 +114,17 @@ static void bench_fill(const char* pattern, int B, int T, float mask_prob, doubl
 }
 
 // The pipeline: threads fill the ring, this thread takes batches as fast as it can.
-static void bench_pipeline(const char* pattern, int B, int T, int threads, double seconds, double* tok_s, double* wait_ms) {
+static void bench_pipeline(const char* pattern, int B, int T, int threads, double seconds, double* tok_s,
+                           double* wait_ms) {
     DataLoader dl;
     DataLoaderConfig cfg = dataloader_default_config(pattern, B, T);
     cfg.num_threads = threads;
     cfg.ring_slots = 2 * threads + 2;
     cfg.verify = 0;
-    if (dataloader_init(&dl, &cfg)) { fprintf(stderr, "%s\n", dl.error); exit(1); }
+    if (dataloader_init(&dl, &cfg)) {
+        fprintf(stderr, "%s\n", dl.error);
+        exit(1);
+    }
     cudaStream_t s;
     cudaStreamCreate(&s);
     Batch b;
@@ -118,7 +132,10 @@ static void bench_pipeline(const char* pattern, int B, int T, int threads, doubl
     uint64_t real = 0, n = 0;
     double waited = 0, t0 = now_s(), t;
     do {
-        if (dataloader_next(&dl, s, &b)) { fprintf(stderr, "%s\n", dl.error); exit(1); }
+        if (dataloader_next(&dl, s, &b)) {
+            fprintf(stderr, "%s\n", dl.error);
+            exit(1);
+        }
         real += (uint64_t)b.num_real_tokens;
         waited += b.wait_ms;
         n++;
@@ -137,21 +154,33 @@ int main(int argc, char** argv) {
     double gen_gb = 1.1, seconds = 5;
     int B = 32, T = 512;
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--shards")) shards = argv[i + 1];
-        else if (!strcmp(argv[i], "--gen-dir")) gen_dir = argv[i + 1];
-        else if (!strcmp(argv[i], "--gen-gb")) gen_gb = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--seconds")) seconds = atof(argv[i + 1]);
-        else if (!strcmp(argv[i], "--B")) B = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--T")) T = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--hf-python")) hf_python = argv[i + 1];
-        else { fprintf(stderr, "unknown option %s (see the top of tests/bench_loader.cu)\n", argv[i]); return 1; }
+        if (!strcmp(argv[i], "--shards"))
+            shards = argv[i + 1];
+        else if (!strcmp(argv[i], "--gen-dir"))
+            gen_dir = argv[i + 1];
+        else if (!strcmp(argv[i], "--gen-gb"))
+            gen_gb = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--seconds"))
+            seconds = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--B"))
+            B = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--T"))
+            T = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--hf-python"))
+            hf_python = argv[i + 1];
+        else {
+            fprintf(stderr, "unknown option %s (see the top of tests/bench_loader.cu)\n", argv[i]);
+            return 1;
+        }
     }
     char pattern[700];
     if (!shards) {
         snprintf(pattern, sizeof(pattern), "%s/train_*.bin", gen_dir);
         glob_t g;
-        if (glob(pattern, 0, NULL, &g) != 0) make_shards(gen_dir, gen_gb, T);
-        else globfree(&g);
+        if (glob(pattern, 0, NULL, &g) != 0)
+            make_shards(gen_dir, gen_gb, T);
+        else
+            globfree(&g);
         shards = pattern;
     }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -163,21 +192,28 @@ int main(int argc, char** argv) {
         DataLoaderConfig cfg = dataloader_default_config(shards, B, T);
         cfg.num_threads = th;
         double t0 = now_s();
-        if (dataloader_init(&dl, &cfg)) { fprintf(stderr, "%s\n", dl.error); return 1; }
+        if (dataloader_init(&dl, &cfg)) {
+            fprintf(stderr, "%s\n", dl.error);
+            return 1;
+        }
         double t = now_s() - t0;
         uint64_t bytes = 0;
         for (int i = 0; i < dl.num_shards; i++) bytes += dl.shards[i].bytes;
-        printf("init with verification, %d thread(s): %d shards, %.2f GB, %llu samples, %llu tokens in %.2f s (%.2f GB/s)\n", th,
-               dl.num_shards, bytes / 1e9, (unsigned long long)dl.num_samples, (unsigned long long)dl.num_tokens, t,
-               bytes / 1e9 / t);
+        printf(
+            "init with verification, %d thread(s): %d shards, %.2f GB, %llu samples, %llu tokens in %.2f s (%.2f "
+            "GB/s)\n",
+            th, dl.num_shards, bytes / 1e9, (unsigned long long)dl.num_samples, (unsigned long long)dl.num_tokens, t,
+            bytes / 1e9 / t);
         if (th == 2) {
             pthread_mutex_lock(&dl.lock);
             t0 = now_s();
             plan_build(&dl, 7);
             t = now_s() - t0;
-            printf("epoch plan (shuffle + best-fit packing of %d open rows): %.2f s for %llu samples (%.0f ns/sample); "
-                   "%llu rows, %.2f%% of positions hold real tokens\n", DATA_OPEN_ROWS, t, (unsigned long long)dl.num_samples,
-                   1e9 * t / dl.num_samples, (unsigned long long)dl.num_rows, 100 * dl.plan_fill);
+            printf(
+                "epoch plan (shuffle + best-fit packing of %d open rows): %.2f s for %llu samples (%.0f ns/sample); "
+                "%llu rows, %.2f%% of positions hold real tokens\n",
+                DATA_OPEN_ROWS, t, (unsigned long long)dl.num_samples, 1e9 * t / dl.num_samples,
+                (unsigned long long)dl.num_rows, 100 * dl.plan_fill);
             pthread_mutex_unlock(&dl.lock);
         }
         dataloader_free(&dl);
@@ -186,22 +222,25 @@ int main(int argc, char** argv) {
     double tok, pos, tok0, pos0;
     bench_fill(shards, B, T, 0.15f, seconds, &tok, &pos);
     bench_fill(shards, B, T, 0.0f, seconds, &tok0, &pos0);
-    printf("one loader thread alone, with MLM masking:    %7.1f M tokens/s (%.1f M positions/s)\n", tok / 1e6, pos / 1e6);
+    printf("one loader thread alone, with MLM masking:    %7.1f M tokens/s (%.1f M positions/s)\n", tok / 1e6,
+           pos / 1e6);
     printf("one loader thread alone, without masking:     %7.1f M tokens/s (masking costs %.0f%%)\n", tok0 / 1e6,
            100 * (1 - tok / tok0));
     double pipe_tok[3] = {0}, pipe_wait[3] = {0};
     for (int th = 1; th <= 2; th++) {
         bench_pipeline(shards, B, T, th, seconds, &pipe_tok[th], &pipe_wait[th]);
-        printf("pipeline, %d loader thread(s) + consumer:     %7.1f M tokens/s delivered (consumer waited %.3f ms/batch)\n", th,
-               pipe_tok[th] / 1e6, pipe_wait[th]);
+        printf(
+            "pipeline, %d loader thread(s) + consumer:     %7.1f M tokens/s delivered (consumer waited %.3f "
+            "ms/batch)\n",
+            th, pipe_tok[th] / 1e6, pipe_wait[th]);
     }
     printf("target: one thread >= 70 M tokens/s (100x an H100 on BERT-base at 50%% MFU, ~0.71 M tokens/s): %s\n",
            tok >= 70e6 ? "met" : "NOT met");
 
     // Hugging Face, on the same shards.
     char cmd[2000];
-    snprintf(cmd, sizeof(cmd), "%s tools/bench_hf_collator.py --shards '%s' --seq-len %d --seconds %g 2>&1", hf_python, shards,
-             T, seconds);
+    snprintf(cmd, sizeof(cmd), "%s tools/bench_hf_collator.py --shards '%s' --seq-len %d --seconds %g 2>&1", hf_python,
+             shards, T, seconds);
     FILE* p = popen(cmd, "r");
     double hf = 0;
     char line[1000];
@@ -212,8 +251,12 @@ int main(int argc, char** argv) {
     }
     if (p) pclose(p);
     if (hf > 0)
-        printf("ratio, one data.h loader thread / one Hugging Face DataLoader worker: %.0fx (target >= 20x)\n", tok / hf);
+        printf("ratio, one data.h loader thread / one Hugging Face DataLoader worker: %.0fx (target >= 20x)\n",
+               tok / hf);
     else
-        printf("Hugging Face comparison skipped: `%s` failed (needs torch and transformers; see tools/bench_hf_collator.py)\n", cmd);
+        printf(
+            "Hugging Face comparison skipped: `%s` failed (needs torch and transformers; see "
+            "tools/bench_hf_collator.py)\n",
+            cmd);
     return 0;
 }

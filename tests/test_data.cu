@@ -17,14 +17,14 @@ static const uint32_t VOCAB = 1200;
 static const uint32_t M = VOCAB - FIRST;
 
 typedef struct {
-    uint64_t n;         // samples, in global order (shard after shard)
-    uint64_t* off;      // (n+1)
-    uint32_t* tok;      // all samples back to back
+    uint64_t n;     // samples, in global order (shard after shard)
+    uint64_t* off;  // (n+1)
+    uint32_t* tok;  // all samples back to back
 } Corpus;
 
 static int sample_length(uint64_t g, int max_len) {
     uint64_t h = mix64(g ^ 0xABCDEF);
-    if (h % 10 < 2) return max_len;                    // some fill a row alone
+    if (h % 10 < 2) return max_len;                        // some fill a row alone
     return 4 + (int)((h >> 8) % (uint64_t)(max_len / 2));  // the rest are short: packing matters
 }
 static void sample_tokens(uint64_t g, int len, uint32_t* out) {
@@ -68,7 +68,10 @@ static Corpus make_dataset(const char* dir, const char* prefix, int shards, int 
         h.num_samples = per_shard;
         h.num_tokens = local[per_shard];
         snprintf(path, sizeof(path), "%s/%s_%05d.bin", dir, prefix, s);
-        if (shard_write(path, &h, c.tok + c.off[g0], local, err)) { printf("%s\n", err); exit(1); }
+        if (shard_write(path, &h, c.tok + c.off[g0], local, err)) {
+            printf("%s\n", err);
+            exit(1);
+        }
     }
     free(local);
     return c;
@@ -126,10 +129,12 @@ static int batch_equal(const Reader* r, const int32_t* a, const int32_t* b) {
     const BatchLayout* L = &r->L;
     size_t BT = (size_t)r->B * r->T;
     if (memcmp(a, b, 4 * sizeof(int32_t))) return 0;
-    return !memcmp(a + L->input_ids, b + L->input_ids, BT * 4) && !memcmp(a + L->segment_ids, b + L->segment_ids, BT * 4) &&
+    return !memcmp(a + L->input_ids, b + L->input_ids, BT * 4) &&
+           !memcmp(a + L->segment_ids, b + L->segment_ids, BT * 4) &&
            !memcmp(a + L->position_ids, b + L->position_ids, BT * 4) &&
            !memcmp(a + L->cu_seqlens, b + L->cu_seqlens, (a[0] + 1) * 4) &&
-           !memcmp(a + L->mask_pos, b + L->mask_pos, a[1] * 4) && !memcmp(a + L->mask_target, b + L->mask_target, a[1] * 4);
+           !memcmp(a + L->mask_pos, b + L->mask_pos, a[1] * 4) &&
+           !memcmp(a + L->mask_target, b + L->mask_target, a[1] * 4);
 }
 
 static int next_host(DataLoader* dl, cudaStream_t stream, Reader* r, Batch* b) {
@@ -145,13 +150,14 @@ static int check_batch(const Reader* r, const Batch* b, const Corpus* c, uint64_
     const int32_t* h = r->host;
     const BatchLayout* L = &r->L;
     int BT = r->B * r->T, fails = 0, T = r->T;
-    const int32_t *in = h + L->input_ids, *seg = h + L->segment_ids, *pos = h + L->position_ids, *cu = h + L->cu_seqlens;
+    const int32_t *in = h + L->input_ids, *seg = h + L->segment_ids, *pos = h + L->position_ids,
+                  *cu = h + L->cu_seqlens;
     const int32_t *mpos = h + L->mask_pos, *mtgt = h + L->mask_target;
-#define BCHECK(cond, ...)                   \
-    do {                                    \
-        if (!(cond)) {                      \
+#define BCHECK(cond, ...)                           \
+    do {                                            \
+        if (!(cond)) {                              \
             if (fails++ < 5) CHECK(0, __VA_ARGS__); \
-        }                                   \
+        }                                           \
     } while (0)
     BCHECK(h[0] == b->num_segments && h[1] == b->num_masked && h[2] == b->num_real_tokens && h[3] == b->num_samples,
            "the device header matches the host counts");
@@ -183,13 +189,15 @@ static int check_batch(const Reader* r, const Batch* b, const Corpus* c, uint64_
                (unsigned long long)g);
         if (g < c->n && (int)(c->off[g + 1] - c->off[g]) == len) {
             for (int j = 0; j < len; j++)
-                BCHECK((uint32_t)orig[a + j] == c->tok[c->off[g] + j], "sample %llu token %d", (unsigned long long)g, j);
+                BCHECK((uint32_t)orig[a + j] == c->tok[c->off[g] + j], "sample %llu token %d", (unsigned long long)g,
+                       j);
         }
         if (ids) ids[(*nids)++] = g;
         real += len;
         samples++;
     }
-    BCHECK(real == b->num_real_tokens && samples == b->num_samples, "real tokens %d, samples %d as counted", real, samples);
+    BCHECK(real == b->num_real_tokens && samples == b->num_samples, "real tokens %d, samples %d as counted", real,
+           samples);
     // Masked positions: never special in the original; replacements never special.
     for (int i = 0; i < nm; i++) {
         int32_t o = mtgt[i], x = in[mpos[i]];
@@ -227,12 +235,17 @@ static void test_crc_and_perm(void) {
         int ok = 1, moved = 0, differs = 0;
         for (uint64_t i = 0; i < n; i++) {
             uint64_t p = perm_index(i, n, 42);
-            if (p >= n || seen[p]) ok = 0; else seen[p] = 1;
+            if (p >= n || seen[p])
+                ok = 0;
+            else
+                seen[p] = 1;
             moved += p != i;
             differs += p != perm_index(i, n, 43);
         }
         CHECK(ok, "perm_index is a permutation of [0,%llu)", (unsigned long long)n);
-        if (n >= 1000) CHECK(moved > (int)n * 9 / 10 && differs > (int)n * 9 / 10, "perm_index shuffles (n=%llu: %d moved)", (unsigned long long)n, moved);
+        if (n >= 1000)
+            CHECK(moved > (int)n * 9 / 10 && differs > (int)n * 9 / 10, "perm_index shuffles (n=%llu: %d moved)",
+                  (unsigned long long)n, moved);
         free(seen);
     }
 }
@@ -250,17 +263,22 @@ static void test_format_round_trip(void) {
     if (n == 2) {
         for (int k = 0; k < 2; k++) {
             ShardHeader* h = &s[k].h;
-            CHECK(h->vocab_size == VOCAB && h->token_bytes == (k ? 4u : 2u) && h->num_samples == 50 && h->max_len == 32 &&
-                      h->pad_id == PAD && h->cls_id == CLS && h->sep_id == SEP && h->mask_id == MASKID && h->unk_id == UNK,
+            CHECK(h->vocab_size == VOCAB && h->token_bytes == (k ? 4u : 2u) && h->num_samples == 50 &&
+                      h->max_len == 32 && h->pad_id == PAD && h->cls_id == CLS && h->sep_id == SEP &&
+                      h->mask_id == MASKID && h->unk_id == UNK,
                   "header fields of shard %d", k);
             CHECK(shard_check_data(s[k].map, s[k].bytes, s[k].path, h, err) == 0, "checksum verifies: %s", err);
             int same = 1;
             for (uint64_t i = 0; i < 50; i++) {
                 uint64_t g = k * 50 + i, len = s[k].offsets[i + 1] - s[k].offsets[i];
-                if (len != c.off[g + 1] - c.off[g]) { same = 0; break; }
+                if (len != c.off[g + 1] - c.off[g]) {
+                    same = 0;
+                    break;
+                }
                 for (uint64_t j = 0; j < len; j++) {
                     uint64_t at = s[k].offsets[i] + j;
-                    uint32_t t = h->token_bytes == 2 ? ((const uint16_t*)s[k].tokens)[at] : ((const uint32_t*)s[k].tokens)[at];
+                    uint32_t t =
+                        h->token_bytes == 2 ? ((const uint16_t*)s[k].tokens)[at] : ((const uint32_t*)s[k].tokens)[at];
                     same &= t == c.tok[c.off[g] + j];
                 }
             }
@@ -276,7 +294,11 @@ static void test_format_round_trip(void) {
     uint64_t offs[3] = {0, 4, 7};
     ShardHeader h = test_header(2, 8);
     h.vocab_size = 30522;
-    h.pad_id = 0; h.unk_id = 100; h.cls_id = 2; h.sep_id = 3; h.mask_id = 103;
+    h.pad_id = 0;
+    h.unk_id = 100;
+    h.cls_id = 2;
+    h.sep_id = 3;
+    h.mask_id = 103;
     h.num_samples = 2;
     h.num_tokens = 7;
     char path[600];
@@ -294,8 +316,8 @@ static void test_format_round_trip(void) {
 // All ranks of one configuration for `epochs` epochs; checks every batch; checks that each
 // sample is seen exactly once per epoch across the ranks. Returns row hashes keyed by
 // (epoch, global row) into rows[epoch][row] (0 for rows no rank filled).
-static void run_config(const char* pattern, const Corpus* c, int B, int T, int world, int threads, int slots, int epochs,
-                       uint64_t seed, uint64_t** rows, uint64_t rows_cap) {
+static void run_config(const char* pattern, const Corpus* c, int B, int T, int world, int threads, int slots,
+                       int epochs, uint64_t seed, uint64_t** rows, uint64_t rows_cap) {
     uint64_t* ids = (uint64_t*)malloc(sizeof(uint64_t) * (c->n + (uint64_t)B * T));
     int* count = (int*)calloc(c->n, sizeof(int));
     cudaStream_t stream;
@@ -312,12 +334,18 @@ static void run_config(const char* pattern, const Corpus* c, int B, int T, int w
         cfg.ring_slots = slots;
         cfg.seed = seed;
         cfg.vocab_size = VOCAB;
-        if (dataloader_init(&dl, &cfg)) { CHECK(0, "init: %s", dl.error); break; }
+        if (dataloader_init(&dl, &cfg)) {
+            CHECK(0, "init: %s", dl.error);
+            break;
+        }
         int64_t epoch = 0;
         int nids = 0;
         for (;;) {
             Batch b = {};
-            if (next_host(&dl, stream, &r, &b)) { CHECK(0, "next: %s", dl.error); break; }
+            if (next_host(&dl, stream, &r, &b)) {
+                CHECK(0, "next: %s", dl.error);
+                break;
+            }
             if (b.epoch != epoch) {  // the epoch ended: each of this rank's samples once...
                 for (int i = 0; i < nids; i++) count[ids[i]] += 1 << (4 * epoch);  // a counter per epoch
                 nids = 0;
@@ -330,10 +358,12 @@ static void run_config(const char* pattern, const Corpus* c, int B, int T, int w
                 if (row >= rows_cap) continue;
                 const int32_t* h = r.host;
                 for (int t = 0; t < T; t++)
-                    hsh = mix64(hsh ^ (uint32_t)h[r.L.input_ids + bb * T + t] ^ ((uint64_t)h[r.L.position_ids + bb * T + t] << 32));
+                    hsh = mix64(hsh ^ (uint32_t)h[r.L.input_ids + bb * T + t] ^
+                                ((uint64_t)h[r.L.position_ids + bb * T + t] << 32));
                 for (int i = 0; i < h[1]; i++)
                     if (h[r.L.mask_pos + i] / T == bb)
-                        hsh = mix64(hsh ^ ((uint64_t)(h[r.L.mask_pos + i] % T) << 32) ^ (uint32_t)h[r.L.mask_target + i]);
+                        hsh =
+                            mix64(hsh ^ ((uint64_t)(h[r.L.mask_pos + i] % T) << 32) ^ (uint32_t)h[r.L.mask_target + i]);
                 if (rows[epoch][row]) bad_epochs++;  // two ranks filled the same row
                 rows[epoch][row] = hsh;
             }
@@ -345,8 +375,9 @@ static void run_config(const char* pattern, const Corpus* c, int B, int T, int w
     int want = 0;
     for (int e = 0; e < epochs; e++) want |= 1 << (4 * e);
     for (uint64_t g = 0; g < c->n; g++) wrong += count[g] != want;
-    CHECK(wrong == 0 && bad_epochs == 0, "world %d, %d threads: every sample exactly once per epoch (%llu wrong, %d rows twice)",
-          world, threads, (unsigned long long)wrong, bad_epochs);
+    CHECK(wrong == 0 && bad_epochs == 0,
+          "world %d, %d threads: every sample exactly once per epoch (%llu wrong, %d rows twice)", world, threads,
+          (unsigned long long)wrong, bad_epochs);
     CHECK(fails == 0, "world %d, %d threads: every batch well formed and holding whole samples", world, threads);
     free(r.host);
     free(ids);
@@ -379,8 +410,8 @@ static void test_epochs_ranks_threads(void) {
                 same &= ref[e][i] == got[e][i];
                 filled += ref[e][i] != 0;
             }
-        CHECK(same && filled > 100, "B=%d world=%d threads=%d slots=%d: the same rows as B=6 world=1 (%d rows)", cfgs[k][0],
-              cfgs[k][1], cfgs[k][2], cfgs[k][3], filled);
+        CHECK(same && filled > 100, "B=%d world=%d threads=%d slots=%d: the same rows as B=6 world=1 (%d rows)",
+              cfgs[k][0], cfgs[k][1], cfgs[k][2], cfgs[k][3], filled);
     }
     // A global batch of 5 rows: a different split of the row stream, still each sample once per epoch.
     run_config(pattern, &c, 5, T, 1, 2, 3, E, 7, got, CAP);
@@ -389,7 +420,8 @@ static void test_epochs_ranks_threads(void) {
     for (uint64_t i = 0; i < CAP; i++) diff_epoch += ref[0][i] != ref[1][i];
     run_config(pattern, &c, 6, T, 1, 2, 4, 1, 8, got, CAP);
     for (uint64_t i = 0; i < CAP; i++) diff_seed += ref[0][i] != got[0][i];
-    CHECK(diff_epoch > 100 && diff_seed > 100, "epochs and seeds reshuffle (%d, %d rows differ)", diff_epoch, diff_seed);
+    CHECK(diff_epoch > 100 && diff_seed > 100, "epochs and seeds reshuffle (%d, %d rows differ)", diff_epoch,
+          diff_seed);
     for (int e = 0; e < E; e++) {
         free(ref[e]);
         free(got[e]);
@@ -405,7 +437,11 @@ static void test_packing(void) {
     snprintf(pattern, sizeof(pattern), "%s/train_*.bin", dir);
     DataLoader dl;
     DataLoaderConfig cfg = dataloader_default_config(pattern, 8, 128);
-    if (dataloader_init(&dl, &cfg)) { CHECK(0, "init: %s", dl.error); corpus_free(&c); return; }
+    if (dataloader_init(&dl, &cfg)) {
+        CHECK(0, "init: %s", dl.error);
+        corpus_free(&c);
+        return;
+    }
     pthread_mutex_lock(&dl.lock);
     plan_build(&dl, 0);
     uint64_t total = 0, bad = 0;
@@ -415,7 +451,8 @@ static void test_packing(void) {
         bad += len > 128 || len == 0;
         total += len;
     }
-    CHECK(bad == 0 && total == dl.num_tokens, "rows hold 1..T tokens and all tokens once (%llu bad rows)", (unsigned long long)bad);
+    CHECK(bad == 0 && total == dl.num_tokens, "rows hold 1..T tokens and all tokens once (%llu bad rows)",
+          (unsigned long long)bad);
     CHECK(dl.plan_fill > 0.97, "best-fit packing fills %.2f%% of row positions (expected > 97%%)", 100 * dl.plan_fill);
     pthread_mutex_unlock(&dl.lock);
     dataloader_free(&dl);
@@ -444,12 +481,16 @@ static void test_masking(void) {
     int32_t* first = (int32_t*)malloc(dataloader_batch_bytes(B, T));
     for (int it = 0; it < 80; it++) {
         Batch b, bb;
-        if (next_host(&a, stream, &r, &b) || next_host(&b2, stream, &r2, &bb)) { CHECK(0, "next"); break; }
+        if (next_host(&a, stream, &r, &b) || next_host(&b2, stream, &r2, &bb)) {
+            CHECK(0, "next");
+            break;
+        }
         identical &= batch_equal(&r, r.host, r2.host);
         if (it == 0) memcpy(first, r.host, dataloader_batch_bytes(B, T));
         batch_fails += check_batch(&r, &b, &c, NULL, NULL);  // among others: replacements are never special
         const int32_t* h = r.host;
-        const int32_t *in = h + r.L.input_ids, *cu = h + r.L.cu_seqlens, *mp = h + r.L.mask_pos, *mt = h + r.L.mask_target;
+        const int32_t *in = h + r.L.input_ids, *cu = h + r.L.cu_seqlens, *mp = h + r.L.mask_pos,
+                      *mt = h + r.L.mask_target;
         int mi = 0;
         for (int s = 0; s < h[0]; s++) {
             int s0 = cu[s], s1 = cu[s + 1], nc = 0, nmk = 0;
@@ -458,9 +499,12 @@ static void test_masking(void) {
                 nmk++;
                 int q = mp[mi] > s0 && mp[mi] < s1 - 1 ? 4 * (mp[mi] - s0 - 1) / (s1 - s0 - 2) : -1;
                 if (q >= 0) quarter[q]++;  // where in the sample's content ([CLS] and [SEP] never are: checked below)
-                if (in[mp[mi]] == MASKID) as_mask++;
-                else if (in[mp[mi]] == mt[mi]) as_same++;
-                else as_random++;
+                if (in[mp[mi]] == MASKID)
+                    as_mask++;
+                else if (in[mp[mi]] == mt[mi])
+                    as_same++;
+                else
+                    as_random++;
             }
             // Candidates: the sample's non-special tokens (in the original, i.e. after putting masks back).
             for (int p = s0; p < s1; p++) nc += in[p] >= FIRST || in[p] == MASKID;
@@ -473,15 +517,17 @@ static void test_masking(void) {
     double rate = (double)masked / cand, fm = (double)as_mask / masked, fs = (double)as_same / masked,
            fr = (double)as_random / masked;
     CHECK(fabs(rate - 0.15) < 0.004, "15%% of ordinary tokens masked: %.4f of %llu", rate, (unsigned long long)cand);
-    CHECK(per_sample_bad == 0, "each sample masks floor or ceil of 15%% of its ordinary tokens (%llu not)", (unsigned long long)per_sample_bad);
+    CHECK(per_sample_bad == 0, "each sample masks floor or ceil of 15%% of its ordinary tokens (%llu not)",
+          (unsigned long long)per_sample_bad);
     CHECK(fabs(fm - 0.8) < 0.015 && fabs(fs - 0.1) < 0.012 && fabs(fr - 0.1) < 0.012,
           "80/10/10: [MASK] %.4f, unchanged %.4f, random %.4f of %llu", fm, fs, fr, (unsigned long long)masked);
     CHECK(identical, "2 and 3 loader threads, 4 and 7 slots: byte-identical batches");
     CHECK(batch_fails == 0, "80 batches well formed, whole samples, no special token masked or put in");
     int spread = 1;
     for (int q = 0; q < 4; q++) spread &= fabs((double)quarter[q] / masked - 0.25) < 0.02;
-    CHECK(spread, "masked positions spread evenly over the samples: %llu %llu %llu %llu", (unsigned long long)quarter[0],
-          (unsigned long long)quarter[1], (unsigned long long)quarter[2], (unsigned long long)quarter[3]);
+    CHECK(spread, "masked positions spread evenly over the samples: %llu %llu %llu %llu",
+          (unsigned long long)quarter[0], (unsigned long long)quarter[1], (unsigned long long)quarter[2],
+          (unsigned long long)quarter[3]);
     dataloader_free(&a);
     dataloader_free(&b2);
     // Another seed: other masks (and order); mask_prob 0: nothing masked.
@@ -523,7 +569,10 @@ static void test_resume(void) {
     DataLoader dl, d0, d1;
     DataLoaderConfig cfg = dataloader_default_config(pattern, B, T);
     cfg.seed = 5;
-    if (dataloader_init(&dl, &cfg)) { CHECK(0, "init: %s", dl.error); return; }
+    if (dataloader_init(&dl, &cfg)) {
+        CHECK(0, "init: %s", dl.error);
+        return;
+    }
     Batch b = {};
     int64_t epochs_seen = 0;
     for (int i = 0; i < N; i++) {
@@ -569,7 +618,8 @@ static void test_resume(void) {
             }
             same &= r2.host[1] + r3.host[1] == want[1];
             for (int m = 0; m < r2.host[1]; m++)
-                same &= r2.host[r2.L.mask_pos + m] == want[r.L.mask_pos + m] && r2.host[r2.L.mask_target + m] == want[r.L.mask_target + m];
+                same &= r2.host[r2.L.mask_pos + m] == want[r.L.mask_pos + m] &&
+                        r2.host[r2.L.mask_target + m] == want[r.L.mask_target + m];
             for (int m = 0; m < r3.host[1]; m++)
                 same &= r3.host[r3.L.mask_pos + m] + 2 * T == want[r.L.mask_pos + r2.host[1] + m] &&
                         r3.host[r3.L.mask_target + m] == want[r.L.mask_target + r2.host[1] + m];
@@ -646,7 +696,9 @@ static void test_bad_input(void) {
     snprintf(good, sizeof(good), "%s/good_00000.bin", dir);
     struct stat st;
     stat(good, &st);
-#define CASE(name) (snprintf(path, sizeof(path), "%s/%s_00000.bin", dir, name), snprintf(pat, sizeof(pat), "%s/%s_*.bin", dir, name), copy_file(good, path))
+#define CASE(name)                                                                                                     \
+    (snprintf(path, sizeof(path), "%s/%s_00000.bin", dir, name), snprintf(pat, sizeof(pat), "%s/%s_*.bin", dir, name), \
+     copy_file(good, path))
     CASE("trunc");
     CHECK(truncate(path, st.st_size - 5) == 0, "truncate");
     expect_init_error("truncated file", pat, path, "truncated", 32, 0, 1);
@@ -705,7 +757,8 @@ static void test_bad_input(void) {
         CHECK(rc == 0, "verify off: init passes: %s", dl.error);
         if (rc == 0) {
             rc = dataloader_next(&dl, s, &b);
-            CHECK(rc != 0 && strstr(dl.error, path) && strstr(dl.error, "vocab size"), "verify off: next() fails: %s", dl.error);
+            CHECK(rc != 0 && strstr(dl.error, path) && strstr(dl.error, "vocab size"), "verify off: next() fails: %s",
+                  dl.error);
             dataloader_free(&dl);
         }
         cudaStreamDestroy(s);
@@ -815,7 +868,8 @@ typedef struct {
 } StageArgs;
 static void* stage_thread(void* p) {
     StageArgs* a = (StageArgs*)p;
-    a->rc = dataloader_stage(a->pattern, a->local, a->rank, a->timeout, a->local_pattern, sizeof(a->local_pattern), a->err);
+    a->rc =
+        dataloader_stage(a->pattern, a->local, a->rank, a->timeout, a->local_pattern, sizeof(a->local_pattern), a->err);
     return NULL;
 }
 static int files_equal(const char* a, const char* b) {
@@ -885,7 +939,8 @@ static void test_staging(void) {
     patch_file(a, 128 + 3, &x, 1);
     r0.rc = 0;
     stage_thread(&r0);
-    CHECK(r0.rc != 0 && strstr(r0.err, a) && strstr(r0.err, "corrupt"), "a corrupt shared shard fails staging: %s", r0.err);
+    CHECK(r0.rc != 0 && strstr(r0.err, a) && strstr(r0.err, "corrupt"), "a corrupt shared shard fails staging: %s",
+          r0.err);
     r1.timeout = 0.2;
     r1.rc = 0;
     stage_thread(&r1);
@@ -922,7 +977,10 @@ static void test_wait_measure(void) {
 
 int main(void) {
     snprintf(tmp_root, sizeof(tmp_root), "/tmp/test_data_XXXXXX");
-    if (!mkdtemp(tmp_root)) { perror("mkdtemp"); return 1; }
+    if (!mkdtemp(tmp_root)) {
+        perror("mkdtemp");
+        return 1;
+    }
     test_crc_and_perm();
     test_format_round_trip();
     test_epochs_ranks_threads();
