@@ -3,6 +3,7 @@
 #   - it learns: the loss falls on real data (byte-level shards of this repository's own sources);
 #   - resume: 10 steps + --resume 10 steps give bit-for-bit the weights of 20 uninterrupted steps;
 #   - data parallel: 2 processes (NCCL over shared memory) match 1 process with --grad-accum 2;
+#   - --init-from a Hugging Face export continues from its weights; --stage-dir trains from local copies;
 #   - the memory planner picks a larger micro-batch when the device has more memory;
 #   - bad input: each gives one clear error and a non-zero exit.
 # Run by tests/run.sh; needs tools/requirements.txt (python3 tools/prepare.py).
@@ -52,7 +53,16 @@ for s in 1 4 8; do
 done
 check '[ $same = 1 ]' "2 ranks x B=8 do not match 1 rank x 2 micro-batches of B=8"
 
-# 4. the memory planner fills the device
+# 4. starting from a Hugging Face export (run 1's), from node-local copies of the shards
+./trainer_cpu "${COMMON[@]}" --out "$W/f" --steps 2 --init-from "$W/a" --stage-dir "$W/local" >"$W/f.log" 2>&1
+lf=$(loss_at 1 "$W/f.log")
+echo "  (loss: step 1 $l1, step 20 $l20; from the export, step 1 $lf)"
+check 'awk -v a="$lf" -v b="$l20" "BEGIN { exit !(a != \"\" && a < b + 0.3) }"' \
+  "--init-from the trained export starts at loss $lf, not near the trained $l20: $(tail -n 2 "$W/f.log")"
+check '[ -f "$W/local/train_00000.bin" ] && cmp -s "$W/local/train_00000.bin" "$W/data/train_00000.bin"' \
+  "--stage-dir did not copy the shards to the local directory"
+
+# 5. the memory planner fills the device
 plan_b() { EMU_DEVICE_BYTES=$1 ./trainer_cpu --data "$W/data/train_*.bin" --out "$W/p" --preset bert-base --seq 512 --plan-only 2>&1 |
   sed -n -E 's/.*total .* GiB for B=([0-9]+) .*/\1/p'; }
 b16=$(plan_b 16e9); b32=$(plan_b 32e9); b94=$(plan_b 94e9)
@@ -60,7 +70,7 @@ check '[ -n "$b16" ] && [ "$b16" -ge 1 ] && [ "$b32" -gt $((2 * b16 - 2)) ] && [
   "planner: B=$b16 at 16 GB, $b32 at 32 GB, $b94 at 94 GB"
 echo "  (planner: bert-base, T=512 fits B=$b94 on a 94 GB H100 NVL)"
 
-# 5. bad input: one clear error naming what is wrong, non-zero exit
+# 6. bad input: one clear error naming what is wrong, non-zero exit
 expect_error() {  # expect_error PATTERN ARGS... : the run fails and says PATTERN
   local pat=$1; shift
   out=$("$@" 2>&1); rc=$?
