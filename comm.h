@@ -102,6 +102,12 @@ static void comm_average(Comm* c, float* x, size_t n, cudaStream_t s) {
     NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclAvg, c->nccl, s));
 }
 
+// comm_sum: in-place sum over all ranks of n floats on the device (nothing when world == 1).
+static void comm_sum(Comm* c, float* x, size_t n, cudaStream_t s) {
+    if (c->world == 1) return;
+    NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclSum, c->nccl, s));
+}
+
 static void comm_free(Comm* c) {
     if (c->nccl) ncclCommDestroy(c->nccl);
     c->nccl = NULL;

@@ -385,9 +385,12 @@ __global__ void pad_masked_rows(int* pos, int* labels, const int* mask_pos, cons
     labels[m] = m < n ? mask_target[m] : -1;
 }
 
-// accumulate_scaled: acc[0] += scale * x[0]; adds a micro-batch's loss to the step's without a host
-// sync. One thread.
-__global__ void accumulate_scaled(float* acc, const float* x, float scale) { acc[0] += scale * x[0]; }
+// accumulate_loss: sum[0] += mean_loss[0] * count, sum[1] += count: adds a micro-batch's loss, weighted
+// by its masked-token count, to the step's without a host sync. One thread.
+__global__ void accumulate_loss(float* sum, const float* mean_loss, float count) {
+    sum[0] += mean_loss[0] * count;
+    sum[1] += count;
+}
 
 // ---------------------------------------------------------------------------------------------
 // MLM head helpers
@@ -1034,6 +1037,17 @@ static inline MatmulPlan* blas_plan(Blas* bl, int ta, int tb, int m, int n, int 
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                       &bl->workspace_size, sizeof(bl->workspace_size)));
+    // The heuristic never sees our pointers and assumes 256-byte alignment unless told; the slab only
+    // guarantees 16 bytes per tensor (numel rounded to 8), so ask for kernels that need no more.
+    uint32_t align = 16;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align,
+                                                      sizeof(align)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align,
+                                                      sizeof(align)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align,
+                                                      sizeof(align)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align,
+                                                      sizeof(align)));
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
     if (cublasLtMatmulAlgoGetHeuristic(bl->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &res, &found) ==

@@ -330,21 +330,30 @@ static BertBatch make_batch(BatchMaker* bm, const Batch* b, int B, int T, cudaSt
     return bt;
 }
 
-static float read_loss(BertModel* m) {
-    float loss;
-    CUDA_CHECK(cudaMemcpyAsync(&loss, ACT_F(m, loss), sizeof loss, cudaMemcpyDeviceToHost, m->stream));
-    CUDA_CHECK(cudaStreamSynchronize(m->stream));
-    return loss;
+// add_loss: sum[0] += the micro-batch's mean loss * n_masked, sum[1] += n_masked (device; no host sync).
+static void add_loss(float* sum, BertModel* m, int n_masked) {
+    launch(accumulate_loss, dim3(1), dim3(1), 0, m->stream, sum, (const float*)ACT_F(m, loss), (float)n_masked);
 }
 
-// evaluate: the mean MLM loss over n validation batches (forward only), averaged over ranks.
+// all_ranks_mean: sum[0] / sum[1] over all ranks, where sum (2 floats, device) holds this rank's
+// (sum of losses weighted by their masked-token counts, masked-token count). A rank whose batches had
+// no masked token (possible at the end of an epoch) then weighs nothing. Synchronizes the stream.
+static float all_ranks_mean(Comm* comm, float* sum, cudaStream_t s) {
+    comm_sum(comm, sum, 2, s);
+    float h[2];
+    CUDA_CHECK(cudaMemcpyAsync(h, sum, sizeof h, cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemsetAsync(sum, 0, 2 * sizeof(float), s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    return h[1] > 0.f ? h[0] / h[1] : 0.f;
+}
+
+// evaluate: the mean MLM loss per masked token over n validation batches (forward only), all ranks.
 static float evaluate(BertModel* m, DataLoader* val, const DataLoaderState* start, BatchMaker* bm, Comm* comm, int n,
-                      float* scratch) {
+                      float* sum) {
     if (dataloader_restore(val, start)) {  // the same batches every time
         fprintf(stderr, "trainer: validation: %s\n", val->error);
         exit(1);
     }
-    float sum = 0.f;
     for (int i = 0; i < n; i++) {
         Batch b;
         if (dataloader_next(val, m->stream, &b)) {
@@ -354,13 +363,9 @@ static float evaluate(BertModel* m, DataLoader* val, const DataLoaderState* star
         int n_masked;
         BertBatch bt = make_batch(bm, &b, m->B, m->T, m->stream, &n_masked);
         bert_forward(m, &bt, 0.f);
-        sum += read_loss(m);
+        add_loss(sum, m, n_masked);
     }
-    float mean = sum / n;
-    CUDA_CHECK(cudaMemcpy(scratch, &mean, sizeof mean, cudaMemcpyHostToDevice));
-    comm_average(comm, scratch, 1, m->stream);
-    CUDA_CHECK(cudaMemcpy(&mean, scratch, sizeof mean, cudaMemcpyDeviceToHost));
-    return mean;
+    return all_ranks_mean(comm, sum, m->stream);
 }
 
 static float lr_at(const Options* o, int step) {  // step counts from 1
@@ -485,7 +490,7 @@ int main(int argc, char** argv) {
     bm.seg_hi = bm.seg_lo + (size_t)B * T;
     bm.pos = bm.seg_hi + (size_t)B * T;
     bm.labels = bm.pos + plan.M;
-    float* scratch;  // a few floats for averaging losses over ranks
+    float* scratch;  // (loss sum, count) of the step in [0..1], of validation in [2..3]
     CUDA_CHECK(cudaMalloc((void**)&scratch, 4 * sizeof(float)));
     CUDA_CHECK(cudaMemset(scratch, 0, 4 * sizeof(float)));
 
@@ -550,22 +555,20 @@ int main(int argc, char** argv) {
             tokens += b.num_real_tokens;
             int n_masked;
             BertBatch bt = make_batch(&bm, &b, B, T, stream, &n_masked);
-            // each micro-batch's mean loss counts 1/grad_accum of the step's loss
-            bert_forward(&model, &bt, n_masked > 0 ? 1.f / ((float)n_masked * o.grad_accum) : 0.f);
+            // The gradient of each micro-batch's mean loss, weighted 1/grad_accum. A micro-batch with no
+            // masked token (possible at an epoch's end) still needs a non-zero scale, so that its
+            // dlogits are written (as zeros: all its head rows are padding).
+            bert_forward(&model, &bt, 1.f / ((float)(n_masked > 0 ? n_masked : 1) * o.grad_accum));
             bert_backward(&model, &bt);
-            launch(accumulate_scaled, dim3(1), dim3(1), 0, stream, scratch, (const float*)ACT_F(&model, loss),
-                   1.f / o.grad_accum);
+            add_loss(scratch, &model, n_masked);
         }
         comm_average(&comm, model.grad, model.p.numel, stream);
-        comm_average(&comm, scratch, 1, stream);
         bert_grad_norm(&model);
         bert_adamw_step(&model, lr_at(&o, step), o.beta1, o.beta2, o.eps, o.wd, o.clip);
         bert_zero_grad(&model);
-        float norm;  // the one host sync of the step
+        float norm;
         CUDA_CHECK(cudaMemcpyAsync(&norm, model.norm, sizeof norm, cudaMemcpyDeviceToHost, stream));
-        CUDA_CHECK(cudaMemcpyAsync(&loss, scratch, sizeof loss, cudaMemcpyDeviceToHost, stream));
-        CUDA_CHECK(cudaMemsetAsync(scratch, 0, sizeof(float), stream));
-        CUDA_CHECK(cudaStreamSynchronize(stream));
+        loss = all_ranks_mean(&comm, scratch, stream);  // the one host sync of the step
         double dt = now_s() - t0;
         if (!isfinite(loss)) {
             fprintf(stderr, "trainer: step %d: the loss is %f; stopping (the last checkpoint is intact)\n", step, loss);
@@ -586,7 +589,7 @@ int main(int argc, char** argv) {
             bm.dropped = 0;
         }
         if (o.val && o.val_every && (step % o.val_every == 0 || step == o.steps)) {
-            float vl = evaluate(&model, &val, &val_start, &bm, &comm, o.val_batches, scratch + 1);
+            float vl = evaluate(&model, &val, &val_start, &bm, &comm, o.val_batches, scratch + 2);
             if (main_rank) printf("step %6d | val loss %.4f (%d batches)\n", step, vl, o.val_batches);
         }
         if (main_rank && ((o.ckpt_every && step % o.ckpt_every == 0) || step == last_step)) {

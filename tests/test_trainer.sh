@@ -53,6 +53,21 @@ for s in 1 4 8; do
 done
 check '[ $same = 1 ]' "2 ranks x B=8 do not match 1 rank x 2 micro-batches of B=8"
 
+# 3b. an epoch's end that leaves rank 1 a micro-batch with no token: 70 bytes make 3 rows of 32, so the
+#     second global micro-batch of 2 rows has none for rank 1. Its gradient must be zero, not garbage.
+mkdir -p "$W/small_in"
+head -c 70 cpu/runtime.cpp >"$W/small_in/f.txt"
+python3 tools/prepare.py bytes --input "$W/small_in" --out "$W/small" --seq-len 32 --val-fraction 0 >/dev/null 2>&1
+for r in 0 1; do
+  SLURM_NTASKS=2 SLURM_PROCID=$r SLURM_LOCALID=0 NCCL_EMU_TIMEOUT_S=60 \
+    ./trainer_cpu --data "$W/small/train_*.bin" --preset tiny --seq 32 --batch 1 --lr 1e-3 --seed 7 \
+    --out "$W/g" --steps 4 >"$W/g$r.log" 2>&1 &
+done
+wait
+norms=$(grep -E "^step +[0-9]+/4" "$W/g0.log" | sed -E 's/.*norm ([0-9.]+).*/\1/' | tr '\n' ' ')
+check 'grep -qE "^step +4/4" "$W/g0.log" && awk -v n="$norms" "BEGIN { k = split(n, a); for (i = 1; i <= k; i++) if (a[i] > 10) exit 1; exit !(k == 4) }"' \
+  "an empty micro-batch at the epoch's end gave gradient norms: $norms $(tail -n 2 "$W/g0.log" "$W/g1.log")"
+
 # 4. starting from a Hugging Face export (run 1's), from node-local copies of the shards
 ./trainer_cpu "${COMMON[@]}" --out "$W/f" --steps 2 --init-from "$W/a" --stage-dir "$W/local" >"$W/f.log" 2>&1
 lf=$(loss_at 1 "$W/f.log")
