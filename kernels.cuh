@@ -1040,14 +1040,14 @@ static inline MatmulPlan* blas_plan(Blas* bl, int ta, int tb, int m, int n, int 
     // The heuristic never sees our pointers and assumes 256-byte alignment unless told; the slab only
     // guarantees 16 bytes per tensor (numel rounded to 8), so ask for kernels that need no more.
     uint32_t align = 16;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align,
-                                                      sizeof(align)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align,
-                                                      sizeof(align)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align,
-                                                      sizeof(align)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align,
-                                                      sizeof(align)));
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align, sizeof(align)));
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align, sizeof(align)));
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align, sizeof(align)));
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align, sizeof(align)));
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
     if (cublasLtMatmulAlgoGetHeuristic(bl->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &res, &found) ==
