@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include "kernels.cuh"  // the kernels, launch() and the cuBLASLt wrapper the model runs
 
 // ---------------------------------------------------------------------------------------------
 // 1. configuration
@@ -348,6 +349,7 @@ typedef struct {
     size_t acts;                       // activations (BertActLayout.total)
     size_t act_saved_per_token_layer;  // bytes kept from forward to backward per token per layer
     size_t cublas_workspace;
+    size_t norm_scratch;  // the gradient norm's partial sums and result
     size_t total;
 } BertMemPlan;
 
@@ -367,7 +369,8 @@ static inline BertMemPlan bert_mem_plan(const BertConfig* c, int B, int T, int M
     m.acts = bert_act_layout(&a, c, B, T, M, xsize);
     m.act_saved_per_token_layer = a.layer_stride / ((size_t)B * T);
     m.cublas_workspace = BERT_CUBLAS_WORKSPACE;
-    m.total = m.params_master + m.params_x + m.grads + m.adam + m.acts + m.cublas_workspace;
+    m.norm_scratch = (launch_grid_cap() + 1) * sizeof(float);
+    m.total = m.params_master + m.params_x + m.grads + m.adam + m.acts + m.cublas_workspace + m.norm_scratch;
     return m;
 }
 
@@ -878,8 +881,6 @@ static inline int bert_load_hf(const char* dir, BertConfig* cfg, BertParams* p, 
 // ---------------------------------------------------------------------------------------------
 // 6. the model on the device
 
-#include "kernels.cuh"
-
 // One micro-batch, device pointers. Token n = b * T + t.
 typedef struct {
     const int* tokens;      // (B, T) token ids (padding: any valid id, e.g. 0)
@@ -952,23 +953,23 @@ static inline int bert_alloc(BertModel* m, const BertConfig* cfg, int B, int T, 
     m->stream = stream;
     bert_params_build(&m->p, cfg);
     bert_act_layout(&m->act, cfg, B, T, M, (int)sizeof(floatX));
-    size_t n = m->p.numel;
-    CUDA_CHECK(cudaMalloc((void**)&m->master, n * sizeof(float)));
-    if (sizeof(floatX) == sizeof(float))
-        m->w = (floatX*)m->master;
+    BertMemPlan pl = bert_mem_plan(cfg, B, T, M, (int)sizeof(floatX));  // every size below comes from the plan
+    CUDA_CHECK(cudaMalloc((void**)&m->master, pl.params_master));
+    if (pl.params_x == 0)
+        m->w = (floatX*)m->master;  // fp32 mode: the kernels read the master weights
     else
-        CUDA_CHECK(cudaMalloc((void**)&m->w, n * sizeof(floatX)));
-    CUDA_CHECK(cudaMalloc((void**)&m->grad, n * sizeof(float)));
-    CUDA_CHECK(cudaMalloc((void**)&m->adam_m, n * sizeof(float)));
-    CUDA_CHECK(cudaMalloc((void**)&m->adam_v, n * sizeof(float)));
-    CUDA_CHECK(cudaMalloc((void**)&m->acts, m->act.total));
-    CUDA_CHECK(cudaMalloc((void**)&m->norm_partial, (launch_grid_cap() + 1) * sizeof(float)));
+        CUDA_CHECK(cudaMalloc((void**)&m->w, pl.params_x));
+    CUDA_CHECK(cudaMalloc((void**)&m->grad, pl.grads));
+    CUDA_CHECK(cudaMalloc((void**)&m->adam_m, pl.adam / 2));
+    CUDA_CHECK(cudaMalloc((void**)&m->adam_v, pl.adam / 2));
+    CUDA_CHECK(cudaMalloc((void**)&m->acts, pl.acts));
+    CUDA_CHECK(cudaMalloc((void**)&m->norm_partial, pl.norm_scratch));
     m->norm = m->norm_partial + launch_grid_cap();
-    CUDA_CHECK(cudaMemset(m->grad, 0, n * sizeof(float)));
-    CUDA_CHECK(cudaMemset(m->adam_m, 0, n * sizeof(float)));
-    CUDA_CHECK(cudaMemset(m->adam_v, 0, n * sizeof(float)));
-    CUDA_CHECK(cudaMemset(m->acts, 0, m->act.total));
-    blas_init(&m->blas, BERT_CUBLAS_WORKSPACE);
+    CUDA_CHECK(cudaMemset(m->grad, 0, pl.grads));
+    CUDA_CHECK(cudaMemset(m->adam_m, 0, pl.adam / 2));
+    CUDA_CHECK(cudaMemset(m->adam_v, 0, pl.adam / 2));
+    CUDA_CHECK(cudaMemset(m->acts, 0, pl.acts));
+    blas_init(&m->blas, pl.cublas_workspace);
     return 1;
 }
 static inline void bert_free(BertModel* m) {

@@ -174,38 +174,38 @@ static Options parse_options(int argc, char** argv) {
 typedef struct {
     int B, T, M;
     BertMemPlan model;
-    size_t batch_bytes;  // the loader's two device batch buffers
-    size_t maker_bytes;  // seg_lo, seg_hi (B, T) and the head's positions and labels (M)
+    size_t batch_bytes;  // each loader's (training, validation) two device batch buffers
+    size_t maker_bytes;  // seg_lo, seg_hi (B, T), the head's positions and labels (M), 4 floats of loss sums
     size_t total;
 } Plan;
 
 static int mlm_cap(int B, int T) { return (int)(1.1 * 0.15 * B * T) + 64; }
 
-static Plan make_plan(const BertConfig* c, int B, int T) {
+static Plan make_plan(const BertConfig* c, int B, int T, int loaders) {
     Plan p;
     p.B = B, p.T = T, p.M = mlm_cap(B, T);
     p.model = bert_mem_plan(c, B, T, p.M, (int)sizeof(floatX));
-    p.batch_bytes = dataloader_device_bytes(B, T);
-    p.maker_bytes = (2 * (size_t)B * T + 2 * (size_t)p.M) * sizeof(int);
+    p.batch_bytes = loaders * dataloader_device_bytes(B, T);
+    p.maker_bytes = (2 * (size_t)B * T + 2 * (size_t)p.M) * sizeof(int) + 4 * sizeof(float);  // + the loss sums
     p.total = p.model.total + p.batch_bytes + p.maker_bytes;
     return p;
 }
 
 // choose_batch: the largest B whose plan fits in the free device memory, less a reserve for the
 // CUDA context, cuBLASLt and NCCL (5% of the device, at least 1 GiB).
-static Plan choose_batch(const BertConfig* c, int T, size_t free_bytes, size_t total_bytes) {
+static Plan choose_batch(const BertConfig* c, int T, int loaders, size_t free_bytes, size_t total_bytes) {
     size_t reserve = total_bytes / 20 > ((size_t)1 << 30) ? total_bytes / 20 : ((size_t)1 << 30);
     size_t budget = free_bytes > reserve ? free_bytes - reserve : 0;
     int lo = 0, hi = 1;
-    while (make_plan(c, hi, T).total <= budget && hi < (1 << 20)) lo = hi, hi *= 2;
+    while (make_plan(c, hi, T, loaders).total <= budget && hi < (1 << 20)) lo = hi, hi *= 2;
     while (hi - lo > 1) {  // largest B with plan <= budget is in [lo, hi)
         int mid = lo + (hi - lo) / 2;
-        if (make_plan(c, mid, T).total <= budget)
+        if (make_plan(c, mid, T, loaders).total <= budget)
             lo = mid;
         else
             hi = mid;
     }
-    return make_plan(c, lo > 0 ? lo : 1, T);  // B = 1 when nothing fits: the caller reports it
+    return make_plan(c, lo > 0 ? lo : 1, T, loaders);  // B = 1 when nothing fits: the caller reports it
 }
 
 // ----------------------------------------------------------------------------
@@ -459,7 +459,8 @@ int main(int argc, char** argv) {
     }
 
     // The memory plan, and the micro-batch it allows (the seed paper's recommendation 5).
-    Plan plan = o.B ? make_plan(&cfg, o.B, o.T) : choose_batch(&cfg, o.T, free_bytes, total_bytes);
+    int loaders = o.val ? 2 : 1;
+    Plan plan = o.B ? make_plan(&cfg, o.B, o.T, loaders) : choose_batch(&cfg, o.T, loaders, free_bytes, total_bytes);
     if (main_rank) {
         printf("device: %s, %.1f GB free of %.1f GB; %d process(es)\n", prop.name, free_bytes / 1e9, total_bytes / 1e9,
                comm.world);
@@ -490,8 +491,7 @@ int main(int argc, char** argv) {
     bm.seg_hi = bm.seg_lo + (size_t)B * T;
     bm.pos = bm.seg_hi + (size_t)B * T;
     bm.labels = bm.pos + plan.M;
-    float* scratch;  // (loss sum, count) of the step in [0..1], of validation in [2..3]
-    CUDA_CHECK(cudaMalloc((void**)&scratch, 4 * sizeof(float)));
+    float* scratch = (float*)(bm.labels + plan.M);  // (loss sum, count) of the step in [0..1], of validation in [2..3]
     CUDA_CHECK(cudaMemset(scratch, 0, 4 * sizeof(float)));
 
     DataLoaderConfig dcfg = dataloader_default_config(train_pattern, B, T);
@@ -534,6 +534,11 @@ int main(int argc, char** argv) {
     if (o.init_from) bert_params_free(&init_p);
     comm_init(&comm, o.out, 600);
     bert_zero_grad(&model);
+    size_t free_before_step1;  // from here on nothing is allocated: the log shows it
+    CUDA_CHECK(cudaMemGetInfo(&free_before_step1, &total_bytes));
+    if (main_rank)
+        printf("device memory allocated before step 1: %zu bytes (the plan: %zu bytes)\n",
+               free_bytes - free_before_step1, plan.total);
 
     double flops_token = bert_flops_per_token(&cfg, T, 0.15).model;
     if (main_rank)
@@ -598,6 +603,10 @@ int main(int argc, char** argv) {
         }
     }
 
+    size_t free_after;
+    CUDA_CHECK(cudaMemGetInfo(&free_after, &total_bytes));
+    if (main_rank) printf("device memory allocated after the last step: %zu bytes\n", free_bytes - free_after);
+
     // The final weights as a Hugging Face BertForMaskedLM (model.safetensors + config.json).
     if (main_rank && model.step < o.steps)
         printf("stopped after step %d (--run-steps); --resume continues\n", model.step);
@@ -616,7 +625,6 @@ int main(int argc, char** argv) {
     if (o.val) dataloader_free(&val);
     comm_free(&comm);
     cudaFree(bm.seg_lo);
-    cudaFree(scratch);
     bert_free(&model);
     return 0;
 }

@@ -28,6 +28,11 @@ check '[ -f "$W/a/model.safetensors" ] && [ -f "$W/a/config.json" ] && [ -f "$W/
 l1=$(loss_at 1 "$W/a.log"); l20=$(loss_at 20 "$W/a.log")
 check 'awk -v a="$l1" -v b="$l20" "BEGIN { exit !(a > 5 && b < a - 0.5) }"' "loss did not fall: step 1 $l1, step 20 $l20"
 check 'grep -q "val loss" "$W/a.log"' "no validation loss printed"
+# static allocation: the memory plan is exactly what was allocated, and the loop allocates nothing
+before=$(sed -n -E 's/^device memory allocated before step 1: ([0-9]+) bytes \(the plan: ([0-9]+) bytes\)/\1 \2/p' "$W/a.log")
+after=$(sed -n -E 's/^device memory allocated after the last step: ([0-9]+) bytes/\1/p' "$W/a.log")
+check '[ -n "$before" ] && [ "${before% *}" = "${before#* }" ] && [ "$after" = "${before% *}" ]' \
+  "device memory: before step 1 / plan = $before, after the last step = $after"
 
 # 2. resume is exact
 ./trainer_cpu "${COMMON[@]}" --out "$W/b" --steps 20 --run-steps 10 >"$W/b1.log" 2>&1
