@@ -8,6 +8,7 @@
 #include "comm.h"          // rank and world size; NCCL gradient averaging
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -175,7 +176,7 @@ typedef struct {
     int B, T, M;
     BertMemPlan model;
     size_t batch_bytes;  // each loader's (training, validation) two device batch buffers
-    size_t maker_bytes;  // seg_lo, seg_hi (B, T), the head's positions and labels (M), 4 floats of loss sums
+    size_t maker_bytes;  // seg_lo, seg_hi (B, T), the head's positions and labels (M), 8 floats of loss sums
     size_t total;
 } Plan;
 
@@ -186,7 +187,7 @@ static Plan make_plan(const BertConfig* c, int B, int T, int loaders) {
     p.B = B, p.T = T, p.M = mlm_cap(B, T);
     p.model = bert_mem_plan(c, B, T, p.M, (int)sizeof(floatX));
     p.batch_bytes = loaders * dataloader_device_bytes(B, T);
-    p.maker_bytes = (2 * (size_t)B * T + 2 * (size_t)p.M) * sizeof(int) + 4 * sizeof(float);  // + the loss sums
+    p.maker_bytes = (2 * (size_t)B * T + 2 * (size_t)p.M) * sizeof(int) + 8 * sizeof(float);  // + the loss sums
     p.total = p.model.total + p.batch_bytes + p.maker_bytes;
     return p;
 }
@@ -335,16 +336,13 @@ static void add_loss(float* sum, BertModel* m, int n_masked) {
     launch(accumulate_loss, dim3(1), dim3(1), 0, m->stream, sum, (const float*)ACT_F(m, loss), (float)n_masked);
 }
 
-// all_ranks_mean: sum[0] / sum[1] over all ranks, where sum (2 floats, device) holds this rank's
-// (sum of losses weighted by their masked-token counts, masked-token count). A rank whose batches had
-// no masked token (possible at the end of an epoch) then weighs nothing. Synchronizes the stream.
-static float all_ranks_mean(Comm* comm, float* sum, cudaStream_t s) {
-    comm_sum(comm, sum, 2, s);
-    float h[2];
-    CUDA_CHECK(cudaMemcpyAsync(h, sum, sizeof h, cudaMemcpyDeviceToHost, s));
-    CUDA_CHECK(cudaMemsetAsync(sum, 0, 2 * sizeof(float), s));
+// all_ranks_sum: x (n floats, device) summed over all ranks into host (n floats), then x zeroed.
+// Synchronizes the stream.
+static void all_ranks_sum(Comm* comm, float* x, int n, float* host, cudaStream_t s) {
+    comm_sum(comm, x, n, s);
+    CUDA_CHECK(cudaMemcpyAsync(host, x, n * sizeof(float), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), s));
     CUDA_CHECK(cudaStreamSynchronize(s));
-    return h[1] > 0.f ? h[0] / h[1] : 0.f;
 }
 
 // evaluate: the mean MLM loss per masked token over n validation batches (forward only), all ranks.
@@ -365,8 +363,17 @@ static float evaluate(BertModel* m, DataLoader* val, const DataLoaderState* star
         bert_forward(m, &bt, 0.f);
         add_loss(sum, m, n_masked);
     }
-    return all_ranks_mean(comm, sum, m->stream);
+    float h[2];  // the losses weighted by their masked-token counts, and the counts: a mean per token
+    all_ranks_sum(comm, sum, 2, h, m->stream);
+    return h[1] > 0.f ? h[0] / h[1] : 0.f;
 }
+
+// A signal asks the run to stop cleanly: Slurm sends SIGTERM before it kills a job (scancel,
+// preemption), and `sbatch --signal=USR1@300` sends SIGUSR1 300 s before the time limit. The step
+// in progress finishes, all ranks agree on it through the step's AllReduce, and the run saves a
+// checkpoint and exits 0; --resume continues.
+static volatile sig_atomic_t stop_requested = 0;
+static void request_stop(int sig) { stop_requested = sig; }
 
 static float lr_at(const Options* o, int step) {  // step counts from 1
     if (step <= o->warmup) return o->lr * step / (o->warmup > 0 ? o->warmup : 1);
@@ -491,8 +498,8 @@ int main(int argc, char** argv) {
     bm.seg_hi = bm.seg_lo + (size_t)B * T;
     bm.pos = bm.seg_hi + (size_t)B * T;
     bm.labels = bm.pos + plan.M;
-    float* scratch = (float*)(bm.labels + plan.M);  // (loss sum, count) of the step in [0..1], of validation in [2..3]
-    CUDA_CHECK(cudaMemset(scratch, 0, 4 * sizeof(float)));
+    float* scratch = (float*)(bm.labels + plan.M);  // step: loss sum, count, stops [0..2]; validation [3..4]
+    CUDA_CHECK(cudaMemset(scratch, 0, 8 * sizeof(float)));
 
     DataLoaderConfig dcfg = dataloader_default_config(train_pattern, B, T);
     dcfg.rank = comm.rank, dcfg.world = comm.world, dcfg.num_threads = o.loader_threads;
@@ -545,6 +552,8 @@ int main(int argc, char** argv) {
         printf("training: %d steps of %d x %d micro-batch(es) of B=%d, T=%d (%.3g tokens per step), %s\n", o.steps,
                comm.world, o.grad_accum, B, T, (double)comm.world * o.grad_accum * B * T, FLOATX_NAME);
     int last_step = o.run_steps && model.step + o.run_steps < o.steps ? model.step + o.run_steps : o.steps;
+    signal(SIGTERM, request_stop);
+    signal(SIGUSR1, request_stop);
     while (model.step < last_step) {
         int step = model.step + 1;
         double t0 = now_s(), wait_ms = 0;
@@ -571,9 +580,14 @@ int main(int argc, char** argv) {
         bert_grad_norm(&model);
         bert_adamw_step(&model, lr_at(&o, step), o.beta1, o.beta2, o.eps, o.wd, o.clip);
         bert_zero_grad(&model);
-        float norm;
+        // The one host sync of the step: the gradient norm, and over all ranks the (loss sum, masked count,
+        // stop requests) that scratch[0..2] hold.
+        float norm, stop = stop_requested ? 1.f : 0.f, h[3];
         CUDA_CHECK(cudaMemcpyAsync(&norm, model.norm, sizeof norm, cudaMemcpyDeviceToHost, stream));
-        loss = all_ranks_mean(&comm, scratch, stream);  // the one host sync of the step
+        CUDA_CHECK(cudaMemcpyAsync(scratch + 2, &stop, sizeof stop, cudaMemcpyHostToDevice, stream));
+        all_ranks_sum(&comm, scratch, 3, h, stream);
+        loss = h[1] > 0.f ? h[0] / h[1] : 0.f;
+        if (h[2] > 0.f) last_step = step;  // some rank got a signal: every rank stops after this step
         double dt = now_s() - t0;
         if (!isfinite(loss)) {
             fprintf(stderr, "trainer: step %d: the loss is %f; stopping (the last checkpoint is intact)\n", step, loss);
@@ -594,7 +608,7 @@ int main(int argc, char** argv) {
             bm.dropped = 0;
         }
         if (o.val && o.val_every && (step % o.val_every == 0 || step == o.steps)) {
-            float vl = evaluate(&model, &val, &val_start, &bm, &comm, o.val_batches, scratch + 2);
+            float vl = evaluate(&model, &val, &val_start, &bm, &comm, o.val_batches, scratch + 3);
             if (main_rank) printf("step %6d | val loss %.4f (%d batches)\n", step, vl, o.val_batches);
         }
         if (main_rank && ((o.ckpt_every && step % o.ckpt_every == 0) || step == last_step)) {
@@ -609,7 +623,8 @@ int main(int argc, char** argv) {
 
     // The final weights as a Hugging Face BertForMaskedLM (model.safetensors + config.json).
     if (main_rank && model.step < o.steps)
-        printf("stopped after step %d (--run-steps); --resume continues\n", model.step);
+        printf("stopped after step %d (%s); --resume continues\n", model.step,
+               stop_requested ? "on a signal" : "--run-steps");
     if (main_rank && model.step == o.steps) {
         float* w = (float*)malloc(model.p.numel * sizeof(float));
         bert_get_params(&model, w);

@@ -2,6 +2,7 @@
 # test_trainer.sh: the whole program, end to end, on the CPU build (./trainer_cpu), tiny model:
 #   - it learns: the loss falls on real data (byte-level shards of this repository's own sources);
 #   - resume: 10 steps + --resume 10 steps give bit-for-bit the weights of 20 uninterrupted steps;
+#   - a signal (SIGUSR1, SIGTERM) stops the run after the current step with a checkpoint;
 #   - data parallel: 2 processes (NCCL over shared memory) match 1 process with --grad-accum 2;
 #   - --init-from a Hugging Face export continues from its weights; --stage-dir trains from local copies;
 #   - the memory planner picks a larger micro-batch when the device has more memory;
@@ -41,6 +42,18 @@ check 'grep -q "stopped after step 10" "$W/b1.log" && [ ! -f "$W/b/model.safeten
 check 'grep -q "resumed from .* at step 10" "$W/b2.log"' "--resume did not resume at step 10: $(tail -n 2 "$W/b2.log")"
 check 'cmp -s "$W/a/model.safetensors" "$W/b/model.safetensors"' "10 + 10 resumed steps differ from 20 steps"
 check '[ "$(loss_at 20 "$W/b2.log")" = "$l20" ]' "loss at step 20 after resume $(loss_at 20 "$W/b2.log") != $l20"
+
+# 2b. a signal (Slurm's SIGTERM, or SIGUSR1 from --signal) stops the run cleanly with a checkpoint
+./trainer_cpu "${COMMON[@]}" --out "$W/s" --steps 100000 >"$W/s1.log" 2>&1 &
+pid=$!
+for i in $(seq 1 300); do grep -qE "^step +5/" "$W/s1.log" && break; sleep 0.1; done
+kill -USR1 $pid
+wait $pid; rc=$?
+stopped=$(sed -n -E 's/^stopped after step ([0-9]+) \(on a signal\).*/\1/p' "$W/s1.log")
+check '[ $rc -eq 0 ] && [ -n "$stopped" ] && [ -f "$W/s/checkpoint.bin" ]' \
+  "SIGUSR1 did not stop the run with a checkpoint (exit $rc): $(tail -n 2 "$W/s1.log")"
+./trainer_cpu "${COMMON[@]}" --out "$W/s" --steps 100000 --resume --run-steps 1 >"$W/s2.log" 2>&1
+check 'grep -q "resumed from .* at step $stopped\$" "$W/s2.log"' "after the signal, --resume did not continue at step $stopped"
 
 # 3. data parallel: 2 ranks of B=8 == 1 rank of B=8 with 2 micro-batches per step
 ./trainer_cpu "${COMMON[@]}" --out "$W/c" --steps 8 --grad-accum 2 >"$W/c.log" 2>&1
