@@ -617,6 +617,14 @@ typedef struct {
     uint64_t* bits;    // ((T+63)/64) scratch of the masking
 } Job;
 
+// One epoch's plan: row r holds the samples order[row_start[r] .. row_start[r+1]).
+typedef struct {
+    int64_t epoch;  // -1: none
+    uint64_t num_rows;
+    uint32_t *order, *row_start;  // (N), (N+1)
+    double fill;                  // real tokens / (rows * T)
+} EpochPlan;
+
 typedef struct DataLoader DataLoader;
 typedef struct {
     DataLoader* dl;
@@ -634,13 +642,14 @@ struct DataLoader {
     uint32_t special[SHARD_NUM_SPECIAL];  // special ids never chosen for masking (unk -1 becomes UINT32_MAX)
     BatchLayout L;
 
-    // The current epoch's plan: row r is the samples order[row_start[r] .. row_start[r+1]).
-    int64_t plan_epoch;
-    uint64_t num_rows;
-    uint32_t *order, *row_start;  // (N), (N+1)
-    uint32_t* open_sample;        // (DATA_OPEN_ROWS * T) rows being packed
-    int open_len[DATA_OPEN_ROWS], open_n[DATA_OPEN_ROWS];
-    double plan_fill;  // real tokens / (rows * T) of the last plan
+    // The current epoch's plan, and the next epoch's, which a planner thread builds in the background
+    // while this one is consumed (at the paper's 202 M samples a plan takes about a minute).
+    EpochPlan plan, next_plan;
+    pthread_t planner;
+    int planner_running;
+    int64_t planner_epoch;                                 // the epoch the planner builds
+    uint32_t* open_sample;                                 // (DATA_OPEN_ROWS * T) rows being packed: the builder's
+    int open_len[DATA_OPEN_ROWS], open_n[DATA_OPEN_ROWS];  // scratch (one build at a time)
 
     // The ring. Producers claim micro-batches in order (prod_*) under `lock`; the consumer takes them in order.
     pthread_mutex_t lock;
@@ -690,18 +699,19 @@ static inline uint32_t sample_len(const DataLoader* dl, uint64_t g) {
 // >97% full on mixed lengths where plain "next fit" wastes a sample's worth per row, at 16
 // comparisons per sample. The plan is global and deterministic: every rank builds the same one.
 // Memory: 8 bytes per sample (order + row_start); the build is O(N) once per epoch.
-static inline void plan_emit_row(DataLoader* dl, int k, uint64_t* pos) {
+static inline void plan_emit_row(DataLoader* dl, EpochPlan* p, int k, uint64_t* pos) {
     int T = dl->cfg.T;
-    memcpy(dl->order + *pos, dl->open_sample + (size_t)k * T, sizeof(uint32_t) * dl->open_n[k]);
+    memcpy(p->order + *pos, dl->open_sample + (size_t)k * T, sizeof(uint32_t) * dl->open_n[k]);
     *pos += dl->open_n[k];
-    dl->row_start[++dl->num_rows] = (uint32_t)*pos;
+    p->row_start[++p->num_rows] = (uint32_t)*pos;
 }
-static inline void plan_build(DataLoader* dl, int64_t epoch) {
+// plan_build: the plan of an epoch into p, using the loader's packing scratch (one build at a time).
+static inline void plan_build(DataLoader* dl, EpochPlan* p, int64_t epoch) {
     int T = dl->cfg.T, nopen = 0;
     uint64_t N = dl->num_samples, pos = 0;
     uint64_t key = mix64(dl->cfg.seed ^ mix64((uint64_t)epoch + 0x5EED));
-    dl->num_rows = 0;
-    dl->row_start[0] = 0;
+    p->num_rows = 0;
+    p->row_start[0] = 0;
     for (uint64_t i = 0; i < N; i++) {
         uint64_t g = dl->cfg.shuffle ? perm_index(i, N, key) : i;
         int len = (int)sample_len(dl, g), best = -1;
@@ -712,7 +722,7 @@ static inline void plan_build(DataLoader* dl, int64_t epoch) {
                 int full = 0;
                 for (int k = 1; k < nopen; k++)
                     if (dl->open_len[k] > dl->open_len[full]) full = k;
-                plan_emit_row(dl, full, &pos);
+                plan_emit_row(dl, p, full, &pos);
                 best = full;
             } else {
                 best = nopen++;
@@ -723,7 +733,7 @@ static inline void plan_build(DataLoader* dl, int64_t epoch) {
         dl->open_sample[(size_t)best * T + dl->open_n[best]++] = (uint32_t)g;
         dl->open_len[best] += len;
         if (dl->open_len[best] == T) {  // full: emit it, and move the last open row into its place
-            plan_emit_row(dl, best, &pos);
+            plan_emit_row(dl, p, best, &pos);
             nopen--;
             if (best != nopen) {
                 memcpy(dl->open_sample + (size_t)best * T, dl->open_sample + (size_t)nopen * T,
@@ -733,29 +743,61 @@ static inline void plan_build(DataLoader* dl, int64_t epoch) {
             }
         }
     }
-    for (int k = 0; k < nopen; k++) plan_emit_row(dl, k, &pos);
-    dl->plan_epoch = epoch;
-    dl->plan_fill = (double)dl->num_tokens / ((double)dl->num_rows * T);
+    for (int k = 0; k < nopen; k++) plan_emit_row(dl, p, k, &pos);
+    p->fill = (double)dl->num_tokens / ((double)p->num_rows * T);
+    p->epoch = epoch;
+}
+
+static inline void* planner_main(void* arg) {
+    DataLoader* dl = (DataLoader*)arg;
+    plan_build(dl, &dl->next_plan, dl->planner_epoch);
+    return NULL;
+}
+static inline void planner_join(DataLoader* dl) {
+    if (!dl->planner_running) return;
+    pthread_join(dl->planner, NULL);
+    dl->planner_running = 0;
+}
+
+// plan_ready: makes dl->plan the plan of `epoch` (under the lock, or with the loader threads stopped):
+// the one the planner prepared, or a new one; then starts the planner on the epoch after it.
+static inline void plan_ready(DataLoader* dl, int64_t epoch) {
+    if (dl->plan.epoch != epoch) {
+        planner_join(dl);
+        if (dl->next_plan.epoch == epoch) {
+            EpochPlan t = dl->plan;
+            dl->plan = dl->next_plan;
+            dl->next_plan = t;
+        } else {
+            plan_build(dl, &dl->plan, epoch);
+        }
+    }
+    if (!dl->planner_running && dl->next_plan.epoch != epoch + 1) {
+        dl->next_plan.epoch = -1;
+        dl->planner_epoch = epoch + 1;
+        dl->planner_running = pthread_create(&dl->planner, NULL, planner_main, dl) == 0;  // else: built when needed
+    }
 }
 
 // Under the lock: the next micro-batch of this rank, as a job; then advance the position.
 static inline void claim_job(DataLoader* dl, Job* job) {
-    if (dl->plan_epoch != dl->prod_epoch) plan_build(dl, dl->prod_epoch);
+    plan_ready(dl, dl->prod_epoch);
     int B = dl->cfg.B;
     job->seq = dl->prod_seq++;
     job->epoch = dl->prod_epoch;
     job->row = dl->prod_row;
     uint64_t first = (uint64_t)dl->prod_row + (uint64_t)dl->cfg.rank * B;
-    job->rows = first >= dl->num_rows ? 0 : (int)(dl->num_rows - first < (uint64_t)B ? dl->num_rows - first : B);
+    uint64_t num_rows = dl->plan.num_rows;
+    job->rows = first >= num_rows ? 0 : (int)(num_rows - first < (uint64_t)B ? num_rows - first : B);
     size_t n = 0;
     for (int b = 0; b < job->rows; b++) {
-        uint32_t s0 = dl->row_start[first + b], s1 = dl->row_start[first + b + 1];
+        uint32_t s0 = dl->plan.row_start[first + b], s1 = dl->plan.row_start[first + b + 1];
         job->row_count[b] = (int)(s1 - s0);
-        memcpy(job->sample + n, dl->order + s0, sizeof(uint32_t) * (s1 - s0));
+        memcpy(job->sample + n, dl->plan.order + s0, sizeof(uint32_t) * (s1 - s0));
         n += s1 - s0;
     }
     dl->prod_row += (int64_t)B * dl->cfg.world;
-    if ((uint64_t)dl->prod_row >= dl->num_rows) {  // the global micro-batch reached the epoch's end
+    if ((uint64_t)dl->prod_row >= num_rows) {  // the global micro-batch reached the epoch's end
         dl->prod_epoch++;
         dl->prod_row = 0;
     }
@@ -1033,12 +1075,16 @@ static inline int dataloader_init(DataLoader* dl, const DataLoaderConfig* cfg) {
         int B = cfg->B, T = cfg->T, K = cfg->ring_slots;
         dl->L = batch_layout(B, T);
         size_t bytes = dataloader_batch_bytes(B, T);
-        dl->order = (uint32_t*)malloc(sizeof(uint32_t) * dl->num_samples);
-        dl->row_start = (uint32_t*)malloc(sizeof(uint32_t) * (dl->num_samples + 1));
+        for (EpochPlan* p = &dl->plan; p <= &dl->next_plan; p++) {
+            p->order = (uint32_t*)malloc(sizeof(uint32_t) * dl->num_samples);
+            p->row_start = (uint32_t*)malloc(sizeof(uint32_t) * (dl->num_samples + 1));
+            p->epoch = -1;
+        }
         dl->open_sample = (uint32_t*)malloc(sizeof(uint32_t) * DATA_OPEN_ROWS * T);
         dl->slots = (Slot*)calloc(K, sizeof(Slot));
         dl->workers = (Worker*)calloc(cfg->num_threads, sizeof(Worker));
-        if (!dl->order || !dl->row_start || !dl->open_sample || !dl->slots || !dl->workers) {
+        if (!dl->plan.order || !dl->plan.row_start || !dl->next_plan.order || !dl->next_plan.row_start ||
+            !dl->open_sample || !dl->slots || !dl->workers) {
             data_err(err, "data: %s: out of host memory for the plan of %llu samples", cfg->pattern,
                      (unsigned long long)dl->num_samples);
             goto fail;
@@ -1074,14 +1120,13 @@ static inline int dataloader_init(DataLoader* dl, const DataLoaderConfig* cfg) {
             goto fail;
         }
     }
-    dl->plan_epoch = -1;
     if (cfg->verbose) {
-        plan_build(dl, 0);
+        plan_ready(dl, 0);
         printf(
             "data: %s: %d shards, %llu samples, %llu tokens, vocab %u; epoch 0: %llu rows of %d (%.1f%% real tokens), "
             "rank %d/%d takes %d rows per micro-batch\n",
             cfg->pattern, dl->num_shards, (unsigned long long)dl->num_samples, (unsigned long long)dl->num_tokens,
-            dl->h.vocab_size, (unsigned long long)dl->num_rows, cfg->T, 100 * dl->plan_fill, cfg->rank, cfg->world,
+            dl->h.vocab_size, (unsigned long long)dl->plan.num_rows, cfg->T, 100 * dl->plan.fill, cfg->rank, cfg->world,
             cfg->B);
     }
     loader_start(dl);
@@ -1191,8 +1236,9 @@ static inline int dataloader_restore(DataLoader* dl, const DataLoaderState* st) 
                         "mask_prob=%g shuffle=%u (expected the same)",
                         st->T, st->mask_prob_ppm * 1e-6, st->shuffle, mine.T, mine.mask_prob_ppm * 1e-6, mine.shuffle);
     loader_stop(dl);
+    planner_join(dl);
     dl->cfg.seed = st->seed;
-    dl->plan_epoch = -1;  // the seed may have changed
+    dl->plan.epoch = dl->next_plan.epoch = -1;  // the seed may have changed
     dl->next_epoch = (int64_t)st->epoch;
     dl->next_row = (int64_t)st->row;
     dl->failed = 0;
@@ -1202,6 +1248,7 @@ static inline int dataloader_restore(DataLoader* dl, const DataLoaderState* st) 
 
 static inline void dataloader_free(DataLoader* dl) {
     loader_stop(dl);
+    planner_join(dl);
     if (dl->slots) {
         for (int i = 0; i < dl->cfg.ring_slots; i++) {
             if (dl->slots[i].host) cudaFreeHost(dl->slots[i].host);
@@ -1224,8 +1271,10 @@ static inline void dataloader_free(DataLoader* dl) {
     }
     for (int i = 0; i < dl->num_shards; i++) shard_close(&dl->shards[i]);
     free(dl->shards);
-    free(dl->order);
-    free(dl->row_start);
+    free(dl->plan.order);
+    free(dl->plan.row_start);
+    free(dl->next_plan.order);
+    free(dl->next_plan.row_start);
     free(dl->open_sample);
     free(dl->pattern);
     pthread_mutex_destroy(&dl->lock);

@@ -443,17 +443,51 @@ static void test_packing(void) {
         return;
     }
     pthread_mutex_lock(&dl.lock);
-    plan_build(&dl, 0);
+    plan_ready(&dl, 0);
+    const EpochPlan* p = &dl.plan;
     uint64_t total = 0, bad = 0;
-    for (uint64_t r = 0; r < dl.num_rows; r++) {
+    for (uint64_t r = 0; r < p->num_rows; r++) {
         uint64_t len = 0;
-        for (uint32_t k = dl.row_start[r]; k < dl.row_start[r + 1]; k++) len += sample_len(&dl, dl.order[k]);
+        for (uint32_t k = p->row_start[r]; k < p->row_start[r + 1]; k++) len += sample_len(&dl, p->order[k]);
         bad += len > 128 || len == 0;
         total += len;
     }
     CHECK(bad == 0 && total == dl.num_tokens, "rows hold 1..T tokens and all tokens once (%llu bad rows)",
           (unsigned long long)bad);
-    CHECK(dl.plan_fill > 0.97, "best-fit packing fills %.2f%% of row positions (expected > 97%%)", 100 * dl.plan_fill);
+    CHECK(p->fill > 0.97, "best-fit packing fills %.2f%% of row positions (expected > 97%%)", 100 * p->fill);
+    pthread_mutex_unlock(&dl.lock);
+    dataloader_free(&dl);
+    corpus_free(&c);
+}
+
+// The next epoch's plan is built in the background while the current epoch is consumed, and it is
+// the same plan a build on the spot gives.
+static void test_background_plan(void) {
+    char dir[512], pattern[600];
+    subdir(dir, "background");
+    Corpus c = make_dataset(dir, "train", 1, 500, 128);
+    snprintf(pattern, sizeof(pattern), "%s/train_*.bin", dir);
+    DataLoader dl;
+    DataLoaderConfig cfg = dataloader_default_config(pattern, 8, 128);
+    if (dataloader_init(&dl, &cfg)) {
+        CHECK(0, "init: %s", dl.error);
+        corpus_free(&c);
+        return;
+    }
+    Batch b = {};
+    CHECK(dataloader_next(&dl, 0, &b) == 0, "first batch");
+    pthread_mutex_lock(&dl.lock);
+    planner_join(&dl);
+    CHECK(dl.plan.epoch == 0 && dl.next_plan.epoch == 1, "epoch 1 planned in the background (plans: %lld, %lld)",
+          (long long)dl.plan.epoch, (long long)dl.next_plan.epoch);
+    EpochPlan fresh = {-1, 0, (uint32_t*)malloc(4 * dl.num_samples), (uint32_t*)malloc(4 * (dl.num_samples + 1)), 0};
+    plan_build(&dl, &fresh, 1);
+    CHECK(fresh.num_rows == dl.next_plan.num_rows &&
+              !memcmp(fresh.row_start, dl.next_plan.row_start, 4 * (fresh.num_rows + 1)) &&
+              !memcmp(fresh.order, dl.next_plan.order, 4 * dl.num_samples),
+          "the background plan of epoch 1 equals one built on the spot");
+    free(fresh.order);
+    free(fresh.row_start);
     pthread_mutex_unlock(&dl.lock);
     dataloader_free(&dl);
     corpus_free(&c);
@@ -985,6 +1019,7 @@ int main(void) {
     test_format_round_trip();
     test_epochs_ranks_threads();
     test_packing();
+    test_background_plan();
     test_masking();
     test_resume();
     test_bad_input();
