@@ -113,9 +113,9 @@ if [ "$WHAT" = all ] || [ "$WHAT" = gpu ]; then
     done
     echo "build: GPU ($ARCH) trainer and tests"
     gpu_bin() { # gpu_bin SRC OUT
-      local src=$1 out=$2
-      stale "$out" "$out.d" || return 0
-      run_job "nvcc  $src -> $out" $NVCC $GPU_FLAGS "$src" -MMD -MF "$out.d" -o "$out" $GPU_LIBS
+      local src=$1 out=$2 dep=build/gpu/$(basename "$2").d
+      stale "$out" "$dep" || return 0
+      run_job "nvcc  $src -> $out" $NVCC $GPU_FLAGS "$src" -MMD -MF "$dep" -o "$out" $GPU_LIBS
     }
     gpu_bin trainer.cu trainer
     for t in $TESTS; do
