@@ -429,43 +429,13 @@ static void test_epochs_ranks_threads(void) {
     corpus_free(&c);
 }
 
-// Packing: the plan fills rows well and keeps every sample whole.
+// Packing: the plan fills rows well and keeps every sample whole. And the next epoch's plan, which a
+// planner thread builds in the background while this one is consumed, is the plan a build on the
+// spot gives.
 static void test_packing(void) {
     char dir[512], pattern[600];
     subdir(dir, "packing");
     Corpus c = make_dataset(dir, "train", 2, 2000, 128);
-    snprintf(pattern, sizeof(pattern), "%s/train_*.bin", dir);
-    DataLoader dl;
-    DataLoaderConfig cfg = dataloader_default_config(pattern, 8, 128);
-    if (dataloader_init(&dl, &cfg)) {
-        CHECK(0, "init: %s", dl.error);
-        corpus_free(&c);
-        return;
-    }
-    pthread_mutex_lock(&dl.lock);
-    plan_ready(&dl, 0);
-    const EpochPlan* p = &dl.plan;
-    uint64_t total = 0, bad = 0;
-    for (uint64_t r = 0; r < p->num_rows; r++) {
-        uint64_t len = 0;
-        for (uint32_t k = p->row_start[r]; k < p->row_start[r + 1]; k++) len += sample_len(&dl, p->order[k]);
-        bad += len > 128 || len == 0;
-        total += len;
-    }
-    CHECK(bad == 0 && total == dl.num_tokens, "rows hold 1..T tokens and all tokens once (%llu bad rows)",
-          (unsigned long long)bad);
-    CHECK(p->fill > 0.97, "best-fit packing fills %.2f%% of row positions (expected > 97%%)", 100 * p->fill);
-    pthread_mutex_unlock(&dl.lock);
-    dataloader_free(&dl);
-    corpus_free(&c);
-}
-
-// The next epoch's plan is built in the background while the current epoch is consumed, and it is
-// the same plan a build on the spot gives.
-static void test_background_plan(void) {
-    char dir[512], pattern[600];
-    subdir(dir, "background");
-    Corpus c = make_dataset(dir, "train", 1, 500, 128);
     snprintf(pattern, sizeof(pattern), "%s/train_*.bin", dir);
     DataLoader dl;
     DataLoaderConfig cfg = dataloader_default_config(pattern, 8, 128);
@@ -488,6 +458,17 @@ static void test_background_plan(void) {
           "the background plan of epoch 1 equals one built on the spot");
     free(fresh.order);
     free(fresh.row_start);
+    const EpochPlan* p = &dl.plan;
+    uint64_t total = 0, bad = 0;
+    for (uint64_t r = 0; r < p->num_rows; r++) {
+        uint64_t len = 0;
+        for (uint32_t k = p->row_start[r]; k < p->row_start[r + 1]; k++) len += sample_len(&dl, p->order[k]);
+        bad += len > 128 || len == 0;
+        total += len;
+    }
+    CHECK(bad == 0 && total == dl.num_tokens, "rows hold 1..T tokens and all tokens once (%llu bad rows)",
+          (unsigned long long)bad);
+    CHECK(p->fill > 0.97, "best-fit packing fills %.2f%% of row positions (expected > 97%%)", 100 * p->fill);
     pthread_mutex_unlock(&dl.lock);
     dataloader_free(&dl);
     corpus_free(&c);
@@ -1019,7 +1000,6 @@ int main(void) {
     test_format_round_trip();
     test_epochs_ranks_threads();
     test_packing();
-    test_background_plan();
     test_masking();
     test_resume();
     test_bad_input();
