@@ -1,0 +1,91 @@
+// test_attention.cu: the attention kernels (attention.cuh) against a plain-C (double) reference.
+// tests/test_attention_fp32.cu runs the same checks with fp32 storage (MLM_FP32).
+#include "kernel_check.h"
+
+// attention: forward, lse and the three gradients against a double reference
+static void test_attention(int T, int HD, const std::vector<std::vector<int>>& rows) {
+    int B = (int)rows.size(), NH = 2, C = NH * HD, N = B * T;
+    std::vector<int> lo, hi;
+    segments(B, T, rows, &lo, &hi);
+    vf qkv, dout;
+    floatX *d_qkv = dev_rand(&qkv, (size_t)N * 3 * C, -2, 2), *d_dout = dev_rand(&dout, (size_t)N * C, -1, 1);
+    floatX *d_out = dev_x((size_t)N * C), *d_dqkv = dev_x((size_t)N * 3 * C);
+    float *d_lse = dev_f((size_t)B * NH * T), *d_delta = dev_f((size_t)B * NH * T);
+    int *d_lo = dev_i(lo), *d_hi = dev_i(hi);
+    launch_attention_forward((cudaStream_t)0, d_out, d_lse, d_qkv, d_lo, d_hi, B, T, NH, HD);
+    launch_attention_backward((cudaStream_t)0, d_dqkv, d_delta, d_dout, d_qkv, d_out, d_lse, d_lo, d_hi, B, T, NH, HD);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    vf out_k = get_x(d_out, (size_t)N * C);  // the backward uses the kernel's own (rounded) output
+    vd out((size_t)N * C, 0), lse((size_t)B * NH * T, 0), dqkv((size_t)N * 3 * C, 0);
+    double scale = 1 / sqrt((double)HD);
+    vd p(T), dp(T);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < T; i++) {
+                int n = b * T + i;
+                if (hi[n] <= lo[n]) continue;  // padding query: zeros
+                const float* q = &qkv[(size_t)n * 3 * C + h * HD];
+                double mx = -1e300, s = 0;
+                for (int j = lo[n]; j < hi[n]; j++) {
+                    const float* k = &qkv[((size_t)b * T + j) * 3 * C + C + h * HD];
+                    double d = 0;
+                    for (int e = 0; e < HD; e++) d += (double)q[e] * k[e];
+                    p[j] = d * scale;
+                    mx = fmax(mx, p[j]);
+                }
+                for (int j = lo[n]; j < hi[n]; j++) {
+                    p[j] = exp(p[j] - mx);
+                    s += p[j];
+                }
+                lse[((size_t)b * NH + h) * T + i] = mx + log(s);
+                for (int j = lo[n]; j < hi[n]; j++) p[j] /= s;
+                for (int e = 0; e < HD; e++) {
+                    double o = 0;
+                    for (int j = lo[n]; j < hi[n]; j++)
+                        o += p[j] * qkv[((size_t)b * T + j) * 3 * C + 2 * C + h * HD + e];
+                    out[(size_t)n * C + h * HD + e] = o;
+                }
+                // backward: dP = dO V^T, dS = P (dP - sum P dP) with sum P dP = dO . O (the kernel's O)
+                const float* go = &dout[(size_t)n * C + h * HD];
+                double delta = 0;
+                for (int e = 0; e < HD; e++) delta += (double)go[e] * out_k[(size_t)n * C + h * HD + e];
+                for (int j = lo[n]; j < hi[n]; j++) {
+                    const float* v = &qkv[((size_t)b * T + j) * 3 * C + 2 * C + h * HD];
+                    double d = 0;
+                    for (int e = 0; e < HD; e++) d += (double)go[e] * v[e];
+                    double ds = p[j] * (d - delta);
+                    for (int e = 0; e < HD; e++) {
+                        dqkv[(size_t)n * 3 * C + h * HD + e] +=
+                            scale * ds * qkv[((size_t)b * T + j) * 3 * C + C + h * HD + e];
+                        dqkv[((size_t)b * T + j) * 3 * C + C + h * HD + e] += scale * ds * q[e];
+                        dqkv[((size_t)b * T + j) * 3 * C + 2 * C + h * HD + e] += p[j] * go[e];
+                    }
+                }
+            }
+    // bf16: P and dS are rounded to bf16 before their products (2^-8 relative each)
+    float tol = FP32 ? 1e-5f : 2e-2f;
+    char w[96];
+    snprintf(w, sizeof(w), "attention_forward T=%d HD=%d B=%d", T, HD, B);
+    close_scaled(w, out_k, out, tol);
+    snprintf(w, sizeof(w), "attention_forward lse T=%d HD=%d", T, HD);
+    close_scaled(w, get_f(d_lse, (size_t)B * NH * T), lse, 1e-5f);
+    snprintf(w, sizeof(w), "attention_backward dqkv T=%d HD=%d", T, HD);
+    close_scaled(w, get_x(d_dqkv, (size_t)N * 3 * C), dqkv, FP32 ? 1e-5f : 3e-2f);
+    cudaFree(d_qkv);
+    cudaFree(d_dout);
+    cudaFree(d_out);
+    cudaFree(d_dqkv);
+    cudaFree(d_lse);
+    cudaFree(d_delta);
+    cudaFree(d_lo);
+    cudaFree(d_hi);
+}
+
+int main(void) {
+    printf("test_attention (%s storage)\n", FLOATX_NAME);
+    // T not a multiple of 64; a sample of length 1; packed rows; an all-padding row; several key tiles
+    test_attention(77, 16, {{30, 1, 46}, {50}, {}});
+    test_attention(130, 64, {{1, 129}, {64, 3, 40}});
+    test_attention(5, 32, {{5}, {1, 1, 1}});
+    return test_summary();
+}
