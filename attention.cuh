@@ -363,7 +363,6 @@ __global__ void __launch_bounds__(128)
     }
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // Launchers
 static inline void launch_attention_forward(cudaStream_t s, floatX* out, float* lse, const floatX* qkv,
