@@ -28,7 +28,8 @@ for d in "$CUDA_HOME/include" /usr/include /usr/local/include; do [ -f "$d/nccl.
 CPU_FLAGS="-std=c++17 -O2 -g -Wall -Wextra -Wno-unused-parameter -Icpu/include -I$CUDA_HOME/include -I$NCCL_INC -pthread"
 ASAN_FLAGS="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 # ptxas: a kernel that spills registers fails the build
-GPU_FLAGS="-std=c++17 -O3 -arch=$ARCH -lineinfo -Xcompiler -Wall -Xptxas --warn-on-spills,--warning-as-error -I$NCCL_INC"
+# -Igpu: gpu/ptx.h (inline PTX) is the GPU build's <ptx.h>, as cpu/include/ptx.h is the CPU build's
+GPU_FLAGS="-std=c++17 -O3 -arch=$ARCH -lineinfo -Xcompiler -Wall -Xptxas --warn-on-spills,--warning-as-error -Igpu -I$NCCL_INC"
 GPU_LIBS="-lcublasLt -lcublas -lnccl"
 
 mkdir -p build/cpu build/asan build/gpu

@@ -491,6 +491,8 @@ struct EmuFiber {
     const char* wname;
     void (*wfn)(void* const* all);  // EMU_WARP_GATHER: run once on every lane's posted pointer
     uint64_t result;                // what the barrier or collective returns to this thread
+    struct EmuCopy* copies;         // cp.async: this thread's copies not yet performed (see emu_cp_async)
+    int ncopies, cap_copies, committed;
 };
 
 struct EmuJob {  // one kernel launch
@@ -582,6 +584,7 @@ static void yield_from(EmuFiber* f, int exiting) {
 }
 
 static void release_barrier(EmuWorker* w);
+static void emu_cp_async_wait_all(EmuFiber* f);
 
 // Every fiber starts here (the address its fresh stack returns to) and never returns.
 static void fiber_main(void) {
@@ -594,6 +597,7 @@ static void fiber_main(void) {
 #endif
     w->job->body(w->job->call);
     EmuFiber* f = w->self;
+    emu_cp_async_wait_all(f);  // asynchronous copies still pending complete, as they do on the GPU
     f->state = F_EXITED;
     w->warp_gone[f->linear >> 5] |= 1u << (f->linear & 31);
     w->exited++;
@@ -615,6 +619,8 @@ static void fiber_reset(EmuFiber* f) {
     f->sp = sp;
     f->state = F_READY;
     f->asan_fake_stack = NULL;
+    f->ncopies = 0;
+    f->committed = 0;
 }
 
 static void worker_reserve(EmuWorker* w, int n) {
@@ -821,6 +827,65 @@ unsigned emu_activemask(void) {  // the lanes of this warp that exist and have n
     for (int l = 0; l < 32 && warp_base + l < w->nthreads; l++)
         if (w->fibers[warp_base + l].state != F_EXITED) m |= 1u << l;
     return m;
+}
+
+// ----------------------------------------------------------------------------
+// Asynchronous copies, as the PTX ISA defines cp.async: a copy joins the thread's open group;
+// cp.async.commit_group closes it; cp.async.wait_group N returns once at most the N most recent
+// committed groups are still pending (copies not yet committed are not waited for). The emulator
+// performs a group's copies only when a wait requires them, or when the thread exits, so a kernel that
+// reads its shared memory before the wait (or before the barrier that follows another thread's wait)
+// reads stale bytes instead of passing by luck.
+struct EmuCopy {
+    void* dst;
+    const void* src;
+    int bytes, src_bytes;  // the copy's size; bytes past src_bytes are zero-filled
+    int group;             // 0 while uncommitted, else the commit number
+};
+static void perform_copy(const EmuCopy* c) {
+    if (c->src_bytes) memcpy(c->dst, c->src, c->src_bytes);
+    memset((char*)c->dst + c->src_bytes, 0, c->bytes - c->src_bytes);
+}
+void emu_cp_async(void* dst, const void* src, int bytes, int src_bytes) {
+    EmuFiber* f = W->self;
+    if (bytes != 4 && bytes != 8 && bytes != 16)
+        return emu_kernel_error("cp.async: cp-size %d is not 4, 8 or 16 bytes", bytes);
+    if (src_bytes < 0 || src_bytes > bytes)
+        return emu_kernel_error("cp.async: src-size %d is outside [0, cp-size %d]", src_bytes, bytes);
+    if ((uintptr_t)dst % bytes || (uintptr_t)src % bytes)
+        return emu_kernel_error("cp.async: addresses %p (shared) and %p (global) must be aligned to %d bytes", dst, src,
+                                bytes);
+    size_t over = 0;
+    if (src_bytes && device_range(src, src_bytes, &over))
+        return emu_kernel_error("cp.async: source [%p, +%d) is not inside a cudaMalloc'ed buffer", src, src_bytes);
+    if (f->ncopies == f->cap_copies) {
+        f->cap_copies = f->cap_copies ? 2 * f->cap_copies : 64;
+        f->copies = (EmuCopy*)realloc(f->copies, f->cap_copies * sizeof(EmuCopy));
+        if (!f->copies) abort();
+    }
+    f->copies[f->ncopies++] = EmuCopy{dst, src, bytes, src_bytes, 0};
+}
+void emu_cp_async_commit(void) {
+    EmuFiber* f = W->self;
+    f->committed++;  // an empty group counts too (it is complete at once)
+    for (int i = 0; i < f->ncopies; i++)
+        if (!f->copies[i].group) f->copies[i].group = f->committed;
+}
+void emu_cp_async_wait(int n) {
+    EmuFiber* f = W->self;
+    int keep = 0;
+    for (int i = 0; i < f->ncopies; i++) {  // perform the groups older than the n most recent, in order
+        EmuCopy* c = &f->copies[i];
+        if (c->group && c->group <= f->committed - n)
+            perform_copy(c);
+        else
+            f->copies[keep++] = *c;
+    }
+    f->ncopies = keep;
+}
+static void emu_cp_async_wait_all(EmuFiber* f) {
+    for (int i = 0; i < f->ncopies; i++) perform_copy(&f->copies[i]);
+    f->ncopies = 0;
 }
 
 // ----------------------------------------------------------------------------

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <mma.h>
+#include <ptx.h>
 #include "../kernels.cuh"
 #include "testing.h"
 
@@ -167,6 +168,64 @@ __global__ void wmma_matmul(const __nv_bfloat16* A, const __nv_bfloat16* B, floa
         wmma::store_matrix_sync(C + (size_t)tile_n * 16 * M + tile_m * 16, acc, M, wmma::mem_col_major);
     else
         wmma::store_matrix_sync(C + (size_t)tile_m * 16 * N + tile_n * 16, acc, N, wmma::mem_row_major);
+}
+
+// ----------------------------------------------------------------------------
+// The PTX primitives of <ptx.h>, checked against the per-lane layouts the PTX ISA documents (with
+// g = lane / 4, t = lane % 4). Every lane builds its registers from global memory with the documented
+// formulas, written out here independently of the header.
+static __device__ uint32_t pack2(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+    __nv_bfloat16_raw a = lo, b = hi;
+    return (uint32_t)a.x | (uint32_t)b.x << 16;
+}
+// D (16 x 8) = A (16 x 16, row-major) . B (16 x 8, row-major k x n) + C (16 x 8), one warp.
+__global__ void mma_16816_layout(const __nv_bfloat16* A, const __nv_bfloat16* B, const float* C, float* D) {
+    int lane = threadIdx.x, g = lane / 4, t = lane % 4;
+    uint32_t a[4] = {pack2(A[g * 16 + 2 * t], A[g * 16 + 2 * t + 1]),
+                     pack2(A[(g + 8) * 16 + 2 * t], A[(g + 8) * 16 + 2 * t + 1]),
+                     pack2(A[g * 16 + 2 * t + 8], A[g * 16 + 2 * t + 9]),
+                     pack2(A[(g + 8) * 16 + 2 * t + 8], A[(g + 8) * 16 + 2 * t + 9])};
+    uint32_t b[2] = {pack2(B[(2 * t) * 8 + g], B[(2 * t + 1) * 8 + g]),
+                     pack2(B[(2 * t + 8) * 8 + g], B[(2 * t + 9) * 8 + g])};
+    float c[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t], C[(g + 8) * 8 + 2 * t + 1]}, d[4];
+    mma_m16n8k16_bf16(d, a, b, c);
+    D[g * 8 + 2 * t] = d[0];
+    D[g * 8 + 2 * t + 1] = d[1];
+    D[(g + 8) * 8 + 2 * t] = d[2];
+    D[(g + 8) * 8 + 2 * t + 1] = d[3];
+}
+// ldmatrix.x4 (trans = 0) or .x4.trans (1) of M (32 rows x 8, 16-bit): shared rows 32 elements apart, and
+// lane l addresses row l % 8 of matrix l / 8 at shared row 31 - l (so a wrong per-lane address shows).
+// out[lane * 4 + i] = register i of the lane.
+__global__ void ldmatrix_layout(const unsigned short* M, uint32_t* out, int trans) {
+    __shared__ __align__(16) unsigned short s[32 * 32];
+    int lane = threadIdx.x;
+    for (int c = 0; c < 8; c++) s[(31 - lane) * 32 + c] = M[lane * 8 + c];
+    __syncwarp();
+    uint32_t r[4];
+    if (trans)
+        ldmatrix_x4_trans(r, s + (31 - lane) * 32);
+    else
+        ldmatrix_x4(r, s + (31 - lane) * 32);
+    for (int i = 0; i < 4; i++) out[lane * 4 + i] = r[i];
+}
+// cp.async: 64 threads each copy 16 bytes (src_bytes 16, 8 or 0 by thread) into shared memory, in two
+// groups (threads' first and second chunks). After wait<1> the first group is complete: out1 gets it;
+// after wait<0> everything: out2 gets both chunks.
+__global__ void cp_async_groups(const int4* src, int4* out1, int4* out2) {
+    __shared__ int4 s[128];
+    int t = threadIdx.x, n1 = t % 3 == 0 ? 0 : t % 3 == 1 ? 8 : 16, n2 = t % 2 ? 16 : 8;
+    cp_async_16(&s[t], &src[t], n1);
+    cp_async_commit();
+    cp_async_16(&s[64 + t], &src[64 + t], n2);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    out1[t] = s[(t + 1) % 64];  // another thread's copy: visible after its wait and the barrier
+    cp_async_wait<0>();
+    __syncthreads();
+    out2[t] = s[(t + 7) % 128];
+    out2[64 + t] = s[(t + 71) % 128];
 }
 
 int main(void) {
@@ -408,6 +467,89 @@ int main(void) {
                 for (int x = 0; x < nx; x++) bad += got[(z * ny + y) * nx + x] != x + 1000 * y + 1000000 * z;
         CHECK(bad == 0, "3D grid/block index arithmetic: %d of %d wrong", bad, n);
         cudaFree(d), free(got);
+    }
+    // mma.sync m16n8k16 bf16: small integers, so every product and sum is exact in fp32
+    {
+        __nv_bfloat16 hA[256], hB[128];
+        float hC[128], want[128], got[128];
+        for (int i = 0; i < 256; i++) hA[i] = __float2bfloat16((float)((i * 7 + 3) % 11 - 5));
+        for (int i = 0; i < 128; i++) hB[i] = __float2bfloat16((float)((i * 5 + 1) % 9 - 4));
+        for (int i = 0; i < 128; i++) hC[i] = (float)(i % 13) - 6.f;
+        for (int r = 0; r < 16; r++)
+            for (int n = 0; n < 8; n++) {
+                float acc = hC[r * 8 + n];
+                for (int k = 0; k < 16; k++) acc += __bfloat162float(hA[r * 16 + k]) * __bfloat162float(hB[k * 8 + n]);
+                want[r * 8 + n] = acc;
+            }
+        __nv_bfloat16 *dA, *dB;
+        float *dC, *dD;
+        CUDA_OK(cudaMalloc(&dA, sizeof hA));
+        CUDA_OK(cudaMalloc(&dB, sizeof hB));
+        CUDA_OK(cudaMalloc(&dC, sizeof hC));
+        CUDA_OK(cudaMalloc(&dD, sizeof got));
+        CUDA_OK(cudaMemcpy(dA, hA, sizeof hA, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(dB, hB, sizeof hB, cudaMemcpyHostToDevice));
+        CUDA_OK(cudaMemcpy(dC, hC, sizeof hC, cudaMemcpyHostToDevice));
+        launch(mma_16816_layout, dim3(1), dim3(32), 0, (cudaStream_t)0, (const __nv_bfloat16*)dA,
+               (const __nv_bfloat16*)dB, (const float*)dC, dD);
+        CUDA_OK(cudaGetLastError());
+        CUDA_OK(cudaMemcpy(got, dD, sizeof got, cudaMemcpyDeviceToHost));
+        check_close("mma.sync.m16n8k16 bf16 -> fp32, PTX ISA fragment layouts of A, B, C, D", got, want, 128, 0, 0);
+        cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dD);
+    }
+    // ldmatrix.x4 and .x4.trans: distinct 16-bit values, so each register's two halves are identified
+    {
+        unsigned short hM[256];
+        uint32_t got[128];
+        for (int i = 0; i < 256; i++) hM[i] = (unsigned short)(1000 + i);
+        unsigned short* dM;
+        uint32_t* dout;
+        CUDA_OK(cudaMalloc(&dM, sizeof hM));
+        CUDA_OK(cudaMalloc(&dout, sizeof got));
+        CUDA_OK(cudaMemcpy(dM, hM, sizeof hM, cudaMemcpyHostToDevice));
+        for (int trans = 0; trans < 2; trans++) {
+            launch(ldmatrix_layout, dim3(1), dim3(32), 0, (cudaStream_t)0, (const unsigned short*)dM, dout, trans);
+            CUDA_OK(cudaGetLastError());
+            CUDA_OK(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost));
+            int bad = 0;
+            for (int l = 0; l < 32; l++)
+                for (int i = 0; i < 4; i++) {
+                    int g = l / 4, t = l % 4;  // matrix i is rows 8i .. 8i+7 of M
+                    unsigned lo = trans ? hM[(8 * i + 2 * t) * 8 + g] : hM[(8 * i + g) * 8 + 2 * t];
+                    unsigned hi = trans ? hM[(8 * i + 2 * t + 1) * 8 + g] : hM[(8 * i + g) * 8 + 2 * t + 1];
+                    bad += got[l * 4 + i] != (lo | hi << 16);
+                }
+            CHECK(bad == 0, "ldmatrix.x4%s: %d of 128 registers differ from the PTX ISA layout", trans ? ".trans" : "",
+                  bad);
+        }
+        cudaFree(dM), cudaFree(dout);
+    }
+    // cp.async: zero-fill past src-size, groups completed by wait_group, visible to others after a barrier
+    {
+        int hs[512], o1[256], o2[512], bad1 = 0, bad2 = 0;
+        for (int i = 0; i < 512; i++) hs[i] = i * 3 + 1;
+        int *ds, *d1, *d2;
+        CUDA_OK(cudaMalloc(&ds, sizeof hs));
+        CUDA_OK(cudaMalloc(&d1, sizeof o1));
+        CUDA_OK(cudaMalloc(&d2, sizeof o2));
+        CUDA_OK(cudaMemcpy(ds, hs, sizeof hs, cudaMemcpyHostToDevice));
+        launch(cp_async_groups, dim3(1), dim3(64), 0, (cudaStream_t)0, (const int4*)ds, (int4*)d1, (int4*)d2);
+        CUDA_OK(cudaGetLastError());
+        CUDA_OK(cudaMemcpy(o1, d1, sizeof o1, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(o2, d2, sizeof o2, cudaMemcpyDeviceToHost));
+        auto want = [&](int chunk, int k) {  // word k of shared chunk `chunk` after its copy
+            int t = chunk % 64, n = chunk < 64 ? (t % 3 == 0 ? 0 : t % 3 == 1 ? 8 : 16) : (t % 2 ? 16 : 8);
+            return 4 * k < n ? hs[chunk * 4 + k] : 0;
+        };
+        for (int t = 0; t < 64; t++)
+            for (int k = 0; k < 4; k++) {
+                bad1 += o1[t * 4 + k] != want((t + 1) % 64, k);
+                bad2 += o2[t * 4 + k] != want((t + 7) % 128, k) || o2[(64 + t) * 4 + k] != want((t + 71) % 128, k);
+            }
+        CHECK(bad1 == 0, "cp.async: after wait_group 1 and a barrier, %d of 256 words of the first group are wrong",
+              bad1);
+        CHECK(bad2 == 0, "cp.async: after wait_group 0 and a barrier, %d of 512 words are wrong", bad2);
+        cudaFree(ds), cudaFree(d1), cudaFree(d2);
     }
     return test_summary();
 }

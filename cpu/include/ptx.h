@@ -1,0 +1,142 @@
+// cpu/include/ptx.h: the CPU build's tensor-core and asynchronous-copy primitives (the GPU build's are
+// inline PTX in gpu/ptx.h; build.sh puts the right directory first on each build's include path).
+//
+// Each function is one PTX instruction, emulated exactly as the PTX ISA documents every lane's registers
+// (section "Matrix multiply-accumulate operation using mma instruction", shape m16n8k16, and "ldmatrix").
+// Notation: lane l of a warp, group g = l / 4, thread-in-group t = l % 4; a 32-bit register holding two
+// 16-bit elements keeps the lower-indexed one in its low half.
+//
+//   mma_m16n8k16_bf16(d, a, b, c): D (16 x 8, fp32) = A (16 x 16, bf16, row) . B (16 x 8, bf16, col) + C.
+//     A: a[0] = A[g][2t, 2t+1], a[1] = A[g+8][2t, 2t+1], a[2] = A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9]
+//     B: b[0] = B[2t, 2t+1][g], b[1] = B[2t+8, 2t+9][g]
+//     C, D: c[0], c[1] = C[g][2t, 2t+1], c[2], c[3] = C[g+8][2t, 2t+1]
+//     A warp collective (all 32 lanes). The products of bf16 values are exact; the emulator sums them in
+//     double and rounds once (the tensor core's internal order and precision are unspecified; the tests
+//     allow for it).
+//   ldmatrix_x4(r, p) / ldmatrix_x4_trans(r, p): four 8 x 8 matrices of 16-bit elements from shared memory.
+//     Lane l gives the address of row l % 8 of matrix l / 8 (8 contiguous elements, 16-byte aligned).
+//     r[i] of lane l = matrix i's elements (row g, columns 2t, 2t+1); with .trans, (rows 2t, 2t+1, column g).
+//   cp_async_16(dst, src, src_bytes): an asynchronous 16-byte copy global -> shared; bytes past src_bytes
+//     (0 or 16 in practice) are zero-filled and src is not read for them. cp_async_commit() closes the
+//     thread's group of copies; cp_async_wait<N>() returns when at most N of its most recent groups are
+//     pending. The data is visible to other threads after their own barrier that follows the wait.
+//     The emulator performs the copies at the wait (cpu/runtime.cpp), so a missing wait shows up in tests.
+#pragma once
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+
+void emu_cp_async(void* dst, const void* src, int bytes, int src_bytes);
+void emu_cp_async_commit(void);
+void emu_cp_async_wait(int n);
+
+static inline float emu_bf16_lo(uint32_t x) {  // the element in the low half of a packed pair
+    uint32_t u = x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline float emu_bf16_hi(uint32_t x) {
+    uint32_t u = x & 0xffff0000u;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32
+struct emu_mma_lane {
+    const uint32_t* a;
+    const uint32_t* b;
+    const float* c;
+    float* d;
+};
+static inline void emu_mma_16816(void* const* all) {
+    for (int l = 0; l < 32; l++)
+        if (!all[l]) return;  // a lane is missing: already reported as a kernel error
+    float A[16][16], B[16][8], C[16][8];
+    for (int l = 0; l < 32; l++) {
+        const emu_mma_lane* x = (const emu_mma_lane*)all[l];
+        int g = l / 4, t = l % 4;
+        for (int i = 0; i < 4; i++) {  // a[i]: rows g (i even) or g + 8 (i odd), columns 2t + 8 (i / 2)
+            int r = g + 8 * (i & 1), c = 2 * t + 8 * (i >> 1);
+            A[r][c] = emu_bf16_lo(x->a[i]);
+            A[r][c + 1] = emu_bf16_hi(x->a[i]);
+        }
+        for (int i = 0; i < 2; i++) {  // b[i]: rows 2t + 8i, 2t + 8i + 1 of column g
+            B[2 * t + 8 * i][g] = emu_bf16_lo(x->b[i]);
+            B[2 * t + 8 * i + 1][g] = emu_bf16_hi(x->b[i]);
+        }
+        for (int i = 0; i < 4; i++) C[g + 8 * (i >> 1)][2 * t + (i & 1)] = x->c[i];
+    }
+    float D[16][8];
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 8; n++) {
+            double s = C[r][n];
+            for (int k = 0; k < 16; k++) s += (double)A[r][k] * B[k][n];
+            D[r][n] = (float)s;
+        }
+    for (int l = 0; l < 32; l++) {
+        float* d = ((emu_mma_lane*)all[l])->d;
+        int g = l / 4, t = l % 4;
+        for (int i = 0; i < 4; i++) d[i] = D[g + 8 * (i >> 1)][2 * t + (i & 1)];
+    }
+}
+static inline void mma_m16n8k16_bf16(float d[4], const uint32_t a[4], const uint32_t b[2], const float c[4]) {
+    float out[4];  // d may alias c
+    emu_mma_lane mine = {a, b, c, out};
+    emu_warp_gather(0xffffffffu, &mine, emu_mma_16816, "mma.sync.m16n8k16");
+    for (int i = 0; i < 4; i++) d[i] = out[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16
+struct emu_ldmatrix_lane {
+    const uint16_t* row;  // the row this lane addresses
+    uint32_t* r;
+};
+template <bool TRANS>
+static inline void emu_ldmatrix_x4(void* const* all) {
+    for (int l = 0; l < 32; l++)
+        if (!all[l]) return;
+    for (int l = 0; l < 32; l++)
+        if ((uintptr_t)((emu_ldmatrix_lane*)all[l])->row % 16) {
+            emu_kernel_error("ldmatrix: lane %d's row address %p is not 16-byte aligned", l,
+                             (const void*)((emu_ldmatrix_lane*)all[l])->row);
+            return;
+        }
+    uint32_t out[32][4];
+    for (int l = 0; l < 32; l++) {
+        int g = l / 4, t = l % 4;
+        for (int i = 0; i < 4; i++) {
+            uint16_t lo, hi;
+            if (!TRANS) {  // row g, columns 2t, 2t + 1 of matrix i
+                const uint16_t* p = ((emu_ldmatrix_lane*)all[8 * i + g])->row;
+                lo = p[2 * t];
+                hi = p[2 * t + 1];
+            } else {  // rows 2t, 2t + 1, column g
+                lo = ((emu_ldmatrix_lane*)all[8 * i + 2 * t])->row[g];
+                hi = ((emu_ldmatrix_lane*)all[8 * i + 2 * t + 1])->row[g];
+            }
+            out[l][i] = (uint32_t)lo | (uint32_t)hi << 16;
+        }
+    }
+    for (int l = 0; l < 32; l++)
+        for (int i = 0; i < 4; i++) ((emu_ldmatrix_lane*)all[l])->r[i] = out[l][i];
+}
+static inline void ldmatrix_x4(uint32_t r[4], const void* row) {
+    emu_ldmatrix_lane mine = {(const uint16_t*)row, r};
+    emu_warp_gather(0xffffffffu, &mine, emu_ldmatrix_x4<false>, "ldmatrix.x4");
+}
+static inline void ldmatrix_x4_trans(uint32_t r[4], const void* row) {
+    emu_ldmatrix_lane mine = {(const uint16_t*)row, r};
+    emu_warp_gather(0xffffffffu, &mine, emu_ldmatrix_x4<true>, "ldmatrix.x4.trans");
+}
+
+// ---------------------------------------------------------------------------------------------
+// cp.async.cg.shared.global [dst], [src], 16, src_bytes;  cp.async.commit_group;  cp.async.wait_group N
+static inline void cp_async_16(void* dst, const void* src, int src_bytes) { emu_cp_async(dst, src, 16, src_bytes); }
+static inline void cp_async_commit(void) { emu_cp_async_commit(); }
+template <int N>
+static inline void cp_async_wait(void) {
+    emu_cp_async_wait(N);
+}
