@@ -1,216 +1,436 @@
-// attention.cuh: the attention kernels of mlm.c (included at the end of kernels.cuh, whose helpers they use).
-#pragma once
+// attention.cuh: the attention kernels of mlm.c, flash-attention-2 style on tensor cores (included at the
+// end of kernels.cuh, whose helpers they use).
+//
+// Attention is bidirectional. qkv (B, T, 3C): token (b, t) holds Q | K | V, each C = NH * HD wide, head h at
+// columns [h HD, (h+1) HD). Masking: query (b, i) attends to the keys j with seg_lo[b, i] <= j < seg_hi[b, i],
+// its own sample in a packed row. The ranges are segments: every token of a sample has the same range, so
+// key j is in query i's range exactly when i is in j's (the backward uses this). Padding tokens have
+// seg_lo == seg_hi: they attend to nothing, nothing attends to them, and their output, lse and gradients
+// are 0. Scale 1 / sqrt(HD); head sizes 16, 32, 64 and 128.
+//
+// The (T x T) scores never reach global memory. The forward keeps, per query row, a running max m and sum l
+// of exp (the online softmax) and saves lse = log sum_j exp(s_ij) for the backward, which recomputes
+// P = exp(S - lse) tile by tile. Every product is a warp-level tensor-core instruction, mma.sync m16n8k16
+// (bf16 in, fp32 accumulate), whose operand and accumulator registers have the per-lane layout the PTX ISA
+// documents (cpu/include/ptx.h spells it out). That layout is what makes the flash-2 design possible:
+//   - the accumulator of S = Q K^T is, register for register, the A operand of the next product P V, so P
+//     goes from the softmax to the tensor cores without touching shared memory;
+//   - the softmax runs on the accumulator registers: each lane holds 2 rows x 16 columns of a 16 x 64 tile
+//     and the 4 lanes of a quad (lane / 4) share rows, so a row max or sum is 2 shuffles;
+//   - tiles of K and V (forward, dQ) or Q and dO (dK dV) are double-buffered in shared memory and copied with
+//     cp.async, so the next tile's loads overlap this tile's math; ldmatrix moves them to registers;
+//   - tiles outside the block's key range are never visited, and tiles outside a warp's range are skipped by
+//     that warp: with packed short samples most of the (T x T) square is empty;
+//   - exp2 with the scale and log2(e) folded into one fused multiply-add (fmaf: one rounding, the same in
+//     both builds; nvcc would contract it anyway, g++ for x86-64 does not).
+// Deterministic: no atomics; every sum has a fixed order (dQ has its own pass instead of atomics).
 
 // ---------------------------------------------------------------------------------------------
-// Attention: bidirectional, flash-style on tensor cores. The (T x T) scores never reach global memory:
-// the forward keeps a running (max, sum) per query row and the backward recomputes the scores.
-//
-// qkv (B, T, 3C): token (b, t) holds Q | K | V, each C = NH * HD wide with head h at columns [h HD, (h+1) HD).
-// Masking: query (b, i) attends to the keys j with seg_lo[b, i] <= j < seg_hi[b, i], its own sample in a
-// packed row (the ranges are segments: every token of a sample has the same range). Padding tokens have
-// seg_lo == seg_hi: they attend to nothing, and their output, lse and gradients are 0.
-// Scale 1 / sqrt(HD). Tiles: 64 query rows and 64 keys; a block is 4 warps, each owning 16 rows of the
-// block's tile; the warp's (16 x 64) products run as WMMA m16n16k16 bf16 -> fp32 (a scalar loop in fp32
-// mode), staged through shared memory (row stride padded by 8 elements against bank conflicts).
+// Tensor-core fragments. One m16n8k16 product D (16 x 8) += A (16 x 16) . B (16 x 8) per warp.
+// FragA holds a lane's 8 elements of A, FragB its 4 of B; the accumulator is float[4]. With g = lane / 4 and
+// t = lane % 4: A elements (g | g+8, 2t | 2t+1 | 2t+8 | 2t+9), B elements (k = 2t | 2t+1 | 2t+8 | 2t+9, n = g),
+// accumulator (g | g+8, 2t | 2t+1). In bf16 mode these are the mma.sync registers (bf16 pairs) and the loads
+// are ldmatrix; in fp32 mode (the gradient-check build, MLM_FP32) they are fp32 values read from shared
+// memory in the same layout, and the product is exact fp32 arithmetic over warp shuffles (slow; tests only).
+#include <ptx.h>  // mma.sync, ldmatrix, cp.async (GPU: gpu/ptx.h, inline PTX; CPU: cpu/include/ptx.h)
 
-#define ATT_TILE 64
-struct AttLayout {  // byte offsets into dynamic shared memory
-    int ldx, lds, ldp,
-        ldo;  // row strides (elements): floatX tiles, fp32 scores, floatX probabilities, fp32 accumulators
-    size_t t0, t1, t2, t3, s0, s1, p0, p1, o0, o1, bytes;
+#ifndef MLM_FP32
+struct FragA {
+    uint32_t x[4];
 };
-__host__ __device__ inline size_t att_round(size_t x) { return (x + 127) & ~(size_t)127; }
-// kind 0: forward (Q K V tiles, S, P, O); 1: dQ (Q dO K V, S dP, dS, dQ); 2: dK dV (K V Q dO, S dP, P dS, dK dV)
-__host__ __device__ inline AttLayout att_layout(int HD, int kind) {
-    AttLayout L;
-    L.ldx = HD + 8;
-    L.lds = ATT_TILE + 4;
-    L.ldp = ATT_TILE + 8;
-    L.ldo = HD + 4;
-    size_t tile = att_round((size_t)ATT_TILE * L.ldx * sizeof(floatX)), sf = att_round((size_t)ATT_TILE * L.lds * 4),
-           pf = att_round((size_t)ATT_TILE * L.ldp * sizeof(floatX)), of = att_round((size_t)ATT_TILE * L.ldo * 4);
-    size_t o = 0;
-    L.t0 = o;
-    o += tile;
-    L.t1 = o;
-    o += tile;
-    L.t2 = o;
-    o += tile;
-    L.t3 = o;
-    if (kind) o += tile;
-    L.s0 = o;
-    o += sf;
-    L.s1 = o;
-    if (kind) o += sf;
-    L.p0 = o;
-    o += pf;
-    L.p1 = o;
-    if (kind == 2) o += pf;
-    L.o0 = o;
-    o += of;
-    L.o1 = o;
-    if (kind == 2) o += of;
-    L.bytes = o + 128;  // slack: the kernels align their base to 128 bytes (WMMA needs 32-byte aligned tiles)
-    return L;
+struct FragB {
+    uint32_t x[2];
+};
+__device__ inline uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return u;
 }
-// the 128-byte aligned start of the dynamic shared memory (it follows the static shared memory, which
-// only guarantees 16-byte alignment)
-__device__ inline unsigned char* att_smem_base(unsigned char* p) {
-    return (unsigned char*)(((uintptr_t)p + 127) & ~(uintptr_t)127);
+// load_a: A = the 16 x 16 tile at s (row-major, row stride ld). Lane l addresses row l % 16, columns
+// 8 (l / 16) .. +7: matrices 0..3 of ldmatrix.x4 are then the four 8 x 8 quarters in FragA order.
+__device__ inline void load_a(FragA& a, const floatX* s, int ld) {
+    int l = threadIdx.x % 32;
+    ldmatrix_x4(a.x, s + (l % 16) * ld + (l / 16) * 8);
 }
-
-// warp_mm: C (16 x N, fp32, row stride ldc) = [C +] A (16 x K, row-major) . B (K x N), where
-// B[k][n] = Bm[n * ldb + k] when BT (B stored transposed, e.g. K rows for Q K^T) else Bm[k * ldb + n].
-// Called by all 32 lanes of a warp. K, N multiples of 16.
-template <bool BT>
-__device__ inline void warp_mm(float* C, int ldc, const __nv_bfloat16* A, int lda, const __nv_bfloat16* Bm, int ldb,
-                               int K, int N, bool acc) {
-    using namespace nvcuda;
-    for (int n0 = 0; n0 < N; n0 += 16) {
-        wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
-        if (acc)
-            wmma::load_matrix_sync(c, C + n0, ldc, wmma::mem_row_major);
-        else
-            wmma::fill_fragment(c, 0.f);
-        for (int k0 = 0; k0 < K; k0 += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> a;
-            wmma::load_matrix_sync(a, A + k0, lda);
-            if constexpr (BT) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> b;
-                wmma::load_matrix_sync(b, Bm + (size_t)n0 * ldb + k0, ldb);
-                wmma::mma_sync(c, a, b, c);
-            } else {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> b;
-                wmma::load_matrix_sync(b, Bm + (size_t)k0 * ldb + n0, ldb);
-                wmma::mma_sync(c, a, b, c);
-            }
+// load_b_nk: two B operands (n 0..7 and 8..15, k 0..15) from a tile stored n-major: B[k][n] = s[n ld + k]
+// (K for Q K^T). The rows of s are B's columns, which is ldmatrix's plain layout.
+__device__ inline void load_b_nk(FragB b[2], const floatX* s, int ld) {
+    int l = threadIdx.x % 32;
+    uint32_t r[4];
+    ldmatrix_x4(r, s + (l % 8 + (l / 16) * 8) * ld + ((l / 8) % 2) * 8);
+    b[0].x[0] = r[0], b[0].x[1] = r[1], b[1].x[0] = r[2], b[1].x[1] = r[3];
+}
+// load_b_kn: two B operands from a tile stored k-major: B[k][n] = s[k ld + n] (V for P V): ldmatrix .trans.
+__device__ inline void load_b_kn(FragB b[2], const floatX* s, int ld) {
+    int l = threadIdx.x % 32;
+    uint32_t r[4];
+    ldmatrix_x4_trans(r, s + (l % 8 + ((l / 8) % 2) * 8) * ld + (l / 16) * 8);
+    b[0].x[0] = r[0], b[0].x[1] = r[1], b[1].x[0] = r[2], b[1].x[1] = r[3];
+}
+// pack_a: the A operand (16 x 16) from two accumulators side by side (columns 0..7 and 8..15), rounded to bf16.
+__device__ inline void pack_a(FragA& a, const float c0[4], const float c1[4]) {
+    a.x[0] = pack_bf16(c0[0], c0[1]);
+    a.x[1] = pack_bf16(c0[2], c0[3]);
+    a.x[2] = pack_bf16(c1[0], c1[1]);
+    a.x[3] = pack_bf16(c1[2], c1[3]);
+}
+__device__ inline void mma(float d[4], const FragA& a, const FragB& b) { mma_m16n8k16_bf16(d, a.x, b.x, d); }
+#else
+struct FragA {
+    float x[8];
+};
+struct FragB {
+    float x[4];
+};
+__device__ inline void load_a(FragA& a, const floatX* s, int ld) {
+    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    for (int i = 0; i < 8; i++) a.x[i] = s[(g + 8 * ((i >> 1) & 1)) * ld + 2 * t + (i & 1) + 8 * (i >> 2)];
+}
+__device__ inline void load_b_nk(FragB b[2], const floatX* s, int ld) {
+    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    for (int j = 0; j < 2; j++)
+        for (int i = 0; i < 4; i++) b[j].x[i] = s[(8 * j + g) * ld + 2 * t + (i & 1) + 8 * (i >> 1)];
+}
+__device__ inline void load_b_kn(FragB b[2], const floatX* s, int ld) {
+    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    for (int j = 0; j < 2; j++)
+        for (int i = 0; i < 4; i++) b[j].x[i] = s[(2 * t + (i & 1) + 8 * (i >> 1)) * ld + 8 * j + g];
+}
+__device__ inline void pack_a(FragA& a, const float c0[4], const float c1[4]) {
+    for (int i = 0; i < 4; i++) a.x[i] = c0[i], a.x[4 + i] = c1[i];
+}
+// d += A B in fp32: lane (g, t) needs rows g, g+8 of A (held by lanes 4g .. 4g+3) and columns 2t, 2t+1 of B
+// (held by lanes 8t .. 8t+3 and 8t+4 .. 8t+7); round tt brings k = 2tt, 2tt+1, 2tt+8, 2tt+9 (x[0], x[1],
+// x[4], x[5] of A's row g, x[2], x[3], x[6], x[7] of row g + 8; x[0..3] of B), one k at a time.
+__device__ inline void mma(float d[4], const FragA& a, const FragB& b) {
+    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    for (int tt = 0; tt < 4; tt++)
+        for (int q = 0; q < 4; q++) {
+            int ia = (q & 1) + 4 * (q >> 1);
+            float ag = __shfl_sync(0xffffffffu, a.x[ia], 4 * g + tt),
+                  ag8 = __shfl_sync(0xffffffffu, a.x[ia + 2], 4 * g + tt);
+            float b0 = __shfl_sync(0xffffffffu, b.x[q], 8 * t + tt),
+                  b1 = __shfl_sync(0xffffffffu, b.x[q], 8 * t + 4 + tt);
+            d[0] += ag * b0, d[1] += ag * b1, d[2] += ag8 * b0, d[3] += ag8 * b1;
         }
-        wmma::store_matrix_sync(C + n0, c, ldc, wmma::mem_row_major);
+}
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Tiles and shared memory. A block is 4 warps; each warp owns MT x 16 rows of the block's own tile (queries
+// in the forward and dQ, keys in dK dV), and streams tiles of the other side (keys, or queries) through
+// shared memory. Why MT = 2 where registers allow: every warp reads each streamed tile whole (its B operands),
+// so the shared-memory bytes per tensor-core instruction halve when a warp's B fragments serve two 16-row
+// tiles. At MT = 1 a 64-key tile costs a warp 16 KB of ldmatrix (128 B/clock/SM: 128 clocks) for 64
+// mma.sync; at MT = 2 the same 16 KB feeds 128.
+// Shared tiles have HD + 8 elements per row: the 16 extra bytes put the 8 rows an ldmatrix reads in 8
+// different bank groups, and keep every row 16-byte aligned for cp.async.
+// The fp32 build (gradient checks only) uses MT = 1 and smaller streamed tiles: its fragments take twice the
+// registers.
+#define ATT_FP32 (sizeof(floatX) == 4)
+enum { ATT_FWD, ATT_DQ, ATT_DKDV };  // the three kernels
+__host__ __device__ constexpr int att_ld(int HD) { return HD + 8; }
+__host__ __device__ constexpr size_t att_tile_bytes(int HD, int rows) {
+    return (size_t)rows * att_ld(HD) * sizeof(floatX);
+}
+// 16-row tiles per warp, and the block's own rows (4 warps)
+__host__ __device__ constexpr int att_mt(int HD, int kind) { return ATT_FP32 || HD > 64 ? 1 : 2; }
+__host__ __device__ constexpr int att_rows(int HD, int kind) { return 64 * att_mt(HD, kind); }
+// rows of each streamed tile: the forward's S and O, dQ's S, dP and dQ, dK dV's S^T, dP^T, dK and dV are
+// fp32 registers (MT x cols / 2 per lane for each of S, dP; MT x HD / 2 for each accumulator)
+__host__ __device__ constexpr int att_cols(int HD, int kind) {
+    return ATT_FP32 ? (HD > 64 ? 16 : 32) : kind == ATT_FWD ? 64 : kind == ATT_DQ && HD > 64 ? 64 : 32;
+}
+// __launch_bounds__(128, n) caps registers at 64K / (128 n); 128 threads always fit 2 blocks per SM (at
+// most 255 registers each). The fp32 build asks for 1.
+__host__ __device__ constexpr int att_min_blocks(int HD, int kind) { return ATT_FP32 ? 1 : 2; }
+// The dynamic shared memory of each kernel, used by the kernels and their launchers alike:
+//   forward: Q, then K and V double-buffered;  dQ: Q, dO, then K and V double-buffered;
+//   dK dV: K, V, then Q and dO double-buffered, and each query tile's lse and delta (fp32) double-buffered.
+__host__ __device__ constexpr size_t att_forward_smem(int HD) {
+    return att_tile_bytes(HD, att_rows(HD, ATT_FWD)) + 4 * att_tile_bytes(HD, att_cols(HD, ATT_FWD));
+}
+__host__ __device__ constexpr size_t att_dq_smem(int HD) {
+    return 2 * att_tile_bytes(HD, att_rows(HD, ATT_DQ)) + 4 * att_tile_bytes(HD, att_cols(HD, ATT_DQ));
+}
+__host__ __device__ constexpr size_t att_dkdv_smem(int HD) {
+    return 2 * att_tile_bytes(HD, att_rows(HD, ATT_DKDV)) + 4 * att_tile_bytes(HD, att_cols(HD, ATT_DKDV)) +
+           4 * att_cols(HD, ATT_DKDV) * sizeof(float);
+}
+
+// att_copy_tile: the block starts asynchronous copies of rows [row0, row0 + R) x [0, HD) of src (row stride
+// `stride` elements) into a shared tile; rows >= T are zero-filled (nothing is read for them).
+template <int HD, int R>
+__device__ inline void att_copy_tile(floatX* dst, const floatX* src, size_t stride, int row0, int T) {
+    constexpr int per = HD / X128;
+    for (int i = threadIdx.x; i < R * per; i += blockDim.x) {
+        int r = i / per, c = (i % per) * X128, ok = row0 + r < T;
+        cp_async_16(dst + r * att_ld(HD) + c, src + (size_t)(ok ? row0 + r : 0) * stride + c, ok ? 16 : 0);
     }
 }
-template <bool BT>
-__device__ inline void warp_mm(float* C, int ldc, const float* A, int lda, const float* Bm, int ldb, int K, int N,
-                               bool acc) {  // fp32 mode: exact fp32 FMAs, lanes over the 16 x N outputs
-    for (int idx = threadIdx.x % 32; idx < 16 * N; idx += 32) {
-        int r = idx / N, n = idx % N;
-        float s = acc ? C[r * ldc + n] : 0.f;
-        for (int k = 0; k < K; k++) s += A[r * lda + k] * (BT ? Bm[(size_t)n * ldb + k] : Bm[(size_t)k * ldb + n]);
-        C[r * ldc + n] = s;
+// att_store_rows: a warp writes its 16 rows (staged in shared memory, row stride ld) to global rows
+// [row0, row0 + 16) below T, 128 bits per lane per store.
+template <int HD>
+__device__ inline void att_store_rows(floatX* dst, size_t stride, const floatX* s, int row0, int T) {
+    constexpr int per = HD / X128;
+    for (int i = threadIdx.x % 32; i < 16 * per; i += 32) {
+        int r = i / per, c = (i % per) * X128;
+        if (row0 + r < T) store128(dst + (size_t)(row0 + r) * stride + c, load128(s + r * att_ld(HD) + c));
+    }
+}
+// att_stage: a warp writes one 16-row accumulator (16 x HD; rows g, g + 8 times scale_a, scale_b) as floatX
+// into 16 shared rows.
+template <int HD>
+__device__ inline void att_stage(floatX* s, const float acc[HD / 8][4], float scale_a, float scale_b) {
+    int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+    for (int j = 0; j < HD / 8; j++) {
+        s[g * att_ld(HD) + 8 * j + 2 * t] = fromf(acc[j][0] * scale_a);
+        s[g * att_ld(HD) + 8 * j + 2 * t + 1] = fromf(acc[j][1] * scale_a);
+        s[(g + 8) * att_ld(HD) + 8 * j + 2 * t] = fromf(acc[j][2] * scale_b);
+        s[(g + 8) * att_ld(HD) + 8 * j + 2 * t + 1] = fromf(acc[j][3] * scale_b);
     }
 }
 
-// att_load_tile: a block copies rows [row0, row0 + 64) x [0, HD) of src (row stride `stride`) into a
-// shared tile (row stride ldx), zeros for rows >= T. 128-bit loads.
-__device__ inline void att_load_tile(floatX* dst, int ldx, const floatX* src, size_t stride, int row0, int T, int HD) {
-    int per = HD / X128;
-    for (int i = threadIdx.x; i < ATT_TILE * per; i += blockDim.x) {
-        int r = i / per, c = (i % per) * X128;
-        Pack128 v;
-        if (row0 + r < T)
-            v = load128(src + (size_t)(row0 + r) * stride + c);
-        else
-            for (int k = 0; k < X128; k++) v.v[k] = fromf(0.f);
-        store128(dst + r * ldx + c, v);
-    }
-}
-// att_range: [lo, hi), the union of the key ranges of rows [row0, row0 + 64) (empty: lo > hi). Block-wide.
-__device__ inline void att_range(const int* seg_lo, const int* seg_hi, int row0, int T, int* red, int* lo, int* hi) {
-    int i = row0 + (threadIdx.x & 63), l = 0x7fffffff, h = -1;
+// att_range: [lo, hi), the union of the key ranges of rows [row0, row0 + R) (empty: lo > hi), R <= 128.
+// Block-wide (128 threads, a thread per row), through the 8 ints of red.
+__device__ inline void att_range(const int* seg_lo, const int* seg_hi, int row0, int R, int T, int* red, int* lo,
+                                 int* hi) {
+    int i = row0 + threadIdx.x % R, l = 0x7fffffff, h = -1;
     if (i < T && seg_hi[i] > seg_lo[i]) {
         l = seg_lo[i];
         h = seg_hi[i];
     }
     for (int o = 16; o > 0; o >>= 1) {
-        int lo2 = __shfl_xor_sync(0xffffffffu, l, o), hi2 = __shfl_xor_sync(0xffffffffu, h, o);
-        l = lo2 < l ? lo2 : l;
-        h = hi2 > h ? hi2 : h;
+        l = min(l, __shfl_xor_sync(0xffffffffu, l, o));
+        h = max(h, __shfl_xor_sync(0xffffffffu, h, o));
     }
-    __syncthreads();  // red may still be read from a previous call
     if (threadIdx.x % 32 == 0) {
         red[threadIdx.x / 32] = l;
         red[4 + threadIdx.x / 32] = h;
     }
     __syncthreads();
-    *lo = red[0];
-    *hi = red[4];
-    for (int k = 1; k < 4; k++) {
-        *lo = red[k] < *lo ? red[k] : *lo;
-        *hi = red[4 + k] > *hi ? red[4 + k] : *hi;
+    *lo = min(min(red[0], red[1]), min(red[2], red[3]));
+    *hi = max(max(red[4], red[5]), max(red[6], red[7]));
+}
+// WarpRange: what a warp's rows attend to. lo[m][r], hi[m][r]: the range of this lane's row g (r = 0) or
+// g + 8 (r = 1) of 16-row tile m (empty for padding and rows >= T). [any_lo, any_hi): the union over the
+// warp's rows (a streamed tile outside it is skipped); [all_lo, all_hi): the intersection (a tile inside it
+// needs no mask; empty if a row is padding).
+#define ATT_MAX_MT 2
+struct WarpRange {
+    int lo[ATT_MAX_MT][2], hi[ATT_MAX_MT][2], any_lo, any_hi, all_lo, all_hi;
+};
+template <int MT>
+__device__ inline WarpRange warp_range(const int* seg_lo, const int* seg_hi, int row0, int T) {
+    WarpRange w;
+    const int BIG = 0x7fffffff;
+    w.any_lo = BIG, w.any_hi = -BIG, w.all_lo = -BIG, w.all_hi = BIG;
+    for (int m = 0; m < MT; m++)
+        for (int r = 0; r < 2; r++) {
+            int row = row0 + 16 * m + 8 * r + threadIdx.x % 32 / 4;
+            int l = row < T ? seg_lo[row] : 0, h = row < T ? seg_hi[row] : 0, e = h <= l;
+            w.lo[m][r] = l, w.hi[m][r] = h;
+            w.any_lo = min(w.any_lo, e ? BIG : l), w.any_hi = max(w.any_hi, e ? -BIG : h);
+            w.all_lo = max(w.all_lo, e ? BIG : l), w.all_hi = min(w.all_hi, e ? -BIG : h);
+        }
+    for (int o = 4; o < 32; o <<= 1) {  // the 8 quads hold the warp's rows
+        w.any_lo = min(w.any_lo, __shfl_xor_sync(0xffffffffu, w.any_lo, o));
+        w.any_hi = max(w.any_hi, __shfl_xor_sync(0xffffffffu, w.any_hi, o));
+        w.all_lo = max(w.all_lo, __shfl_xor_sync(0xffffffffu, w.all_lo, o));
+        w.all_hi = min(w.all_hi, __shfl_xor_sync(0xffffffffu, w.all_hi, o));
+    }
+    return w;
+}
+// mask_tile: sets to -inf the entries of 16-row tile m of an accumulator (16 x N, columns col0 ..) outside
+// its rows' ranges.
+template <int N>
+__device__ inline void mask_tile(float s[N / 8][4], int col0, const WarpRange& w, int m) {
+    int t = threadIdx.x % 4;
+#pragma unroll
+    for (int j = 0; j < N / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int c = col0 + 8 * j + 2 * t + (e & 1);
+            if (c < w.lo[m][e >> 1] || c >= w.hi[m][e >> 1]) s[j][e] = -INFINITY;
+        }
+}
+
+// warp_mm_abt: acc[m] (16 x N, fp32) += A_m B^T for the warp's MT 16-row tiles, A_m = rows [16 m, 16 m + 16)
+// of a (row-major, K = HD columns) and B = the N rows of b (row-major, HD columns), both in shared memory
+// (row stride LD). Each B fragment read by ldmatrix serves the MT tiles.
+template <int MT, int N, int HD>
+__device__ inline void warp_mm_abt(float acc[MT][N / 8][4], const floatX* a, const floatX* b, int LD) {
+#pragma unroll
+    for (int k = 0; k < HD / 16; k++) {
+        FragA af[MT];
+#pragma unroll
+        for (int m = 0; m < MT; m++) load_a(af[m], a + 16 * m * LD + 16 * k, LD);
+#pragma unroll
+        for (int n = 0; n < N / 16; n++) {
+            FragB bf[2];
+            load_b_nk(bf, b + 16 * n * LD + 16 * k, LD);
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                mma(acc[m][2 * n], af[m], bf[0]);
+                mma(acc[m][2 * n + 1], af[m], bf[1]);
+            }
+        }
+    }
+}
+// warp_mm_pb: acc[m] (16 x HD, fp32) += P_m B for the warp's MT 16-row tiles, P_m = p[m] (16 x N fp32
+// accumulators, reused in registers as A operands, rounded to bf16) and B = the N rows of b (row-major, HD
+// columns, shared memory, row stride LD).
+template <int MT, int N, int HD>
+__device__ inline void warp_mm_pb(float acc[MT][HD / 8][4], float p[MT][N / 8][4], const floatX* b, int LD) {
+#pragma unroll
+    for (int k = 0; k < N / 16; k++) {
+        FragA pa[MT];
+#pragma unroll
+        for (int m = 0; m < MT; m++) pack_a(pa[m], p[m][2 * k], p[m][2 * k + 1]);
+#pragma unroll
+        for (int d = 0; d < HD / 16; d++) {
+            FragB bf[2];
+            load_b_kn(bf, b + 16 * k * LD + 16 * d, LD);
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                mma(acc[m][2 * d], pa[m], bf[0]);
+                mma(acc[m][2 * d + 1], pa[m], bf[1]);
+            }
+        }
     }
 }
 
-// attention_forward: out (B, T, C) = softmax(Q K^T / sqrt(HD) + mask) V per head; lse (B, NH, T) =
-// the log-sum-exp of each query row's scaled, masked scores (0 for padding queries).
-// Grid (ceil(T / 64), NH, B), block 128 = 4 warps x 16 query rows. For each 64-key tile inside the
-// block's key range: S = Q K^T (WMMA) into shared memory; two lanes per query row update the running
-// max m and sum l, write P = exp(S - m) as floatX and rescale the row of O by exp(m_old - m);
-// then O += P V (WMMA, the accumulator reloaded from shared memory). Finally out = O / l.
-__global__ void __launch_bounds__(128) attention_forward(floatX* out, float* lse, const floatX* qkv, const int* seg_lo,
-                                                         const int* seg_hi, int B, int T, int NH, int HD) {
+// ---------------------------------------------------------------------------------------------
+// attention_forward: out (B, T, C) = softmax(Q K^T / sqrt(HD) + mask) V per head; lse (B, NH, T) = the
+// log-sum-exp of each query row's scaled, masked scores (0 for padding queries).
+// Grid (ceil(T / R), NH, B) with R = 64 MT query rows per block, block 128 = 4 warps x 16 MT query rows.
+// Data movement: the block's Q tile is copied (cp.async) to shared memory once and each warp keeps its
+// rows' A operands in registers (MT x HD / 4 per lane). K and V stream through two shared buffers: tile
+// j + 1 is copied while tile j is computed. Per 64-key tile a warp computes S (16 MT x 64, 32 MT fp32
+// registers per lane) = Q K^T on tensor cores, masks it (only if the tile is not inside every row's
+// range), updates the running max m and sum l of its rows in registers, rescales O (16 MT x HD, fp32,
+// MT x HD / 2 registers per lane), turns P = exp2(S log2(e) / sqrt(HD) - m) into bf16 A operands in
+// registers and adds P V; each K or V fragment read from shared memory serves the MT row tiles. At the end
+// O / l goes to shared memory (the warp's Q rows) and to out with 128-bit stores.
+template <int HD>
+__global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_FWD))
+    attention_forward(floatX* out, float* lse, const floatX* qkv, const int* seg_lo, const int* seg_hi, int B, int T,
+                      int NH) {
     extern __shared__ __align__(16) unsigned char dyn_smem[];
     __shared__ int red[8];
-    AttLayout L = att_layout(HD, 0);
-    unsigned char* sm = att_smem_base(dyn_smem);
-    floatX *Qs = (floatX*)(sm + L.t0), *Ks = (floatX*)(sm + L.t1), *Vs = (floatX*)(sm + L.t2);
-    float *S = (float*)(sm + L.s0), *O = (float*)(sm + L.o0);
-    floatX* P = (floatX*)(sm + L.p0);
-    int q0 = blockIdx.x * ATT_TILE, h = blockIdx.y, b = blockIdx.z, w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int C = NH * HD;
+    constexpr int LD = att_ld(HD), MT = att_mt(HD, ATT_FWD), R = att_rows(HD, ATT_FWD), KC = att_cols(HD, ATT_FWD);
+    constexpr int NT = KC / 8, DT = HD / 8;
+    floatX* Qs = (floatX*)dyn_smem;  // [R][LD]
+    floatX* Ks = Qs + R * LD;        // [2][KC][LD]
+    floatX* Vs = Ks + 2 * KC * LD;   // [2][KC][LD]
+    int q0 = blockIdx.x * R, h = blockIdx.y, b = blockIdx.z, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int g = lane / 4, C = NH * HD, wrow = q0 + 16 * MT * w;  // the warp's first row
     size_t C3 = (size_t)3 * C;
     const floatX* base = qkv + (size_t)b * T * C3 + (size_t)h * HD;
     const int *lo = seg_lo + (size_t)b * T, *hi = seg_hi + (size_t)b * T;
-    att_load_tile(Qs, L.ldx, base, C3, q0, T, HD);
-    for (int i = threadIdx.x; i < ATT_TILE * L.ldo; i += blockDim.x) O[i] = 0.f;
     int klo, khi;
-    att_range(lo, hi, q0, T, red, &klo, &khi);
-    int r = lane >> 1, half = lane & 1, qi = q0 + 16 * w + r;  // this lane's query row and half of the columns
-    int my_lo = qi < T ? lo[qi] : 0, my_hi = qi < T ? hi[qi] : 0;
-    float m_run = -INFINITY, l_run = 0.f, scale = rsqrtf((float)HD);
-    float* Sw = S + 16 * w * L.lds;
-    floatX* Pw = P + 16 * w * L.ldp;
-    float* Ow = O + 16 * w * L.ldo;
-    const floatX* Qw = Qs + 16 * w * L.ldx;
-    for (int kt = klo / ATT_TILE * ATT_TILE; kt < khi; kt += ATT_TILE) {
-        __syncthreads();  // the previous tile's K, V are no longer read
-        att_load_tile(Ks, L.ldx, base + C, C3, kt, T, HD);
-        att_load_tile(Vs, L.ldx, base + 2 * C, C3, kt, T, HD);
-        __syncthreads();
-        warp_mm<true>(Sw, L.lds, Qw, L.ldx, Ks, L.ldx, HD, ATT_TILE, false);
-        __syncwarp();
-        float* srow = Sw + r * L.lds;
-        float mx = -INFINITY;
-        for (int c = half * 32; c < half * 32 + 32; c++) {
-            int j = kt + c;
-            float v = (j >= my_lo && j < my_hi) ? srow[c] * scale : -INFINITY;
-            srow[c] = v;
-            mx = fmaxf(mx, v);
-        }
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        float m_new = fmaxf(m_run, mx), sum = 0.f;
-        for (int c = half * 32; c < half * 32 + 32; c++) {
-            float p = m_new == -INFINITY ? 0.f : expf(srow[c] - m_new);
-            Pw[r * L.ldp + c] = fromf(p);
-            sum += p;
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        float alpha = m_run == -INFINITY ? 0.f : expf(m_run - m_new);
-        l_run = l_run * alpha + sum;
-        m_run = m_new;
-        for (int d = half * (HD / 2); d < (half + 1) * (HD / 2); d++) Ow[r * L.ldo + d] *= alpha;
-        __syncwarp();
-        warp_mm<false>(Ow, L.ldo, Pw, L.ldp, Vs, L.ldx, ATT_TILE, HD, true);
-        __syncwarp();
+    att_range(lo, hi, q0, R, T, red, &klo, &khi);
+    WarpRange wr = warp_range<MT>(lo, hi, wrow, T);
+    int kstart = klo / KC * KC, ntiles = khi > klo ? (khi - kstart + KC - 1) / KC : 0;
+    if (ntiles) {
+        att_copy_tile<HD, R>(Qs, base, C3, q0, T);
+        att_copy_tile<HD, KC>(Ks, base + C, C3, kstart, T);
+        att_copy_tile<HD, KC>(Vs, base + 2 * C, C3, kstart, T);
     }
-    if (qi < T) {
-        float inv = l_run > 0.f ? 1.f / l_run : 0.f;
-        floatX* o = out + ((size_t)b * T + qi) * C + (size_t)h * HD;
-        for (int d = half * (HD / 2); d < (half + 1) * (HD / 2); d += X128) {
-            Pack128 v;
-            for (int k = 0; k < X128; k++) v.v[k] = fromf(Ow[r * L.ldo + d + k] * inv);
-            store128(o + d, v);
+    cp_async_commit();
+    const float sl2 = 1.44269504088896341f / sqrtf((float)HD);  // log2(e) / sqrt(HD): exp(x / sqrt(HD)) = exp2(x sl2)
+    float o[MT][DT][4] = {}, mrun[MT][2], lrun[MT][2] = {};
+    for (int m = 0; m < MT; m++) mrun[m][0] = mrun[m][1] = -INFINITY;
+    FragA qf[MT][HD / 16];
+    floatX* Qw = Qs + 16 * MT * w * LD;  // the warp's query rows
+    for (int it = 0; it < ntiles; it++) {
+        int kt = kstart + it * KC, buf = it & 1;
+        cp_async_wait<0>();  // tile it has landed (this thread's copies) ...
+        __syncthreads();     // ... and everyone's; everyone is done with tile it - 1, whose buffer is next
+        if (it + 1 < ntiles) {
+            att_copy_tile<HD, KC>(Ks + (buf ^ 1) * KC * LD, base + C, C3, kt + KC, T);
+            att_copy_tile<HD, KC>(Vs + (buf ^ 1) * KC * LD, base + 2 * C, C3, kt + KC, T);
         }
-        if (!half) lse[((size_t)b * NH + h) * T + qi] = l_run > 0.f ? m_run + logf(l_run) : 0.f;
+        cp_async_commit();
+        if (it == 0)
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int k = 0; k < HD / 16; k++) load_a(qf[m][k], Qw + 16 * m * LD + 16 * k, LD);
+        if (kt >= wr.any_hi || kt + KC <= wr.any_lo) continue;  // no row of this warp sees these keys
+        const floatX *Kt = Ks + buf * KC * LD, *Vt = Vs + buf * KC * LD;
+        float s[MT][NT][4] = {};
+#pragma unroll
+        for (int k = 0; k < HD / 16; k++)
+#pragma unroll
+            for (int n = 0; n < NT / 2; n++) {
+                FragB kb[2];
+                load_b_nk(kb, Kt + 16 * n * LD + 16 * k, LD);
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    mma(s[m][2 * n], qf[m][k], kb[0]);
+                    mma(s[m][2 * n + 1], qf[m][k], kb[1]);
+                }
+            }
+        bool full = kt >= wr.all_lo && kt + KC <= wr.all_hi;
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            if (!full) mask_tile<KC>(s[m], kt, wr, m);
+            // online softmax of the tile's rows g (s[.][0..1]) and g + 8 (s[.][2..3]); a quad shares its rows
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+                mx[0] = fmaxf(mx[0], fmaxf(s[m][j][0], s[m][j][1]) * sl2);
+                mx[1] = fmaxf(mx[1], fmaxf(s[m][j][2], s[m][j][3]) * sl2);
+            }
+            float sub[2], alpha[2];
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+                float mn = fmaxf(mrun[m][r], mx[r]);
+                // a row with no key seen yet keeps m = -inf: subtract 0 instead (every exp2 is then 0)
+                sub[r] = mn == -INFINITY ? 0.f : mn;
+                alpha[r] = exp2f(mrun[m][r] - sub[r]);  // rescales the old O and l
+                mrun[m][r] = mn;
+            }
+            float ps[2] = {0.f, 0.f};
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[m][j][e] = exp2f(fmaf(s[m][j][e], sl2, -sub[e >> 1]));
+                    ps[e >> 1] += s[m][j][e];
+                }
+            lrun[m][0] = lrun[m][0] * alpha[0] + ps[0];  // this lane's columns; the quad's sum comes at the end
+            lrun[m][1] = lrun[m][1] * alpha[1] + ps[1];
+#pragma unroll
+            for (int d = 0; d < DT; d++)
+                o[m][d][0] *= alpha[0], o[m][d][1] *= alpha[0], o[m][d][2] *= alpha[1], o[m][d][3] *= alpha[1];
+        }
+        warp_mm_pb<MT, KC, HD>(o, s, Vt, LD);  // O += P V
     }
+    float* L = lse + ((size_t)b * NH + h) * T;
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        float inv[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float l = lrun[m][r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            inv[r] = l > 0.f ? 1.f / l : 0.f;
+            int q = wrow + 16 * m + 8 * r + g;  // lse = ln(2^m l) = m ln 2 + ln l
+            if (lane % 4 == 0 && q < T) L[q] = l > 0.f ? mrun[m][r] * 0.69314718055994531f + logf(l) : 0.f;
+        }
+        att_stage<HD>(Qw + 16 * m * LD, o[m], inv[0], inv[1]);  // the warp's own Q rows are free now
+    }
+    __syncwarp();
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+        att_store_rows<HD>(out + (size_t)b * T * C + (size_t)h * HD, C, Qw + 16 * m * LD, wrow + 16 * m, T);
 }
 
 // attention_backward_delta: delta[b, h, t] = sum_d dout[b, t, h, d] * out[b, t, h, d] (= rowsum(P * dP)),
@@ -229,161 +449,260 @@ __global__ void attention_backward_delta(float* delta, const floatX* dout, const
     delta[((size_t)b * NH + h) * T + t] = s;
 }
 
-// attention_backward_dq: dQ = scale * dS K with dS = P * (dP - delta), P = exp(scale Q K^T - lse) (masked),
-// dP = dO V^T, written into the Q columns of dqkv (B, T, 3C).
-// Grid (ceil(T / 64), NH, B), block 128 = 4 warps x 16 query rows; per 64-key tile in range:
-// S = Q K^T and dP = dO V^T (WMMA), two lanes per row form dS (floatX), then dQ += dS K (WMMA).
-__global__ void __launch_bounds__(128)
+// attention_backward_dq: dQ = dS K / sqrt(HD) with dS = P * (dP - delta), P = exp(Q K^T / sqrt(HD) - lse)
+// (masked), dP = dO V^T; written into the Q columns of dqkv (B, T, 3C).
+// Grid (ceil(T / R), NH, B) with R = 64 MT query rows per block, block 128 = 4 warps x 16 MT query rows;
+// key tiles in the block's range.
+// Data movement: Q and dO tiles in shared memory (read by ldmatrix as A operands per key tile), K and V
+// double-buffered by cp.async; per key tile a warp computes S and dP (16 MT x KC each, fp32 registers),
+// forms dS in registers and adds dS K (dS's accumulators reused as A operands) to dQ (16 MT x HD, fp32
+// registers); each K or V fragment serves the MT row tiles.
+template <int HD>
+__global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DQ))
     attention_backward_dq(floatX* dqkv, const floatX* qkv, const floatX* dout, const float* lse, const float* delta,
-                          const int* seg_lo, const int* seg_hi, int B, int T, int NH, int HD) {
+                          const int* seg_lo, const int* seg_hi, int B, int T, int NH) {
     extern __shared__ __align__(16) unsigned char dyn_smem[];
     __shared__ int red[8];
-    AttLayout L = att_layout(HD, 1);
-    unsigned char* sm = att_smem_base(dyn_smem);
-    floatX *Qs = (floatX*)(sm + L.t0), *dOs = (floatX*)(sm + L.t1), *Ks = (floatX*)(sm + L.t2),
-           *Vs = (floatX*)(sm + L.t3), *dS = (floatX*)(sm + L.p0);
-    float *S = (float*)(sm + L.s0), *dP = (float*)(sm + L.s1), *dQ = (float*)(sm + L.o0);
-    int q0 = blockIdx.x * ATT_TILE, h = blockIdx.y, b = blockIdx.z, w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int C = NH * HD;
+    constexpr int LD = att_ld(HD), MT = att_mt(HD, ATT_DQ), R = att_rows(HD, ATT_DQ), KC = att_cols(HD, ATT_DQ);
+    constexpr int NT = KC / 8, DT = HD / 8;
+    floatX* Qs = (floatX*)dyn_smem;  // [R][LD]
+    floatX* dOs = Qs + R * LD;       // [R][LD]
+    floatX* Ks = dOs + R * LD;       // [2][KC][LD]
+    floatX* Vs = Ks + 2 * KC * LD;   // [2][KC][LD]
+    int q0 = blockIdx.x * R, h = blockIdx.y, b = blockIdx.z, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int g = lane / 4, C = NH * HD, wrow = q0 + 16 * MT * w;
     size_t C3 = (size_t)3 * C;
     const floatX* base = qkv + (size_t)b * T * C3 + (size_t)h * HD;
     const int *lo = seg_lo + (size_t)b * T, *hi = seg_hi + (size_t)b * T;
-    att_load_tile(Qs, L.ldx, base, C3, q0, T, HD);
-    att_load_tile(dOs, L.ldx, dout + (size_t)b * T * C + (size_t)h * HD, C, q0, T, HD);
-    for (int i = threadIdx.x; i < ATT_TILE * L.ldo; i += blockDim.x) dQ[i] = 0.f;
     int klo, khi;
-    att_range(lo, hi, q0, T, red, &klo, &khi);
-    int r = lane >> 1, half = lane & 1, qi = q0 + 16 * w + r;
-    int my_lo = qi < T ? lo[qi] : 0, my_hi = qi < T ? hi[qi] : 0;
-    size_t srow_idx = ((size_t)b * NH + h) * T + qi;
-    float my_lse = qi < T ? lse[srow_idx] : 0.f, my_delta = qi < T ? delta[srow_idx] : 0.f;
-    float scale = rsqrtf((float)HD);
-    float *Sw = S + 16 * w * L.lds, *dPw = dP + 16 * w * L.lds, *dQw = dQ + 16 * w * L.ldo;
-    floatX* dSw = dS + 16 * w * L.ldp;
-    for (int kt = klo / ATT_TILE * ATT_TILE; kt < khi; kt += ATT_TILE) {
-        __syncthreads();
-        att_load_tile(Ks, L.ldx, base + C, C3, kt, T, HD);
-        att_load_tile(Vs, L.ldx, base + 2 * C, C3, kt, T, HD);
-        __syncthreads();
-        warp_mm<true>(Sw, L.lds, Qs + 16 * w * L.ldx, L.ldx, Ks, L.ldx, HD, ATT_TILE, false);
-        warp_mm<true>(dPw, L.lds, dOs + 16 * w * L.ldx, L.ldx, Vs, L.ldx, HD, ATT_TILE, false);
-        __syncwarp();
-        for (int c = half * 32; c < half * 32 + 32; c++) {
-            int j = kt + c;
-            float p = (j >= my_lo && j < my_hi) ? expf(Sw[r * L.lds + c] * scale - my_lse) : 0.f;
-            dSw[r * L.ldp + c] = fromf(p * (dPw[r * L.lds + c] - my_delta));
-        }
-        __syncwarp();
-        warp_mm<false>(dQw, L.ldo, dSw, L.ldp, Ks, L.ldx, ATT_TILE, HD, true);
-        __syncwarp();
+    att_range(lo, hi, q0, R, T, red, &klo, &khi);
+    WarpRange wr = warp_range<MT>(lo, hi, wrow, T);
+    int kstart = klo / KC * KC, ntiles = khi > klo ? (khi - kstart + KC - 1) / KC : 0;
+    if (ntiles) {
+        att_copy_tile<HD, R>(Qs, base, C3, q0, T);
+        att_copy_tile<HD, R>(dOs, dout + (size_t)b * T * C + (size_t)h * HD, C, q0, T);
+        att_copy_tile<HD, KC>(Ks, base + C, C3, kstart, T);
+        att_copy_tile<HD, KC>(Vs, base + 2 * C, C3, kstart, T);
     }
-    if (qi < T) {
-        floatX* o = dqkv + ((size_t)b * T + qi) * C3 + (size_t)h * HD;
-        for (int d = half * (HD / 2); d < (half + 1) * (HD / 2); d += X128) {
-            Pack128 v;
-            for (int k = 0; k < X128; k++) v.v[k] = fromf(dQw[r * L.ldo + d + k] * scale);
-            store128(o + d, v);
+    cp_async_commit();
+    const float sl2 = 1.44269504088896341f / sqrtf((float)HD), L2E = 1.44269504088896341f;
+    const float *lse_r = lse + ((size_t)b * NH + h) * T, *delta_r = delta + ((size_t)b * NH + h) * T;
+    float lse2[MT][2], dl[MT][2];  // lse log2(e) and delta of this lane's rows
+    for (int m = 0; m < MT; m++)
+        for (int r = 0; r < 2; r++) {
+            int q = wrow + 16 * m + 8 * r + g;
+            lse2[m][r] = q < T ? lse_r[q] * L2E : 0.f;
+            dl[m][r] = q < T ? delta_r[q] : 0.f;
         }
+    float dq[MT][DT][4] = {};
+    floatX *Qw = Qs + 16 * MT * w * LD, *dOw = dOs + 16 * MT * w * LD;
+    for (int it = 0; it < ntiles; it++) {
+        int kt = kstart + it * KC, buf = it & 1;
+        cp_async_wait<0>();
+        __syncthreads();
+        if (it + 1 < ntiles) {
+            att_copy_tile<HD, KC>(Ks + (buf ^ 1) * KC * LD, base + C, C3, kt + KC, T);
+            att_copy_tile<HD, KC>(Vs + (buf ^ 1) * KC * LD, base + 2 * C, C3, kt + KC, T);
+        }
+        cp_async_commit();
+        if (kt >= wr.any_hi || kt + KC <= wr.any_lo) continue;
+        const floatX *Kt = Ks + buf * KC * LD, *Vt = Vs + buf * KC * LD;
+        float s[MT][NT][4] = {}, dp[MT][NT][4] = {};
+        warp_mm_abt<MT, KC, HD>(s, Qw, Kt, LD);    // S = Q K^T
+        warp_mm_abt<MT, KC, HD>(dp, dOw, Vt, LD);  // dP = dO V^T
+        bool full = kt >= wr.all_lo && kt + KC <= wr.all_hi;
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            if (!full) mask_tile<KC>(s[m], kt, wr, m);
+#pragma unroll
+            for (int j = 0; j < NT; j++)  // dS = P (dP - delta), in place of dP
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    dp[m][j][e] = exp2f(fmaf(s[m][j][e], sl2, -lse2[m][e >> 1])) * (dp[m][j][e] - dl[m][e >> 1]);
+        }
+        warp_mm_pb<MT, KC, HD>(dq, dp, Kt, LD);  // dQ += dS K
     }
+    __syncwarp();  // the warp's own Q rows (only it reads them) take dQ
+    float scale = 1.f / sqrtf((float)HD);
+#pragma unroll
+    for (int m = 0; m < MT; m++) att_stage<HD>(Qw + 16 * m * LD, dq[m], scale, scale);
+    __syncwarp();
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+        att_store_rows<HD>(dqkv + (size_t)b * T * C3 + (size_t)h * HD, C3, Qw + 16 * m * LD, wrow + 16 * m, T);
 }
 
-// attention_backward_dkdv: dV = P^T dO and dK = scale * dS^T Q for the block's 64 keys, written into the
+// attention_backward_dkdv: dV = P^T dO and dK = dS^T Q / sqrt(HD) for the block's keys, written into the
 // K and V columns of dqkv (B, T, 3C) (zeros for keys no query attends to).
-// Grid (ceil(T / 64), NH, B), block 128 = 4 warps x 16 keys. The queries that attend to the block's keys
-// are those of the keys' samples (ranges are segments), so the block visits the query tiles of the union of
-// its keys' ranges. Per query tile: S^T = K Q^T and dP^T = V dO^T (WMMA), two lanes per key row form P^T
-// and dS^T = P^T * (dP^T - delta) (floatX), then dV += P^T dO and dK += dS^T Q (WMMA).
-__global__ void __launch_bounds__(128)
+// Grid (ceil(T / R), NH, B) with R = 64 MT keys per block, block 128 = 4 warps x 16 MT keys. The queries
+// that see the block's keys are those of the keys' samples (ranges are segments), so the block visits the
+// query tiles of the union of its keys' ranges, and key j's own range decides which queries see it.
+// Data movement: K and V of the block in shared memory (A operands by ldmatrix); query tiles of Q, dO (and
+// their lse, delta) double-buffered by cp.async. Per query tile a warp computes S^T = K Q^T and
+// dP^T = V dO^T (16 MT x QC each, fp32 registers), forms P^T and dS^T = P^T (dP^T - delta) in registers,
+// and adds P^T dO to dV and dS^T Q to dK (16 MT x HD each, fp32 registers), P^T and dS^T reused as A
+// operands; each Q or dO fragment serves the MT key tiles.
+template <int HD>
+__global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DKDV))
     attention_backward_dkdv(floatX* dqkv, const floatX* qkv, const floatX* dout, const float* lse, const float* delta,
-                            const int* seg_lo, const int* seg_hi, int B, int T, int NH, int HD) {
+                            const int* seg_lo, const int* seg_hi, int B, int T, int NH) {
     extern __shared__ __align__(16) unsigned char dyn_smem[];
-    __shared__ int red[8], q_lo[ATT_TILE], q_hi[ATT_TILE];
-    __shared__ float q_lse[ATT_TILE], q_delta[ATT_TILE];
-    AttLayout L = att_layout(HD, 2);
-    unsigned char* sm = att_smem_base(dyn_smem);
-    floatX *Ks = (floatX*)(sm + L.t0), *Vs = (floatX*)(sm + L.t1), *Qs = (floatX*)(sm + L.t2),
-           *dOs = (floatX*)(sm + L.t3), *PT = (floatX*)(sm + L.p0), *dST = (floatX*)(sm + L.p1);
-    float *ST = (float*)(sm + L.s0), *dPT = (float*)(sm + L.s1), *dK = (float*)(sm + L.o0), *dV = (float*)(sm + L.o1);
-    int k0 = blockIdx.x * ATT_TILE, h = blockIdx.y, b = blockIdx.z, w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int C = NH * HD;
+    __shared__ int red[8];
+    constexpr int LD = att_ld(HD), MT = att_mt(HD, ATT_DKDV), R = att_rows(HD, ATT_DKDV);
+    constexpr int QC = att_cols(HD, ATT_DKDV), NT = QC / 8, DT = HD / 8;
+    floatX* Ks = (floatX*)dyn_smem;              // [R][LD]
+    floatX* Vs = Ks + R * LD;                    // [R][LD]
+    floatX* Qs = Vs + R * LD;                    // [2][QC][LD]
+    floatX* dOs = Qs + 2 * QC * LD;              // [2][QC][LD]
+    float* lse_s = (float*)(dOs + 2 * QC * LD);  // [2][QC], lse log2(e)
+    float* dl_s = lse_s + 2 * QC;                // [2][QC]
+    int k0 = blockIdx.x * R, h = blockIdx.y, b = blockIdx.z, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int t = lane % 4, C = NH * HD, wrow = k0 + 16 * MT * w;
     size_t C3 = (size_t)3 * C;
     const floatX* base = qkv + (size_t)b * T * C3 + (size_t)h * HD;
     const floatX* dbase = dout + (size_t)b * T * C + (size_t)h * HD;
     const int *lo = seg_lo + (size_t)b * T, *hi = seg_hi + (size_t)b * T;
-    const float *lse_b = lse + ((size_t)b * NH + h) * T, *delta_b = delta + ((size_t)b * NH + h) * T;
-    att_load_tile(Ks, L.ldx, base + C, C3, k0, T, HD);
-    att_load_tile(Vs, L.ldx, base + 2 * C, C3, k0, T, HD);
-    for (int i = threadIdx.x; i < ATT_TILE * L.ldo; i += blockDim.x) {
-        dK[i] = 0.f;
-        dV[i] = 0.f;
-    }
+    const float *lse_r = lse + ((size_t)b * NH + h) * T, *delta_r = delta + ((size_t)b * NH + h) * T;
     int qlo, qhi;
-    att_range(lo, hi, k0, T, red, &qlo, &qhi);
-    int r = lane >> 1, half = lane & 1, j = k0 + 16 * w + r;  // this lane's key row
-    float scale = rsqrtf((float)HD);
-    float *STw = ST + 16 * w * L.lds, *dPTw = dPT + 16 * w * L.lds, *dKw = dK + 16 * w * L.ldo,
-          *dVw = dV + 16 * w * L.ldo;
-    floatX *PTw = PT + 16 * w * L.ldp, *dSTw = dST + 16 * w * L.ldp;
-    for (int qt = qlo / ATT_TILE * ATT_TILE; qt < qhi; qt += ATT_TILE) {
-        __syncthreads();
-        att_load_tile(Qs, L.ldx, base, C3, qt, T, HD);
-        att_load_tile(dOs, L.ldx, dbase, C, qt, T, HD);
-        if (threadIdx.x < ATT_TILE) {
-            int i = qt + threadIdx.x, ok = i < T;
-            q_lo[threadIdx.x] = ok ? lo[i] : 0;
-            q_hi[threadIdx.x] = ok ? hi[i] : 0;
-            q_lse[threadIdx.x] = ok ? lse_b[i] : 0.f;
-            q_delta[threadIdx.x] = ok ? delta_b[i] : 0.f;
-        }
-        __syncthreads();
-        warp_mm<true>(STw, L.lds, Ks + 16 * w * L.ldx, L.ldx, Qs, L.ldx, HD, ATT_TILE, false);
-        warp_mm<true>(dPTw, L.lds, Vs + 16 * w * L.ldx, L.ldx, dOs, L.ldx, HD, ATT_TILE, false);
-        __syncwarp();
-        for (int c = half * 32; c < half * 32 + 32; c++) {
-            float p = (j >= q_lo[c] && j < q_hi[c]) ? expf(STw[r * L.lds + c] * scale - q_lse[c]) : 0.f;
-            PTw[r * L.ldp + c] = fromf(p);
-            dSTw[r * L.ldp + c] = fromf(p * (dPTw[r * L.lds + c] - q_delta[c]));
-        }
-        __syncwarp();
-        warp_mm<false>(dVw, L.ldo, PTw, L.ldp, dOs, L.ldx, ATT_TILE, HD, true);
-        warp_mm<false>(dKw, L.ldo, dSTw, L.ldp, Qs, L.ldx, ATT_TILE, HD, true);
-        __syncwarp();
+    att_range(lo, hi, k0, R, T, red, &qlo, &qhi);
+    WarpRange wr = warp_range<MT>(lo, hi, wrow, T);  // the keys' ranges: the queries that see them
+    int qstart = qlo / QC * QC, ntiles = qhi > qlo ? (qhi - qstart + QC - 1) / QC : 0;
+    if (ntiles) {
+        att_copy_tile<HD, R>(Ks, base + C, C3, k0, T);
+        att_copy_tile<HD, R>(Vs, base + 2 * C, C3, k0, T);
+        att_copy_tile<HD, QC>(Qs, base, C3, qstart, T);
+        att_copy_tile<HD, QC>(dOs, dbase, C, qstart, T);
     }
-    if (j < T) {
-        floatX* o = dqkv + ((size_t)b * T + j) * C3 + (size_t)h * HD;
-        for (int d = half * (HD / 2); d < (half + 1) * (HD / 2); d += X128) {
-            Pack128 vk, vv;
-            for (int k = 0; k < X128; k++) {
-                vk.v[k] = fromf(dKw[r * L.ldo + d + k] * scale);
-                vv.v[k] = fromf(dVw[r * L.ldo + d + k]);
+    cp_async_commit();
+    if (ntiles && threadIdx.x < QC) {
+        int q = qstart + threadIdx.x;
+        lse_s[threadIdx.x] = q < T ? lse_r[q] * 1.44269504088896341f : 0.f;
+        dl_s[threadIdx.x] = q < T ? delta_r[q] : 0.f;
+    }
+    const float sl2 = 1.44269504088896341f / sqrtf((float)HD);
+    float dk[MT][DT][4] = {}, dv[MT][DT][4] = {};
+    floatX *Kw = Ks + 16 * MT * w * LD, *Vw = Vs + 16 * MT * w * LD;
+    for (int it = 0; it < ntiles; it++) {
+        int qt = qstart + it * QC, buf = it & 1;
+        cp_async_wait<0>();
+        __syncthreads();
+        if (it + 1 < ntiles) {
+            att_copy_tile<HD, QC>(Qs + (buf ^ 1) * QC * LD, base, C3, qt + QC, T);
+            att_copy_tile<HD, QC>(dOs + (buf ^ 1) * QC * LD, dbase, C, qt + QC, T);
+            if (threadIdx.x < QC) {
+                int q = qt + QC + threadIdx.x;
+                lse_s[(buf ^ 1) * QC + threadIdx.x] = q < T ? lse_r[q] * 1.44269504088896341f : 0.f;
+                dl_s[(buf ^ 1) * QC + threadIdx.x] = q < T ? delta_r[q] : 0.f;
             }
-            store128(o + C + d, vk);
-            store128(o + 2 * C + d, vv);
         }
+        cp_async_commit();
+        if (qt >= wr.any_hi || qt + QC <= wr.any_lo) continue;
+        const floatX *Qt = Qs + buf * QC * LD, *dOt = dOs + buf * QC * LD;
+        const float *lq = lse_s + buf * QC, *dq = dl_s + buf * QC;
+        float s[MT][NT][4] = {}, dp[MT][NT][4] = {};
+        warp_mm_abt<MT, QC, HD>(s, Kw, Qt, LD);    // S^T = K Q^T
+        warp_mm_abt<MT, QC, HD>(dp, Vw, dOt, LD);  // dP^T = V dO^T
+        bool full = qt >= wr.all_lo && qt + QC <= wr.all_hi;
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            if (!full) mask_tile<QC>(s[m], qt, wr, m);
+#pragma unroll
+            for (int j = 0; j < NT; j++)  // P^T in s, dS^T = P^T (dP^T - delta) in dp; column c is query qt + c
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int c = 8 * j + 2 * t + (e & 1);
+                    s[m][j][e] = exp2f(fmaf(s[m][j][e], sl2, -lq[c]));
+                    dp[m][j][e] = s[m][j][e] * (dp[m][j][e] - dq[c]);
+                }
+        }
+        warp_mm_pb<MT, QC, HD>(dv, s, dOt, LD);  // dV += P^T dO
+        warp_mm_pb<MT, QC, HD>(dk, dp, Qt, LD);  // dK += dS^T Q
+    }
+    __syncwarp();  // the warp's own K and V rows (only it reads them) take dK and dV
+    float scale = 1.f / sqrtf((float)HD);
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        att_stage<HD>(Kw + 16 * m * LD, dk[m], scale, scale);
+        att_stage<HD>(Vw + 16 * m * LD, dv[m], 1.f, 1.f);
+    }
+    __syncwarp();
+    floatX* dst = dqkv + (size_t)b * T * C3 + (size_t)h * HD;
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        att_store_rows<HD>(dst + C, C3, Kw + 16 * m * LD, wrow + 16 * m, T);
+        att_store_rows<HD>(dst + 2 * C, C3, Vw + 16 * m * LD, wrow + 16 * m, T);
     }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Launchers
+// Launchers: one instance of each kernel per head size.
+#define ATT_HEAD_SIZES "16, 32, 64 or 128"
+static inline int att_head_size_ok(int HD) { return HD == 16 || HD == 32 || HD == 64 || HD == 128; }
+// the kernel's dynamic shared memory, allowed once (above 48 KB, static plus dynamic, a kernel must opt in)
+static inline void att_opt_in(const void* kernel, size_t bytes) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+template <int HD>
+static inline void launch_attention_forward_hd(cudaStream_t s, floatX* out, float* lse, const floatX* qkv,
+                                               const int* seg_lo, const int* seg_hi, int B, int T, int NH) {
+    static int done = 0;
+    size_t bytes = att_forward_smem(HD);
+    if (!done) att_opt_in((const void*)attention_forward<HD>, bytes), done = 1;
+    launch(attention_forward<HD>, dim3(ceil_div(T, att_rows(HD, ATT_FWD)), NH, B), dim3(128), bytes, s, out, lse, qkv,
+           seg_lo, seg_hi, B, T, NH);
+}
+template <int HD>
+static inline void launch_attention_backward_hd(cudaStream_t s, floatX* dqkv, const floatX* dout, const floatX* qkv,
+                                                const float* lse, const float* delta, const int* seg_lo,
+                                                const int* seg_hi, int B, int T, int NH) {
+    static int done = 0;
+    size_t b1 = att_dq_smem(HD), b2 = att_dkdv_smem(HD);
+    if (!done) {
+        att_opt_in((const void*)attention_backward_dq<HD>, b1);
+        att_opt_in((const void*)attention_backward_dkdv<HD>, b2);
+        done = 1;
+    }
+    launch(attention_backward_dq<HD>, dim3(ceil_div(T, att_rows(HD, ATT_DQ)), NH, B), dim3(128), b1, s, dqkv, qkv, dout,
+           lse, delta, seg_lo, seg_hi, B, T, NH);
+    launch(attention_backward_dkdv<HD>, dim3(ceil_div(T, att_rows(HD, ATT_DKDV)), NH, B), dim3(128), b2, s, dqkv, qkv,
+           dout, lse, delta, seg_lo, seg_hi, B, T, NH);
+}
+static inline void att_bad_head_size(int HD) {
+    fprintf(stderr, "attention: head size %d is not supported (%s)\n", HD, ATT_HEAD_SIZES);
+    exit(1);
+}
+// launch_attention_forward: out (B, T, C), lse (B, NH, T) from qkv (B, T, 3C) and the key ranges (B, T).
 static inline void launch_attention_forward(cudaStream_t s, floatX* out, float* lse, const floatX* qkv,
                                             const int* seg_lo, const int* seg_hi, int B, int T, int NH, int HD) {
-    static size_t done = 0;
-    size_t bytes = att_layout(HD, 0).bytes;
-    attention_opt_in((const void*)attention_forward, bytes, &done);
-    launch(attention_forward, dim3(ceil_div(T, ATT_TILE), NH, B), dim3(128), bytes, s, out, lse, qkv, seg_lo, seg_hi, B,
-           T, NH, HD);
+    switch (HD) {
+        case 16:
+            return launch_attention_forward_hd<16>(s, out, lse, qkv, seg_lo, seg_hi, B, T, NH);
+        case 32:
+            return launch_attention_forward_hd<32>(s, out, lse, qkv, seg_lo, seg_hi, B, T, NH);
+        case 64:
+            return launch_attention_forward_hd<64>(s, out, lse, qkv, seg_lo, seg_hi, B, T, NH);
+        case 128:
+            return launch_attention_forward_hd<128>(s, out, lse, qkv, seg_lo, seg_hi, B, T, NH);
+        default:
+            att_bad_head_size(HD);
+    }
 }
 // launch_attention_backward: dqkv (B, T, 3C) from dout (B, T, C); delta (B, NH, T) fp32 scratch.
 static inline void launch_attention_backward(cudaStream_t s, floatX* dqkv, float* delta, const floatX* dout,
                                              const floatX* qkv, const floatX* out, const float* lse, const int* seg_lo,
                                              const int* seg_hi, int B, int T, int NH, int HD) {
-    static size_t done_dq = 0, done_dkdv = 0;
     launch(attention_backward_delta, dim3(ceil_div((long long)B * T * NH, 256)), dim3(256), 0, s, delta, dout, out, B,
            T, NH, HD);
-    size_t b1 = att_layout(HD, 1).bytes, b2 = att_layout(HD, 2).bytes;
-    attention_opt_in((const void*)attention_backward_dq, b1, &done_dq);
-    attention_opt_in((const void*)attention_backward_dkdv, b2, &done_dkdv);
-    dim3 grid(ceil_div(T, ATT_TILE), NH, B);
-    launch(attention_backward_dq, grid, dim3(128), b1, s, dqkv, qkv, dout, lse, delta, seg_lo, seg_hi, B, T, NH, HD);
-    launch(attention_backward_dkdv, grid, dim3(128), b2, s, dqkv, qkv, dout, lse, delta, seg_lo, seg_hi, B, T, NH, HD);
+    switch (HD) {
+        case 16:
+            return launch_attention_backward_hd<16>(s, dqkv, dout, qkv, lse, delta, seg_lo, seg_hi, B, T, NH);
+        case 32:
+            return launch_attention_backward_hd<32>(s, dqkv, dout, qkv, lse, delta, seg_lo, seg_hi, B, T, NH);
+        case 64:
+            return launch_attention_backward_hd<64>(s, dqkv, dout, qkv, lse, delta, seg_lo, seg_hi, B, T, NH);
+        case 128:
+            return launch_attention_backward_hd<128>(s, dqkv, dout, qkv, lse, delta, seg_lo, seg_hi, B, T, NH);
+        default:
+            att_bad_head_size(HD);
+    }
 }

@@ -4,7 +4,7 @@
 #   ./trainer        the GPU trainer (nvcc, sm_90 by default; ARCH=sm_80 ./build.sh to change)
 #   ./trainer_cpu    the same trainer.cu compiled by g++ against cpu/ (the CPU runtime)
 #   build/test_*     the tests on the CPU runtime; build/asan/test_* the same under AddressSanitizer
-#   build/gpu/test_* the portable tests compiled by nvcc, to run on a real GPU
+#   build/gpu/test_* the portable tests compiled by nvcc, to run on a real GPU (and build/gpu/bench_attention)
 #
 # Usage: ./build.sh [cpu|gpu|all]   (default all; gpu parts are skipped with a note when nvcc is missing)
 # Incremental: a target is rebuilt only when a file it includes (from the compiler's -MMD list) changed.
@@ -25,7 +25,7 @@ NCCL_INC=""
 for d in "$CUDA_HOME/include" /usr/include /usr/local/include; do [ -f "$d/nccl.h" ] && { NCCL_INC=$d; break; }; done
 [ -n "$NCCL_INC" ] || die "nccl.h not found in $CUDA_HOME/include, /usr/include or /usr/local/include (install NCCL's development package)"
 
-CPU_FLAGS="-std=c++17 -O2 -g -Wall -Wextra -Wno-unused-parameter -Icpu/include -I$CUDA_HOME/include -I$NCCL_INC -pthread"
+CPU_FLAGS="-std=c++17 -O2 -g -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas -Icpu/include -I$CUDA_HOME/include -I$NCCL_INC -pthread"
 ASAN_FLAGS="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 # ptxas: a kernel that spills registers fails the build
 # -Igpu: gpu/ptx.h (inline PTX) is the GPU build's <ptx.h>, as cpu/include/ptx.h is the CPU build's
@@ -64,7 +64,8 @@ cpu_obj() {
 
 CPU_SRCS=$(ls cpu/*.cpp)
 TESTS=$(ls tests/test_*.cu 2>/dev/null || true)
-BENCHES=$(ls tests/bench_*.cu 2>/dev/null || true)   # programs that print figures; CPU build only
+BENCHES=$(ls tests/bench_*.cu 2>/dev/null || true)   # programs that print figures (CPU build)
+GPU_BENCHES="tests/bench_attention.cu"                # ... of which these are also built for the GPU
 # tests that only make sense on the CPU runtime (they provoke deadlocks and the like); the rest also build for the GPU
 CPU_ONLY_TESTS="tests/test_emulator.cu"
 
@@ -123,6 +124,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = gpu ]; then
       case " $CPU_ONLY_TESTS " in *" $t "*) continue ;; esac
       gpu_bin "$t" "build/gpu/$(basename "${t%.cu}")"
     done
+    for t in $GPU_BENCHES; do gpu_bin "$t" "build/gpu/$(basename "${t%.cu}")"; done
     wait_all
   fi
 fi

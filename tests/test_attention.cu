@@ -1,10 +1,27 @@
-// test_attention.cu: the attention kernels (attention.cuh) against a plain-C (double) reference.
+// test_attention.cu: the attention kernels (attention.cuh) against a plain-C (double) reference: forward
+// output and lse, and the gradients of Q, K and V, at every head size, with odd T (not a multiple of the
+// 64-row tiles), samples of length 1, packed rows, all-padding rows, rows where most key tiles are empty
+// (many short samples), rows that one sample fills, and a warp whose rows see fewer tiles than its block's.
+// Also: the results are bitwise the same when run again (no atomics). Portable: runs on the CPU runtime,
+// under ASan, shuffled (tests/test_attention_shuffled.sh) and on a GPU (build/gpu/test_attention).
 // tests/test_attention_fp32.cu runs the same checks with fp32 storage (MLM_FP32).
 #include "kernel_check.h"
+#include <string.h>
+
+// out | dqkv as they are on the device now
+static std::vector<floatX> now_last(const floatX* d_out, const floatX* d_dqkv, int N, int C) {
+    std::vector<floatX> v((size_t)N * 4 * C);
+    CUDA_CHECK(cudaMemcpy(v.data(), d_out, (size_t)N * C * sizeof(floatX), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(
+        cudaMemcpy(v.data() + (size_t)N * C, d_dqkv, (size_t)N * 3 * C * sizeof(floatX), cudaMemcpyDeviceToHost));
+    return v;
+}
+// n samples of length len, then padding
+static std::vector<int> shorts(int n, int len) { return std::vector<int>(n, len); }
 
 // attention: forward, lse and the three gradients against a double reference
-static void test_attention(int T, int HD, const std::vector<std::vector<int>>& rows) {
-    int B = (int)rows.size(), NH = 2, C = NH * HD, N = B * T;
+static void test_attention(int T, int HD, const std::vector<std::vector<int>>& rows, int NH = 2) {
+    int B = (int)rows.size(), C = NH * HD, N = B * T;
     std::vector<int> lo, hi;
     segments(B, T, rows, &lo, &hi);
     vf qkv, dout;
@@ -12,9 +29,18 @@ static void test_attention(int T, int HD, const std::vector<std::vector<int>>& r
     floatX *d_out = dev_x((size_t)N * C), *d_dqkv = dev_x((size_t)N * 3 * C);
     float *d_lse = dev_f((size_t)B * NH * T), *d_delta = dev_f((size_t)B * NH * T);
     int *d_lo = dev_i(lo), *d_hi = dev_i(hi);
-    launch_attention_forward((cudaStream_t)0, d_out, d_lse, d_qkv, d_lo, d_hi, B, T, NH, HD);
-    launch_attention_backward((cudaStream_t)0, d_dqkv, d_delta, d_dout, d_qkv, d_out, d_lse, d_lo, d_hi, B, T, NH, HD);
-    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<floatX> first;  // the first run's out | dqkv, bit for bit
+    for (int rep = 0; rep < 2; rep++) {
+        CUDA_CHECK(cudaMemset(d_dqkv, 0xff, (size_t)N * 3 * C * sizeof(floatX)));  // NaN: every element is written
+        launch_attention_forward((cudaStream_t)0, d_out, d_lse, d_qkv, d_lo, d_hi, B, T, NH, HD);
+        launch_attention_backward((cudaStream_t)0, d_dqkv, d_delta, d_dout, d_qkv, d_out, d_lse, d_lo, d_hi, B, T, NH,
+                                  HD);
+        CUDA_CHECK(cudaGetLastError());
+        CUDA_CHECK(cudaDeviceSynchronize());
+        if (rep == 0) first = now_last(d_out, d_dqkv, N, C);
+    }
+    CHECK(!memcmp(first.data(), now_last(d_out, d_dqkv, N, C).data(), first.size() * sizeof(floatX)),
+          "attention T=%d HD=%d: a second run differs bit for bit from the first", T, HD);
     vf out_k = get_x(d_out, (size_t)N * C);  // the backward uses the kernel's own (rounded) output
     vd out((size_t)N * C, 0), lse((size_t)B * NH * T, 0), dqkv((size_t)N * 3 * C, 0);
     double scale = 1 / sqrt((double)HD);
@@ -87,5 +113,19 @@ int main(void) {
     test_attention(77, 16, {{30, 1, 46}, {50}, {}});
     test_attention(130, 64, {{1, 129}, {64, 3, 40}});
     test_attention(5, 32, {{5}, {1, 1, 1}});
+    // head size 128: one sample fills a row (every tile unmasked); a warp (rows 0-15, one 16-token sample)
+    // that sees one tile of the several its block visits; padding at the end of a row. Then rows where most
+    // key tiles are empty: samples of 10 and 12 tokens (then padding). The fp32 build (exact fp32 products
+    // over warp shuffles, slow on the CPU) runs smaller rows of the same kinds.
+    if (!FP32) {
+        test_attention(200, 128, {{200}, {16, 184}, {70, 60}}, 1);
+        test_attention(300, 64, {shorts(29, 10), shorts(25, 12)}, 1);
+        test_attention(256, 32, {{64, 64, 128}, shorts(16, 16)});
+    } else {
+        test_attention(100, 128, {{100}, {16, 84}}, 1);
+        test_attention(150, 64, {shorts(14, 10), shorts(12, 12)}, 1);
+        test_attention(128, 32, {{32, 32, 64}, shorts(8, 16)}, 1);
+    }
+    test_attention(64, 16, {{64}, {63}, {1}});
     return test_summary();
 }
