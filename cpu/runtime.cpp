@@ -51,6 +51,11 @@ enum {
 static const long long MAX_GRID_X = 2147483647LL;
 
 thread_local __attribute__((aligned(128))) unsigned char dyn_smem[EMU_MAX_DYNAMIC_SMEM];
+// The TLS init function of dyn_smem (it has none: it is zero-initialized). g++ 12 calls it without
+// checking that it exists from a template kernel that declares `extern __shared__ ... dyn_smem[]`
+// (a weak undefined symbol, so the call jumps to address 0); defining it as a no-op makes that work.
+extern "C++" void emu_dyn_smem_tls_init(void) __asm__("_ZTH8dyn_smem");
+void emu_dyn_smem_tls_init(void) {}
 thread_local uint3 threadIdx;
 thread_local uint3 blockIdx;
 thread_local dim3 blockDim;
@@ -432,15 +437,22 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 }
 
 // ----------------------------------------------------------------------------
-// Kernel attributes: the dynamic shared memory a kernel has opted into, per kernel.
+// Kernel attributes: the dynamic shared memory a kernel has opted into, per kernel. As on the GPU,
+// static and dynamic shared memory count together: without the opt-in a kernel may use 48 KB in all
+// (so 48 KB less its static shared memory dynamically), and the opt-in may not take the sum past
+// 227 KB ("the sum of this value and the function attribute sharedSizeBytes cannot exceed
+// cudaDevAttrMaxSharedMemoryPerBlockOptin").
+static size_t static_smem_of(const void* kernel);
 static std::mutex attr_lock;
 static std::map<const void*, int> max_dynamic_smem;
 cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
     if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize) {
-        if (value < 0 || value > MAX_DYNAMIC_SMEM)
+        long long static_bytes = (long long)static_smem_of(func);
+        if (value < 0 || value + static_bytes > MAX_DYNAMIC_SMEM)
             return fail(cudaErrorInvalidValue,
-                        "cudaFuncSetAttribute: %d bytes of dynamic shared memory (the H100 allows %d)", value,
-                        MAX_DYNAMIC_SMEM);
+                        "cudaFuncSetAttribute: %d bytes of dynamic shared memory with %lld of static (the H100 "
+                        "allows %d in all)",
+                        value, static_bytes, MAX_DYNAMIC_SMEM);
         std::lock_guard<std::mutex> g(attr_lock);
         max_dynamic_smem[func] = value;
         return cudaSuccess;
@@ -449,9 +461,10 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
     return fail(cudaErrorInvalidValue, "cudaFuncSetAttribute: attribute %d is not emulated", (int)attr);
 }
 static int allowed_dynamic_smem(const void* func) {
+    int fallback = DEFAULT_DYNAMIC_SMEM - (int)static_smem_of(func);
     std::lock_guard<std::mutex> g(attr_lock);
     auto it = max_dynamic_smem.find(func);
-    return it == max_dynamic_smem.end() ? DEFAULT_DYNAMIC_SMEM : it->second;
+    return it == max_dynamic_smem.end() ? (fallback > 0 ? fallback : 0) : it->second;
 }
 
 // ----------------------------------------------------------------------------
@@ -473,7 +486,7 @@ asm(".text\n"
 #error "cpu/runtime.cpp: the fiber switch is written for x86-64 only"
 #endif
 
-enum fiber_state { F_READY, F_WAIT_BAR, F_WAIT_WARP, F_EXITED };
+enum fiber_state { F_READY, F_WAIT_BAR, F_WAIT_WARP, F_WAIT_ACTIVE, F_EXITED };  // F_WAIT_ACTIVE: in __activemask
 
 struct EmuFiber {
     void* sp;  // saved stack pointer while switched out
@@ -555,17 +568,22 @@ void emu_kernel_error(const char* fmt, ...) {
 
 // Leave fiber f (now waiting, or exited) for the next runnable thread in the block's order, switching
 // to it directly; when none can run, return to the scheduler (the block is done, or deadlocked).
-static void yield_from(EmuFiber* f, int exiting) {
-    EmuWorker* w = W;
-    int n = w->nthreads, p = f->pos;
-    EmuFiber* next = NULL;
+static int release_activemask(EmuWorker* w);
+static EmuFiber* next_ready(EmuWorker* w, int p) {  // the first runnable thread after position p
+    int n = w->nthreads;
     for (int k = 1; k < n; k++) {
         if (++p == n) p = 0;
         EmuFiber* g = &w->fibers[w->order[p]];
-        if (g->state == F_READY) {
-            next = g;
-            break;
-        }
+        if (g->state == F_READY) return g;
+    }
+    return NULL;
+}
+static void yield_from(EmuFiber* f, int exiting) {
+    EmuWorker* w = W;
+    EmuFiber* next = next_ready(w, f->pos);
+    if (!next && release_activemask(w)) {  // every thread is blocked: __activemask calls can answer
+        if (f->state == F_READY) return;   // f was one of them: it goes on
+        next = next_ready(w, f->pos);
     }
     void* to = w->sched_sp;
     w->self = next;
@@ -584,6 +602,7 @@ static void yield_from(EmuFiber* f, int exiting) {
 }
 
 static void release_barrier(EmuWorker* w);
+static void warp_lane_exited(EmuWorker* w, int warp);
 static void emu_cp_async_wait_all(EmuFiber* f);
 
 // Every fiber starts here (the address its fresh stack returns to) and never returns.
@@ -601,6 +620,7 @@ static void fiber_main(void) {
     f->state = F_EXITED;
     w->warp_gone[f->linear >> 5] |= 1u << (f->linear & 31);
     w->exited++;
+    warp_lane_exited(w, f->linear >> 5);
     if (w->bar_arrived > 0 && w->bar_arrived + w->exited == w->nthreads) release_barrier(w);
     yield_from(f, 1);
     abort();  // unreachable: an exited fiber is never resumed
@@ -729,57 +749,26 @@ static uint64_t shuffle_value(EmuWorker* w, EmuFiber* f, int warp_base, unsigned
                          mask);
         return 0;
     }
+    if (warp_base + src >= w->nthreads || w->fibers[warp_base + src].state != F_WAIT_WARP) {
+        emu_kernel_error("%s reads lane %d, which has exited or does not exist (undefined on the GPU)", f->wname, src);
+        return f->wval;
+    }
     return w->fibers[warp_base + src].wval;
 }
 
-uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int width, const char* name) {
-    EmuWorker* w = W;
-    if (!w || !w->job) {
-        fprintf(stderr, "cpu runtime: %s called outside a kernel\n", name);
-        abort();
-    }
-    EmuFiber* f = w->self;
-    int lane = f->linear & 31, warp_base = f->linear & ~31;
-    if (!(mask >> lane & 1))
-        emu_kernel_error("%s with mask 0x%08x, which does not include the calling lane %d", name, mask, lane);
-    if (width < 1 || width > 32 || (width & (width - 1)))
-        emu_kernel_error("%s with width %d (must be a power of 2 up to 32)", name, width);
-    mask |= 1u << lane;
-    if (width < 1 || width > 32 || (width & (width - 1))) width = 32;
-    f->wop = op;
-    f->wmask = mask;
-    f->wval = value;
-    f->warg = arg;
-    f->wwidth = width;
-    f->wname = name;
-    f->state = F_WAIT_WARP;
-    // Complete when every lane of the mask waits here with the same mask and operation.
-    // A lane of the mask that does not exist or has exited can never arrive: reported, then skipped.
-    int warp = f->linear >> 5, in_warp = w->nthreads - warp_base;
-    unsigned exists = in_warp >= 32 ? 0xffffffffu : (1u << in_warp) - 1;
-    w->warp_waiting[warp] |= 1u << lane;
-    if (mask & exists & ~(w->warp_waiting[warp] | w->warp_gone[warp])) {
-        yield_from(f, 0);  // someone is still on the way; the last one completes us
-        return f->result;
-    }
+// The collective that lane f waits in is complete (every lane of its mask waits in it or has exited):
+// compute every member's result and let them go. Exited lanes and lanes past the end of the block are
+// left out: CUDA requires only the non-exited lanes named in the mask to take part.
+static void finish_warp_collective(EmuWorker* w, EmuFiber* f) {
+    int lane = f->linear & 31, warp_base = f->linear & ~31, warp = f->linear >> 5, op = f->wop;
+    unsigned mask = f->wmask;
     for (int l = 0; l < 32; l++) {
-        if (!(mask >> l & 1)) continue;
-        int t = warp_base + l;
-        if (t >= w->nthreads) {
-            emu_kernel_error("%s with mask 0x%08x names lane %d, which does not exist (block of %d threads)", name,
-                             mask, l, w->nthreads);
-            continue;
-        }
-        EmuFiber* g = &w->fibers[t];
-        if (g->state == F_EXITED) {
-            emu_kernel_error("%s with mask 0x%08x names lane %d, which has already exited", name, mask, l);
-            continue;
-        }
-        if (g->wmask != mask || g->wop != op)
+        if (!(mask >> l & 1) || warp_base + l >= w->nthreads) continue;
+        EmuFiber* g = &w->fibers[warp_base + l];
+        if (g->state == F_WAIT_WARP && (g->wmask != mask || g->wop != op))
             emu_kernel_error("lanes %d and %d meet at different warp operations (%s mask 0x%08x vs %s mask 0x%08x)",
-                             lane, l, name, mask, g->wname, g->wmask);
+                             lane, l, f->wname, mask, g->wname, g->wmask);
     }
-    // Last to arrive: compute every member's result, then let them go.
     unsigned ballot = 0;
     if (op == EMU_VOTE_BALLOT)
         for (int l = 0; l < 32; l++)
@@ -810,6 +799,54 @@ uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int
         g->state = F_READY;
         w->warp_waiting[warp] &= ~(1u << l);
     }
+}
+
+// Lanes of warp `warp` that exist in a block of n threads.
+static unsigned warp_exists(int n, int warp) {
+    int in_warp = n - warp * 32;
+    return in_warp >= 32 ? 0xffffffffu : (1u << in_warp) - 1;
+}
+
+// A lane of `warp` exited: the collectives that were waiting only for it complete without it.
+static void warp_lane_exited(EmuWorker* w, int warp) {
+    unsigned exists = warp_exists(w->nthreads, warp);
+    for (int l = 0; l < 32 && w->warp_waiting[warp]; l++) {
+        EmuFiber* g = &w->fibers[warp * 32 + l];
+        if (g->state == F_WAIT_WARP && !(g->wmask & exists & ~(w->warp_waiting[warp] | w->warp_gone[warp])))
+            finish_warp_collective(w, g);
+    }
+}
+
+uint64_t emu_warp_collective(int op, unsigned mask, uint64_t value, int arg, int width, const char* name) {
+    EmuWorker* w = W;
+    if (!w || !w->job) {
+        fprintf(stderr, "cpu runtime: %s called outside a kernel\n", name);
+        abort();
+    }
+    EmuFiber* f = w->self;
+    int lane = f->linear & 31;
+    if (!(mask >> lane & 1))
+        emu_kernel_error("%s with mask 0x%08x, which does not include the calling lane %d", name, mask, lane);
+    if (width < 1 || width > 32 || (width & (width - 1)))
+        emu_kernel_error("%s with width %d (must be a power of 2 up to 32)", name, width);
+    mask |= 1u << lane;
+    if (width < 1 || width > 32 || (width & (width - 1))) width = 32;
+    f->wop = op;
+    f->wmask = mask;
+    f->wval = value;
+    f->warg = arg;
+    f->wwidth = width;
+    f->wname = name;
+    f->state = F_WAIT_WARP;
+    // Complete when every lane of the mask that exists and has not exited waits here with the same mask
+    // and operation (a lane that exits later completes it then: warp_lane_exited).
+    int warp = f->linear >> 5;
+    w->warp_waiting[warp] |= 1u << lane;
+    if (mask & warp_exists(w->nthreads, warp) & ~(w->warp_waiting[warp] | w->warp_gone[warp])) {
+        yield_from(f, 0);  // someone is still on the way; the last one completes us
+        return f->result;
+    }
+    finish_warp_collective(w, f);  // last to arrive
     return f->result;
 }
 
@@ -820,13 +857,37 @@ void emu_warp_gather(unsigned mask, void* mine, void (*fn)(void* const* all), co
 
 int emu_lane_id(void) { return W->self->linear & 31; }
 
-unsigned emu_activemask(void) {  // the lanes of this warp that exist and have not exited
-    EmuWorker* w = W;
-    int warp_base = w->self->linear & ~31;
-    unsigned m = 0;
-    for (int l = 0; l < 32 && warp_base + l < w->nthreads; l++)
-        if (w->fibers[warp_base + l].state != F_EXITED) m |= 1u << l;
-    return m;
+// __activemask(): the lanes of the caller's warp that are converged with it, i.e. execute this same
+// __activemask call (the same call site) at the same time, not every live lane. The caller waits
+// until no thread of the block can run (every other lane has come here, or waits elsewhere, or has
+// exited); then each group of lanes of one warp waiting at one call site gets its own mask.
+unsigned emu_activemask(void) {
+    EmuFiber* f = W->self;
+    f->wval = (uint64_t)(uintptr_t)__builtin_return_address(0);  // the call site in the kernel
+    f->state = F_WAIT_ACTIVE;
+    yield_from(f, 0);
+    return (unsigned)f->result;
+}
+// Called when no thread can run: answer every __activemask waiting. Returns how many went on.
+static int release_activemask(EmuWorker* w) {
+    int released = 0;
+    for (int i = 0; i < w->nthreads; i++) {
+        EmuFiber* f = &w->fibers[i];
+        if (f->state != F_WAIT_ACTIVE) continue;
+        int base = f->linear & ~31;
+        unsigned m = 0;
+        for (int l = 0; l < 32 && base + l < w->nthreads; l++) {
+            EmuFiber* g = &w->fibers[base + l];
+            if (g->state == F_WAIT_ACTIVE && g->wval == f->wval) m |= 1u << l;
+        }
+        for (int l = 0; l < 32; l++) {
+            if (!(m >> l & 1)) continue;
+            w->fibers[base + l].result = m;
+            w->fibers[base + l].state = F_READY;
+            released++;
+        }
+    }
+    return released;
 }
 
 // ----------------------------------------------------------------------------
@@ -897,9 +958,15 @@ static void emu_cp_async_wait_all(EmuFiber* f) {
 struct SharedVar {
     long long offset;  // from dyn_smem, in this module's TLS block
     size_t size;
+    const char* name;  // mangled: _ZZ <the enclosing function's encoding> E <name>
 };
 static SharedVar* shared_vars;
 static int nshared_vars = -1;  // -1: not looked up yet
+// The executable's symbol table, kept mapped (read-only) to find kernels' static shared sizes.
+static const unsigned char* exe_image;
+static const Elf64_Sym* exe_syms;
+static const char* exe_names;
+static size_t exe_nsyms;
 
 static void find_static_shared(void) {
     nshared_vars = 0;
@@ -909,6 +976,7 @@ static void find_static_shared(void) {
     const unsigned char* f = (const unsigned char*)mmap(NULL, (size_t)len, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (f == MAP_FAILED) return;
+    exe_image = f;
     const Elf64_Ehdr* eh = (const Elf64_Ehdr*)f;
     const Elf64_Shdr* sh = (const Elf64_Shdr*)(f + eh->e_shoff);
     for (int i = 0; i < eh->e_shnum; i++) {
@@ -921,13 +989,52 @@ static void find_static_shared(void) {
             if (ELF64_ST_TYPE(sym[k].st_info) == STT_TLS && strcmp(names + sym[k].st_name, "dyn_smem") == 0)
                 anchor = (long long)sym[k].st_value;
         if (anchor < 0) break;
+        exe_syms = sym, exe_names = names, exe_nsyms = n;
         shared_vars = (SharedVar*)calloc(n, sizeof(SharedVar));
         for (size_t k = 0; k < n; k++)
             if (ELF64_ST_TYPE(sym[k].st_info) == STT_TLS && sym[k].st_size > 0 &&
                 strncmp(names + sym[k].st_name, "_ZZ", 3) == 0)
-                shared_vars[nshared_vars++] = {(long long)sym[k].st_value - anchor, (size_t)sym[k].st_size};
+                shared_vars[nshared_vars++] = {(long long)sym[k].st_value - anchor, (size_t)sym[k].st_size,
+                                               names + sym[k].st_name};
     }
-    munmap((void*)f, (size_t)len);
+    if (!exe_syms) munmap((void*)f, (size_t)len), exe_image = NULL;
+}
+
+// The static shared memory of a kernel, as the GPU counts it (cudaFuncAttributes.sharedSizeBytes):
+// the __shared__ variables the kernel declares. They are block-scope thread_locals here, named in the
+// symbol table _ZZ <the kernel's mangled name without _Z> E <name>. (Those of __device__ functions it
+// calls are not counted: this would need the call graph.)
+static std::once_flag static_shared_once;
+static size_t static_smem_of(const void* kernel) {
+    static std::mutex m;
+    static std::map<const void*, size_t> known;
+    std::call_once(static_shared_once, [] {
+        if (nshared_vars < 0) find_static_shared();
+    });
+    std::lock_guard<std::mutex> g(m);
+    auto it = known.find(kernel);
+    if (it != known.end()) return it->second;
+    size_t bytes = 0;
+    Dl_info info;
+    if (exe_syms && dladdr(kernel, &info)) {
+        uintptr_t base = ((const Elf64_Ehdr*)exe_image)->e_type == ET_DYN ? (uintptr_t)info.dli_fbase : 0;
+        const char* fn = NULL;
+        for (size_t k = 0; k < exe_nsyms && !fn; k++)
+            if (ELF64_ST_TYPE(exe_syms[k].st_info) == STT_FUNC && exe_syms[k].st_value + base == (uintptr_t)kernel)
+                fn = exe_names + exe_syms[k].st_name;
+        if (fn && fn[0]) {
+            char prefix[1024];
+            if (strncmp(fn, "_Z", 2) == 0)
+                snprintf(prefix, sizeof prefix, "_ZZ%sE", fn + 2);
+            else
+                snprintf(prefix, sizeof prefix, "_ZZ%zu%sE", strlen(fn), fn);
+            size_t plen = strlen(prefix);
+            for (int i = 0; i < nshared_vars; i++)
+                if (strncmp(shared_vars[i].name, prefix, plen) == 0) bytes += shared_vars[i].size;
+        }
+    }
+    known[kernel] = bytes;
+    return bytes;
 }
 
 static void scramble_static_shared(void) {
@@ -1141,15 +1248,21 @@ void emu_launch(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStre
     }
     int allowed = allowed_dynamic_smem(kernel);
     if (smem > (size_t)allowed) {
-        fail(cudaErrorInvalidValue, "kernel %s: %zu bytes of dynamic shared memory, but only %d allowed%s",
-             kernel_name(kernel, name, sizeof name), smem, allowed,
-             allowed == DEFAULT_DYNAMIC_SMEM ? " (above 48 KB needs cudaFuncSetAttribute(..., "
-                                               "cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) first)"
-                                             : "");
+        size_t static_bytes = static_smem_of(kernel);
+        fail(cudaErrorInvalidValue,
+             "kernel %s: %zu bytes of dynamic shared memory, but only %d allowed (it has %zu bytes of static shared "
+             "memory)%s",
+             kernel_name(kernel, name, sizeof name), smem, allowed, static_bytes,
+             allowed + (int)static_bytes <= DEFAULT_DYNAMIC_SMEM
+                 ? "; above 48 KB of static plus dynamic needs cudaFuncSetAttribute(..., "
+                   "cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) first"
+                 : "");
         return;
     }
     std::lock_guard<std::mutex> g(launch_lock);
-    if (nshared_vars < 0) find_static_shared();
+    std::call_once(static_shared_once, [] {
+        if (nshared_vars < 0) find_static_shared();
+    });
     EmuJob j = {};
     j.body = body;
     j.call = call;

@@ -38,12 +38,26 @@ __global__ void divergent_barrier(int* out) {
     out[threadIdx.x] = 1;
 }
 
-// A shuffle whose mask names lanes that have returned.
+// A shuffle whose mask names lanes that have returned: allowed (CUDA requires only the non-exited
+// lanes of the mask to take part); with n odd, lane n - 1 reads lane n, which has exited (undefined).
 __global__ void shuffle_after_exit(float* out, int n) {
     int t = threadIdx.x;
     if (t >= n) return;
     float v = __shfl_xor_sync(0xffffffffu, (float)t, 1);
     out[t] = v;
+}
+// __activemask in the two sides of a branch, and after lanes >= 20 have exited.
+__global__ void activemask_groups(unsigned* out) {
+    int t = threadIdx.x;
+    if (t >= 20) return;
+    if (t < 8) {
+        out[t] = __activemask();
+        out[32 + t] = 1;
+    } else {
+        out[32 + t] = 2;
+        out[t] = __activemask();
+    }
+    out[32 + t] = __activemask();
 }
 
 __global__ void noop(int* out) {
@@ -146,12 +160,31 @@ int main(void) {
     launch(noop, dim3(1), dim3(1), 0, (cudaStream_t)0, di);
     CHECK(cudaGetLastError() == cudaSuccess, "kernels run normally after a reported deadlock");
 
-    // 3. A shuffle naming exited lanes is reported.
+    // 3. Exited lanes in a shuffle's mask: it completes for the others; reading an exited lane is reported.
     launch(shuffle_after_exit, dim3(1), dim3(32), 0, (cudaStream_t)0, dout, 20);
     e = cudaGetLastError();
-    CHECK(e == cudaErrorLaunchFailure, "shuffle with exited lanes in its mask: got %s", cudaGetErrorName(e));
+    CHECK(e == cudaSuccess, "shuffle with exited lanes in its mask: got %s, want success", cudaGetErrorName(e));
+    CUDA_OK(cudaMemcpy(got, dout, 20 * sizeof(float), cudaMemcpyDeviceToHost));
+    int wrong = 0;
+    for (int t = 0; t < 20; t++) wrong += got[t] != (float)(t ^ 1);
+    CHECK(wrong == 0, "shuffle after 12 lanes exited: %d of 20 values wrong", wrong);
+    launch(shuffle_after_exit, dim3(1), dim3(32), 0, (cudaStream_t)0, dout, 19);
+    e = cudaGetLastError();
+    CHECK(e == cudaErrorLaunchFailure, "a shuffle reading an exited lane: got %s, want a reported misuse",
+          cudaGetErrorName(e));
     launch(shuffle_after_exit, dim3(1), dim3(32), 0, (cudaStream_t)0, dout, 32);
     CHECK(cudaGetLastError() == cudaSuccess, "the same shuffle with every lane present is fine");
+    // __activemask: exactly the lanes on the caller's path (the test_fidelity check allows subsets).
+    unsigned* du;
+    CUDA_OK(cudaMalloc(&du, 64 * sizeof(unsigned)));
+    launch(activemask_groups, dim3(1), dim3(32), 0, (cudaStream_t)0, du);
+    CUDA_OK(cudaGetLastError());
+    unsigned masks[64];
+    CUDA_OK(cudaMemcpy(masks, du, sizeof masks, cudaMemcpyDeviceToHost));
+    wrong = 0;
+    for (int t = 0; t < 20; t++) wrong += masks[t] != (t < 8 ? 0xffu : 0xfff00u) || masks[32 + t] != 0xfffffu;
+    CHECK(wrong == 0, "__activemask per branch (0xff, 0xfff00) and after exits (0xfffff): %d lanes wrong", wrong);
+    cudaFree(du);
 
     // 4. Launch limits as on an H100.
     launch(noop, dim3(1), dim3(1025), 0, (cudaStream_t)0, (int*)NULL);

@@ -16,6 +16,20 @@
 // most that). On top, rtol is the output's own rounding: 2^-8 for bf16 (one bf16 ulp, as the
 // fp32 result may sit across a rounding boundary from the exact value), 1e-6 for fp32 (a few fp32
 // ulps), 1e-5 for fp32 results of GELU epilogues (tanhf / the GPU's tanh are a few ulps off).
+//
+// What is the library's choice, not its contract, and how it is tested (cuBLASLt 13.0 on an H100,
+// ../shared/gpu/2026-11-23/test_matmul_on_h100.log):
+//   - bf16 epilogues other than DEFAULT and RELU: the GPU rounds an intermediate value to bf16
+//     (results up to about one bf16 ulp off the exact value, with beta = 0 and beta != 0). The
+//     project relies only on "as if each of t0 = alpha AB + beta C and t1 = t0 + bias were rounded
+//     to bf16 on the way", so each such element may also be off by gain * 2^-8 * (|t0| + |t1|).
+//   - which transposes BGRADA and BGRADB serve: the documentation names none; the GPU refuses
+//     BGRADA with A transposed and BGRADB with B not transposed. The project relies on the NT
+//     layout (matmul_backward_weight: A not transposed, B transposed), which must work; on another
+//     layout a refusal passes, but an accepted call must compute the right values.
+//   - an aux ld that is not a multiple of 8 for GELU_AUX and DGELU (documented only for
+//     GELU_AUX_BIAS and DGELU_BGRAD): the GPU accepts 20 and 17; the project always uses
+//     multiples of 8, so a refusal passes and an accepted call must compute the right values.
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cublasLt.h>
@@ -199,11 +213,47 @@ static bool epi_has(cublasLtEpilogue_t e, int what) {
     return false;
 }
 
-static void run_lt_case(const LtCase* c) {
+// A refusal: NVIDIA documents INVALID_VALUE ("parameters are in conflict or in an impossible
+// configuration") and NOT_SUPPORTED ("current implementation ... doesn't support configured
+// operation") without saying which one each mistake gets, so either counts.
+static bool is_refusal(cublasStatus_t st) {
+    return st == CUBLAS_STATUS_INVALID_VALUE || st == CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
+// Per element: |got - want| <= atol + rtol |want| + extra[i] (extra: the library's own roundings).
+static int check_close_each(const char* what, const float* got, const float* want, const double* extra, size_t n,
+                            float atol, float rtol) {
+    size_t worst = 0, bad = 0;
+    double worst_excess = -1e300;
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - (double)want[i]);
+        double tol = atol + rtol * fabs((double)want[i]) + extra[i];
+        if (!(err <= tol)) bad++;  // NaN counts as bad
+        double excess = isnan(err) ? 1e300 : err - tol;
+        if (excess > worst_excess) worst_excess = excess, worst = i;
+    }
+    CHECK(bad == 0, "%s: %zu of %zu values off; worst [%zu] got %.9g want %.9g (atol %g rtol %g extra %g)", what, bad,
+          n, worst, n ? got[worst] : 0.f, n ? want[worst] : 0.f, atol, rtol, n ? extra[worst] : 0.0);
+    return bad == 0;
+}
+
+// The layouts on which the real library may refuse an epilogue (see the top of the file).
+static bool layout_may_be_refused(const LtCase* c) {
+    return (c->epi == CUBLASLT_EPILOGUE_BGRADA && c->ta != CUBLAS_OP_N) ||
+           (c->epi == CUBLASLT_EPILOGUE_BGRADB && c->tb == CUBLAS_OP_N);
+}
+
+// One case. aux_ld_set: the aux leading dimension (0: a multiple of 8 above m). MAY_REFUSE: a
+// refusal by both the heuristic and cublasLtMatmul (algo NULL) passes, and nothing is computed;
+// MUST_REFUSE: only that passes.
+typedef enum { MUST_RUN, MAY_REFUSE, MUST_REFUSE } Refusal;
+
+static void run_lt_case_with(const LtCase* c, int64_t aux_ld_set, Refusal refusal) {
     char name[160];
     snprintf(name, sizeof name, "cublasLtMatmul %s%s %dx%dx%d batch %d %s->%s alpha %g beta %g%s %s", op_name(c->ta),
              op_name(c->tb), c->m, c->n, c->k, c->batch, type_name(c->ab), type_name(c->cd), c->alpha, c->beta,
              c->in_place ? " C==D" : "", epilogue_name(c->epi));
+    if (aux_ld_set) snprintf(name + strlen(name), sizeof name - strlen(name), " aux ld %lld", (long long)aux_ld_set);
     bool ta = c->ta != CUBLAS_OP_N, tb = c->tb != CUBLAS_OP_N;
     int m = c->m, n = c->n, k = c->k, nb = c->batch;
     bool bias_in = epi_has(c->epi, 'b'), aux_out = epi_has(c->epi, 'o'), aux_in = epi_has(c->epi, 'd');
@@ -214,7 +264,7 @@ static void run_lt_case(const LtCase* c) {
     int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
     int64_t lda = a_rows + 3, ldb = b_rows + 2, ldc = m + 2, ldd = c->in_place ? ldc : m + 1;
     int64_t sa = lda * a_cols + 5, sb = ldb * b_cols + 3, sc = ldc * n + 4, sd = c->in_place ? sc : ldd * n + 2;
-    int64_t aux_ld = (m + 7) / 8 * 8 + 8, s_aux = aux_ld * n + 8;  // multiples of 8, as documented
+    int64_t aux_ld = aux_ld_set ? aux_ld_set : (m + 7) / 8 * 8 + 8, s_aux = aux_ld * n + 8;  // multiples of 8
     int bias_len = epi_has(c->epi, 'B') ? n : m;
     int64_t s_bias = (bias_len + 7) / 8 * 8 + 8;  // a gap, and 16-byte aligned vectors for every batch
     cudaDataType bias_t = c->bias_type >= 0 ? (cudaDataType)c->bias_type : c->cd;
@@ -296,6 +346,25 @@ static void run_lt_case(const LtCase* c) {
     int found = 0;
     cublasStatus_t st =
         cublasLtMatmulAlgoGetHeuristic(g_lt, desc, la, lb, c->in_place ? ld : lc, ld, pref, 1, &heur, &found);
+    bool refused = st != CUBLAS_STATUS_SUCCESS || found == 0;
+    if (refusal == MUST_REFUSE) CHECK(refused, "%s: the heuristic should refuse, got %d algorithms", name, found);
+    if (refusal != MUST_RUN && refused) {  // both entry points must refuse; nothing is computed
+        cublasStatus_t st2 = cublasLtMatmul(g_lt, desc, &c->alpha, dA, la, dB, lb, &c->beta, dC, c->in_place ? ld : lc,
+                                            dD, ld, NULL, g_workspace, WORKSPACE_BYTES, 0);
+        CHECK((st == CUBLAS_STATUS_SUCCESS || is_refusal(st)) && is_refusal(st2),
+              "%s: the heuristic answered %s, cublasLtMatmul %s (both should refuse)", name, cublasGetStatusName(st),
+              cublasGetStatusName(st2));
+        CUDA_OK(cudaDeviceSynchronize());
+        if (getenv("TEST_VERBOSE")) printf("ok   %s: refused (%s)\n", name, cublasGetStatusName(st));
+        free(hA), free(hB), free(hC), free(hBias), free(hAux), free(hD);
+        cublasLtMatmulPreferenceDestroy(pref);
+        cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb);
+        cublasLtMatrixLayoutDestroy(lc), cublasLtMatrixLayoutDestroy(ld);
+        cublasLtMatmulDescDestroy(desc);
+        cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dBias), cudaFree(dAux);
+        if (!c->in_place) cudaFree(dD);
+        return;
+    }
     CHECK(st == CUBLAS_STATUS_SUCCESS && found == 1, "%s: heuristic %s, %d algorithms", name, cublasGetStatusName(st),
           found);
     if (st == CUBLAS_STATUS_SUCCESS && found == 1) {
@@ -311,6 +380,11 @@ static void run_lt_case(const LtCase* c) {
     float* wantD = host_alloc(nd);
     float* wantAux = host_alloc(nd);
     float* wantBgrad = host_alloc((size_t)bias_len * nb);
+    double* extraD = (double*)calloc(nd ? nd : 1, sizeof(double));    // the library's intermediate roundings
+    double* extraAux = (double*)calloc(nd ? nd : 1, sizeof(double));  // (bf16, epilogues past DEFAULT/RELU)
+    bool rounds_between =
+        c->cd == CUDA_R_16BF && c->epi != CUBLASLT_EPILOGUE_DEFAULT && c->epi != CUBLASLT_EPILOGUE_RELU;
+    double gain = gelu_family ? 1.2 : 1.0, max_extra = 0.0;
     double mag = 0.0, maxD = 0.0;  // largest sum of |terms| (for atol) and largest |D|
     for (int b = 0; b < nb; b++) {
         const float *A = hA + b * sa, *B = hB + b * sb, *C = hC + b * sc, *bias = hBias + b * s_bias,
@@ -324,10 +398,15 @@ static void run_lt_case(const LtCase* c) {
                     dot += term;
                     abs_sum += fabs(term);
                 }
-                double t = c->alpha * dot + c->beta * C[i + j * ldc];
+                double t = c->alpha * dot + c->beta * C[i + j * ldc], t0 = t;
                 abs_sum = fabs(c->alpha) * abs_sum + fabs(c->beta * C[i + j * ldc]);
                 if (bias_in) t += bias[i], abs_sum += fabs(bias[i]);
                 size_t o = ((size_t)b * n + j) * m + i;
+                if (rounds_between) {  // as if t0 and t1 = t0 + bias were each rounded to bf16
+                    extraAux[o] = (fabs(t0) + fabs(t)) / 256;
+                    extraD[o] = gain * extraAux[o];
+                    if (extraD[o] > max_extra) max_extra = extraD[o];
+                }
                 wantAux[o] = (float)t;  // aux = the activation's input, after the bias
                 if (epi_has(c->epi, 'r')) t = t > 0 ? t : 0;
                 if (epi_has(c->epi, 'g')) t = gelu_ref(t);
@@ -354,7 +433,6 @@ static void run_lt_case(const LtCase* c) {
     }
 
     // Compare.
-    double gain = gelu_family ? 1.2 : 1.0;
     float atol = (float)((k + 8) * U32 * gain * mag);
     float rtol = c->cd == CUDA_R_16BF ? 1.0f / 256 : (gelu_family ? 1e-5f : 1e-6f);
     char what[220];
@@ -363,7 +441,7 @@ static void run_lt_case(const LtCase* c) {
     download(dD, (size_t)sd * nb, c->cd, got);
     compact(got, m, n, ldd, sd, nb, gotc);
     snprintf(what, sizeof what, "%s: D", name);
-    check_close(what, gotc, wantD, nd, atol, rtol);
+    check_close_each(what, gotc, wantD, extraD, nd, atol, rtol);
     if (!c->in_place) {
         int changed = changed_padding(got, (size_t)sd * nb, m, n, ldd, sd, nb);
         CHECK(changed == 0, "%s: %d elements of D outside the matrices were written", name, changed);
@@ -373,7 +451,8 @@ static void run_lt_case(const LtCase* c) {
         download(dAux, (size_t)s_aux * nb, c->cd, gaux);
         compact(gaux, m, n, aux_ld, s_aux, nb, gotc);
         snprintf(what, sizeof what, "%s: aux", name);
-        check_close(what, gotc, wantAux, nd, (float)((k + 8) * U32 * mag), c->cd == CUDA_R_16BF ? 1.0f / 256 : 1e-6f);
+        check_close_each(what, gotc, wantAux, extraAux, nd, (float)((k + 8) * U32 * mag),
+                         c->cd == CUDA_R_16BF ? 1.0f / 256 : 1e-6f);
         int changed = changed_padding(gaux, (size_t)s_aux * nb, m, n, aux_ld, s_aux, nb);
         CHECK(changed == 0, "%s: %d elements of aux outside the matrices were written", name, changed);
         free(gaux);
@@ -384,7 +463,7 @@ static void run_lt_case(const LtCase* c) {
         compact(gb, bias_len, 1, bias_len, s_bias, nb, gotc);
         float btol_a, btol_r = c->cd == CUDA_R_16BF ? 1.0f / 256 : 1e-6f;
         if (epi_has(c->epi, 'D'))  // n terms, each within D's tolerance (the GPU may sum rounded D values)
-            btol_a = (float)(n * (atol + 2 * rtol * maxD) + (n + 2) * U32 * n * maxD);
+            btol_a = (float)(n * (atol + 2 * rtol * maxD + max_extra) + (n + 2) * U32 * n * maxD);
         else  // k terms of |x| <= 1, summed in fp32 in any order
             btol_a = (float)((k + 2) * U32 * k);
         snprintf(what, sizeof what, "%s: bias gradient", name);
@@ -394,7 +473,7 @@ static void run_lt_case(const LtCase* c) {
         free(gb);
     }
 
-    free(got), free(gotc), free(wantD), free(wantAux), free(wantBgrad);
+    free(got), free(gotc), free(wantD), free(wantAux), free(wantBgrad), free(extraD), free(extraAux);
     free(hA), free(hB), free(hC), free(hBias), free(hAux), free(hD);
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb);
@@ -403,6 +482,8 @@ static void run_lt_case(const LtCase* c) {
     cudaFree(dA), cudaFree(dB), cudaFree(dC), cudaFree(dBias), cudaFree(dAux);
     if (!c->in_place) cudaFree(dD);
 }
+
+static void run_lt_case(const LtCase* c) { run_lt_case_with(c, 0, layout_may_be_refused(c) ? MAY_REFUSE : MUST_RUN); }
 
 // ----------------------------------------------------------------------------
 // The classic API: cublasGemmEx, cublasGemmStridedBatchedEx, cublasSgemm, cublasSgemmStridedBatched.
@@ -600,10 +681,6 @@ static void test_bf16_rounding(void) {
 // operation") as the errors, without saying which one each mistake gets, so either passes here.
 // cublasLtMatmul with algo = NULL runs the same checks and must fail too.
 
-static bool is_refusal(cublasStatus_t st) {
-    return st == CUBLAS_STATUS_INVALID_VALUE || st == CUBLAS_STATUS_NOT_SUPPORTED;
-}
-
 typedef struct {
     int m, n, k;
     int64_t lda;      // leading dimension of A (N: m x k)
@@ -663,12 +740,8 @@ static void test_refusals(void) {
     BadCase bc;
     bc = base, bc.lda = 16;  // ld < rows: "must be ... greater or equal to CUBLASLT_MATRIX_LAYOUT_ROWS"
     expect_refused("lda (16) < rows (17)", &bc);
-    bc = base, bc.epi = CUBLASLT_EPILOGUE_GELU_AUX, bc.aux_ld = 20;  // "must be divisible by 8"
-    expect_refused("GELU_AUX with aux ld 20 (not a multiple of 8)", &bc);
     bc = base, bc.epi = CUBLASLT_EPILOGUE_GELU_AUX, bc.aux_ld = 16;  // "no less than the number of rows"
     expect_refused("GELU_AUX with aux ld 16 < rows 17", &bc);
-    bc = base, bc.epi = CUBLASLT_EPILOGUE_DGELU, bc.aux_ld = 17;
-    expect_refused("DGELU with aux ld 17 (not a multiple of 8)", &bc);
     bc = base, bc.order = CUBLASLT_ORDER_COL32, bc.lda = 32 * 17;  // COL32 is for int8 IMMA kernels
     expect_refused("A in CUBLASLT_ORDER_COL32 with fp32 data", &bc);
     bc = base, bc.batch_b = 2;  // "batch counts mismatch: ... must be equal to all other matrices"
@@ -872,19 +945,46 @@ int main(void) {
                      CUDA_R_32F,  CUDA_R_32F,  1.0f, 0.5f, true, CUBLASLT_EPILOGUE_DGELU_BGRAD,
                      -1};
         run_lt_case(&c2);
-        LtCase c3 = {CUBLAS_OP_N, CUBLAS_OP_N, 17,   5,    33,    2,
-                     CUDA_R_16BF, CUDA_R_16BF, 1.0f, 0.0f, false, CUBLASLT_EPILOGUE_BGRADB,
-                     -1};
-        run_lt_case(&c3);
-        LtCase c4 = {CUBLAS_OP_T, CUBLAS_OP_T, 17,   5,    33,    2,
-                     CUDA_R_16BF, CUDA_R_16BF, 1.0f, 0.0f, false, CUBLASLT_EPILOGUE_BGRADA,
-                     -1};
-        run_lt_case(&c4);
-        // bf16 output with an fp32 bias (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE)
+        // bias gradients on the layout of matmul_backward_weight (NT), batched; the other layouts
+        // (NN for BGRADB, TT for BGRADA) may be refused
+        for (int lay = 0; lay < 2; lay++) {
+            LtCase c3 = {
+                CUBLAS_OP_N, lay ? CUBLAS_OP_N : CUBLAS_OP_T, 17, 5, 33, 2, CUDA_R_16BF, CUDA_R_16BF, 1.0f, 0.0f,
+                false,       CUBLASLT_EPILOGUE_BGRADB,        -1};
+            run_lt_case(&c3);
+            LtCase c4 = {
+                lay ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_T, 17, 5, 33, 2, CUDA_R_16BF, CUDA_R_16BF, 1.0f, 0.0f, false,
+                CUBLASLT_EPILOGUE_BGRADA,        -1};
+            run_lt_case(&c4);
+        }
+        // the bias as matmul_forward uses it: bf16 everywhere, beta 0, transa = T
+        LtCase c6 = {CUBLAS_OP_T,     CUBLAS_OP_N, 17,   5,    33,    1,
+                     CUDA_R_16BF,     CUDA_R_16BF, 1.0f, 0.0f, false, CUBLASLT_EPILOGUE_BIAS,
+                     (int)CUDA_R_16BF};
+        run_lt_case(&c6);
+        // a bias type other than D's (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE): documented as D's type
+        // outside IMMA and fp8 kernels; the GPU refuses both (INVALID_VALUE)
         LtCase c5 = {CUBLAS_OP_T,    CUBLAS_OP_N, 17,   5,    33,    1,
                      CUDA_R_16BF,    CUDA_R_16BF, 1.0f, 0.0f, false, CUBLASLT_EPILOGUE_GELU_BIAS,
                      (int)CUDA_R_32F};
-        run_lt_case(&c5);
+        run_lt_case_with(&c5, 0, MUST_REFUSE);
+        LtCase c7 = {CUBLAS_OP_N,    CUBLAS_OP_T, 17,   5,    33,    1,
+                     CUDA_R_16BF,    CUDA_R_16BF, 1.0f, 1.0f, false, CUBLASLT_EPILOGUE_BGRADB,
+                     (int)CUDA_R_32F};
+        run_lt_case_with(&c7, 0, MUST_REFUSE);
+        LtCase c8 = {CUBLAS_OP_N,     CUBLAS_OP_T, 17,   5,    33,    1,
+                     CUDA_R_16BF,     CUDA_R_32F,  1.0f, 1.0f, false, CUBLASLT_EPILOGUE_BGRADA,
+                     (int)CUDA_R_16BF};
+        run_lt_case_with(&c8, 0, MUST_REFUSE);
+        // aux leading dimensions that are not multiples of 8 (see the top of the file): 20 for the
+        // GELU input GELU_AUX and GELU_AUX_BIAS write, 17 for the one DGELU and DGELU_BGRAD read
+        const cublasLtEpilogue_t aux_epis[4] = {CUBLASLT_EPILOGUE_GELU_AUX, CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+                                                CUBLASLT_EPILOGUE_DGELU, CUBLASLT_EPILOGUE_DGELU_BGRAD};
+        for (int e = 0; e < 4; e++) {
+            LtCase ca = {CUBLAS_OP_N, CUBLAS_OP_N, 17,   5,     33,          1, CUDA_R_32F,
+                         CUDA_R_32F,  1.0f,        0.0f, false, aux_epis[e], -1};
+            run_lt_case_with(&ca, e < 2 ? 20 : 17, MAY_REFUSE);
+        }
     }
     // Larger products: several row and column blocks, and the threaded path of the CPU build.
     {

@@ -15,7 +15,10 @@
 // It also builds with nvcc against the real NCCL (nvcc -std=c++17 -arch=sm_90 tests/test_nccl.cu
 // -lnccl). There the results are compared with a tolerance (NCCL sums in ring order, not rank
 // order), each rank takes GPU rank % device count, the failure cases are skipped (real NCCL would
-// hang in them), and a group of N ranks is skipped when there are fewer than N GPUs.
+// hang in them), and a group of N ranks is skipped, with a line saying so, when there are fewer
+// than N GPUs: real NCCL refuses two ranks of one communicator on the same device
+// (ncclCommInitRank returns ncclInvalidUsage). A communicator of one rank runs on any GPU, so the
+// collectives are also checked on one rank, which every machine can run.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -510,7 +513,7 @@ static void collectives_child(int rank, int nranks, const ncclUniqueId* id, cons
 #if EMULATION
     // Mismatched calls (rank 0 passes another count): every rank must get ncclInvalidUsage, and the
     // communicator stays failed.
-    {
+    if (nranks > 1) {
         void* b = dev_alloc(101 * 4);
         r = ncclAllReduce(b, b, rank == 0 ? 100 : 101, ncclFloat32, ncclSum, comm, 0);
         CHECK(r == ncclInvalidUsage, "rank %d: mismatched AllReduce gave %s, want invalid usage", rank,
@@ -750,9 +753,9 @@ static void abort_child(int rank, int nranks, const ncclUniqueId* id, const void
 
 // enough_gpus: on real NCCL, how many GPUs there are (asked in a child: CUDA must not be initialized
 // in the parent before it forks the ranks). On the emulation any number of ranks can run.
-static int enough_gpus(int nranks) {
+static int enough_gpus(int nranks, const char* what) {
 #if EMULATION
-    (void)nranks;
+    (void)nranks, (void)what;
     return 1;
 #else
     fflush(stdout);
@@ -765,18 +768,22 @@ static int enough_gpus(int nranks) {
     int st = 0;
     waitpid(p, &st, 0);
     int n = WIFEXITED(st) ? WEXITSTATUS(st) : 0;
-    if (n < nranks) printf("skipped: %d ranks need %d GPUs, found %d\n", nranks, nranks, n);
+    if (n < nranks)
+        printf(
+            "skipped: %s on %d ranks: real NCCL needs a GPU per rank (two ranks on one device: ncclInvalidUsage), "
+            "found %d GPU%s\n",
+            what, nranks, n, n == 1 ? "" : "s");
     return n >= nranks;
 #endif
 }
 
 static void run_collectives(int nranks, const char* chunk, const size_t* sizes, int nsizes) {
-    if (!enough_gpus(nranks)) return;
+    if (!enough_gpus(nranks, "the collectives")) return;
     CollArgs a = {chunk, sizes, nsizes};
     Report reps[MAX_FORKS];
     int st[MAX_FORKS];
     char what[64];
-    snprintf(what, sizeof what, "collectives, %d ranks", nranks);
+    snprintf(what, sizeof what, "collectives, %d rank%s", nranks, nranks == 1 ? "" : "s");
     double t0 = now_s();
     run_ranks(nranks, nranks, collectives_child, &a, 60, reps, st);
     absorb(what, nranks, reps, st, -1);
@@ -796,13 +803,15 @@ int main(void) {
     static const size_t sizes2[] = {1, 7, 1001, 40009};  // 64 KiB chunk: 40009 floats take 3 chunks
     static const size_t sizes4[] = {1, 3, 999, 5003};    // 4 KiB chunk: many chunks
     static const size_t sizes3[] = {13, 1048583};        // default 4 MiB chunk: 4 MB + 28 bytes of f32
+    static const size_t sizes1[] = {1, 1001, 40009};     // one rank: what every machine with a GPU can run
+    run_collectives(1, "65536", sizes1, 3);
     run_collectives(2, "65536", sizes2, 4);
     run_collectives(4, "4096", sizes4, 4);
     run_collectives(3, NULL, sizes3, 2);
 
     Report reps[MAX_FORKS];
     int st[MAX_FORKS];
-    if (enough_gpus(2)) {
+    if (enough_gpus(2, "two ranks as threads of one process")) {
         run_ranks(2, 1, threads_child, NULL, 30, reps, st);
         absorb("two ranks as threads", 1, reps, st, -1);
     }

@@ -252,17 +252,40 @@ static inline void __stwb(T* p, T v) {
     *p = v;
 }
 
-// Math intrinsics: the GPU's fast approximations are computed exactly here (tests need tolerances).
+// Math intrinsics (CUDA Programming Guide, "Intrinsic Functions"). The GPU's fast approximations
+// (__expf ... __powf) are computed here in double and rounded once: within their documented error
+// bounds (a test may rely on those bounds, never on these exact values). Their documented special
+// cases are kept: __fdividef(x, y) is 0 (NaN for an infinite x) for 2^126 < |y|, and __powf(x, y)
+// is exp2(y * log2(x)), so NaN for x < 0. The _rn operations are IEEE round-to-nearest, as here.
+// glibc's <math.h> declares __expf & co. (extern "C", never defined for programs), hence the
+// matching extern "C" inline definitions.
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
-static inline float __fdividef(float a, float b) { return a / b; }
-// __expf, __logf, __log2f, __exp10f, __sinf, __cosf, __tanf and __powf need no definition here:
-// glibc's <math.h> declares them (as the exact functions) under the same names.
+static inline float __fdividef(float x, float y) {
+    if (fabsf(y) > 0x1p126f) return x * copysignf(0.0f, y);  // 1/y flushes to 0: 0, or NaN for x = inf
+    return (float)((double)x / (double)y);
+}
+extern "C" inline float __expf(float x) noexcept { return (float)exp((double)x); }
+extern "C" inline float __exp10f(float x) noexcept { return (float)exp10((double)x); }
+extern "C" inline float __logf(float x) noexcept { return (float)log((double)x); }
+extern "C" inline float __log2f(float x) noexcept { return (float)log2((double)x); }
+extern "C" inline float __log10f(float x) noexcept { return (float)log10((double)x); }
+extern "C" inline float __powf(float x, float y) noexcept { return (float)exp2((double)y * log2((double)x)); }
+extern "C" inline float __sinf(float x) noexcept { return (float)sin((double)x); }
+extern "C" inline float __cosf(float x) noexcept { return (float)cos((double)x); }
+extern "C" inline float __tanf(float x) noexcept { return (float)tan((double)x); }
+extern "C" inline void __sincosf(float x, float* s, float* c) noexcept {
+    *s = (float)sin((double)x);
+    *c = (float)cos((double)x);
+}
 static inline float __frcp_rn(float x) { return 1.0f / x; }
 static inline float __fsqrt_rn(float x) { return sqrtf(x); }
+static inline float __frsqrt_rn(float x) { return (float)(1.0 / sqrt((double)x)); }
 static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __saturatef(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __saturatef(float x) { return x > 0.f ? (x < 1.f ? x : 1.f) : 0.f; }  // NaN -> 0
 static inline int __float2int_rn(float x) { return (int)nearbyintf(x); }
 static inline int __float2int_rz(float x) { return (int)x; }
 static inline unsigned __float2uint_rn(float x) { return (unsigned)nearbyintf(x); }
