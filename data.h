@@ -1235,10 +1235,25 @@ static inline int dataloader_restore(DataLoader* dl, const DataLoaderState* st) 
                         "data: the checkpoint's loader used T=%u mask_prob=%g shuffle=%u; this run has T=%u "
                         "mask_prob=%g shuffle=%u (expected the same)",
                         st->T, st->mask_prob_ppm * 1e-6, st->shuffle, mine.T, mine.mask_prob_ppm * 1e-6, mine.shuffle);
+    if (st->epoch > (1ull << 40) || st->row >= st->num_samples)  // a row holds at least one sample
+        return data_err(
+            dl->error, "data: the checkpoint's position (epoch %llu, row %llu) is not in an epoch of %llu samples",
+            (unsigned long long)st->epoch, (unsigned long long)st->row, (unsigned long long)st->num_samples);
     loader_stop(dl);
     planner_join(dl);
+    uint64_t seed = dl->cfg.seed;
     dl->cfg.seed = st->seed;
     dl->plan.epoch = dl->next_plan.epoch = -1;  // the seed may have changed
+    plan_ready(dl, (int64_t)st->epoch);
+    if (st->row >= dl->plan.num_rows) {  // the position must be a row of its epoch's plan
+        planner_join(dl);
+        dl->cfg.seed = seed;
+        dl->plan.epoch = dl->next_plan.epoch = -1;
+        loader_start(dl);
+        return data_err(
+            dl->error, "data: the checkpoint's position, row %llu of epoch %llu, is past the epoch's %llu rows",
+            (unsigned long long)st->row, (unsigned long long)st->epoch, (unsigned long long)dl->plan.num_rows);
+    }
     dl->next_epoch = (int64_t)st->epoch;
     dl->next_row = (int64_t)st->row;
     dl->failed = 0;
@@ -1371,7 +1386,8 @@ static inline int dataloader_stage(const char* pattern, const char* local_dir, i
                                    char* local_pattern, size_t cap, char* err) {
     const char* base = data_basename(pattern);
     if (snprintf(local_pattern, cap, "%s/%s", local_dir, base) >= (int)cap)
-        return data_err(err, "data: %s: staging path too long", local_dir);
+        return data_err(err, "data: staging directory of %zu characters too long (at most %zu here): %.256s...",
+                        strlen(local_dir), cap - 2 - strlen(base), local_dir);
     char marker[4096], tmp[4096 + 8], dst[4096];
     snprintf(marker, sizeof(marker), "%s/.staged-%s", local_dir, base);
     Shard* shards = NULL;

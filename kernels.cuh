@@ -93,7 +93,8 @@ __device__ inline float gelu_erf_grad(float x) {  // d/dx [x Phi(x)] = Phi(x) + 
 //                                                              padding tokens, seg_lo == seg_hi, use position 0)
 //   out[n] = (x - mean(x)) * rstd * gamma + beta,  rstd = 1 / sqrt(var(x) + eps); stats[n] = (mean, rstd)
 // Layout: one warp per token, lanes stride over C in 128-bit chunks; 4 warps per block.
-// x is not stored: the backward recomputes it from the tables.
+// x is not stored: the backward recomputes it from the tables. Data movement: out written once (128-bit); the
+// table rows are read three times by the same lanes (L1), from L2 for the small and frequently used rows.
 __global__ void embedding_layernorm_forward(floatX* out, float* stats, const int* tokens, const int* types,
                                             const int* seg_lo, const int* seg_hi, const floatX* wte, const floatX* wpe,
                                             const floatX* wtt, const floatX* gamma, const floatX* beta, int N, int T,
@@ -131,106 +132,6 @@ __global__ void embedding_layernorm_forward(floatX* out, float* stats, const int
     }
 }
 
-// LayerNorm backward of one row, shared by the LayerNorm backward kernels. With xhat = (x - mean) * rstd
-// and g = dout * gamma:  dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); the warp's columns of
-// dgamma += dout * xhat and dbeta += dout go to its own fp32 rows in shared memory (dg, db: C each).
-// X is a functor giving the 128-bit chunk of x at column i (stored, or recomputed for the embeddings).
-template <typename XF>
-__device__ inline void layernorm_backward_row(floatX* dx, const floatX* dout, XF x, float mean, float rstd,
-                                              const floatX* gamma, float* dg, float* db, int C, int lane) {
-    float s1 = 0.f, s2 = 0.f;
-    for (int i = lane * X128; i < C; i += 32 * X128) {
-        Pack128 d = load128(dout + i), g = load128(gamma + i), xv = x(i);
-        for (int k = 0; k < X128; k++) {
-            float xh = (tof(xv.v[k]) - mean) * rstd, dy = tof(d.v[k]), gg = dy * tof(g.v[k]);
-            s1 += gg;
-            s2 += gg * xh;
-            dg[i + k] += dy * xh;
-            db[i + k] += dy;
-        }
-    }
-    s1 = warp_sum(s1) / C;
-    s2 = warp_sum(s2) / C;
-    for (int i = lane * X128; i < C; i += 32 * X128) {
-        Pack128 d = load128(dout + i), g = load128(gamma + i), xv = x(i), o;
-        for (int k = 0; k < X128; k++) {
-            float xh = (tof(xv.v[k]) - mean) * rstd;
-            o.v[k] = fromf(rstd * (tof(d.v[k]) * tof(g.v[k]) - s1 - xh * s2));
-        }
-        store128(dx + i, o);
-    }
-}
-// Sums the 4 warps' shared dgamma/dbeta rows and adds them to the fp32 gradients (one atomic per column per block).
-__device__ inline void layernorm_backward_flush(float* dgamma, float* dbeta, float* sm, int C) {
-    __syncthreads();
-    for (int i = threadIdx.x; i < C; i += blockDim.x) {
-        float g = 0.f, b = 0.f;
-        for (int w = 0; w < 4; w++) {
-            g += sm[w * 2 * C + i];
-            b += sm[w * 2 * C + C + i];
-        }
-        atomicAdd(&dgamma[i], g);
-        atomicAdd(&dbeta[i], b);
-    }
-}
-
-// embedding_layernorm_backward: dx of the embedding LayerNorm (x recomputed from the three tables), then
-//   dwte[tokens[n]] += dx, dwpe[pos[n]] += dx, dwtt[types[n]] += dx  (fp32 atomics), and
-//   dgamma += sum_n dout * xhat, dbeta += sum_n dout.
-// Layout: 4 warps per block, a warp per token, blocks stride over the tokens; dynamic shared memory
-// 4 warps x 2C floats (each warp's dgamma/dbeta columns), flushed once per block. The atomics make the
-// table gradients' summation order vary from run to run (fp32, so the variation is at rounding level).
-__global__ void embedding_layernorm_backward(float* dwte, float* dwpe, float* dwtt, float* dgamma, float* dbeta,
-                                             const floatX* dout, const float* stats, const int* tokens,
-                                             const int* types, const int* seg_lo, const int* seg_hi, const floatX* wte,
-                                             const floatX* wpe, const floatX* wtt, const floatX* gamma, int N, int T,
-                                             int C) {
-    extern __shared__ __align__(16) unsigned char dyn_smem[];
-    float* sm = (float*)dyn_smem;
-    int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float* dg = sm + w * 2 * C;
-    float* db = dg + C;
-    for (int i = lane; i < 2 * C; i += 32) dg[i] = 0.f;
-    __syncwarp();
-    for (int n = blockIdx.x * 4 + w; n < N; n += gridDim.x * 4) {
-        int t = n % T, lo = seg_lo[n], pos = seg_hi[n] > lo ? t - lo : 0, tok = tokens[n], ty = types ? types[n] : 0;
-        const floatX* a = wte + (size_t)tok * C;
-        const floatX* b = wpe + (size_t)pos * C;
-        const floatX* c = wtt + (size_t)ty * C;
-        // x is recomputed in fp32 exactly as the forward summed it (unrounded)
-        float mean = stats[2 * n], rstd = stats[2 * n + 1], s1 = 0.f, s2 = 0.f;
-        const floatX* d = dout + (size_t)n * C;
-        for (int i = lane * X128; i < C; i += 32 * X128) {
-            Pack128 pa = load128(a + i), pb = load128(b + i), pc = load128(c + i), dv = load128(d + i),
-                    g = load128(gamma + i);
-            for (int k = 0; k < X128; k++) {
-                float xh = (tof(pa.v[k]) + tof(pb.v[k]) + tof(pc.v[k]) - mean) * rstd, dy = tof(dv.v[k]),
-                      gg = dy * tof(g.v[k]);
-                s1 += gg;
-                s2 += gg * xh;
-                dg[i + k] += dy * xh;
-                db[i + k] += dy;
-            }
-        }
-        s1 = warp_sum(s1) / C;
-        s2 = warp_sum(s2) / C;
-        for (int i = lane * X128; i < C; i += 32 * X128) {
-            Pack128 pa = load128(a + i), pb = load128(b + i), pc = load128(c + i), dv = load128(d + i),
-                    g = load128(gamma + i);
-            for (int k = 0; k < X128; k++) {
-                float xh = (tof(pa.v[k]) + tof(pb.v[k]) + tof(pc.v[k]) - mean) * rstd;
-                float dxk = rstd * (tof(dv.v[k]) * tof(g.v[k]) - s1 - xh * s2);
-                if (dxk != 0.f) {  // padding rows have dout = 0: no atomics for them
-                    atomicAdd(&dwte[(size_t)tok * C + i + k], dxk);
-                    atomicAdd(&dwpe[(size_t)pos * C + i + k], dxk);
-                    atomicAdd(&dwtt[(size_t)ty * C + i + k], dxk);
-                }
-            }
-        }
-    }
-    layernorm_backward_flush(dgamma, dbeta, sm, C);
-}
-
 // layernorm_row: the second half of a LayerNorm of one row, done by one warp: given the row x (C) and the
 // sum of its elements (this lane's part; each lane reads back only the chunks it summed), writes
 // out = (x - mean) * rstd * gamma + beta and stats[0..1] = (mean, rstd). Variance in a second pass, in fp32.
@@ -258,6 +159,9 @@ __device__ inline void layernorm_row(floatX* out, float* stats, const floatX* x,
 
 // residual_layernorm_forward: res = x + r (stored, rounded to floatX), out = LayerNorm(res) * gamma + beta,
 // stats = (mean, rstd) of res. Layout: one warp per row of (N, C), 4 warps per block, 128-bit chunks.
+// Data movement: x and r read once, res and out written once (128-bit); the variance and output passes re-read
+// the lanes' own chunks of res just written (L1). On an H100 at (32768, 768) bf16 it ran at 3.0 TB/s (201 MB in
+// 0.067 ms, ../shared/gpu/2026-11-23/kernel_times_bert_base_b64.txt): at memory bandwidth.
 __global__ void residual_layernorm_forward(floatX* res, floatX* out, float* stats, const floatX* x, const floatX* r,
                                            const floatX* gamma, const floatX* beta, int N, int C, float eps) {
     int n = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -276,6 +180,7 @@ __global__ void residual_layernorm_forward(floatX* res, floatX* out, float* stat
 }
 
 // layernorm_forward: out = LayerNorm(inp) * gamma + beta, stats = (mean, rstd). One warp per row of (N, C).
+// Data movement: inp read once from memory (its re-reads hit L1), out written once, 128-bit.
 __global__ void layernorm_forward(floatX* out, float* stats, const floatX* inp, const floatX* gamma, const floatX* beta,
                                   int N, int C, float eps) {
     int n = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -289,32 +194,358 @@ __global__ void layernorm_forward(floatX* out, float* stats, const floatX* inp, 
     layernorm_row(out + row, stats + 2 * n, inp + row, sum, gamma, beta, C, eps, lane);
 }
 
-// layernorm_backward: dinp = LayerNorm backward of dout at inp (the saved LayerNorm input, with its stats);
-// dgamma += sum_n dout * xhat, dbeta += sum_n dout (fp32). dinp is overwritten (for a residual LayerNorm it
-// is the gradient of both branches of the residual sum). Layout: 4 warps per block, a warp per row, blocks
-// stride over rows; dynamic shared memory 4 x 2C floats of per-warp dgamma/dbeta, one flush per block.
-__global__ void layernorm_backward(floatX* dinp, float* dgamma, float* dbeta, const floatX* dout, const floatX* inp,
-                                   const float* stats, const floatX* gamma, int N, int C) {
-    extern __shared__ __align__(16) unsigned char dyn_smem[];
-    float* sm = (float*)dyn_smem;
-    int w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    float* dg = sm + w * 2 * C;
-    for (int i = lane; i < 2 * C; i += 32) dg[i] = 0.f;
-    __syncwarp();
-    for (int n = blockIdx.x * 4 + w; n < N; n += gridDim.x * 4) {
-        const floatX* xr = inp + (size_t)n * C;
-        auto x = [&](int i) { return load128(xr + i); };
-        layernorm_backward_row(dinp + (size_t)n * C, dout + (size_t)n * C, x, stats[2 * n], stats[2 * n + 1], gamma, dg,
-                               dg + C, C, lane);
+// ---------------------------------------------------------------------------------------------
+// LayerNorm backward, deterministic. With xhat = (x - mean) * rstd and g = dout * gamma:
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),   dgamma = sum_n dout * xhat,   dbeta = sum_n dout.
+// No floating-point atomics anywhere: every sum below has an order fixed by the launch shape, so two
+// runs give the same bits (also on the CPU build, whose blocks finish in any order on several OS threads).
+//
+// Layout of the two LayerNorm backward kernels: block (cw, ny), cw = C / X128 rounded up to whole warps,
+// ny = ln_rows(C) <= LN_ROWS; thread (x, y) owns the 128-bit column chunk [x X128, x X128 + X128) of row y of
+// each group of ny rows, and blocks stride over the groups. A row's two sums (of g and g * xhat) are reduced
+// over its cw threads (warp shuffles, then the warps' sums in shared memory); each thread keeps its columns'
+// dgamma and dbeta in registers over all its rows. At the end the ny row slices are summed in shared memory
+// (dynamic, ny x 2C floats) in order y = 0.., and the block writes its partial sums part[blockIdx.x] =
+// (dgamma (C), dbeta (C)); layernorm_param_grad then sums the G blocks' partials in a fixed order.
+// Data movement per row: dout and x read once, dx written once (128-bit accesses), gamma kept in registers;
+// per block 2C floats of partials (G <= launch_grid_cap() blocks: 3 MB at C = 768, about 2% of a
+// (32768, 768) bf16 LayerNorm backward's 150 MB).
+#define LN_ROWS 4
+static inline int ln_block_x(int C) { return ceil_div(C / X128, 32) * 32; }
+static inline int ln_rows(int C) {
+    int ny = 1024 / ln_block_x(C);
+    return ny < LN_ROWS ? ny : LN_ROWS;
+}
+
+// ln_row_sum2: (a, b) summed over the cw threads of this thread's row slice (threadIdx.y), the same result
+// in every one of them. red: this call's half of a __shared__ float[2][LN_ROWS][32][2] (the halves alternate
+// between calls, so one barrier per call is enough).
+__device__ inline void ln_row_sum2(float* a, float* b, float* red) {
+    int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
+    float sa = warp_sum(*a), sb = warp_sum(*b);
+    float* r = red + threadIdx.y * 64;
+    if (lane == 0) {
+        r[2 * w] = sa;
+        r[2 * w + 1] = sb;
     }
-    layernorm_backward_flush(dgamma, dbeta, sm, C);
+    __syncthreads();
+    sa = 0.f;
+    sb = 0.f;
+    for (int i = 0; i < nw; i++) {
+        sa += r[2 * i];
+        sb += r[2 * i + 1];
+    }
+    *a = sa;
+    *b = sb;
+}
+// ln_write_partials: the block's dgamma/dbeta partials (dg, db: this thread's X128 columns) summed over its
+// row slices in order y = 0.. and written to part (2C floats: dgamma, then dbeta). sm: ny x 2C floats.
+__device__ inline void ln_write_partials(float* part, float* sm, const float* dg, const float* db, int col, int C) {
+    if (col < C)
+        for (int k = 0; k < X128; k++) {
+            sm[threadIdx.y * 2 * C + col + k] = dg[k];
+            sm[threadIdx.y * 2 * C + C + col + k] = db[k];
+        }
+    __syncthreads();
+    for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < 2 * C; i += blockDim.x * blockDim.y) {
+        float s = 0.f;
+        for (int y = 0; y < (int)blockDim.y; y++) s += sm[y * 2 * C + i];
+        part[i] = s;
+    }
+}
+
+// layernorm_backward: dinp = LayerNorm backward of dout at inp (the saved LayerNorm input, with its stats),
+// times GELU'(gelu_pre) when gelu_pre is given (the MLM head: LayerNorm(GELU(pre)), so dinp is dLoss/dpre);
+// part[b] = block b's partial (dgamma, dbeta). dinp is overwritten (for a residual LayerNorm it is the gradient
+// of both branches of the residual sum). Layout and data movement: see above (gelu_pre adds one read of it).
+__global__ void layernorm_backward(floatX* dinp, float* part, const floatX* dout, const floatX* inp, const float* stats,
+                                   const floatX* gamma, const floatX* gelu_pre, int N, int C) {
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    __shared__ float red[2][LN_ROWS][32][2];
+    int col = threadIdx.x * X128, on = col < C, it = 0;
+    float g[16 / sizeof(floatX)], dg[16 / sizeof(floatX)], db[16 / sizeof(floatX)];
+    Pack128 gp = on ? load128(gamma + col) : Pack128{};
+    for (int k = 0; k < X128; k++) {
+        g[k] = tof(gp.v[k]);
+        dg[k] = db[k] = 0.f;
+    }
+    // every thread runs the same number of iterations (rows past N count zero), so the barriers are uniform
+    for (int r0 = blockIdx.x * blockDim.y; r0 < N; r0 += gridDim.x * blockDim.y, it++) {
+        int n = r0 + threadIdx.y, ok = on && n < N;
+        float mean = n < N ? stats[2 * n] : 0.f, rstd = n < N ? stats[2 * n + 1] : 0.f, s1 = 0.f, s2 = 0.f;
+        float xh[16 / sizeof(floatX)], dy[16 / sizeof(floatX)];
+        Pack128 d = ok ? load128(dout + (size_t)n * C + col) : Pack128{},
+                x = ok ? load128(inp + (size_t)n * C + col) : Pack128{};
+        for (int k = 0; k < X128; k++) {
+            xh[k] = ok ? (tof(x.v[k]) - mean) * rstd : 0.f;
+            dy[k] = tof(d.v[k]);
+            float gg = dy[k] * g[k];
+            s1 += gg;
+            s2 += gg * xh[k];
+            dg[k] += dy[k] * xh[k];
+            db[k] += dy[k];
+        }
+        ln_row_sum2(&s1, &s2, &red[it & 1][0][0][0]);
+        s1 /= C;
+        s2 /= C;
+        if (ok) {
+            Pack128 o, pre = gelu_pre ? load128(gelu_pre + (size_t)n * C + col) : Pack128{};
+            for (int k = 0; k < X128; k++) {
+                float v = rstd * (dy[k] * g[k] - s1 - xh[k] * s2);
+                o.v[k] = fromf(gelu_pre ? v * gelu_erf_grad(tof(pre.v[k])) : v);
+            }
+            store128(dinp + (size_t)n * C + col, o);
+        }
+    }
+    ln_write_partials(part + (size_t)blockIdx.x * 2 * C, (float*)dyn_smem, dg, db, col, C);
+}
+
+// layernorm_param_grad: dgamma[i] += sum_b part[b][i] and dbeta[i] += sum_b part[b][C + i] over the G blocks'
+// partials, in a fixed order (group y sums b = y, y + 8, ... in order; then groups 0..7 in order).
+// Layout: block (32, 8): threadIdx.x a column of the 2C, threadIdx.y a group; grid ceil(2C / 32). Reads G x 2C
+// floats once (coalesced rows), writes 2C.
+__global__ void layernorm_param_grad(float* dgamma, float* dbeta, const float* part, int G, int C) {
+    __shared__ float sm[8][33];
+    int i = blockIdx.x * 32 + threadIdx.x;
+    float s = 0.f;
+    if (i < 2 * C)
+        for (int b = threadIdx.y; b < G; b += 8) s += part[(size_t)b * 2 * C + i];
+    sm[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && i < 2 * C) {
+        float t = 0.f;
+        for (int y = 0; y < 8; y++) t += sm[y][threadIdx.x];
+        if (i < C)
+            dgamma[i] += t;
+        else
+            dbeta[i - C] += t;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Embedding backward, deterministic and without atomics, in three steps:
+//   1. embedding_layernorm_backward: the LayerNorm backward of each token (x recomputed from the tables),
+//      dx (N, C) in fp32 to a scratch buffer, and 3 sort keys per token, one per table row it read:
+//      (row << 32 | n) with rows numbered word [0, V), position [V, V + P), type [V + P, ...);
+//   2. the 3N keys sorted (bitonic, sort_keys_tile / sort_keys_step): each table row's tokens become one
+//      run of consecutive entries, in increasing n. The keys are unique, so the order is unique;
+//   3. each table row's gradient is the sum of dx over its run, in that order: embedding_table_chunks sums
+//      fixed chunks of the sorted entries (a run wholly inside a chunk is added to its row right away, by
+//      its only writer), embedding_table_carries adds the pieces of the runs that cross chunk boundaries.
+// The byte vocabulary (260 rows that every block touched with fp32 atomics) and the type table (2 rows)
+// are no longer contention points: every chunk has the same number of entries whatever the row.
+
+// embedding_layernorm_backward: step 1. dx[n] = LayerNorm backward of dout[n] at x = wte[tok] + wpe[pos] +
+// wtt[type] (recomputed in fp32 exactly as the forward summed it), fp32; keys[3n + {0, 1, 2}] = the word,
+// position and type rows of token n; part[b] = block b's partial (dgamma, dbeta). Layout as layernorm_backward.
+// Data movement per token: dout read once (128-bit), the three table rows read (the word rows of a small
+// vocabulary and the position rows stay in L2), dx written once in fp32 (2 x 128-bit per chunk), 24 bytes of keys.
+__global__ void embedding_layernorm_backward(float* dx, uint64_t* keys, float* part, const floatX* dout,
+                                             const float* stats, const int* tokens, const int* types, const int* seg_lo,
+                                             const int* seg_hi, const floatX* wte, const floatX* wpe, const floatX* wtt,
+                                             const floatX* gamma, int N, int T, int C, int V, int P) {
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    __shared__ float red[2][LN_ROWS][32][2];
+    int col = threadIdx.x * X128, on = col < C, it = 0;
+    float g[16 / sizeof(floatX)], dg[16 / sizeof(floatX)], db[16 / sizeof(floatX)];
+    Pack128 gp = on ? load128(gamma + col) : Pack128{};
+    for (int k = 0; k < X128; k++) {
+        g[k] = tof(gp.v[k]);
+        dg[k] = db[k] = 0.f;
+    }
+    for (int r0 = blockIdx.x * blockDim.y; r0 < N; r0 += gridDim.x * blockDim.y, it++) {
+        int n = r0 + threadIdx.y, ok = on && n < N;
+        float mean = 0.f, rstd = 0.f, s1 = 0.f, s2 = 0.f;
+        float xh[16 / sizeof(floatX)], dy[16 / sizeof(floatX)];
+        Pack128 d = {}, pa = {}, pb = {}, pc = {};
+        if (n < N) {
+            int t = n % T, lo = seg_lo[n], pos = seg_hi[n] > lo ? t - lo : 0, tok = tokens[n],
+                ty = types ? types[n] : 0;
+            mean = stats[2 * n];
+            rstd = stats[2 * n + 1];
+            if (ok) {
+                d = load128(dout + (size_t)n * C + col);
+                pa = load128(wte + (size_t)tok * C + col);
+                pb = load128(wpe + (size_t)pos * C + col);
+                pc = load128(wtt + (size_t)ty * C + col);
+            }
+            if (threadIdx.x == 0) {
+                keys[3 * (size_t)n] = (uint64_t)tok << 32 | (uint32_t)n;
+                keys[3 * (size_t)n + 1] = (uint64_t)(V + pos) << 32 | (uint32_t)n;
+                keys[3 * (size_t)n + 2] = (uint64_t)(V + P + ty) << 32 | (uint32_t)n;
+            }
+        }
+        for (int k = 0; k < X128; k++) {
+            xh[k] = ok ? (tof(pa.v[k]) + tof(pb.v[k]) + tof(pc.v[k]) - mean) * rstd : 0.f;
+            dy[k] = tof(d.v[k]);
+            float gg = dy[k] * g[k];
+            s1 += gg;
+            s2 += gg * xh[k];
+            dg[k] += dy[k] * xh[k];
+            db[k] += dy[k];
+        }
+        ln_row_sum2(&s1, &s2, &red[it & 1][0][0][0]);
+        s1 /= C;
+        s2 /= C;
+        if (ok) {
+            float o[16 / sizeof(floatX)];
+            for (int k = 0; k < X128; k++) o[k] = rstd * (dy[k] * g[k] - s1 - xh[k] * s2);
+            for (int k = 0; k < X128; k += 4)
+                *(float4*)(dx + (size_t)n * C + col + k) = make_float4(o[k], o[k + 1], o[k + 2], o[k + 3]);
+        }
+    }
+    ln_write_partials(part + (size_t)blockIdx.x * 2 * C, (float*)dyn_smem, dg, db, col, C);
+}
+
+// Step 2: bitonic sort of n = 2^p 64-bit keys, ascending. For each k = 2, 4, .., n and each j = k/2, .., 1,
+// element i is compared with i + j (bit j of i clear) and the pair is put in ascending order when bit k of i
+// is clear, descending otherwise. Steps with j < SORT_TILE run inside tiles of SORT_TILE keys in shared
+// memory (sort_keys_tile); the others are one launch each over global memory (sort_keys_step), L2-resident.
+// 3N keys at N = 32768 tokens: 2^17 keys (1 MB), 28 launches.
+#define SORT_TILE 2048
+static inline long long sort_pow2(long long n) {  // the padded key count
+    long long p = 2;
+    while (p < n) p *= 2;
+    return p;
+}
+// sort_keys_tile: the steps k = k_lo .. k_hi (doubling), j = min(k, tile)/2 .. 1, inside tiles of tile =
+// min(n, SORT_TILE) keys. Keys at index >= n_valid are read as UINT64_MAX (the padding sorts to the end).
+// Layout: one block per tile, tile / 2 threads, one compare-exchange each per step; the tile in shared memory.
+__global__ void sort_keys_tile(uint64_t* keys, long long n_valid, long long n, long long k_lo, long long k_hi) {
+    __shared__ uint64_t s[SORT_TILE];
+    int tile = 2 * blockDim.x;
+    size_t base = (size_t)blockIdx.x * tile;
+    for (int i = threadIdx.x; i < tile; i += blockDim.x)
+        s[i] = (long long)(base + i) < n_valid ? keys[base + i] : ~0ull;
+    __syncthreads();
+    for (long long k = k_lo; k <= k_hi; k *= 2)
+        for (int j = (int)(k < tile ? k : tile) / 2; j > 0; j /= 2) {
+            int p = threadIdx.x, i = 2 * p - (p & (j - 1)), l = i + j;
+            int up = ((base + i) & (size_t)k) == 0;
+            uint64_t a = s[i], b = s[l];
+            if ((a > b) == up) {
+                s[i] = b;
+                s[l] = a;
+            }
+            __syncthreads();
+        }
+    for (int i = threadIdx.x; i < tile; i += blockDim.x) keys[base + i] = s[i];
+}
+// sort_keys_step: one step (k, j) with j >= SORT_TILE over all n keys. One thread per compare-exchange pair.
+__global__ void sort_keys_step(uint64_t* keys, long long n, long long k, long long j) {
+    long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= n / 2) return;
+    long long i = 2 * p - (p & (j - 1)), l = i + j;
+    int up = (i & k) == 0;
+    uint64_t a = keys[i], b = keys[l];
+    if ((a > b) == up) {
+        keys[i] = b;
+        keys[l] = a;
+    }
+}
+
+// Step 3. The E sorted entries are cut into chunks of K (at most EMB_CHUNKS chunks); a table row's run is
+// either inside one chunk or crosses chunk boundaries. The row numbering maps to the three fp32 tables.
+#define EMB_CHUNKS 1024
+__device__ inline float* emb_table_row(float* dwte, float* dwpe, float* dwtt, int r, int V, int P, int C) {
+    return r < V ? dwte + (size_t)r * C : r < V + P ? dwpe + (size_t)(r - V) * C : dwtt + (size_t)(r - V - P) * C;
+}
+__device__ inline int key_row(uint64_t k) { return (int)(k >> 32); }
+__device__ inline void add4(float4* a, float4 b) {
+    a->x += b.x;
+    a->y += b.y;
+    a->z += b.z;
+    a->w += b.w;
+}
+
+// embedding_table_chunks: chunk c = blockIdx.x holds the sorted entries [cK, min(cK + K, E)). Walking them in
+// order, each thread sums the fp32 dx rows of the current run over its 4 columns; when the run ends:
+//   - a run that starts and ends inside the chunk is the whole of its row's tokens: table[row] += sum
+//     (this block is the row's only writer: no atomics, and the order is the sorted order);
+//   - a run cut at the chunk's start goes to carry[2c], one cut only at its end to carry[2c + 1]
+//     (C floats each), for embedding_table_carries.
+// Layout: blockDim.x = C/4 rounded up to a warp, thread x owns columns [4x, 4x + 4). Data movement: each
+// dx row read once per table (3 times in all, 128-bit), the touched table rows read and written once.
+__global__ void embedding_table_chunks(float* dwte, float* dwpe, float* dwtt, float* carry, const uint64_t* keys,
+                                       const float* dx, int E, int K, int C, int V, int P) {
+    int c = blockIdx.x, e0 = c * K, e1 = e0 + K < E ? e0 + K : E, col = threadIdx.x * 4;
+    if (col >= C || e0 >= E) return;
+    int prev = e0 > 0 ? key_row(keys[e0 - 1]) : -1, next = e1 < E ? key_row(keys[e1]) : -1;
+    int row = key_row(keys[e0]), start = e0;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int e = e0; e <= e1; e++) {
+        int r = e < e1 ? key_row(keys[e]) : -1;
+        if (r != row) {  // the run [start, e) of row ends
+            int cut_start = start == e0 && prev == row, cut_end = e == e1 && next == row;
+            float* dst = cut_start ? carry + (size_t)2 * c * C : cut_end ? carry + (size_t)(2 * c + 1) * C : NULL;
+            if (dst)
+                *(float4*)(dst + col) = acc;
+            else {
+                float* t = emb_table_row(dwte, dwpe, dwtt, row, V, P, C) + col;
+                float4 v = *(float4*)t;
+                add4(&v, acc);
+                *(float4*)t = v;
+            }
+            acc = make_float4(0.f, 0.f, 0.f, 0.f);
+            row = r;
+            start = e;
+        }
+        if (e < e1) add4(&acc, *(const float4*)(dx + (size_t)(uint32_t)keys[e] * C + col));
+    }
+}
+
+// embedding_table_carries: the runs that cross chunk boundaries. Chunk c = blockIdx.x owns the run its last
+// entry belongs to when that run continues into chunk c + 1 and did not come from chunk c - 1; the run ends
+// in some chunk `last` (found by the block in parallel: the first chunk after c whose next entry is another
+// row). table[row] += carry[2c + 1] + (carry[2c'] for c' = c + 1 .. last), the y-th row slice of the block
+// summing c' = c + 1 + y, c + 1 + y + ny, ... and the slices then added in order y = 0..: a fixed order.
+// Layout: block (C/4 rounded up to a warp, ny), thread (x, y) owns columns [4x, 4x + 4). Data movement: each
+// carry read once (a hot row such as type 0, which every token has, spans all EMB_CHUNKS chunks: 1024 x C floats).
+__global__ void embedding_table_carries(float* dwte, float* dwpe, float* dwtt, const float* carry, const uint64_t* keys,
+                                        int E, int K, int C, int V, int P) {
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    float4* sm = (float4*)dyn_smem;  // (ny, C/4) partial sums
+    int c = blockIdx.x, e0 = c * K, e1 = e0 + K < E ? e0 + K : E, nchunks = (E + K - 1) / K;
+    if (e1 >= E) return;  // the last chunk: no run continues past it
+    int row = key_row(keys[e1 - 1]);
+    if (key_row(keys[e1]) != row) return;  // the chunk's last run ends with it
+    if (key_row(keys[e0]) == row && e0 > 0 && key_row(keys[e0 - 1]) == row) return;  // the run began earlier
+    // last: the first chunk c' > c where the run ends (its next entry is another row, or there is none)
+    int nt = blockDim.x * blockDim.y, tid = threadIdx.y * blockDim.x + threadIdx.x, last = nchunks - 1;
+    for (int base = c + 1; base < nchunks; base += nt) {
+        int cc = base + tid, ends = 1;
+        if (cc < nchunks) {
+            int ce = (cc + 1) * K;
+            ends = ce >= E || key_row(keys[ce]) != row;
+        }
+        int cont = __syncthreads_count(!ends);  // the chunks continue, then end (the keys are sorted)
+        if (cont < nt) {
+            last = base + cont;
+            break;
+        }
+    }
+    int col = threadIdx.x * 4, on = col < C;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (on)
+        for (int cc = c + 1 + threadIdx.y; cc <= last; cc += blockDim.y)
+            add4(&acc, *(const float4*)(carry + (size_t)2 * cc * C + col));
+    if (on) sm[threadIdx.y * (C / 4) + threadIdx.x] = acc;
+    __syncthreads();
+    if (on && threadIdx.y == 0) {
+        float4 s = *(const float4*)(carry + (size_t)(2 * c + 1) * C + col);
+        for (int y = 0; y < (int)blockDim.y; y++) add4(&s, sm[y * (C / 4) + threadIdx.x]);
+        float* t = emb_table_row(dwte, dwpe, dwtt, row, V, P, C) + col;
+        float4 v = *(float4*)t;
+        add4(&v, s);
+        *(float4*)t = v;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // GELU (exact, erf). cuBLASLt's GELU epilogues are the tanh approximation, so the matmuls fuse only the
 // bias and these kernels apply GELU. Layout: one thread per 128-bit chunk of n elements (n % X128 == 0).
 
-// gelu_forward: out = x * Phi(x) elementwise
+// gelu_forward: out = x * Phi(x) elementwise. Data movement: x read once, out written once (128-bit).
 __global__ void gelu_forward(floatX* out, const floatX* inp, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * X128;
     if (i >= n) return;
@@ -322,37 +553,33 @@ __global__ void gelu_forward(floatX* out, const floatX* inp, size_t n) {
     for (int k = 0; k < X128; k++) o.v[k] = fromf(gelu_erf(tof(x.v[k])));
     store128(out + i, o);
 }
-// gelu_backward_inplace: d = d * GELU'(pre) elementwise (pre: the GELU input saved by the forward)
-__global__ void gelu_backward_inplace(floatX* d, const floatX* pre, size_t n) {
+// gelu_backward: the backward of y = GELU(pre) when y itself is needed again (the weight gradient of the
+// matmul that reads it): out = GELU(pre), recomputed bit for bit as gelu_forward did, and d = d * GELU'(pre)
+// in place, both from one erf per element. Data movement: pre and d read once, out and d written once
+// (128-bit): 4 passes over (n) where a recompute then a separate backward take 5.
+__global__ void gelu_backward(floatX* out, floatX* d, const floatX* pre, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * X128;
     if (i >= n) return;
-    Pack128 g = load128(d + i), x = load128(pre + i);
-    for (int k = 0; k < X128; k++) g.v[k] = fromf(tof(g.v[k]) * gelu_erf_grad(tof(x.v[k])));
+    Pack128 x = load128(pre + i), g = load128(d + i), o;
+    for (int k = 0; k < X128; k++) {
+        float v = tof(x.v[k]), e = erff(v * 0.70710678118654752f);
+        o.v[k] = fromf(0.5f * v * (1.0f + e));
+        g.v[k] = fromf(tof(g.v[k]) * (0.5f * (1.0f + e) + v * 0.39894228040143268f * expf(-0.5f * v * v)));
+    }
+    store128(out + i, o);
     store128(d + i, g);
 }
 
-// bias_grad: dbias[j] += sum_n dout[n, j] for j < OC, dout (N, OC) with row stride ld (ld % X128 == 0).
-// Layout: block (32, 8): threadIdx.x takes a 128-bit column chunk, threadIdx.y strides over rows from
-// blockIdx.y * 8; the 8 partial sums are reduced in shared memory and added with one fp32 atomic per
-// column per block. Grid (ceil(OC / (32 X128)), row splits).
-__global__ void bias_grad(float* dbias, const floatX* dout, int N, int OC, int ld) {
-    __shared__ float part[8][32 * 8];
-    int col = (blockIdx.x * 32 + threadIdx.x) * X128;
-    float acc[16 / sizeof(floatX)];
-    for (int k = 0; k < X128; k++) acc[k] = 0.f;
-    if (col < OC)
-        for (int n = blockIdx.y * 8 + threadIdx.y; n < N; n += gridDim.y * 8) {
-            Pack128 d = load128(dout + (size_t)n * ld + col);
-            for (int k = 0; k < X128; k++) acc[k] += tof(d.v[k]);
-        }
-    for (int k = 0; k < X128; k++) part[threadIdx.y][threadIdx.x * X128 + k] = acc[k];
-    __syncthreads();
-    for (int c = threadIdx.y * 32 + threadIdx.x; c < 32 * X128; c += 256) {
-        int j = blockIdx.x * 32 * X128 + c;
-        if (j >= OC) continue;
-        float s = 0.f;
-        for (int y = 0; y < 8; y++) s += part[y][c];
-        atomicAdd(&dbias[j], s);
+// add_and_clear: dst += src, then src = 0 (n % 4 == 0, 16-byte aligned). The per-micro-step bias gradients
+// that cuBLASLt's BGRADB epilogue writes (it does not accumulate) go to a scratch copy of the gradient slab's
+// vector region; this adds them to the gradients, which accumulate over micro-steps, and leaves the scratch
+// zero, so a gradient no kernel wrote in a micro-step adds nothing. Grid-stride, 128-bit accesses.
+__global__ void add_and_clear(float* dst, float* src, size_t n) {
+    for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4; i < n;
+         i += (size_t)gridDim.x * blockDim.x * 4) {
+        float4 a = *(float4*)(dst + i), b = *(float4*)(src + i);
+        *(float4*)(dst + i) = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+        *(float4*)(src + i) = make_float4(0.f, 0.f, 0.f, 0.f);
     }
 }
 
@@ -596,7 +823,10 @@ __global__ void copy_to_floatX(floatX* dst, const float* src, size_t n) {
 // forward is D = out^T (OC x N) = op(A) B with A = W seen as (IC x OC), transposed, and B = inp as (IC x N). A plan
 // (operation descriptor, three layouts and the heuristic's algorithm) is built once per distinct shape and kept; a call
 // only sets the bias pointer. The bias is fused as the BIAS epilogue; GELU is not (cuBLASLt's GELU epilogue is the tanh
-// approximation; this model uses exact erf GELU, see gelu_forward).
+// approximation; this model uses exact erf GELU, see gelu_forward). The weight gradient also gives the bias gradient,
+// through the BGRADB epilogue (bias[j] = sum over k of op(B)[k][j]; on this layout, NT with an fp32 D and an fp32
+// bias, the real cuBLASLt 13.0 sums exactly: ../shared/gpu/2026-11-23/cublaslt_bgrad_on_trainer_layout.txt).
+enum { BLAS_EPI_NONE, BLAS_EPI_BIAS, BLAS_EPI_BGRADB };
 
 typedef struct {
     int ta, tb, m, n, k, lda, ldb, ldd, epi;
@@ -662,10 +892,13 @@ static inline MatmulPlan* blas_plan(Blas* bl, int ta, int tb, int m, int n, int 
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-    cublasLtEpilogue_t e = epi ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    cublasLtEpilogue_t e = epi == BLAS_EPI_BIAS     ? CUBLASLT_EPILOGUE_BIAS
+                           : epi == BLAS_EPI_BGRADB ? CUBLASLT_EPILOGUE_BGRADB
+                                                    : CUBLASLT_EPILOGUE_DEFAULT;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e)));
-    if (epi) {
-        cudaDataType bt = ab;  // the bias is a floatX parameter
+    if (epi != BLAS_EPI_NONE) {
+        // the bias is a floatX parameter; a bias gradient has D's type (fp32: the real library refuses mixed types)
+        cudaDataType bt = epi == BLAS_EPI_BIAS ? ab : cd;
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
     }
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, ab, ta ? k : m, ta ? m : k, lda));
@@ -697,13 +930,14 @@ static inline MatmulPlan* blas_plan(Blas* bl, int ta, int tb, int m, int n, int 
     cublasLtMatmulPreferenceDestroy(pref);
     return p;
 }
-// blas_matmul: D (m x n, column-major, ld ldd, type cd) = op(A) op(B) [+ beta C] [+ bias (m)], A and B floatX.
-// C, when given, has D's layout (it may be another buffer than D).
+// blas_matmul: D (m x n, column-major, ld ldd, type cd) = op(A) op(B) [+ beta C], A and B floatX, and with
+// epi BLAS_EPI_BIAS: + bias (m, floatX); with BLAS_EPI_BGRADB: bias (n, type cd) = the sums over k of op(B)'s
+// columns, written (not accumulated). C, when given, has D's layout (it may be another buffer than D).
 static inline void blas_matmul(Blas* bl, cudaStream_t s, int ta, int tb, int m, int n, int k, const void* A, int lda,
                                const void* B, int ldb, void* D, int ldd, cudaDataType cd, const void* C, float beta,
-                               const void* bias) {
-    MatmulPlan* p = blas_plan(bl, ta, tb, m, n, k, lda, ldb, ldd, FLOATX_CUDA, cd, bias != NULL);
-    if (bias)
+                               int epi, const void* bias) {
+    MatmulPlan* p = blas_plan(bl, ta, tb, m, n, k, lda, ldb, ldd, FLOATX_CUDA, cd, epi);
+    if (epi != BLAS_EPI_NONE)
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     float alpha = 1.f;
     CUBLAS_CHECK(cublasLtMatmul(bl->lt, p->desc, &alpha, A, p->la, B, p->lb, &beta, C ? C : D, p->ld, D, p->ld,
@@ -713,17 +947,22 @@ static inline void blas_matmul(Blas* bl, cudaStream_t s, int ta, int tb, int m, 
 // matmul_forward: out (N, OC; row stride ldo) = inp (N, IC) . W^T + bias, W (OC, IC); bias may be null.
 static inline void matmul_forward(Blas* bl, cudaStream_t s, floatX* out, int ldo, const floatX* inp, const floatX* W,
                                   const floatX* bias, int N, int IC, int OC) {
-    blas_matmul(bl, s, 1, 0, OC, N, IC, W, IC, inp, IC, out, ldo, FLOATX_CUDA, NULL, 0.f, bias);
+    blas_matmul(bl, s, 1, 0, OC, N, IC, W, IC, inp, IC, out, ldo, FLOATX_CUDA, NULL, 0.f,
+                bias ? BLAS_EPI_BIAS : BLAS_EPI_NONE, bias);
 }
 // matmul_backward_input: dinp (N, IC) = dout (N, OC; row stride ldd) . W [+ acc (N, IC)]
 static inline void matmul_backward_input(Blas* bl, cudaStream_t s, floatX* dinp, const floatX* dout, int ldd,
                                          const floatX* W, const floatX* acc, int N, int IC, int OC) {
-    blas_matmul(bl, s, 0, 0, IC, N, OC, W, IC, dout, ldd, dinp, IC, FLOATX_CUDA, acc, acc ? 1.f : 0.f, NULL);
+    blas_matmul(bl, s, 0, 0, IC, N, OC, W, IC, dout, ldd, dinp, IC, FLOATX_CUDA, acc, acc ? 1.f : 0.f, BLAS_EPI_NONE,
+                NULL);
 }
-// matmul_backward_weight: dW (OC, IC, fp32) += dout (N, OC; row stride ldd)^T . inp (N, IC)
-static inline void matmul_backward_weight(Blas* bl, cudaStream_t s, float* dW, const floatX* dout, int ldd,
-                                          const floatX* inp, int N, int IC, int OC) {
-    blas_matmul(bl, s, 0, 1, IC, OC, N, inp, IC, dout, ldd, dW, IC, CUDA_R_32F, dW, 1.f, NULL);
+// matmul_backward_weight: dW (OC, IC, fp32) += dout (N, OC; row stride ldd)^T . inp (N, IC), and when dbias is
+// given, dbias (OC, fp32) = sum_n dout[n] (the BGRADB epilogue: written, not accumulated; the caller adds it to
+// the gradients, see add_and_clear). The bias gradient costs no pass over dout of its own.
+static inline void matmul_backward_weight(Blas* bl, cudaStream_t s, float* dW, float* dbias, const floatX* dout,
+                                          int ldd, const floatX* inp, int N, int IC, int OC) {
+    blas_matmul(bl, s, 0, 1, IC, OC, N, inp, IC, dout, ldd, dW, IC, CUDA_R_32F, dW, 1.f,
+                dbias ? BLAS_EPI_BGRADB : BLAS_EPI_NONE, dbias);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -737,26 +976,91 @@ static inline void attention_opt_in(const void* kernel, size_t bytes, size_t* do
         *done = bytes;
     }
 }
-static inline void launch_layernorm_backward(cudaStream_t s, floatX* dinp, float* dgamma, float* dbeta,
+// kernel_opt_in: lets kernel use more than 48 KB of dynamic shared memory when bytes (with up to 8 KB of its
+// static shared memory) need it; done remembers what was already asked for.
+static inline void kernel_opt_in(const void* kernel, size_t bytes, size_t* done) {
+    if (bytes + 8 * 1024 > 48 * 1024 && bytes > *done) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+        *done = bytes;
+    }
+}
+
+// The scratch of the LayerNorm and embedding backward (the model's memory plan counts it with these sizes):
+static inline size_t ln_part_floats(int C) { return (size_t)launch_grid_cap() * 2 * C; }  // blocks' partials
+static inline size_t emb_keys_count(long long N) { return (size_t)sort_pow2(3 * N); }     // sort keys (uint64)
+static inline size_t emb_carry_floats(int C) { return (size_t)EMB_CHUNKS * 2 * C; }       // runs across chunks
+
+// launch_layernorm_backward: dinp (N, C) = LayerNorm backward [times GELU'(gelu_pre)], dgamma/dbeta (C) += their
+// sums over the N rows, with part (ln_part_floats(C)) as scratch.
+static inline void launch_layernorm_backward(cudaStream_t s, floatX* dinp, float* dgamma, float* dbeta, float* part,
                                              const floatX* dout, const floatX* inp, const float* stats,
-                                             const floatX* gamma, int N, int C) {
-    size_t bytes = (size_t)4 * 2 * C * sizeof(float);
-    static size_t done = 0;
-    attention_opt_in((const void*)layernorm_backward, bytes, &done);
-    int grid = ceil_div(N, 4);
+                                             const floatX* gamma, const floatX* gelu_pre, int N, int C) {
+    if (N <= 0) return;
+    int ny = ln_rows(C), grid = ceil_div(N, ny);
     if (grid > launch_grid_cap()) grid = launch_grid_cap();
-    launch(layernorm_backward, dim3(grid), dim3(128), bytes, s, dinp, dgamma, dbeta, dout, inp, stats, gamma, N, C);
+    size_t bytes = (size_t)ny * 2 * C * sizeof(float);
+    static size_t done = 0;
+    kernel_opt_in((const void*)layernorm_backward, bytes, &done);
+    launch(layernorm_backward, dim3(grid), dim3(ln_block_x(C), ny), bytes, s, dinp, part, dout, inp, stats, gamma,
+           gelu_pre, N, C);
+    launch(layernorm_param_grad, dim3(ceil_div(2 * C, 32)), dim3(32, 8), 0, s, dgamma, dbeta, (const float*)part, grid,
+           C);
 }
-static inline void launch_bias_grad(cudaStream_t s, float* dbias, const floatX* dout, int N, int OC, int ld) {
-    int gx = ceil_div(OC, 32 * X128), gy = ceil_div(N, 8 * 16);  // about 16 rows per thread
-    if (gy > 64) gy = 64;
-    launch(bias_grad, dim3(gx, gy), dim3(32, 8), 0, s, dbias, dout, N, OC, ld);
+
+// launch_sort_keys: sorts keys[0, n_valid) ascending; keys has room for sort_pow2(n_valid) (the padding sorts last).
+static inline void launch_sort_keys(cudaStream_t s, uint64_t* keys, long long n_valid) {
+    long long n = sort_pow2(n_valid);
+    int tile = n < SORT_TILE ? (int)n : SORT_TILE, blocks = (int)(n / tile);
+    launch(sort_keys_tile, dim3(blocks), dim3(tile / 2), 0, s, keys, n_valid, n, 2LL, (long long)tile);
+    for (long long k = 2 * (long long)tile; k <= n; k *= 2) {
+        for (long long j = k / 2; j >= tile; j /= 2)
+            launch(sort_keys_step, dim3(ceil_div(n / 2, 256)), dim3(256), 0, s, keys, n, k, j);
+        launch(sort_keys_tile, dim3(blocks), dim3(tile / 2), 0, s, keys, n, n, k, k);
+    }
 }
+
+// launch_embedding_backward: the backward of embedding_layernorm_forward. dwte (V, C), dwpe (P, C), dwtt (types, C),
+// dgamma, dbeta (C) += their gradients (fp32), in an order fixed by the batch. Scratch: dx (N, C) fp32, keys
+// (emb_keys_count(N)), carry (emb_carry_floats(C)), part (ln_part_floats(C)).
+static inline void launch_embedding_backward(cudaStream_t s, float* dwte, float* dwpe, float* dwtt, float* dgamma,
+                                             float* dbeta, float* dx, uint64_t* keys, float* carry, float* part,
+                                             const floatX* dout, const float* stats, const int* tokens,
+                                             const int* types, const int* seg_lo, const int* seg_hi, const floatX* wte,
+                                             const floatX* wpe, const floatX* wtt, const floatX* gamma, int N, int T,
+                                             int C, int V, int P) {
+    if (N <= 0) return;
+    int ny = ln_rows(C), grid = ceil_div(N, ny);
+    if (grid > launch_grid_cap()) grid = launch_grid_cap();
+    size_t bytes = (size_t)ny * 2 * C * sizeof(float);
+    static size_t done = 0, done_c = 0;
+    kernel_opt_in((const void*)embedding_layernorm_backward, bytes, &done);
+    launch(embedding_layernorm_backward, dim3(grid), dim3(ln_block_x(C), ny), bytes, s, dx, keys, part, dout, stats,
+           tokens, types, seg_lo, seg_hi, wte, wpe, wtt, gamma, N, T, C, V, P);
+    launch(layernorm_param_grad, dim3(ceil_div(2 * C, 32)), dim3(32, 8), 0, s, dgamma, dbeta, (const float*)part, grid,
+           C);
+    long long E = 3LL * N;
+    launch_sort_keys(s, keys, E);
+    int K = ceil_div(E, EMB_CHUNKS), chunks = ceil_div(E, K), cx = ceil_div(C / 4, 32) * 32, cy = 1024 / cx;
+    if (cy > 4) cy = 4;
+    launch(embedding_table_chunks, dim3(chunks), dim3(cx), 0, s, dwte, dwpe, dwtt, carry, (const uint64_t*)keys,
+           (const float*)dx, (int)E, K, C, V, P);
+    size_t cbytes = (size_t)cy * C * sizeof(float);
+    kernel_opt_in((const void*)embedding_table_carries, cbytes, &done_c);
+    launch(embedding_table_carries, dim3(chunks), dim3(cx, cy), cbytes, s, dwte, dwpe, dwtt, (const float*)carry,
+           (const uint64_t*)keys, (int)E, K, C, V, P);
+}
+
 static inline void launch_gelu_forward(cudaStream_t s, floatX* out, const floatX* inp, size_t n) {
     launch(gelu_forward, dim3(ceil_div((long long)(n / X128), 256)), dim3(256), 0, s, out, inp, n);
 }
-static inline void launch_gelu_backward(cudaStream_t s, floatX* d, const floatX* pre, size_t n) {
-    launch(gelu_backward_inplace, dim3(ceil_div((long long)(n / X128), 256)), dim3(256), 0, s, d, pre, n);
+// launch_gelu_backward: out = GELU(pre), d *= GELU'(pre) (n elements)
+static inline void launch_gelu_backward(cudaStream_t s, floatX* out, floatX* d, const floatX* pre, size_t n) {
+    launch(gelu_backward, dim3(ceil_div((long long)(n / X128), 256)), dim3(256), 0, s, out, d, pre, n);
+}
+static inline void launch_add_and_clear(cudaStream_t s, float* dst, float* src, size_t n) {
+    int grid = ceil_div((long long)(n / 4), 256);
+    if (grid > launch_grid_cap()) grid = launch_grid_cap();
+    if (grid > 0) launch(add_and_clear, dim3(grid), dim3(256), 0, s, dst, src, n);
 }
 
 #include "attention.cuh"  // the attention kernels and their launchers

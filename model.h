@@ -16,12 +16,14 @@
 // unit defines MLM_FP32 before including this file (the fp32 model checks gradients tightly).
 // Master weights, gradients and the AdamW moments are always fp32.
 #pragma once
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <unistd.h>
 #include "kernels.cuh"  // the kernels, launch() and the cuBLASLt wrapper the model runs
 
 // ---------------------------------------------------------------------------------------------
@@ -79,12 +81,23 @@ static inline int bert_config_check(const BertConfig* c) {
         why = "sizes must be positive";
     else if (c->hidden % c->heads)
         why = "hidden size must be a multiple of the head count";
-    else if ((c->hidden / c->heads) % 16 || c->hidden / c->heads > 128)
-        why = "head size must be a multiple of 16 and at most 128 (tensor-core attention)";
+    else if (!att_head_size_ok(c->hidden / c->heads))
+        why = "head size (hidden / heads) must be " ATT_HEAD_SIZES " (the attention kernels' instances)";
     else if (c->hidden % 8 || c->intermediate % 8)
         why = "hidden and intermediate sizes must be multiples of 8 (128-bit loads)";
+    else if (c->hidden > 4096)
+        why = "hidden size must be at most 4096 (the LayerNorm and embedding backward kernels' blocks)";
     else if (!(c->ln_eps > 0))
         why = "layer_norm_eps must be positive";
+    else if (c->vocab_size > (1 << 24) || c->max_position > (1 << 16) || c->type_vocab_size > (1 << 16) ||
+             c->hidden > (1 << 16) || c->layers > 1024 || c->intermediate > (1 << 18))
+        why =
+            "sizes beyond the limits (vocab 2^24, positions 2^16, token types 2^16, hidden 2^16, 1024 layers, "
+            "intermediate 2^18)";
+    else if (((double)c->vocab_size + c->max_position + c->type_vocab_size) * c->hidden +
+                 (double)c->layers * (4.0 * c->hidden * c->hidden + 2.0 * c->hidden * c->intermediate) >
+             2e10)
+        why = "more than 2e10 parameters (more than one GPU's memory can train)";
     if (why) fprintf(stderr, "model: unsupported configuration: %s\n", why);
     return why == NULL;
 }
@@ -278,7 +291,15 @@ typedef struct {
     size_t d_delta;  // (B, NH, T) fp32           rowsum(dO * O) for attention backward
     size_t d_h;      // (M, C) floatX             head backward
     size_t d_h2;     // (M, C) floatX
-    size_t total;    // bytes
+    // backward scratch of the deterministic reductions (no floating-point atomics; see kernels.cuh)
+    size_t ln_part;    // (launch_grid_cap(), 2C) fp32 LayerNorm backward: each block's dgamma, dbeta partials
+    size_t emb_keys;   // (sort_pow2(3BT)) u64        embedding backward: (table row << 32 | token) sort keys
+    size_t emb_carry;  // (EMB_CHUNKS, 2, C) fp32     embedding backward: pieces of rows that cross chunks
+    size_t emb_dx;     // (B, T, C) fp32              embedding backward: dLoss/dx; shares d_qkv's bytes
+                       //                             (3C floatX >= C fp32; d_qkv is free by then)
+    size_t dvec;       // (numel - n_decay) fp32      a micro-step's bias gradients, written by cuBLASLt's BGRADB
+                       //                             epilogue at the offsets they have in the slab's vector region
+    size_t total;      // bytes
     int B, T, M, Vp;
 } BertActLayout;
 
@@ -334,6 +355,14 @@ static inline size_t bert_act_layout(BertActLayout* a, const BertConfig* c, int 
     ACT(d_delta, BT * NH * 4);
     ACT(d_h, (size_t)M * C * xsize);
     ACT(d_h2, (size_t)M * C * xsize);
+    ACT(ln_part, ln_part_floats((int)C) * 4);
+    ACT(emb_keys, emb_keys_count((long long)BT) * 8);
+    ACT(emb_carry, emb_carry_floats((int)C) * 4);
+    a->emb_dx = a->d_qkv;
+    BertParams p;
+    bert_params_build(&p, c);
+    ACT(dvec, (p.numel - p.n_decay) * 4);
+    bert_params_free(&p);
 #undef ACT
     a->total = off;
     return off;
@@ -529,15 +558,25 @@ static inline void bj_skip(BertJson* j) {  // any value
     bj_number(j);
 }
 
+// bert_write_file: path holds a then b, atomically: written to path.tmp, flushed to disk, renamed over path
+// (so a crash or a full disk leaves the old file whole, or no file). Gives 1 on success.
 static inline int bert_write_file(const char* path, const void* a, size_t na, const void* b, size_t nb) {
-    FILE* f = fopen(path, "wb");
+    char tmp[4200];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+    FILE* f = fopen(tmp, "wb");
     if (!f) {
-        fprintf(stderr, "model: cannot write %s\n", path);
+        fprintf(stderr, "model: cannot write %s: %s\n", tmp, strerror(errno));
         return 0;
     }
-    int ok = fwrite(a, 1, na, f) == na && (nb == 0 || fwrite(b, 1, nb, f) == nb);
-    ok = (fclose(f) == 0) && ok;
-    if (!ok) fprintf(stderr, "model: error writing %s\n", path);
+    int ok =
+        fwrite(a, 1, na, f) == na && (nb == 0 || fwrite(b, 1, nb, f) == nb) && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int why = errno;
+    if (fclose(f) != 0 && ok) ok = 0, why = errno;
+    if (ok && rename(tmp, path) != 0) ok = 0, why = errno;
+    if (!ok) {
+        fprintf(stderr, "model: cannot write %s: %s\n", path, strerror(why));
+        unlink(tmp);
+    }
     return ok;
 }
 
@@ -564,6 +603,7 @@ static inline int bert_save_hf(const char* dir, const BertParams* p, const float
     // safetensors header
     size_t cap = 256 + (size_t)p->n * 160, len = 0, data = 0;
     char* h = (char*)malloc(cap);
+    if (!h) return 0;
     len += snprintf(h + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
     for (int i = 0; i < p->n; i++) {
         const BertTensor* t = &p->t[i];
@@ -579,6 +619,11 @@ static inline int bert_save_hf(const char* dir, const BertParams* p, const float
     len += snprintf(h + len, cap - len, "}");
     while ((8 + len) % 8) h[len++] = ' ';  // the data starts 8-byte aligned
     unsigned char* buf = (unsigned char*)malloc(8 + len + data);
+    if (!buf) {
+        fprintf(stderr, "model: out of host memory for the %zu-byte export\n", 8 + len + data);
+        free(h);
+        return 0;
+    }
     uint64_t hl = len;
     for (int b = 0; b < 8; b++) buf[b] = (unsigned char)(hl >> (8 * b));
     memcpy(buf + 8, h, len);
@@ -603,9 +648,9 @@ static inline char* bert_read_file(const char* path, size_t* size) {
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
-    char* buf = (char*)malloc((size_t)(n > 0 ? n : 0) + 1);
-    if (n < 0 || fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        fprintf(stderr, "model: cannot read %s\n", path);
+    char* buf = n < 0 ? NULL : (char*)malloc((size_t)n + 1);
+    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        fprintf(stderr, "model: cannot read %s (%ld bytes)\n", path, n);
         free(buf);
         fclose(f);
         return NULL;
@@ -646,9 +691,15 @@ static inline int bert_read_config(const char* path, BertConfig* c) {
             target = &c->max_position;
         else if (!strcmp(key, "type_vocab_size"))
             target = &c->type_vocab_size;
-        if (target)
-            *target = (int)bj_number(&j);
-        else if (!strcmp(key, "layer_norm_eps"))
+        if (target) {
+            double v = bj_number(&j);
+            if (!(v >= 0 && v <= (1 << 30) && v == (double)(long long)v)) {
+                fprintf(stderr, "model: %s: %s %g: expected an integer in [0, 2^30]\n", path, key, v);
+                ok = 0;
+                v = 0;
+            }
+            *target = (int)v;
+        } else if (!strcmp(key, "layer_norm_eps"))
             c->ln_eps = (float)bj_number(&j);
         else if (!strcmp(key, "hidden_act") || !strcmp(key, "position_embedding_type")) {
             bj_string(&j, str, sizeof(str));
@@ -734,6 +785,10 @@ static inline int bert_st_open(const char* path, BertSt* st) {
     st->data_len = n - 8 - hl;
     int cap = 64;
     st->e = (BertStEntry*)malloc(cap * sizeof(BertStEntry));
+    if (!st->e) {
+        bert_st_free(st);
+        return 0;
+    }
     BertJson j = {st->buf + 8, st->buf + 8 + hl, 0};
     char key[64];
     int ok = 1;
@@ -791,8 +846,13 @@ static inline int bert_st_open(const char* path, BertSt* st) {
         en.begin = (size_t)off[0];
         en.end = (size_t)off[1];
         if (st->n == cap) {
-            cap *= 2;
-            st->e = (BertStEntry*)realloc(st->e, cap * sizeof(BertStEntry));
+            BertStEntry* e = (BertStEntry*)realloc(st->e, 2 * cap * sizeof(BertStEntry));
+            if (!e) {
+                fprintf(stderr, "model: %s: out of host memory for %d entries\n", path, 2 * cap);
+                ok = 0;
+                break;
+            }
+            st->e = e, cap *= 2;
         }
         st->e[st->n++] = en;
     }
@@ -868,6 +928,11 @@ static inline int bert_load_hf(const char* dir, BertConfig* cfg, BertParams* p, 
     if (!bert_read_config(path, cfg)) return 0;
     bert_params_build(p, cfg);
     *w = (float*)malloc(p->numel * sizeof(float));
+    if (!*w) {
+        fprintf(stderr, "model: %s: out of host memory for %zu parameters\n", dir, p->numel);
+        bert_params_free(p);
+        return 0;
+    }
     snprintf(path, sizeof(path), "%s/model.safetensors", dir);
     if (!bert_read_safetensors(path, p, *w)) {
         free(*w);
@@ -931,7 +996,72 @@ typedef struct {
     Blas blas;
     cudaStream_t stream;
     int step;
+    struct PhaseTimer* timer;  // NULL, except under ./trainer --bench: see "Phase timing" below
 } BertModel;
+
+// Phase timing (./trainer --bench). With m->timer set, bert_forward and bert_backward (and the
+// trainer's step) record a CUDA event on the stream where each phase begins; a phase lasts until the
+// next mark, so the phases tile the step exactly. With NULL (training) nothing is recorded.
+enum {
+    PHASE_DATA,  // waiting for the loader and the batch's copy
+    PHASE_EMBED,
+    PHASE_ATTN_FWD,
+    PHASE_ATTN_BWD,
+    PHASE_MATMUL,
+    PHASE_OTHER,  // every other kernel: LayerNorm, GELU, bias gradients, the head's gathers, the loss
+    PHASE_OPTIM,  // gradient norm, AdamW, zeroing the gradients
+    PHASE_ALLREDUCE,
+    PHASE_END,  // the step's last mark: nothing after it is counted
+    PHASE_COUNT
+};
+static inline const char* phase_name(int p) {
+    static const char* names[PHASE_COUNT] = {"data wait", "embedding",     "attention forward", "attention backward",
+                                             "matmuls",   "other kernels", "optimizer",         "gradient all-reduce",
+                                             "end"};
+    return names[p];
+}
+typedef struct PhaseTimer {
+    cudaEvent_t* ev;  // (cap) events, recorded in this order
+    int* phase;       // (cap) the phase each recorded event begins
+    int n, cap, overflow;
+    double ms[PHASE_COUNT];  // accumulated by phase_timer_collect
+} PhaseTimer;
+static inline void phase_timer_init(PhaseTimer* t, int cap) {
+    memset(t, 0, sizeof(*t));
+    t->cap = cap;
+    t->ev = (cudaEvent_t*)malloc(cap * sizeof(cudaEvent_t));
+    t->phase = (int*)malloc(cap * sizeof(int));
+    for (int i = 0; i < cap; i++) CUDA_CHECK(cudaEventCreate(&t->ev[i]));
+}
+static inline void phase_timer_free(PhaseTimer* t) {
+    for (int i = 0; i < t->cap; i++) cudaEventDestroy(t->ev[i]);
+    free(t->ev);
+    free(t->phase);
+    memset(t, 0, sizeof(*t));
+}
+static inline void phase_mark(PhaseTimer* t, int phase, cudaStream_t s) {
+    if (!t) return;
+    if (t->n == t->cap) {  // phase_timer_collect reports it
+        t->overflow = 1;
+        return;
+    }
+    CUDA_CHECK(cudaEventRecord(t->ev[t->n], s));
+    t->phase[t->n++] = phase;
+}
+// phase_timer_collect: waits for the last mark, adds the time between consecutive marks to the phase
+// each one began, and starts over. Gives 0 when marks were lost (more than cap since the last collect).
+static inline int phase_timer_collect(PhaseTimer* t) {
+    if (t->n) CUDA_CHECK(cudaEventSynchronize(t->ev[t->n - 1]));
+    for (int i = 0; i + 1 < t->n; i++) {
+        float ms;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, t->ev[i], t->ev[i + 1]));
+        t->ms[t->phase[i]] += ms;
+    }
+    int ok = !t->overflow;
+    t->n = t->overflow = 0;
+    return ok;
+}
+static inline void bert_phase(const BertModel* m, int phase) { phase_mark(m->timer, phase, m->stream); }
 
 #define ACT_X(m, field) ((floatX*)((m)->acts + (m)->act.field))
 #define ACT_F(m, field) ((float*)((m)->acts + (m)->act.field))
@@ -1003,6 +1133,13 @@ static inline const floatX* bert_w(const BertModel* m, int tensor) { return m->w
 static inline float* bert_g(const BertModel* m, int tensor) { return m->grad + m->p.t[tensor].offset; }
 static inline const floatX* bert_lw(const BertModel* m, int l, int j) { return m->w + bert_layer_off(&m->p, l, j); }
 static inline float* bert_lg(const BertModel* m, int l, int j) { return m->grad + bert_layer_off(&m->p, l, j); }
+// where the BGRADB epilogue writes a bias's gradient in a micro-step (bert_backward then adds it to the gradients)
+static inline float* bert_gb(const BertModel* m, int tensor) {
+    return ACT_F(m, dvec) + (m->p.t[tensor].offset - m->p.n_decay);
+}
+static inline float* bert_lgb(const BertModel* m, int l, int j) {
+    return ACT_F(m, dvec) + (bert_layer_off(&m->p, l, j) - m->p.n_decay);
+}
 
 // bert_forward: the encoder and the MLM head on batch; the micro-batch's mean loss (over its rows with a
 // label >= 0) is left at
@@ -1017,22 +1154,31 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
         V = c->vocab_size;
     int N = B * T, Vp = m->act.Vp;
     const BertParams* p = &m->p;
+    bert_phase(m, PHASE_EMBED);
     launch(embedding_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, s, ACT_X(m, emb_out), ACT_F(m, emb_stats),
            bt->tokens, bt->types, bt->seg_lo, bt->seg_hi, bert_w(m, p->word), bert_w(m, p->pos), bert_w(m, p->type),
            bert_w(m, p->emb_ln_w), bert_w(m, p->emb_ln_b), N, T, C, c->ln_eps);
     for (int l = 0; l < c->layers; l++) {
         const floatX* x = l == 0 ? ACT_X(m, emb_out) : ACT_XL(m, ln2, l - 1);
         floatX *qkv = ACT_XL(m, qkv, l), *atty = ACT_XL(m, atty, l), *proj = ACT_X(m, proj);
+        bert_phase(m, PHASE_MATMUL);
         matmul_forward(bl, s, qkv, 3 * C, x, bert_lw(m, l, BL_QW), bert_lw(m, l, BL_QB), N, C, 3 * C);
+        bert_phase(m, PHASE_ATTN_FWD);
         launch_attention_forward(s, atty, ACT_FL(m, lse, l), qkv, bt->seg_lo, bt->seg_hi, B, T, NH, HD);
+        bert_phase(m, PHASE_MATMUL);
         matmul_forward(bl, s, proj, C, atty, bert_lw(m, l, BL_AOW), bert_lw(m, l, BL_AOB), N, C, C);
+        bert_phase(m, PHASE_OTHER);
         launch(residual_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, s, ACT_XL(m, res1, l), ACT_XL(m, ln1, l),
                ACT_FL(m, ln1_stats, l), x, (const floatX*)proj, bert_lw(m, l, BL_ALNW), bert_lw(m, l, BL_ALNB), N, C,
                c->ln_eps);
+        bert_phase(m, PHASE_MATMUL);
         matmul_forward(bl, s, ACT_XL(m, fc1, l), I, ACT_XL(m, ln1, l), bert_lw(m, l, BL_IW), bert_lw(m, l, BL_IB), N, C,
                        I);
+        bert_phase(m, PHASE_OTHER);
         launch_gelu_forward(s, ACT_X(m, gelu), ACT_XL(m, fc1, l), (size_t)N * I);
+        bert_phase(m, PHASE_MATMUL);
         matmul_forward(bl, s, proj, C, ACT_X(m, gelu), bert_lw(m, l, BL_OW), bert_lw(m, l, BL_OB), N, I, C);
+        bert_phase(m, PHASE_OTHER);
         launch(residual_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, s, ACT_XL(m, res2, l), ACT_XL(m, ln2, l),
                ACT_FL(m, ln2_stats, l), (const floatX*)ACT_XL(m, ln1, l), (const floatX*)proj, bert_lw(m, l, BL_OLNW),
                bert_lw(m, l, BL_OLNB), N, C, c->ln_eps);
@@ -1041,11 +1187,15 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
     if (M > 0) {
         launch(gather_rows, dim3(ceil_div((long long)M * C / X128, 256)), dim3(256), 0, s, ACT_X(m, h_in),
                (const floatX*)ACT_XL(m, ln2, c->layers - 1), bt->mlm_pos, M, C);
+        bert_phase(m, PHASE_MATMUL);
         matmul_forward(bl, s, ACT_X(m, h_pre), C, ACT_X(m, h_in), bert_w(m, p->head_w), bert_w(m, p->head_b), M, C, C);
+        bert_phase(m, PHASE_OTHER);
         launch_gelu_forward(s, ACT_X(m, h_act), ACT_X(m, h_pre), (size_t)M * C);
         launch(layernorm_forward, dim3(ceil_div(M, 4)), dim3(128), 0, s, ACT_X(m, h_ln), ACT_F(m, h_stats),
                (const floatX*)ACT_X(m, h_act), bert_w(m, p->head_ln_w), bert_w(m, p->head_ln_b), M, C, c->ln_eps);
+        bert_phase(m, PHASE_MATMUL);
         matmul_forward(bl, s, ACT_X(m, logits), Vp, ACT_X(m, h_ln), bert_w(m, p->word), bert_w(m, p->dec_b), M, C, V);
+        bert_phase(m, PHASE_OTHER);
         launch(cross_entropy_forward_backward, dim3(M), dim3(256), 0, s, ACT_X(m, logits), ACT_F(m, losses),
                bt->mlm_labels, M, V, Vp, dlogit_scale);
     }
@@ -1064,20 +1214,23 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
     const BertParams* p = &m->p;
     floatX *d_x = ACT_X(m, d_x), *d_res = ACT_X(m, d_res), *d_ln1 = ACT_X(m, d_ln1), *d_fc1 = ACT_X(m, d_fc1);
     floatX *d_qkv = ACT_X(m, d_qkv), *d_atty = ACT_X(m, d_atty), *gelu = ACT_X(m, gelu);
+    float* part = ACT_F(m, ln_part);  // the LayerNorm backward's partial sums
+    bert_phase(m, PHASE_OTHER);
     CUDA_CHECK(cudaMemsetAsync(d_x, 0, (size_t)N * C * sizeof(floatX), s));
     if (M > 0) {
         floatX *dlogits = ACT_X(m, logits), *d_h = ACT_X(m, d_h), *d_h2 = ACT_X(m, d_h2);
-        // decoder: logits = h_ln Wword^T + dec_b
-        matmul_backward_weight(bl, s, bert_g(m, p->word), dlogits, Vp, ACT_X(m, h_ln), M, C, V);
-        launch_bias_grad(s, bert_g(m, p->dec_b), dlogits, M, V, Vp);
+        // decoder: logits = h_ln Wword^T + dec_b (its bias gradient from the weight gradient's epilogue)
+        bert_phase(m, PHASE_MATMUL);
+        matmul_backward_weight(bl, s, bert_g(m, p->word), bert_gb(m, p->dec_b), dlogits, Vp, ACT_X(m, h_ln), M, C, V);
         matmul_backward_input(bl, s, d_h, dlogits, Vp, bert_w(m, p->word), NULL, M, C, V);
-        // head LayerNorm, GELU, dense
-        launch_layernorm_backward(s, d_h2, bert_g(m, p->head_ln_w), bert_g(m, p->head_ln_b), d_h, ACT_X(m, h_act),
-                                  ACT_F(m, h_stats), bert_w(m, p->head_ln_w), M, C);
-        launch_gelu_backward(s, d_h2, ACT_X(m, h_pre), (size_t)M * C);
-        matmul_backward_weight(bl, s, bert_g(m, p->head_w), d_h2, C, ACT_X(m, h_in), M, C, C);
-        launch_bias_grad(s, bert_g(m, p->head_b), d_h2, M, C, C);
+        // head LayerNorm and GELU in one kernel (d_h2 = dLoss/dh_pre), then the dense layer
+        bert_phase(m, PHASE_OTHER);
+        launch_layernorm_backward(s, d_h2, bert_g(m, p->head_ln_w), bert_g(m, p->head_ln_b), part, d_h, ACT_X(m, h_act),
+                                  ACT_F(m, h_stats), bert_w(m, p->head_ln_w), ACT_X(m, h_pre), M, C);
+        bert_phase(m, PHASE_MATMUL);
+        matmul_backward_weight(bl, s, bert_g(m, p->head_w), bert_gb(m, p->head_b), d_h2, C, ACT_X(m, h_in), M, C, C);
         matmul_backward_input(bl, s, d_h, d_h2, C, bert_w(m, p->head_w), NULL, M, C, C);
+        bert_phase(m, PHASE_OTHER);
         launch(scatter_rows, dim3(ceil_div((long long)M * C / X128, 256)), dim3(256), 0, s, d_x, (const floatX*)d_h,
                bt->mlm_pos, bt->mlm_labels, M, C);
     }
@@ -1085,41 +1238,46 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
         const floatX* x = l == 0 ? ACT_X(m, emb_out) : ACT_XL(m, ln2, l - 1);
         const floatX *ln1 = ACT_XL(m, ln1, l), *fc1 = ACT_XL(m, fc1, l);
         // output LayerNorm: ln2 = LN(ln1 + fc2); d_res is the gradient of both ln1 (residual) and fc2
-        launch_layernorm_backward(s, d_res, bert_lg(m, l, BL_OLNW), bert_lg(m, l, BL_OLNB), d_x, ACT_XL(m, res2, l),
-                                  ACT_FL(m, ln2_stats, l), bert_lw(m, l, BL_OLNW), N, C);
-        // fc2 = GELU(fc1) W2^T + b2 (GELU recomputed)
-        launch_gelu_forward(s, gelu, fc1, (size_t)N * I);
-        matmul_backward_weight(bl, s, bert_lg(m, l, BL_OW), d_res, C, gelu, N, I, C);
-        launch_bias_grad(s, bert_lg(m, l, BL_OB), d_res, N, C, C);
+        bert_phase(m, PHASE_OTHER);
+        launch_layernorm_backward(s, d_res, bert_lg(m, l, BL_OLNW), bert_lg(m, l, BL_OLNB), part, d_x,
+                                  ACT_XL(m, res2, l), ACT_FL(m, ln2_stats, l), bert_lw(m, l, BL_OLNW), NULL, N, C);
+        // fc2 = GELU(fc1) W2^T + b2: d_fc1 = d_res W2 first, then one pass recomputes GELU(fc1) (for W2's gradient)
+        // and applies GELU' to d_fc1
+        bert_phase(m, PHASE_MATMUL);
         matmul_backward_input(bl, s, d_fc1, d_res, C, bert_lw(m, l, BL_OW), NULL, N, I, C);
-        launch_gelu_backward(s, d_fc1, fc1, (size_t)N * I);
+        bert_phase(m, PHASE_OTHER);
+        launch_gelu_backward(s, gelu, d_fc1, fc1, (size_t)N * I);
+        bert_phase(m, PHASE_MATMUL);
+        matmul_backward_weight(bl, s, bert_lg(m, l, BL_OW), bert_lgb(m, l, BL_OB), d_res, C, gelu, N, I, C);
         // fc1 = ln1 W1^T + b1; d_ln1 = d_fc1 W1 + d_res (the residual branch)
-        matmul_backward_weight(bl, s, bert_lg(m, l, BL_IW), d_fc1, I, ln1, N, C, I);
-        launch_bias_grad(s, bert_lg(m, l, BL_IB), d_fc1, N, I, I);
+        matmul_backward_weight(bl, s, bert_lg(m, l, BL_IW), bert_lgb(m, l, BL_IB), d_fc1, I, ln1, N, C, I);
         matmul_backward_input(bl, s, d_ln1, d_fc1, I, bert_lw(m, l, BL_IW), d_res, N, C, I);
         // attention LayerNorm: ln1 = LN(x + proj)
-        launch_layernorm_backward(s, d_res, bert_lg(m, l, BL_ALNW), bert_lg(m, l, BL_ALNB), d_ln1, ACT_XL(m, res1, l),
-                                  ACT_FL(m, ln1_stats, l), bert_lw(m, l, BL_ALNW), N, C);
+        bert_phase(m, PHASE_OTHER);
+        launch_layernorm_backward(s, d_res, bert_lg(m, l, BL_ALNW), bert_lg(m, l, BL_ALNB), part, d_ln1,
+                                  ACT_XL(m, res1, l), ACT_FL(m, ln1_stats, l), bert_lw(m, l, BL_ALNW), NULL, N, C);
         // proj = atty Wo^T + bo
-        matmul_backward_weight(bl, s, bert_lg(m, l, BL_AOW), d_res, C, ACT_XL(m, atty, l), N, C, C);
-        launch_bias_grad(s, bert_lg(m, l, BL_AOB), d_res, N, C, C);
+        bert_phase(m, PHASE_MATMUL);
+        matmul_backward_weight(bl, s, bert_lg(m, l, BL_AOW), bert_lgb(m, l, BL_AOB), d_res, C, ACT_XL(m, atty, l), N, C,
+                               C);
         matmul_backward_input(bl, s, d_atty, d_res, C, bert_lw(m, l, BL_AOW), NULL, N, C, C);
+        bert_phase(m, PHASE_ATTN_BWD);
         launch_attention_backward(s, d_qkv, ACT_F(m, d_delta), d_atty, ACT_XL(m, qkv, l), ACT_XL(m, atty, l),
                                   ACT_FL(m, lse, l), bt->seg_lo, bt->seg_hi, B, T, NH, HD);
-        // qkv = x Wqkv^T + bqkv; d_x = d_qkv Wqkv + d_res (the residual branch)
-        matmul_backward_weight(bl, s, bert_lg(m, l, BL_QW), d_qkv, 3 * C, x, N, C, 3 * C);
-        launch_bias_grad(s, bert_lg(m, l, BL_QB), d_qkv, N, 3 * C, 3 * C);
+        // qkv = x Wqkv^T + bqkv (the three biases are adjacent: one (3C) bias); d_x = d_qkv Wqkv + d_res
+        bert_phase(m, PHASE_MATMUL);
+        matmul_backward_weight(bl, s, bert_lg(m, l, BL_QW), bert_lgb(m, l, BL_QB), d_qkv, 3 * C, x, N, C, 3 * C);
         matmul_backward_input(bl, s, d_x, d_qkv, 3 * C, bert_lw(m, l, BL_QW), d_res, N, C, 3 * C);
     }
-    size_t bytes = (size_t)4 * 2 * C * sizeof(float);
-    static size_t done = 0;
-    attention_opt_in((const void*)embedding_layernorm_backward, bytes, &done);
-    int grid = ceil_div(N, 4);
-    if (grid > launch_grid_cap()) grid = launch_grid_cap();
-    launch(embedding_layernorm_backward, dim3(grid), dim3(128), bytes, s, bert_g(m, p->word), bert_g(m, p->pos),
-           bert_g(m, p->type), bert_g(m, p->emb_ln_w), bert_g(m, p->emb_ln_b), (const floatX*)d_x,
-           (const float*)ACT_F(m, emb_stats), bt->tokens, bt->types, bt->seg_lo, bt->seg_hi, bert_w(m, p->word),
-           bert_w(m, p->pos), bert_w(m, p->type), bert_w(m, p->emb_ln_w), N, T, C);
+    bert_phase(m, PHASE_EMBED);
+    launch_embedding_backward(s, bert_g(m, p->word), bert_g(m, p->pos), bert_g(m, p->type), bert_g(m, p->emb_ln_w),
+                              bert_g(m, p->emb_ln_b), ACT_F(m, emb_dx), (uint64_t*)(m->acts + m->act.emb_keys),
+                              ACT_F(m, emb_carry), part, (const floatX*)d_x, (const float*)ACT_F(m, emb_stats),
+                              bt->tokens, bt->types, bt->seg_lo, bt->seg_hi, bert_w(m, p->word), bert_w(m, p->pos),
+                              bert_w(m, p->type), bert_w(m, p->emb_ln_w), N, T, C, V, c->max_position);
+    // the micro-step's bias gradients, written by the BGRADB epilogues, added to the gradients in one pass
+    bert_phase(m, PHASE_OTHER);
+    launch_add_and_clear(s, m->grad + p->n_decay, ACT_F(m, dvec), p->numel - p->n_decay);
 }
 
 // bert_grad_norm: the global L2 norm of the gradients, left at m->norm[0] (device; no host sync).

@@ -6,8 +6,10 @@
 #include "model.h"         // the BERT configuration, parameter table, memory plan, forward/backward/AdamW
 #include "data.h"          // token shards, the ring of loader threads, MLM masking
 #include "comm.h"          // rank and world size; NCCL gradient averaging
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -30,6 +32,10 @@ typedef struct {
     int loader_threads, ring_slots;
     int log_every, val_every, val_batches, ckpt_every, run_steps;
     int resume, plan_only;
+    int keep, max_bad_steps;               // checkpoints kept; consecutive non-finite steps before the run stops
+    float ckpt_minutes;                    // a checkpoint at least this often (wall clock; 0: only --ckpt-every)
+    int inf_grad[2], inf_loss[2];          // test hooks (MLM_TEST_INF_GRAD / MLM_TEST_INF_LOSS): see test_hook_env
+    int bench, bench_steps, bench_warmup;  // --bench: time the training step on synthetic data
 } Options;
 
 static void usage(void) {
@@ -53,10 +59,24 @@ static void usage(void) {
         "  --loader-threads N  threads preparing batches (default 2); --ring N slots (default 4)\n"
         "  --stage-dir DIR     copy the shards to this node-local directory first, once per node\n"
         "  --log-every N --val-every N --val-batches N --ckpt-every N   (1, 0, 20, 0: only at the end)\n"
+        "  --ckpt-minutes X    also a checkpoint when X minutes passed since the last one (default 30; 0: off)\n"
+        "  --keep K            checkpoints kept: DIR/checkpoint.bin and the K-1 before it as checkpoint-STEP.bin\n"
+        "                      (default 2); --resume takes the newest intact one (each has a CRC-32)\n"
+        "  --max-bad-steps N   a step whose loss or gradient norm is not finite is skipped (weights and AdamW\n"
+        "                      state untouched); N in a row stop the run with exit code 2 (default 3)\n"
         "  --run-steps N       stop after N steps of this run, with a checkpoint (to fit a job's time limit;\n"
         "                      --resume continues)\n"
         "  --plan-only         print the memory plan and exit\n"
-        "  --info              print the device and this process's place in the job, then exit\n");
+        "  --info              print the device and this process's place in the job, then exit\n"
+        "exit codes: 0 done or stopped by a signal with a checkpoint; 1 bad input or an error; 2 diverged;\n"
+        "  128+N a signal N (SIGTERM, SIGUSR1) before step 1: no checkpoint or export was written\n"
+        "\n"
+        "usage: trainer --bench [--preset A,B,..] [--seq T] [--batch B] [options]   (no shards needed)\n"
+        "  times the training step on synthetic packed batches and prints, for each preset (default\n"
+        "  bert-base,bert-large with the preset's vocabulary), the time per phase, tokens/s, MFU and the\n"
+        "  planner's largest micro-batch; --batch picks the micro-batch run (default: that largest one)\n"
+        "  --bench-steps N     timed steps (default 10), after --bench-warmup N untimed ones (default 3)\n"
+        "  --out DIR           needed only with several processes (the NCCL rendezvous)\n");
 }
 
 // parse_int / parse_float: the value of flag `name`, or exit with a message naming flag and value.
@@ -80,14 +100,35 @@ static float parse_float(const char* name, const char* v, double lo, double hi) 
     return (float)x;
 }
 
+// Test hooks, for tests/test_checkpoints.sh: MLM_TEST_INF_GRAD=FIRST[:COUNT] makes the gradient of steps
+// FIRST .. FIRST+COUNT-1 infinite (COUNT 0: every step from FIRST on; default 1), MLM_TEST_INF_LOSS the loss,
+// as a diverging run would. Unset: nothing happens.
+static void test_hook_env(const char* name, int h[2]) {
+    const char* v = getenv(name);
+    h[0] = h[1] = 0;
+    if (!v) return;
+    char* end;
+    long first = strtol(v, &end, 10), count = 1;
+    if (*end == ':') count = strtol(end + 1, &end, 10);
+    if (*end || first < 1 || count < 0 || first > INT_MAX || count > INT_MAX) {
+        fprintf(stderr, "trainer: %s=%s: expected FIRST[:COUNT] (steps, FIRST >= 1)\n", name, v);
+        exit(1);
+    }
+    h[0] = (int)first, h[1] = (int)count;
+}
+static int test_hook_on(const int h[2], int step) {
+    return h[0] > 0 && step >= h[0] && (h[1] == 0 || step < h[0] + h[1]);
+}
+
 static Options parse_options(int argc, char** argv) {
     Options o;
     memset(&o, 0, sizeof o);
-    o.preset = "bert-base";
+    o.bench_steps = 10, o.bench_warmup = 3;
     o.T = 512, o.grad_accum = 1, o.warmup = -1;
     o.lr = 5e-4f, o.wd = 0.01f, o.beta1 = 0.9f, o.beta2 = 0.98f, o.eps = 1e-6f, o.clip = 1.0f;
     o.seed = 1337, o.loader_threads = 2, o.ring_slots = 4;
     o.log_every = 1, o.val_batches = 20;
+    o.keep = 2, o.max_bad_steps = 3, o.ckpt_minutes = 30;
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
         if (!strcmp(a, "--resume")) {
@@ -96,6 +137,10 @@ static Options parse_options(int argc, char** argv) {
         }
         if (!strcmp(a, "--plan-only")) {
             o.plan_only = 1;
+            continue;
+        }
+        if (!strcmp(a, "--bench")) {
+            o.bench = 1;
             continue;
         }
         if (i + 1 >= argc) {
@@ -153,16 +198,30 @@ static Options parse_options(int argc, char** argv) {
             o.ckpt_every = (int)parse_int(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--run-steps"))
             o.run_steps = (int)parse_int(a, v, 1, 1 << 30);
+        else if (!strcmp(a, "--ckpt-minutes"))
+            o.ckpt_minutes = parse_float(a, v, 0, 1e6);
+        else if (!strcmp(a, "--keep"))
+            o.keep = (int)parse_int(a, v, 1, 1000);
+        else if (!strcmp(a, "--max-bad-steps"))
+            o.max_bad_steps = (int)parse_int(a, v, 1, 1 << 30);
+        else if (!strcmp(a, "--bench-steps"))
+            o.bench_steps = (int)parse_int(a, v, 1, 1 << 20);
+        else if (!strcmp(a, "--bench-warmup"))
+            o.bench_warmup = (int)parse_int(a, v, 0, 1 << 20);
         else {
             fprintf(stderr, "trainer: %s: unknown flag (see --help)\n", a);
             exit(1);
         }
     }
+    if (!o.preset) o.preset = o.bench ? "bert-base,bert-large" : "bert-base";
+    if (o.bench) return o;  // --bench needs no shards, output directory or step count
     if (!o.data || !o.out || (!o.steps && !o.plan_only)) {
         fprintf(stderr, "trainer: --data, --out and --steps are required (see --help)\n");
         exit(1);
     }
     if (o.warmup < 0) o.warmup = o.steps / 100;
+    test_hook_env("MLM_TEST_INF_GRAD", o.inf_grad);
+    test_hook_env("MLM_TEST_INF_LOSS", o.inf_loss);
     return o;
 }
 
@@ -210,22 +269,52 @@ static Plan choose_batch(const BertConfig* c, int T, int loaders, size_t free_by
 }
 
 // ----------------------------------------------------------------------------
-// Checkpoints: one file, DIR/checkpoint.bin, written to DIR/checkpoint.bin.tmp, flushed to disk and
-// renamed over the old one, so a crash at any moment leaves either the old or the new checkpoint.
+// Checkpoints. DIR/checkpoint.bin is the newest; with --keep K the K-1 before it stay beside it as
+// DIR/checkpoint-STEP.bin. A checkpoint is written to DIR/checkpoint.bin.tmp, flushed to disk, and
+// renamed over checkpoint.bin (which first gets its checkpoint-STEP.bin name as a hard link), so a
+// crash at any moment leaves every earlier checkpoint intact. The file, little-endian:
 //   header (CkptHeader) | master weights fp32 (numel) | AdamW m fp32 (numel) | AdamW v fp32 (numel)
 //   | the floatX weights (numel; bf16 mode only: stochastic rounding made them, so they are state too)
-#define CKPT_MAGIC "MLMCKPT1"
+//   | CRC-32 (zlib's) of every byte before it (u32) | 4 zero bytes
+// The CRC is computed while writing and checked before anything is loaded; then the header is checked
+// against the run (model, T, step within --steps; data.h checks the data position).
+#define CKPT_MAGIC "MLMCKPT2"
+#define CKPT_VERSION 2
+#define CKPT_CHUNK ((size_t)16 << 20)  // bytes copied, checksummed and written at a time
 typedef struct {
     char magic[8];
     uint32_t version, header_bytes;
     BertConfig cfg;
     int32_t T, step;
-    uint64_t numel;
+    int32_t x_bytes;  // sizeof(floatX) of the run that wrote it
+    int32_t reserved;
+    uint64_t numel, body_bytes;  // body: everything between the header and the CRC
     DataLoaderState data;
 } CkptHeader;
 
-static size_t ckpt_x_bytes(const BertModel* m) {  // the floatX copy, when it is not the master itself
-    return (void*)m->w == (void*)m->master ? 0 : m->p.numel * sizeof(floatX);
+// What this run knows about DIR's checkpoints, for --keep and for the truth of its messages.
+typedef struct {
+    const char* dir;
+    int keep;         // --keep: checkpoints kept, the newest included
+    int step;         // the step of the newest good checkpoint this process wrote or loaded; -1: none
+    char path[4400];  // its file
+} Ckpts;
+
+// ckpt_regions: the device buffers a checkpoint holds, in file order. Gives their number.
+static int ckpt_regions(const BertModel* m, void* dev[4], size_t bytes[4]) {
+    int k = 0;
+    dev[k] = m->master, bytes[k++] = m->p.numel * sizeof(float);
+    dev[k] = m->adam_m, bytes[k++] = m->p.numel * sizeof(float);
+    dev[k] = m->adam_v, bytes[k++] = m->p.numel * sizeof(float);
+    if ((void*)m->w != (void*)m->master) dev[k] = m->w, bytes[k++] = m->p.numel * sizeof(floatX);
+    return k;
+}
+static uint64_t ckpt_body_bytes(const BertModel* m) {
+    void* dev[4];
+    size_t bytes[4];
+    uint64_t total = 0;
+    for (int i = 0, k = ckpt_regions(m, dev, bytes); i < k; i++) total += bytes[i];
+    return total;
 }
 
 static int write_all(int fd, const void* p, size_t n) {
@@ -238,71 +327,250 @@ static int write_all(int fd, const void* p, size_t n) {
     }
     return 1;
 }
+static int read_all(int fd, void* p, size_t n) {  // 1 when all n bytes were read
+    char* c = (char*)p;
+    while (n) {
+        ssize_t r = read(fd, c, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return 0;
+        c += r, n -= (size_t)r;
+    }
+    return 1;
+}
+static void fsync_dir(const char* dir) {  // makes renames and unlinks in dir durable
+    int dfd = open(dir, O_RDONLY);
+    if (dfd >= 0) fsync(dfd), close(dfd);
+}
 
-static void save_checkpoint(const char* dir, BertModel* m, const DataLoaderState* data) {
-    char path[4096], tmp[4200];
-    snprintf(path, sizeof path, "%s/checkpoint.bin", dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    size_t n = m->p.numel, xbytes = ckpt_x_bytes(m), bytes = 3 * n * sizeof(float) + xbytes;
-    float* host = (float*)malloc(bytes);
-    CUDA_CHECK(cudaMemcpy(host, m->master, n * sizeof(float), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(host + n, m->adam_m, n * sizeof(float), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(host + 2 * n, m->adam_v, n * sizeof(float), cudaMemcpyDeviceToHost));
-    if (xbytes) CUDA_CHECK(cudaMemcpy(host + 3 * n, m->w, xbytes, cudaMemcpyDeviceToHost));
+// ckpt_prune: removes checkpoint-STEP.bin files of steps >= newest (left by a run that resumed from an
+// older checkpoint) and all but the keep-1 newest of the others.
+static void ckpt_prune(const Ckpts* ck, int newest) {
+    DIR* d = opendir(ck->dir);
+    if (!d) return;
+    int steps[1024], n = 0;
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        int s, len;
+        if (sscanf(e->d_name, "checkpoint-%d.bin%n", &s, &len) == 1 && e->d_name[len] == 0 && n < 1024) steps[n++] = s;
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++) {
+        int newer = 0;  // kept checkpoint-*.bin files newer than this one
+        for (int j = 0; j < n; j++) newer += steps[j] > steps[i] && steps[j] < newest;
+        if (steps[i] >= newest || newer >= ck->keep - 1) {
+            char p[4200];
+            snprintf(p, sizeof p, "%s/checkpoint-%d.bin", ck->dir, steps[i]);
+            unlink(p);
+        }
+    }
+    fsync_dir(ck->dir);
+}
+
+// save_checkpoint: writes DIR/checkpoint.bin as described above. Gives 1, or 0 with the reason in err
+// (the temporary file removed; every earlier checkpoint untouched).
+static int save_checkpoint(Ckpts* ck, BertModel* m, const DataLoaderState* data, char* err, size_t errlen) {
+    char path[4400], tmp[4400], old[4400];
+    snprintf(path, sizeof path, "%s/checkpoint.bin", ck->dir);
+    snprintf(tmp, sizeof tmp, "%s/checkpoint.bin.tmp", ck->dir);
     CkptHeader h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, CKPT_MAGIC, 8);
-    h.version = 1, h.header_bytes = sizeof h;
-    h.cfg = m->cfg, h.T = m->T, h.step = m->step, h.numel = n, h.data = *data;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    int ok = fd >= 0 && write_all(fd, &h, sizeof h) && write_all(fd, host, bytes) && fsync(fd) == 0;
-    if (fd >= 0 && close(fd) != 0) ok = 0;
-    if (!ok || rename(tmp, path) != 0) {
-        fprintf(stderr, "trainer: cannot write checkpoint %s: %s (the previous checkpoint is untouched)\n", tmp,
-                strerror(errno));
-        unlink(tmp);
-        exit(1);
+    h.version = CKPT_VERSION, h.header_bytes = sizeof h;
+    h.cfg = m->cfg, h.T = m->T, h.step = m->step, h.x_bytes = (int32_t)sizeof(floatX);
+    h.numel = m->p.numel, h.body_bytes = ckpt_body_bytes(m), h.data = *data;
+    unsigned char* buf = (unsigned char*)malloc(CKPT_CHUNK);
+    int fd = buf ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
+    int ok = fd >= 0 && write_all(fd, &h, sizeof h), why = buf ? errno : ENOMEM;  // why: errno of the failure
+    uint32_t crc = crc32_update(0, &h, sizeof h);
+    void* dev[4];
+    size_t bytes[4];
+    for (int r = 0, k = ckpt_regions(m, dev, bytes); ok && r < k; r++) {
+        for (size_t off = 0; ok && off < bytes[r]; off += CKPT_CHUNK) {
+            size_t n = bytes[r] - off < CKPT_CHUNK ? bytes[r] - off : CKPT_CHUNK;
+            CUDA_CHECK(cudaMemcpy(buf, (const char*)dev[r] + off, n, cudaMemcpyDeviceToHost));
+            crc = crc32_update(crc, buf, n);
+            if (!(ok = write_all(fd, buf, n))) why = errno;
+        }
+        // test hook (tests/test_checkpoints.sh): MLM_TEST_CKPT_DELAY_MS=N pauses N ms inside the write, so a
+        // kill lands while the checkpoint is half written
+        if (r == 0 && getenv("MLM_TEST_CKPT_DELAY_MS")) usleep(1000 * atoi(getenv("MLM_TEST_CKPT_DELAY_MS")));
     }
-    int dfd = open(dir, O_RDONLY);  // make the rename itself durable
-    if (dfd >= 0) fsync(dfd), close(dfd);
-    free(host);
+    uint32_t trailer[2] = {crc, 0};
+    if (ok && !(ok = write_all(fd, trailer, sizeof trailer) && fsync(fd) == 0)) why = errno;
+    if (fd >= 0 && close(fd) != 0 && ok) ok = 0, why = errno;
+    free(buf);
+    if (ok && ck->keep > 1 && ck->step >= 0 && !strcmp(ck->path, path)) {
+        // the previous checkpoint.bin keeps a name of its own; a file system without hard links renames it
+        // (for a moment there is then no checkpoint.bin: --resume takes checkpoint-STEP.bin)
+        snprintf(old, sizeof old, "%s/checkpoint-%d.bin", ck->dir, ck->step);
+        unlink(old);
+        if (link(path, old) != 0) {
+            if (rename(path, old) != 0) ok = 0, why = errno;
+            snprintf(ck->path, sizeof ck->path, "%s", old);
+        }
+    }
+    if (ok && rename(tmp, path) != 0) ok = 0, why = errno;
+    if (!ok) {
+        snprintf(err, errlen, "cannot write the checkpoint %s: %s", tmp, strerror(why));
+        unlink(tmp);
+        return 0;
+    }
+    fsync_dir(ck->dir);
+    ck->step = m->step;
+    snprintf(ck->path, sizeof ck->path, "%s", path);
+    ckpt_prune(ck, m->step);
+    return 1;
 }
 
-// load_checkpoint: restores weights, optimizer state and step into m and the data position into *data.
-static void load_checkpoint(const char* dir, BertModel* m, DataLoaderState* data) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/checkpoint.bin", dir);
-    FILE* f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "trainer: --resume: cannot open %s: %s\n", path, strerror(errno));
+// ckpt_whats_on_disk: the truth about the last good checkpoint, for messages when a run stops.
+static const char* ckpt_whats_on_disk(const Ckpts* ck, char* buf, size_t n) {
+    if (ck->step < 0)
+        snprintf(buf, n, "this run has written no checkpoint");
+    else
+        snprintf(buf, n, "the last checkpoint, %s (step %d), is intact", ck->path, ck->step);
+    return buf;
+}
+
+// ckpt_verify: 1 when path is a whole checkpoint whose CRC matches (header in *h); else 0 and why.
+static int ckpt_verify(const char* path, CkptHeader* h, char* why, size_t n) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        snprintf(why, n, "cannot open: %s", strerror(errno));
+        return 0;
+    }
+    struct stat st;
+    int ok = 0;
+    unsigned char* buf = NULL;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        snprintf(why, n, "not a regular file");
+    else if ((size_t)st.st_size < sizeof *h + 8 || !read_all(fd, h, sizeof *h))
+        snprintf(why, n, "truncated: %lld bytes, shorter than a header", (long long)st.st_size);
+    else if (memcmp(h->magic, CKPT_MAGIC, 8) || h->version != CKPT_VERSION || h->header_bytes != sizeof *h)
+        snprintf(why, n, "not an mlm.c checkpoint of version %d (magic %.8s)", CKPT_VERSION, CKPT_MAGIC);
+    else if (h->body_bytes != (uint64_t)st.st_size - sizeof *h - 8)
+        snprintf(why, n, "truncated or trailing bytes: %lld bytes, the header says %llu", (long long)st.st_size,
+                 (unsigned long long)(sizeof *h + h->body_bytes + 8));
+    else if (!(buf = (unsigned char*)malloc(CKPT_CHUNK)))
+        snprintf(why, n, "out of host memory");
+    else {
+        uint32_t crc = crc32_update(0, h, sizeof *h), trailer[2];
+        uint64_t left = h->body_bytes;
+        ok = 1;
+        while (ok && left) {
+            size_t k = left < CKPT_CHUNK ? (size_t)left : CKPT_CHUNK;
+            ok = read_all(fd, buf, k);
+            crc = crc32_update(crc, buf, k);
+            left -= k;
+        }
+        if (!ok || !read_all(fd, trailer, sizeof trailer))
+            ok = 0, snprintf(why, n, "read error: %s", strerror(errno));
+        else if (trailer[0] != crc || trailer[1] != 0)
+            ok = 0, snprintf(why, n, "checksum mismatch (stored %08x, computed %08x): corrupted", trailer[0], crc);
+    }
+    free(buf);
+    close(fd);
+    return ok;
+}
+
+// ckpt_check_run: an intact checkpoint that does not belong to this run (other model, --seq, precision,
+// or a step beyond --steps) is an error: the flags are wrong, and an older checkpoint would lose work.
+static void ckpt_check_run(const char* path, const CkptHeader* h, const BertModel* m, int steps) {
+    const char* why = NULL;
+    char buf[256];
+    if (memcmp(&h->cfg, &m->cfg, sizeof h->cfg) || h->numel != m->p.numel || h->T != m->T) {
+        snprintf(buf, sizeof buf,
+                 "saved for another model or --seq (%d layers, hidden %d, vocab %d, T %d; this run: %d, %d, %d, %d)",
+                 h->cfg.layers, h->cfg.hidden, h->cfg.vocab_size, h->T, m->cfg.layers, m->cfg.hidden, m->cfg.vocab_size,
+                 m->T);
+        why = buf;
+    } else if (h->x_bytes != (int32_t)sizeof(floatX) || h->body_bytes != ckpt_body_bytes(m)) {
+        snprintf(buf, sizeof buf, "saved by a trainer with %d-byte weights; this one is %s", h->x_bytes, FLOATX_NAME);
+        why = buf;
+    } else if (h->step < 0 || h->step > steps) {
+        snprintf(buf, sizeof buf, "its step %d is beyond --steps %d (raise --steps to train on)", h->step, steps);
+        why = buf;
+    }
+    if (why) {
+        fprintf(stderr, "trainer: --resume: %s: %s\n", path, why);
         exit(1);
     }
-    CkptHeader h;
-    size_t n = m->p.numel;
-    if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, CKPT_MAGIC, 8) || h.version != 1 ||
-        h.header_bytes != sizeof h) {
-        fprintf(stderr, "trainer: %s: not an mlm.c checkpoint of this version\n", path);
+}
+
+// ckpt_load: streams a verified checkpoint's body to the device (checking its CRC again on the way).
+static void ckpt_load(const char* path, BertModel* m, CkptHeader* h) {
+    int fd = open(path, O_RDONLY);
+    unsigned char* buf = (unsigned char*)malloc(CKPT_CHUNK);
+    int ok = fd >= 0 && buf && read_all(fd, h, sizeof *h);
+    uint32_t crc = crc32_update(0, h, sizeof *h), trailer[2] = {0, 1};
+    void* dev[4];
+    size_t bytes[4];
+    for (int r = 0, k = ckpt_regions(m, dev, bytes); ok && r < k; r++) {
+        for (size_t off = 0; ok && off < bytes[r]; off += CKPT_CHUNK) {
+            size_t n = bytes[r] - off < CKPT_CHUNK ? bytes[r] - off : CKPT_CHUNK;
+            ok = read_all(fd, buf, n);
+            crc = crc32_update(crc, buf, n);
+            if (ok) CUDA_CHECK(cudaMemcpy((char*)dev[r] + off, buf, n, cudaMemcpyHostToDevice));
+        }
+    }
+    ok = ok && read_all(fd, trailer, sizeof trailer) && trailer[0] == crc;
+    free(buf);
+    if (fd >= 0) close(fd);
+    if (!ok) {
+        fprintf(stderr, "trainer: --resume: %s changed while it was being read\n", path);
         exit(1);
     }
-    if (memcmp(&h.cfg, &m->cfg, sizeof h.cfg) || h.numel != n || h.T != m->T) {
-        fprintf(stderr, "trainer: %s: saved for another model or --seq (%d layers, hidden %d, vocab %d, T %d)\n", path,
-                h.cfg.layers, h.cfg.hidden, h.cfg.vocab_size, h.T);
-        exit(1);
+    m->step = h->step;
+}
+
+// resume_checkpoint: loads the newest intact checkpoint in ck->dir (checkpoint.bin, then checkpoint-STEP.bin
+// from the highest STEP), saying which ones it skipped and why; restores the data position into train.
+static void resume_checkpoint(Ckpts* ck, BertModel* m, DataLoader* train, int steps, int verbose) {
+    int cand[1024], n = 0;  // INT_MAX: checkpoint.bin; else the STEP of checkpoint-STEP.bin
+    cand[n++] = INT_MAX;
+    DIR* d = opendir(ck->dir);
+    struct dirent* e;
+    while (d && (e = readdir(d)) != NULL) {
+        int s, len;
+        if (sscanf(e->d_name, "checkpoint-%d.bin%n", &s, &len) == 1 && e->d_name[len] == 0 && s >= 0 && n < 1024)
+            cand[n++] = s;
     }
-    size_t xbytes = ckpt_x_bytes(m), bytes = 3 * n * sizeof(float) + xbytes;
-    float* host = (float*)malloc(bytes);
-    if (fread(host, 1, bytes, f) != bytes || fgetc(f) != EOF) {
-        fprintf(stderr, "trainer: %s: truncated or trailing bytes (expected %zu bytes of state)\n", path, bytes);
-        exit(1);
+    if (d) closedir(d);
+    char skipped[4096] = "", path[4400];
+    for (int tried = 0; tried < n; tried++) {
+        int best = -1;  // the newest candidate not yet tried
+        for (int i = 0; i < n; i++)
+            if (cand[i] != INT_MIN && (best < 0 || cand[i] > cand[best])) best = i;
+        if (cand[best] == INT_MAX)
+            snprintf(path, sizeof path, "%s/checkpoint.bin", ck->dir);
+        else
+            snprintf(path, sizeof path, "%s/checkpoint-%d.bin", ck->dir, cand[best]);
+        cand[best] = INT_MIN;
+        CkptHeader h;
+        char why[256];
+        if (!ckpt_verify(path, &h, why, sizeof why)) {
+            if (verbose) fprintf(stderr, "trainer: --resume: skipped %s: %s\n", path, why);
+            size_t len = strlen(skipped);  // the list in the final error (paths shortened to their file names)
+            const char* name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+            if (len < 3000)
+                snprintf(skipped + len, sizeof skipped - len, "%s%.64s: %.200s", len ? "; " : "", name, why);
+            continue;
+        }
+        ckpt_check_run(path, &h, m, steps);
+        ckpt_load(path, m, &h);
+        if (dataloader_restore(train, &h.data)) {
+            fprintf(stderr, "trainer: --resume: %s: %s\n", path, train->error);
+            exit(1);
+        }
+        ck->step = h.step;
+        snprintf(ck->path, sizeof ck->path, "%s", path);
+        if (verbose) {
+            printf("resumed from %s at step %d\n", path, h.step);
+            if (h.step == steps) printf("the checkpoint is at --steps %d: no step left, only the export\n", steps);
+        }
+        return;
     }
-    fclose(f);
-    bert_set_params(m, host);
-    CUDA_CHECK(cudaMemcpy(m->adam_m, host + n, n * sizeof(float), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(m->adam_v, host + 2 * n, n * sizeof(float), cudaMemcpyHostToDevice));
-    if (xbytes) CUDA_CHECK(cudaMemcpy(m->w, host + 3 * n, xbytes, cudaMemcpyHostToDevice));
-    m->step = h.step;
-    *data = h.data;
-    free(host);
+    fprintf(stderr, "trainer: --resume: no intact checkpoint in %s (%s)\n", ck->dir, skipped);
+    exit(1);
 }
 
 // ----------------------------------------------------------------------------
@@ -313,6 +581,19 @@ typedef struct {
     int pad_id, M;
     long long dropped;  // masked positions left out of the loss because a batch had more than M
 } BatchMaker;
+
+// batch_maker_alloc: the plan's maker_bytes, in one allocation; gives the 8 floats of loss sums after them.
+static float* batch_maker_alloc(BatchMaker* bm, const Plan* plan, int pad_id) {
+    memset(bm, 0, sizeof *bm);
+    bm->pad_id = pad_id, bm->M = plan->M;
+    CUDA_CHECK(cudaMalloc((void**)&bm->seg_lo, plan->maker_bytes));
+    bm->seg_hi = bm->seg_lo + (size_t)plan->B * plan->T;
+    bm->pos = bm->seg_hi + (size_t)plan->B * plan->T;
+    bm->labels = bm->pos + plan->M;
+    float* scratch = (float*)(bm->labels + plan->M);
+    CUDA_CHECK(cudaMemset(scratch, 0, 8 * sizeof(float)));
+    return scratch;
+}
 
 // make_batch: the model's view of a loader batch; *n_masked gets the rows that count in the loss.
 static BertBatch make_batch(BatchMaker* bm, const Batch* b, int B, int T, cudaStream_t s, int* n_masked) {
@@ -371,9 +652,63 @@ static float evaluate(BertModel* m, DataLoader* val, const DataLoaderState* star
 // A signal asks the run to stop cleanly: Slurm sends SIGTERM before it kills a job (scancel,
 // preemption), and `sbatch --signal=USR1@300` sends SIGUSR1 300 s before the time limit. The step
 // in progress finishes, all ranks agree on it through the step's AllReduce, and the run saves a
-// checkpoint and exits 0; --resume continues.
-static volatile sig_atomic_t stop_requested = 0;
-static void request_stop(int sig) { stop_requested = sig; }
+// checkpoint and exits 0; --resume continues. The handlers are installed first thing in main: a signal
+// before step 1 (during shard checks, loading, the NCCL rendezvous: minutes on a big job) has nothing to
+// save, and ends the process at once with exit code 128 + the signal's number, saying so.
+static volatile sig_atomic_t stop_requested = 0, training = 0;
+static void request_stop(int sig) {
+    if (!training) {
+        static const char term[] =
+            "trainer: SIGTERM before step 1: stopping; no checkpoint or export was written (exit code 143)\n";
+        static const char usr1[] =
+            "trainer: SIGUSR1 before step 1: stopping; no checkpoint or export was written (exit code 138)\n";
+        ssize_t w = sig == SIGTERM ? write(2, term, sizeof term - 1) : write(2, usr1, sizeof usr1 - 1);
+        (void)w;
+        _exit(128 + sig);
+    }
+    stop_requested = sig;
+}
+static void install_stop_handlers(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = request_stop;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;  // a stop must not fail a read or write in progress
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
+// make_out_dir: --out and its missing parents created, and a file written and removed there, so a
+// directory the run could not write fails now, not at the first checkpoint. Gives 1, or 0 after an error.
+static int make_out_dir(const char* dir) {
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p || !*p) {
+        fprintf(stderr, "trainer: --out '%s': expected a directory path (at most 4095 characters)\n", dir);
+        return 0;
+    }
+    for (char* s = p + 1;; s++) {  // mkdir -p
+        if (*s != '/' && *s) continue;
+        char c = *s;
+        *s = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "trainer: --out %s: cannot create the directory %s: %s\n", dir, p, strerror(errno));
+            return 0;
+        }
+        *s = c;
+        if (!c) break;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "trainer: --out %s: exists and is not a directory\n", dir);
+        return 0;
+    }
+    snprintf(p, sizeof p, "%s/.write_test.%d", dir, (int)getpid());
+    int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int ok = fd >= 0 && write_all(fd, "ok\n", 3) && fsync(fd) == 0, why = errno;
+    if (fd >= 0) close(fd), unlink(p);
+    if (!ok) fprintf(stderr, "trainer: --out %s: cannot write there: %s\n", dir, strerror(why));
+    return ok;
+}
 
 static float lr_at(const Options* o, int step) {  // step counts from 1
     if (step <= o->warmup) return o->lr * step / (o->warmup > 0 ? o->warmup : 1);
@@ -387,9 +722,359 @@ static double now_s(void) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
+// device_peak_tflops: the device's dense bf16 tensor-core peak in TFLOP/s, the denominator of MFU, found
+// by the start of its name (NVIDIA's datasheets; dense is half the "with sparsity" figure). 0: unknown.
+static double device_peak_tflops(const char* name) {
+    static const struct {
+        const char* prefix;
+        double tflops;
+    } peaks[] = {
+        {"NVIDIA H100 NVL", 835}, {"NVIDIA H100 PCIe", 756}, {"NVIDIA H100", 989},  // H100 SXM: "NVIDIA H100 80GB HBM3"
+        {"NVIDIA H200 NVL", 835}, {"NVIDIA H200", 989},      {"NVIDIA GH200", 989}, {"NVIDIA A100", 312},
+    };
+    for (size_t i = 0; i < sizeof peaks / sizeof peaks[0]; i++)
+        if (!strncmp(name, peaks[i].prefix, strlen(peaks[i].prefix))) return peaks[i].tflops;
+    return 0;
+}
+
+// mfu_text: "MFU 18.2% (of 989 TFLOP/s)" for a GPU sustaining flops_per_s model FLOP/s, or a note that the
+// device's peak is unknown.
+static void mfu_text(char* buf, size_t n, double flops_per_s, double peak_tflops) {
+    if (peak_tflops > 0)
+        snprintf(buf, n, "MFU %.1f%% (of %.0f TFLOP/s)", 100.0 * flops_per_s / (peak_tflops * 1e12), peak_tflops);
+    else
+        snprintf(buf, n, "MFU n/a (unknown device peak)");
+}
+
+// One optimizer step, as training and --bench run it: o->grad_accum micro-batches forward and backward,
+// the gradients averaged over ranks, their norm, AdamW; then the step's one host sync. With
+// model->timer set (--bench), each phase is marked on the stream.
+typedef struct {
+    float loss, norm;  // the mean loss per masked token over all ranks; the gradient norm
+    long long tokens;  // real tokens this rank trained on
+    double wait_ms;    // host time spent waiting for the loader threads
+    int stop;          // some rank was asked to stop (a signal): every rank stops after this step
+    int skipped;       // the loss or the gradient norm was not finite: no update was made
+} StepResult;
+
+static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Comm* comm, float* scratch,
+                             const Options* o, float lr) {
+    StepResult r;
+    memset(&r, 0, sizeof r);
+    for (int micro = 0; micro < o->grad_accum; micro++) {
+        bert_phase(m, PHASE_DATA);
+        Batch b;
+        if (dataloader_next(train, m->stream, &b)) {
+            fprintf(stderr, "trainer: %s\n", train->error);
+            exit(1);
+        }
+        r.wait_ms += b.wait_ms;
+        r.tokens += b.num_real_tokens;
+        int n_masked;
+        bert_phase(m, PHASE_OTHER);
+        BertBatch bt = make_batch(bm, &b, m->B, m->T, m->stream, &n_masked);
+        // The gradient of each micro-batch's mean loss, weighted 1/grad_accum. A micro-batch with no
+        // masked token (possible at an epoch's end) still needs a non-zero scale, so that its
+        // dlogits are written (as zeros: all its head rows are padding).
+        bert_forward(m, &bt, 1.f / ((float)(n_masked > 0 ? n_masked : 1) * o->grad_accum));
+        bert_backward(m, &bt);
+        add_loss(scratch, m, n_masked);
+    }
+    bert_phase(m, PHASE_ALLREDUCE);
+    comm_average(comm, m->grad, m->p.numel, m->stream);
+    static const float inf = INFINITY;  // the test hooks' poison
+    if (test_hook_on(o->inf_grad, m->step + 1))
+        CUDA_CHECK(cudaMemcpyAsync(m->grad, &inf, sizeof inf, cudaMemcpyHostToDevice, m->stream));
+    if (test_hook_on(o->inf_loss, m->step + 1))
+        CUDA_CHECK(cudaMemcpyAsync(scratch, &inf, sizeof inf, cudaMemcpyHostToDevice, m->stream));
+    bert_phase(m, PHASE_OPTIM);
+    bert_grad_norm(m);
+    // The one host sync of the step, before the update: the gradient norm, and over all ranks the (loss sum,
+    // masked count, stop requests) that scratch[0..2] hold. A loss or norm that is not finite skips the
+    // update: the weights and AdamW moments stay as they were (the step still counts: its batches are
+    // consumed and the schedule moves on). The norm is of the averaged gradient, so every rank agrees.
+    float stop = stop_requested ? 1.f : 0.f, h[3];
+    CUDA_CHECK(cudaMemcpyAsync(&r.norm, m->norm, sizeof r.norm, cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaMemcpyAsync(scratch + 2, &stop, sizeof stop, cudaMemcpyHostToDevice, m->stream));
+    all_ranks_sum(comm, scratch, 3, h, m->stream);
+    r.loss = h[1] > 0.f ? h[0] / h[1] : 0.f;
+    r.stop = h[2] > 0.f;
+    r.skipped = !isfinite(r.loss) || !isfinite(r.norm);
+    if (r.skipped)
+        m->step++;
+    else
+        bert_adamw_step(m, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
+    bert_zero_grad(m);
+    bert_phase(m, PHASE_END);
+    return r;
+}
+
+// ----------------------------------------------------------------------------
+// ./trainer --bench: the training step above, timed on synthetic data. For each preset: the planner's
+// largest micro-batch; a synthetic shard (random ordinary tokens in [CLS] ... [SEP] samples of realistic
+// lengths) read through the real loader, so batches are packed and masked exactly as in training;
+// warmup steps; timed steps with nothing added (tokens/s, MFU); the same number of steps again with a
+// CUDA event at each phase boundary (the time per phase). One table per preset, and one line
+// "bench-result key=value ..." for tools/bench_vs_peer.sh.
+
+// bench_write_shard: writes DIR/bench_00000.bin with at least `tokens` tokens. Documents are
+// log-normal in length (median T/4 tokens, sigma 1: mostly short, a long tail), split into samples
+// of at most T tokens, [CLS] piece [SEP], as tools/prepare.py does. Ids: pad 0, unk 1, cls 2, sep 3,
+// mask 4, then ordinary tokens. Gives 0, or -1 with err set.
+static int bench_write_shard(const char* dir, int vocab, int T, size_t tokens, uint64_t seed, char* err) {
+    if (vocab <= SHARD_NUM_SPECIAL)
+        return data_err(err, "--bench: vocabulary %d has no ordinary tokens (expected > %d)", vocab, SHARD_NUM_SPECIAL);
+    uint32_t* tok = (uint32_t*)malloc((tokens + (size_t)T) * sizeof(uint32_t));
+    size_t cap = tokens / 3 + 2, n = 0, nt = 0;  // every sample has at least 3 tokens
+    uint64_t* off = (uint64_t*)malloc((cap + 1) * sizeof(uint64_t));
+    uint64_t s = seed ^ 0xBE4C4ull;
+    off[0] = 0;
+    while (nt < tokens) {
+        double len = (T / 4.0) * exp(bert_normal(&s));
+        int doc = len < 1 ? 1 : len > 64.0 * T ? 64 * T : (int)len;
+        for (int at = 0; at < doc && nt < tokens; at += T - 2) {
+            int piece = doc - at < T - 2 ? doc - at : T - 2;
+            tok[nt++] = 2;
+            for (int j = 0; j < piece; j++)
+                tok[nt++] = SHARD_NUM_SPECIAL + rng_below(rng_next(&s), (uint32_t)(vocab - SHARD_NUM_SPECIAL));
+            tok[nt++] = 3;
+            off[++n] = nt;
+        }
+    }
+    ShardHeader h;
+    memset(&h, 0, sizeof h);
+    h.vocab_size = (uint32_t)vocab, h.token_bytes = vocab <= 65536 ? 2 : 4, h.max_len = (uint32_t)T;
+    h.pad_id = 0, h.unk_id = 1, h.cls_id = 2, h.sep_id = 3, h.mask_id = 4;
+    h.num_samples = n, h.num_tokens = nt;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/bench_00000.bin", dir);
+    int rc = shard_write(path, &h, tok, off, err);
+    free(tok);
+    free(off);
+    return rc;
+}
+
+typedef struct {
+    int B, max_B;
+    double tokens_per_s, mfu;  // mfu < 0: unknown device peak
+    double step_ms, phase_ms[PHASE_COUNT], phased_step_ms, real_fraction;
+} BenchResult;
+
+// bench_preset: runs the benchmark for one preset; gives 0, or 1 after printing why not.
+static int bench_preset(const Options* o, const char* preset, Comm* comm, const cudaDeviceProp* prop,
+                        double peak_tflops, BenchResult* res) {
+    int main_rank = comm->rank == 0, T = o->T;
+    BertConfig cfg;
+    bert_preset(preset, &cfg);  // run_bench checked the name
+    if (T > cfg.max_position) {
+        fprintf(stderr, "trainer: --bench: --seq %d is longer than %s's %d positions\n", T, preset, cfg.max_position);
+        return 1;
+    }
+    size_t free_bytes, total_bytes;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    Plan largest = choose_batch(&cfg, T, 1, free_bytes, total_bytes);
+    if (largest.total > free_bytes) largest.B = 0;  // not even B = 1 fits
+    Plan plan = o->B ? make_plan(&cfg, o->B, T, 1) : largest;
+    if (plan.B < 1 || plan.total > free_bytes) {
+        fprintf(stderr, "trainer: --bench %s: needs %.3f GiB at B=%d, T=%d but %.3f GiB are free\n", preset,
+                plan.total / (double)(1 << 30), plan.B, T, free_bytes / (double)(1 << 30));
+        return 1;
+    }
+    int B = plan.B;
+    res->B = B, res->max_B = largest.B;
+
+    // Synthetic data for every step, 10% more than the rows needed (packing leaves a few percent
+    // empty), so that no epoch ends inside the benchmark.
+    char dir[4096], err[DATA_ERR_LEN] = "";
+    const char* tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/mlm_bench_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "trainer: --bench: cannot create a temporary directory %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    size_t rows = (size_t)(o->bench_warmup + 2 * o->bench_steps) * o->grad_accum * comm->world * B;
+    size_t tokens = (size_t)(1.1 * rows * T) + 64 * (size_t)T;
+    char pattern[4200], path[4200];
+    snprintf(pattern, sizeof pattern, "%s/bench_*.bin", dir);
+    snprintf(path, sizeof path, "%s/bench_00000.bin", dir);
+    DataLoaderConfig dcfg = dataloader_default_config(pattern, B, T);
+    dcfg.rank = comm->rank, dcfg.world = comm->world, dcfg.num_threads = o->loader_threads;
+    dcfg.ring_slots = o->ring_slots, dcfg.seed = (uint64_t)o->seed, dcfg.vocab_size = cfg.vocab_size;
+    dcfg.verbose = main_rank;
+    DataLoader train;
+    int rc =
+        bench_write_shard(dir, cfg.vocab_size, T, tokens, (uint64_t)o->seed, err) ? -1 : dataloader_init(&train, &dcfg);
+    if (rc) fprintf(stderr, "trainer: --bench: %s\n", err[0] ? err : train.error);
+    unlink(path);  // the loader keeps its mapping: nothing is left on disk
+    rmdir(dir);
+    if (rc) return 1;
+
+    // The model and the batch buffers, as in training.
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreate(&stream));
+    BertModel model;
+    if (!bert_alloc(&model, &cfg, B, T, plan.M, stream)) return 1;
+    BatchMaker bm;
+    float* scratch = batch_maker_alloc(&bm, &plan, 0);
+    float* w = (float*)malloc(model.p.numel * sizeof(float));
+    bert_init_host(&model.p, w, (uint64_t)o->seed);
+    bert_set_params(&model, w);
+    free(w);
+    bert_zero_grad(&model);
+
+    for (int i = 0; i < o->bench_warmup; i++) train_step(&model, &train, &bm, comm, scratch, o, o->lr);
+    long long tokens_done = 0;
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    double t0 = now_s();
+    for (int i = 0; i < o->bench_steps; i++)
+        tokens_done += train_step(&model, &train, &bm, comm, scratch, o, o->lr).tokens;
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    double dt = now_s() - t0;
+    res->step_ms = 1e3 * dt / o->bench_steps;
+    res->tokens_per_s = comm->world * tokens_done / dt;
+    res->real_fraction = (double)tokens_done / ((double)o->bench_steps * o->grad_accum * B * T);
+    double flops_token = bert_flops_per_token(&cfg, T, 0.15).model;
+    res->mfu = peak_tflops > 0 ? res->tokens_per_s / comm->world * flops_token / (peak_tflops * 1e12) : -1;
+
+    // The same steps again, each phase between two events.
+    PhaseTimer timer;
+    phase_timer_init(&timer, o->grad_accum * (32 + 32 * cfg.layers) + 16);
+    model.timer = &timer;
+    int lost = 0;
+    t0 = now_s();
+    for (int i = 0; i < o->bench_steps; i++) {
+        train_step(&model, &train, &bm, comm, scratch, o, o->lr);
+        lost |= !phase_timer_collect(&timer);  // waits for the step's last mark
+    }
+    res->phased_step_ms = 1e3 * (now_s() - t0) / o->bench_steps;
+    for (int p = 0; p < PHASE_COUNT; p++) res->phase_ms[p] = timer.ms[p] / o->bench_steps;
+    model.timer = NULL;
+    phase_timer_free(&timer);
+    if (lost) {
+        fprintf(stderr, "trainer: --bench: more phase marks per step than events (a bug in the event count)\n");
+        return 1;
+    }
+
+    if (main_rank) {
+        double sum = 0;
+        for (int p = 0; p < PHASE_END; p++) sum += res->phase_ms[p];
+        char mfu[64];
+        mfu_text(mfu, sizeof mfu, res->tokens_per_s / comm->world * flops_token, peak_tflops);
+        printf(
+            "bench %s: T=%d, B=%d (the planner's largest: %d), %d process(es) x %d micro-batch(es) per step, %s, "
+            "%d + %d steps\n",
+            preset, T, B, largest.B, comm->world, o->grad_accum, FLOATX_NAME, o->bench_warmup, o->bench_steps);
+        printf("  %-34s %10s %7s\n", "phase (CUDA events)", "ms/step", "share");
+        for (int p = 0; p < PHASE_END; p++)
+            printf("  %-34s %10.3f %6.1f%%\n", phase_name(p), res->phase_ms[p],
+                   sum > 0 ? 100 * res->phase_ms[p] / sum : 0.0);
+        printf("  %-34s %10.3f %6.1f%%\n", "sum of phases", sum, 100.0);
+        printf("  %-34s %10.3f\n", "step with phase events (wall clock)", res->phased_step_ms);
+        printf("  %-34s %10.3f\n", "step (wall clock)", res->step_ms);
+        printf("  %-34s %10.0f  (real tokens: %.1f%% of positions)\n", "tokens/s", res->tokens_per_s,
+               100 * res->real_fraction);
+        printf("  %-34s %s\n", "MFU", peak_tflops > 0 ? mfu : "n/a: unknown dense bf16 peak for this device");
+        printf("  %-34s %10d  (plan %.3f GiB of %.3f GiB free)\n", "largest micro-batch (planner)", largest.B,
+               largest.total / (double)(1 << 30), free_bytes / (double)(1 << 30));
+        printf("bench-result preset=%s T=%d batch=%d max_batch=%d world=%d tokens_per_s=%.0f step_ms=%.3f mfu=", preset,
+               T, B, largest.B, comm->world, res->tokens_per_s, res->step_ms);
+        if (res->mfu >= 0)
+            printf("%.4f", res->mfu);
+        else
+            printf("na");
+        printf(" device=\"%s\"\n", prop->name);
+        fflush(stdout);
+    }
+    dataloader_free(&train);
+    cudaFree(bm.seg_lo);
+    bert_free(&model);
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    return 0;
+}
+
+// run_bench: --bench over the comma-separated presets of --preset.
+static int run_bench(const Options* o, Comm* comm, const cudaDeviceProp* prop) {
+    if (comm->world > 1 && !o->out) {
+        fprintf(stderr,
+                "trainer: --bench with %d processes needs --out DIR on a shared file system (the NCCL "
+                "rendezvous)\n",
+                comm->world);
+        return 1;
+    }
+    if (comm->world > 1 && mkdir(o->out, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "trainer: --out %s: cannot create the directory: %s\n", o->out, strerror(errno));
+        return 1;
+    }
+    char list[1024];
+    snprintf(list, sizeof list, "%s", o->preset);
+    for (char *save = NULL, *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+        BertConfig cfg;
+        if (!bert_preset(name, &cfg)) {  // every name is checked before the first one runs
+            fprintf(stderr, "trainer: --bench --preset %s: unknown preset %s; one of:", o->preset, name);
+            for (int i = 0; i < BERT_NUM_PRESETS; i++) fprintf(stderr, " %s", bert_presets[i].name);
+            fprintf(stderr, "\n");
+            return 1;
+        }
+    }
+    double peak = device_peak_tflops(prop->name);
+    if (comm->rank == 0) {
+        if (peak > 0)
+            printf("bench: %s, dense bf16 peak %.0f TFLOP/s\n", prop->name, peak);
+        else
+            printf("bench: %s: unknown dense bf16 peak, so no MFU\n", prop->name);
+    }
+    comm_init(comm, o->out, 600);
+    snprintf(list, sizeof list, "%s", o->preset);
+    for (char *save = NULL, *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
+        BenchResult r;
+        memset(&r, 0, sizeof r);
+        if (bench_preset(o, name, comm, prop, peak, &r)) return 1;
+    }
+    comm_free(comm);
+    return 0;
+}
+
 // ----------------------------------------------------------------------------
 
+// log_step: the step's line (every --log-every steps, the first and the last), a note when masked
+// positions were left out, and the warning for a skipped step (bad_steps: skipped ones in a row). Rank 0.
+static void log_step(const Options* o, const StepResult* r, int step, int bad_steps, double dt, int world,
+                     double flops_token, double peak_tflops, BatchMaker* bm) {
+    if (r->skipped)
+        fprintf(stderr, "trainer: step %d: loss %g, gradient norm %g: not finite; update skipped (%d in a row)\n", step,
+                r->loss, r->norm, bad_steps);
+    if (step % o->log_every == 0 || step == 1 || step == o->steps) {
+        double tps = world * r->tokens / dt;
+        char mfu[64];
+        mfu_text(mfu, sizeof mfu, tps / world * flops_token, peak_tflops);
+        printf("step %6d/%d | loss %.4f | lr %.3e | norm %.3f | %.0f ms | %.0f tok/s | %s | data wait %.1f ms\n", step,
+               o->steps, r->loss, lr_at(o, step), r->norm, dt * 1e3, tps, mfu, r->wait_ms);
+        fflush(stdout);
+    }
+    if (bm->dropped) {
+        printf("note: %lld masked positions above the cap M=%d were left out of the loss\n", bm->dropped, bm->M);
+        bm->dropped = 0;
+    }
+}
+// diverged: --max-bad-steps steps in a row were skipped: says so, and what is on disk. Gives exit code 2.
+static int diverged(const Options* o, const Ckpts* ck, int bad_steps, int main_rank) {
+    char what[4600];
+    if (main_rank)
+        fprintf(stderr, "trainer: diverged: %d steps in a row (--max-bad-steps %d); stopping, exit code 2: %s\n",
+                bad_steps, o->max_bad_steps, ckpt_whats_on_disk(ck, what, sizeof what));
+    return 2;
+}
+// checkpoint_now: saves the model and the loader's position after `step`. 0 (with the reason) on failure.
+static int checkpoint_now(Ckpts* ck, BertModel* m, DataLoader* train, int step) {
+    DataLoaderState pos = dataloader_state(train);
+    char why[4600], what[4600];
+    if (save_checkpoint(ck, m, &pos, why, sizeof why)) return 1;
+    fprintf(stderr, "trainer: step %d: %s; stopping: %s\n", step, why, ckpt_whats_on_disk(ck, what, sizeof what));
+    return 0;
+}
+
 int main(int argc, char** argv) {
+    install_stop_handlers();  // first: a stop during start-up exits cleanly (see request_stop)
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage();
         return argc < 2 ? 1 : 0;
@@ -414,11 +1099,9 @@ int main(int argc, char** argv) {
         return 0;
     }
     Options o = parse_options(argc, argv);
+    if (o.bench) return run_bench(&o, &comm, &prop);
     int main_rank = comm.rank == 0;
-    if (mkdir(o.out, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "trainer: --out %s: cannot create the directory: %s\n", o.out, strerror(errno));
-        return 1;
-    }
+    if (!make_out_dir(o.out)) return 1;
 
     // Node-local copies of the shards (the seed paper's recommendation 2).
     char train_pattern[4096], val_pattern[4096], err[DATA_ERR_LEN];
@@ -485,6 +1168,14 @@ int main(int argc, char** argv) {
     }
     if (o.plan_only) return 0;
     int B = plan.B, T = o.T;
+    void* probe;  // the plan's bytes, reserved once to prove they can be had (the free figure may promise more)
+    if (cudaMalloc(&probe, plan.total) != cudaSuccess) {
+        cudaGetLastError();
+        fprintf(stderr, "trainer: cannot allocate the %.3f GiB of device memory planned for B=%d: %s\n",
+                plan.total / (double)(1 << 30), B, o.B ? "use a smaller --batch" : "set a smaller --batch");
+        return 1;
+    }
+    CUDA_CHECK(cudaFree(probe));
 
     // Everything on the device, allocated once.
     cudaStream_t stream;
@@ -492,14 +1183,7 @@ int main(int argc, char** argv) {
     BertModel model;
     if (!bert_alloc(&model, &cfg, B, T, plan.M, stream)) return 1;
     BatchMaker bm;
-    memset(&bm, 0, sizeof bm);
-    bm.pad_id = pad_id, bm.M = plan.M;
-    CUDA_CHECK(cudaMalloc((void**)&bm.seg_lo, plan.maker_bytes));
-    bm.seg_hi = bm.seg_lo + (size_t)B * T;
-    bm.pos = bm.seg_hi + (size_t)B * T;
-    bm.labels = bm.pos + plan.M;
-    float* scratch = (float*)(bm.labels + plan.M);  // step: loss sum, count, stops [0..2]; validation [3..4]
-    CUDA_CHECK(cudaMemset(scratch, 0, 8 * sizeof(float)));
+    float* scratch = batch_maker_alloc(&bm, &plan, pad_id);  // step: loss sum, count, stops [0..2]; validation [3..4]
 
     DataLoaderConfig dcfg = dataloader_default_config(train_pattern, B, T);
     dcfg.rank = comm.rank, dcfg.world = comm.world, dcfg.num_threads = o.loader_threads;
@@ -522,19 +1206,17 @@ int main(int argc, char** argv) {
     }
 
     // Weights: from the checkpoint, from Hugging Face, or BERT's random initialisation.
+    Ckpts ck;
+    memset(&ck, 0, sizeof ck);
+    ck.dir = o.out, ck.keep = o.keep, ck.step = -1;
     if (o.resume) {
-        DataLoaderState pos;
-        load_checkpoint(o.out, &model, &pos);
-        if (dataloader_restore(&train, &pos)) {
-            fprintf(stderr, "trainer: --resume: %s\n", train.error);
+        resume_checkpoint(&ck, &model, &train, o.steps, main_rank);
+    } else {
+        if (!init_w && !(init_w = (float*)malloc(model.p.numel * sizeof(float)))) {
+            fprintf(stderr, "trainer: out of host memory for the %zu initial weights\n", model.p.numel);
             return 1;
         }
-        if (main_rank) printf("resumed from %s/checkpoint.bin at step %d\n", o.out, model.step);
-    } else {
-        if (!init_w) {
-            init_w = (float*)malloc(model.p.numel * sizeof(float));
-            bert_init_host(&model.p, init_w, (uint64_t)o.seed);
-        }
+        if (!o.init_from) bert_init_host(&model.p, init_w, (uint64_t)o.seed);
         bert_set_params(&model, init_w);
     }
     free(init_w);
@@ -547,73 +1229,34 @@ int main(int argc, char** argv) {
         printf("device memory allocated before step 1: %zu bytes (the plan: %zu bytes)\n",
                free_bytes - free_before_step1, plan.total);
 
-    double flops_token = bert_flops_per_token(&cfg, T, 0.15).model;
+    double flops_token = bert_flops_per_token(&cfg, T, 0.15).model, peak_tflops = device_peak_tflops(prop.name);
     if (main_rank)
         printf("training: %d steps of %d x %d micro-batch(es) of B=%d, T=%d (%.3g tokens per step), %s\n", o.steps,
                comm.world, o.grad_accum, B, T, (double)comm.world * o.grad_accum * B * T, FLOATX_NAME);
     int last_step = o.run_steps && model.step + o.run_steps < o.steps ? model.step + o.run_steps : o.steps;
-    signal(SIGTERM, request_stop);
-    signal(SIGUSR1, request_stop);
+    int bad_steps = 0;  // consecutive steps skipped for a loss or gradient norm that was not finite
+    double last_ckpt = now_s();
+    char what[4600];
+    training = 1;  // from here a signal finishes the step and saves a checkpoint
     while (model.step < last_step) {
         int step = model.step + 1;
-        double t0 = now_s(), wait_ms = 0;
-        float loss = 0.f;
-        long long tokens = 0;
-        for (int micro = 0; micro < o.grad_accum; micro++) {
-            Batch b;
-            if (dataloader_next(&train, stream, &b)) {
-                fprintf(stderr, "trainer: %s\n", train.error);
-                return 1;
-            }
-            wait_ms += b.wait_ms;
-            tokens += b.num_real_tokens;
-            int n_masked;
-            BertBatch bt = make_batch(&bm, &b, B, T, stream, &n_masked);
-            // The gradient of each micro-batch's mean loss, weighted 1/grad_accum. A micro-batch with no
-            // masked token (possible at an epoch's end) still needs a non-zero scale, so that its
-            // dlogits are written (as zeros: all its head rows are padding).
-            bert_forward(&model, &bt, 1.f / ((float)(n_masked > 0 ? n_masked : 1) * o.grad_accum));
-            bert_backward(&model, &bt);
-            add_loss(scratch, &model, n_masked);
-        }
-        comm_average(&comm, model.grad, model.p.numel, stream);
-        bert_grad_norm(&model);
-        bert_adamw_step(&model, lr_at(&o, step), o.beta1, o.beta2, o.eps, o.wd, o.clip);
-        bert_zero_grad(&model);
-        // The one host sync of the step: the gradient norm, and over all ranks the (loss sum, masked count,
-        // stop requests) that scratch[0..2] hold.
-        float norm, stop = stop_requested ? 1.f : 0.f, h[3];
-        CUDA_CHECK(cudaMemcpyAsync(&norm, model.norm, sizeof norm, cudaMemcpyDeviceToHost, stream));
-        CUDA_CHECK(cudaMemcpyAsync(scratch + 2, &stop, sizeof stop, cudaMemcpyHostToDevice, stream));
-        all_ranks_sum(&comm, scratch, 3, h, stream);
-        loss = h[1] > 0.f ? h[0] / h[1] : 0.f;
-        if (h[2] > 0.f) last_step = step;  // some rank got a signal: every rank stops after this step
-        double dt = now_s() - t0;
-        if (!isfinite(loss)) {
-            fprintf(stderr, "trainer: step %d: the loss is %f; stopping (the last checkpoint is intact)\n", step, loss);
-            return 1;
-        }
-        if (main_rank && (step % o.log_every == 0 || step == 1 || step == o.steps)) {
-            double tps = comm.world * tokens / dt;
-            printf(
-                "step %6d/%d | loss %.4f | lr %.3e | norm %.3f | %.0f ms | %.0f tok/s | MFU %.1f%% (of 989 TFLOP/s) "
-                "| data wait %.1f ms\n",
-                step, o.steps, loss, lr_at(&o, step), norm, dt * 1e3, tps,
-                100.0 * tps * flops_token / comm.world / 989e12, wait_ms);
-            fflush(stdout);
-        }
-        if (bm.dropped) {
-            if (main_rank)
-                printf("note: %lld masked positions above the cap M=%d were left out of the loss\n", bm.dropped, bm.M);
-            bm.dropped = 0;
-        }
+        double t0 = now_s();
+        StepResult r = train_step(&model, &train, &bm, &comm, scratch, &o, lr_at(&o, step));
+        if (r.stop) last_step = step;  // some rank got a signal: every rank stops after this step
+        bad_steps = r.skipped ? bad_steps + 1 : 0;
+        if (main_rank) log_step(&o, &r, step, bad_steps, now_s() - t0, comm.world, flops_token, peak_tflops, &bm);
+        if (bad_steps >= o.max_bad_steps) return diverged(&o, &ck, bad_steps, main_rank);
         if (o.val && o.val_every && (step % o.val_every == 0 || step == o.steps)) {
             float vl = evaluate(&model, &val, &val_start, &bm, &comm, o.val_batches, scratch + 3);
             if (main_rank) printf("step %6d | val loss %.4f (%d batches)\n", step, vl, o.val_batches);
         }
-        if (main_rank && ((o.ckpt_every && step % o.ckpt_every == 0) || step == last_step)) {
-            DataLoaderState pos = dataloader_state(&train);
-            save_checkpoint(o.out, &model, &pos);
+        // A checkpoint every --ckpt-every steps, every --ckpt-minutes, and at the end; never of a skipped step
+        // but the last (the weights are the last good ones either way).
+        int due = (o.ckpt_every && step % o.ckpt_every == 0) ||
+                  (o.ckpt_minutes > 0 && now_s() - last_ckpt >= 60.0 * o.ckpt_minutes);
+        if (main_rank && ((due && !bad_steps) || step == last_step)) {
+            if (!checkpoint_now(&ck, &model, &train, step)) return 1;
+            last_ckpt = now_s();
         }
     }
 
@@ -627,13 +1270,19 @@ int main(int argc, char** argv) {
                stop_requested ? "on a signal" : "--run-steps");
     if (main_rank && model.step == o.steps) {
         float* w = (float*)malloc(model.p.numel * sizeof(float));
-        bert_get_params(&model, w);
-        if (!bert_save_hf(o.out, &model.p, w)) {
-            fprintf(stderr, "trainer: cannot write the Hugging Face export to %s\n", o.out);
+        if (!w) {
+            fprintf(stderr, "trainer: out of host memory for the export; %s\n",
+                    ckpt_whats_on_disk(&ck, what, sizeof what));
             return 1;
         }
-        printf("saved %s/checkpoint.bin and the Hugging Face export %s/model.safetensors + config.json\n", o.out,
-               o.out);
+        bert_get_params(&model, w);
+        if (!bert_save_hf(o.out, &model.p, w)) {
+            fprintf(stderr,
+                    "trainer: cannot write the Hugging Face export to %s (any earlier export is untouched); %s\n",
+                    o.out, ckpt_whats_on_disk(&ck, what, sizeof what));
+            return 1;
+        }
+        printf("saved %s and the Hugging Face export %s/model.safetensors + config.json\n", ck.path, o.out);
         free(w);
     }
     dataloader_free(&train);

@@ -209,6 +209,43 @@ def test_check_and_errors():
             assert e.code == 1
 
 
+
+def test_bad_inputs_one_line():
+    """Every bad input: a non-zero exit and one line naming the file or flag, never a traceback."""
+    tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "prepare.py")
+    with tempfile.TemporaryDirectory() as d:
+        corpus = os.path.join(d, "in")
+        os.makedirs(corpus)
+        with open(os.path.join(corpus, "a.txt"), "w") as f:
+            f.write("alpha beta gamma\n" * 20)
+        with open(os.path.join(d, "latin1.txt"), "wb") as f:
+            f.write(b"caf\xe9 \xff\xfe\n")
+        regular = os.path.join(d, "file")
+        open(regular, "w").close()
+        cases = [
+            (["check", os.path.join(d, "none.bin")], "none.bin: no such file"),
+            (["check", os.path.join(d, "*.zzz")], "no file matches"),
+            (["check", d], "not a regular file"),
+            (["bytes", "--input", corpus, "--out", regular], f"--out {regular}: exists and is not a directory"),
+            (["bytes", "--input", corpus, "--out", os.path.join(regular, "x")], "cannot create or write"),
+            (["bytes", "--input", os.path.join(d, "missing"), "--out", os.path.join(d, "o")], "--input"),
+            (["text", "--input", corpus, "--out", os.path.join(d, "o"), "--train-vocab", "0"], "--train-vocab 0"),
+            (["text", "--input", corpus, "--out", os.path.join(d, "o"), "--tokenizer", os.path.join(d, "no.txt")],
+             "--tokenizer"),
+            (["text", "--input", corpus, "--out", os.path.join(d, "o"), "--tokenizer",
+              os.path.join(d, "latin1.txt")], "not a tokenizer.json or a UTF-8 BERT vocab.txt"),
+            (["text", "--input", corpus, os.path.join(d, "latin1.txt"), "--out", os.path.join(d, "o"),
+              "--train-vocab", "100"], "latin1.txt: not UTF-8 text"),
+        ]
+        for args, want in cases:
+            r = subprocess.run([sys.executable, tool] + args, capture_output=True, text=True)
+            out = r.stdout + r.stderr
+            assert r.returncode != 0, f"{args}: exit 0"
+            assert want in out, f"{args}: {out!r} does not say {want!r}"
+            assert "Traceback" not in out, f"{args}: a traceback"
+            assert len([ln for ln in r.stderr.splitlines() if ln.startswith("prepare.py:")]) <= 1, f"{args}: {r.stderr}"
+
+
 if __name__ == "__main__":
     passed = failed = 0
     for name, fn in sorted((n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)):

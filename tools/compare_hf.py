@@ -8,17 +8,37 @@ with the ones our model computed on the same batch. Not part of CI (needs PyTorc
   MLM_IMPORT_DIR=/tmp/mlm_export/hf_saved build/test_model_fp32   # reads transformers' own save back
 
 The export is loaded with BertForMaskedLM.from_pretrained (so names, shapes, the tied decoder and the
-config must all be what transformers expects). Packed rows are given to it as a 3-D attention mask
-(token i sees key j iff both are in the same sample) and position ids that restart at each sample, which
-BertModel accepts; padding tokens get an all-zero mask row and are not compared (only masked rows are).
+config must all be what transformers expects), with eager attention. Packed rows are given to it as an
+attention mask in which token i sees key j iff both are in the same sample, and position ids that restart
+at each sample. transformers 4.x takes that mask as 3-D (B, T, T) of 1/0; 5.x rejects a 3-D mask and takes
+a 4-D additive float mask (B, 1, T, T): 0 where allowed, the float32 minimum elsewhere (packed_attention_mask).
+Padding tokens see nothing and are not compared (only masked rows are).
 """
 import struct, sys
 import numpy as np
-import torch
-from transformers import BertForMaskedLM
+
+
+def packed_attention_mask(lo, hi, transformers_major):
+    """The attention mask of packed rows: token (b, i) sees key j iff lo[b, i] <= j < hi[b, i] (its own
+    sample; padding has lo == hi and sees nothing). lo, hi: (B, T) int arrays.
+    transformers 4.x: (B, T, T) int64, 1 allowed, 0 not (BertModel makes it additive itself).
+    transformers 5.x and later: (B, 1, T, T) float32, 0 allowed, np.finfo(np.float32).min not, used as is."""
+    T = lo.shape[1]
+    j = np.arange(T)[None, None, :]
+    allowed = (j >= lo[:, :, None]) & (j < hi[:, :, None])  # (B, T, T)
+    if transformers_major < 5:
+        return allowed.astype(np.int64)
+    return np.where(allowed, np.float32(0), np.finfo(np.float32).min).astype(np.float32)[:, None, :, :]
 
 
 def main():
+    try:
+        import torch
+        import transformers
+        from transformers import BertForMaskedLM
+    except ImportError as e:
+        print(f"compare_hf.py: needs PyTorch and transformers (pip install torch transformers): {e}", file=sys.stderr)
+        return 2
     d = sys.argv[1] if len(sys.argv) > 1 else "/tmp/mlm_export"
     raw = open(f"{d}/batch_and_logits.bin", "rb").read()
     B, T, M, V = struct.unpack("<4i", raw[:16])
@@ -27,9 +47,10 @@ def main():
     pos = a[4 * B * T:]
     ours = np.frombuffer(raw, dtype=np.float32, offset=16 + 4 * (4 * B * T + M), count=M * V).reshape(M, V)
 
-    model = BertForMaskedLM.from_pretrained(d, attn_implementation="eager", torch_dtype=torch.float32).eval()
-    j = np.arange(T)[None, None, :]
-    mask = ((j >= lo[:, :, None]) & (j < hi[:, :, None])).astype(np.int64)  # (B, T, T)
+    major = int(transformers.__version__.split(".")[0])
+    dtype = {"dtype" if major >= 5 else "torch_dtype": torch.float32}  # 5.x renamed the argument
+    model = BertForMaskedLM.from_pretrained(d, attn_implementation="eager", **dtype).eval()
+    mask = packed_attention_mask(lo, hi, major)
     position = np.where(hi > lo, np.arange(T)[None, :] - lo, 0)
     with torch.no_grad():
         out = model(input_ids=torch.tensor(tokens, dtype=torch.long), token_type_ids=torch.tensor(types, dtype=torch.long),

@@ -51,6 +51,21 @@ def die(msg):
     sys.exit(1)
 
 
+def first_line(e):
+    """An exception as one line of text."""
+    s = str(e).strip().splitlines()
+    return s[0] if s else type(e).__name__
+
+
+def write_atomic(path, data):
+    """Writes bytes to path through path.tmp: flushed to disk, then renamed (a crash leaves the old file or none)."""
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
 # ----------------------------------------------------------------------------
 # The shard format.
 def encode_header(vocab_size, token_bytes, num_samples, num_tokens, max_len, special, data_crc):
@@ -102,6 +117,8 @@ class ShardWriter:
         self.f.seek(0)
         self.f.write(encode_header(self.vocab_size, self.dtype.itemsize, len(self.lengths), self.num_tokens,
                                    self.max_len, self.special, self.crc))
+        self.f.flush()
+        os.fsync(self.f.fileno())
         self.f.close()
         os.replace(self.path + ".tmp", self.path)
         return os.path.getsize(self.path)
@@ -193,9 +210,23 @@ class Split:
                     padding_avoided_percent=round(100.0 * (padded - self.tokens) / padded, 2) if padded else 0.0)
 
 
+def make_out_dir(out):
+    """--out created (with its parents) and proven writable, or one line naming it and an exit."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        die(f"--out {out}: exists and is not a directory")
+    try:
+        os.makedirs(out, exist_ok=True)
+        probe = os.path.join(out, f".write_test.{os.getpid()}")
+        with open(probe, "wb") as f:
+            f.write(b"ok")
+        os.remove(probe)
+    except OSError as e:
+        die(f"--out {out}: cannot create or write the directory: {e.strerror or first_line(e)}")
+
+
 class Output:
     def __init__(self, args, vocab_size, special):
-        os.makedirs(args.out, exist_ok=True)
+        make_out_dir(args.out)
         for old in glob.glob(os.path.join(args.out, "train_*.bin")) + glob.glob(os.path.join(args.out, "val_*.bin")):
             os.remove(old)  # a re-run must not leave shards of an earlier run behind
         self.splits = {n: Split(n, args.out, vocab_size, special, args.seq_len, args.shard_tokens) for n in ("train", "val")}
@@ -214,8 +245,7 @@ class Output:
         rows = [s.summary() for s in self.splits.values()]
         meta = dict(format_version=VERSION, vocab_size=self.vocab_size, seq_len=self.args.seq_len,
                     special_ids=self.special, splits=rows, command=" ".join(sys.argv), **extra)
-        with open(os.path.join(self.args.out, "meta.json"), "w") as f:
-            json.dump(meta, f, indent=2)
+        write_atomic(os.path.join(self.args.out, "meta.json"), json.dumps(meta, indent=2).encode())
         print(f"\n{'split':6} {'documents':>10} {'samples':>11} {'tokens':>14} {'split docs':>10} "
               f"{'padding avoided':>24} {'shards':>6} {'bytes on disk':>15}")
         for r in rows:
@@ -240,7 +270,7 @@ def list_files(inputs):
     seen, files = set(), []
     for inp in inputs:
         if not os.path.exists(inp):
-            die(f"{inp}: no such file or directory")
+            die(f"--input {inp}: no such file or directory")
         walk = [(inp, [], [""])] if os.path.isfile(inp) else os.walk(inp)
         for root, _, names in walk:
             for n in sorted(names):
@@ -263,16 +293,34 @@ def load_tokenizer(args, files):
     from tokenizers.implementations import BertWordPieceTokenizer
 
     if args.tokenizer:
-        if args.tokenizer.endswith(".json"):
-            tok = Tokenizer.from_file(args.tokenizer)
-        else:  # a BERT vocab.txt
-            tok = BertWordPieceTokenizer(args.tokenizer, lowercase=args.lowercase)
+        if not os.path.isfile(args.tokenizer):
+            die(f"--tokenizer {args.tokenizer}: no such file (expected a tokenizer.json or a BERT vocab.txt)")
+        try:
+            if args.tokenizer.endswith(".json"):
+                tok = Tokenizer.from_file(args.tokenizer)
+            else:  # a BERT vocab.txt: one UTF-8 token per line
+                with open(args.tokenizer, "rb") as f:
+                    f.read().decode("utf-8")
+                tok = BertWordPieceTokenizer(args.tokenizer, lowercase=args.lowercase)
+        except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exceptions
+            die(f"--tokenizer {args.tokenizer}: not a tokenizer.json or a UTF-8 BERT vocab.txt ({first_line(e)})")
     else:
         tok = BertWordPieceTokenizer(lowercase=args.lowercase)
         print(f"training a WordPiece vocabulary of {args.train_vocab} on {len(files)} files")
-        tok.train(files, vocab_size=args.train_vocab, min_frequency=2, special_tokens=list(SPECIAL_NAMES),
-                  show_progress=False)
-    tok.save(os.path.join(args.out, "tokenizer.json"))
+        try:
+            tok.train(files, vocab_size=args.train_vocab, min_frequency=2, special_tokens=list(SPECIAL_NAMES),
+                      show_progress=False)
+        except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exceptions, without the file's name
+            for path in files:
+                try:
+                    with open(path, "rb") as f:
+                        f.read().decode("utf-8")
+                except UnicodeDecodeError as u:
+                    die(f"{path}: not UTF-8 text (byte {u.start}); --train-vocab reads UTF-8 files")
+            die(f"--train-vocab: training the vocabulary failed: {first_line(e)}")
+    path = os.path.join(args.out, "tokenizer.json")
+    tok.save(path + ".tmp")
+    write_atomic(path, open(path + ".tmp", "rb").read())
     special = {}
     for key, name in zip(("pad", "unk", "cls", "sep", "mask"), SPECIAL_NAMES):
         i = tok.token_to_id(name)
@@ -306,8 +354,8 @@ def read_documents(path, mode):
 def prepare_text(args):
     files = list_files(args.input)
     if not files:
-        die("no input files")
-    os.makedirs(args.out, exist_ok=True)
+        die("--input: no input files")
+    make_out_dir(args.out)
     tok, vocab_size, special = load_tokenizer(args, files)
     out = Output(args, vocab_size, special)
     bar = progress(sum(os.path.getsize(f) for f in files), "B")
@@ -383,7 +431,7 @@ def elf_functions(path):
 def prepare_bytes(args):
     files = list_files(args.input)
     if not files:
-        die("no input files")
+        die("--input: no input files")
     out = Output(args, BYTE_VOCAB, dict(BYTE_SPECIAL))
     bar = progress(len(files), "file")
     skipped = unreadable = functions = 0
@@ -412,19 +460,31 @@ def prepare_bytes(args):
 
 
 def check(args):
+    """Validates every shard the arguments name; a pattern or file that names none is an error too."""
     bad = 0
     total_s = total_t = 0
-    for path in sorted(p for pat in args.shards for p in glob.glob(pat)):
+    paths = []
+    for pat in args.shards:
+        found = sorted(glob.glob(pat))
+        if not found:
+            bad += 1
+            print(f"BAD  {pat}: no such file (or no file matches the pattern)")
+        paths += found
+    for path in sorted(set(paths)):
         try:
+            if not os.path.isfile(path):
+                raise ValueError(f"{path}: not a regular file")
             h, _, _ = read_shard(path)
             total_s += h["num_samples"]
             total_t += h["num_tokens"]
             print(f"ok   {path}: {h['num_samples']:,} samples, {h['num_tokens']:,} tokens, vocab {h['vocab_size']}")
-        except ValueError as e:
+        except (ValueError, OSError) as e:
             bad += 1
-            print(f"BAD  {e}")
-    print(f"{total_s:,} samples, {total_t:,} tokens; {bad} bad shards")
-    return 1 if bad else 0
+            print(f"BAD  {e if isinstance(e, ValueError) else f'{path}: {e.strerror or first_line(e)}'}")
+    print(f"{total_s:,} samples, {total_t:,} tokens; {bad} bad")
+    if not paths:
+        print("prepare.py: check: nothing to check (no shard matched)", file=sys.stderr)
+    return 1 if bad or not paths else 0
 
 
 def main(argv=None):
@@ -456,7 +516,14 @@ def main(argv=None):
         die(f"--seq-len {args.seq_len} (expected at least 3: [CLS] a token [SEP])")
     if not 0 <= args.val_fraction < 1:
         die(f"--val-fraction {args.val_fraction} (expected 0 <= f < 1)")
-    (prepare_text if args.cmd == "text" else prepare_bytes)(args)
+    if args.shard_tokens < 1:
+        die(f"--shard-tokens {args.shard_tokens} (expected at least 1)")
+    if args.cmd == "text" and args.train_vocab is not None and not len(SPECIAL_NAMES) < args.train_vocab <= 1 << 24:
+        die(f"--train-vocab {args.train_vocab} (expected more than the {len(SPECIAL_NAMES)} special tokens, at most 2^24)")
+    try:
+        (prepare_text if args.cmd == "text" else prepare_bytes)(args)
+    except OSError as e:  # a file that vanished or could not be read or written: name it, no traceback
+        die(f"{e.filename or ''}: {e.strerror or first_line(e)}")
     return 0
 
 

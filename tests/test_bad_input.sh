@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# test_bad_input.sh: bad input is refused before step 1, with one line naming the flag, file or value and
+# a non-zero exit: a table of trainer flags, --out and --init-from directories, environment hooks, and
+# tools/prepare.py inputs; and a stop (SIGTERM, SIGUSR1) during start-up exits at once with 128 + the signal.
+# Run by tests/run.sh; needs tools/requirements.txt. TRAINER overrides ./trainer_cpu.
+cd "$(dirname "$0")/.."
+TRAINER=${TRAINER:-./trainer_cpu}
+pass=0; fail=0
+ok()  { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL test_bad_input: $*"; }
+W=$(mktemp -d /tmp/mlm_bad_XXXXXX)
+MOUNTS=()
+cleanup() { for m in "${MOUNTS[@]}"; do umount "$m" 2>/dev/null; done; rm -rf "$W"; }
+trap cleanup EXIT
+export EMU_THREADS=1
+unset MLM_TEST_INF_GRAD MLM_TEST_INF_LOSS
+
+mkdir -p "$W/in"
+for i in $(seq 1 40); do echo "alpha beta gamma delta $i kernel tensor shard" >>"$W/in/a.txt"; done
+python3 tools/prepare.py bytes --input "$W/in" --out "$W/data" --seq-len 32 --val-fraction 0 >/dev/null 2>&1
+D="$W/data/train_*.bin"
+T=(--data "$D" --preset tiny --seq 32 --batch 4 --steps 2)
+touch "$W/file"
+# --init-from directories: config.json variants beside a valid model.safetensors would never be read
+hf() {  # hf NAME JSON: a directory with that config.json
+  mkdir -p "$W/hf_$1"; echo "$2" >"$W/hf_$1/config.json"
+}
+hf huge_vocab '{"vocab_size": 1000000000000, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}'
+hf big_sizes '{"vocab_size": 30522, "hidden_size": 1024, "num_hidden_layers": 2000, "num_attention_heads": 16, "intermediate_size": 4096}'
+hf many_params '{"vocab_size": 30522, "hidden_size": 4096, "num_hidden_layers": 1024, "num_attention_heads": 32, "intermediate_size": 16384}'
+hf negative '{"vocab_size": -5, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}'
+hf fraction '{"vocab_size": 260.5, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}'
+hf malformed '{"vocab_size": 260, "hidden_size": '
+hf no_weights '{"vocab_size": 260, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 40}'
+hf bad_weights '{"vocab_size": 260, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 40}'
+printf '\377\377\377\377\377\377\377\377{}' >"$W/hf_bad_weights/model.safetensors"
+OVERCOMMIT=$(cat /proc/sys/vm/overcommit_memory 2>/dev/null || echo 1)
+
+# The table: PATTERN the output must contain | the command (eval'ed)
+CASES=$(cat <<EOF
+are required|$TRAINER --data "$D" --steps 5
+unknown flag|$TRAINER ${T[*]} --out $W/o --bogus 1
+--steps five: expected an integer|$TRAINER ${T[*]} --out $W/o --steps five
+--steps 0: expected an integer|$TRAINER ${T[*]} --out $W/o --steps 0
+--seq 1: expected an integer|$TRAINER ${T[*]} --out $W/o --seq 1
+--batch -1: expected an integer|$TRAINER ${T[*]} --out $W/o --batch -1
+--lr nan: expected a number|$TRAINER ${T[*]} --out $W/o --lr nan
+--lr -1: expected a number|$TRAINER ${T[*]} --out $W/o --lr -1
+--keep 0: expected an integer in \[1, 1000\]|$TRAINER ${T[*]} --out $W/o --keep 0
+--max-bad-steps 0: expected an integer|$TRAINER ${T[*]} --out $W/o --max-bad-steps 0
+--ckpt-minutes -1: expected a number|$TRAINER ${T[*]} --out $W/o --ckpt-minutes -1
+--ckpt-every x: expected an integer|$TRAINER ${T[*]} --out $W/o --ckpt-every x
+--ring 1: expected an integer|$TRAINER ${T[*]} --out $W/o --ring 1
+missing its value|$TRAINER ${T[*]} --out
+MLM_TEST_INF_GRAD=abc: expected FIRST\[:COUNT\]|MLM_TEST_INF_GRAD=abc $TRAINER ${T[*]} --out $W/o
+MLM_TEST_INF_LOSS=0: expected FIRST\[:COUNT\]|MLM_TEST_INF_LOSS=0 $TRAINER ${T[*]} --out $W/o
+--out $W/file: exists and is not a directory|$TRAINER ${T[*]} --out $W/file
+--out $W/file/sub: cannot create the directory $W/file|$TRAINER ${T[*]} --out $W/file/sub
+--data: .*no-such|$TRAINER --data "$W/no-such/*.bin" --preset tiny --seq 32 --out $W/o --steps 2
+--data: .*$W/file|$TRAINER --data "$W/file" --preset tiny --seq 32 --out $W/o --steps 2
+--preset huge: unknown; one of: tiny|$TRAINER --data "$D" --preset huge --out $W/o --steps 2
+--seq 64 is longer than the model's 40 positions|$TRAINER --data "$D" --preset tiny --seq 64 --out $W/o --steps 2
+needs .* GiB at B=1048576 .*--batch|EMU_DEVICE_BYTES=1e10 $TRAINER --data "$D" --preset tiny --seq 32 --batch 1048576 --out $W/o --steps 2
+--resume: no intact checkpoint in $W/o (checkpoint.bin: cannot open|$TRAINER ${T[*]} --out $W/o --resume
+vocab_size 1e+12: expected an integer in \[0, 2^30\]|$TRAINER ${T[*]} --out $W/o --init-from $W/hf_huge_vocab
+sizes beyond the limits|$TRAINER ${T[*]} --out $W/o --init-from $W/hf_big_sizes
+more than 2e10 parameters|$TRAINER ${T[*]} --out $W/o --init-from $W/hf_many_params
+vocab_size -5: expected an integer|$TRAINER ${T[*]} --out $W/o --init-from $W/hf_negative
+vocab_size 260.5: expected an integer|$TRAINER ${T[*]} --out $W/o --init-from $W/hf_fraction
+hf_malformed/config.json: malformed JSON|$TRAINER ${T[*]} --out $W/o --init-from $W/hf_malformed
+cannot open $W/hf_no_weights/model.safetensors|$TRAINER ${T[*]} --out $W/o --init-from $W/hf_no_weights
+hf_bad_weights/model.safetensors: not a safetensors file|$TRAINER ${T[*]} --out $W/o --init-from $W/hf_bad_weights
+cannot open $W/no-hf/config.json|$TRAINER ${T[*]} --out $W/o --init-from $W/no-hf
+--input $W/nothing: no such file or directory|python3 tools/prepare.py bytes --input $W/nothing --out $W/p1
+--out $W/file: exists and is not a directory|python3 tools/prepare.py bytes --input $W/in --out $W/file
+--out $W/file/x: cannot create or write|python3 tools/prepare.py bytes --input $W/in --out $W/file/x
+--seq-len 2 (expected at least 3|python3 tools/prepare.py bytes --input $W/in --out $W/p2 --seq-len 2
+--val-fraction 1.0 (expected|python3 tools/prepare.py bytes --input $W/in --out $W/p3 --val-fraction 1
+--shard-tokens 0 (expected at least 1)|python3 tools/prepare.py bytes --input $W/in --out $W/p4 --shard-tokens 0
+--train-vocab 0 (expected more than the 5 special tokens|python3 tools/prepare.py text --input $W/in --out $W/p5 --train-vocab 0
+--tokenizer $W/none.txt: no such file|python3 tools/prepare.py text --input $W/in --out $W/p6 --tokenizer $W/none.txt
+--tokenizer $W/data/train_00000.bin: not a tokenizer.json or a UTF-8 BERT vocab.txt|python3 tools/prepare.py text --input $W/in --out $W/p7 --tokenizer $W/data/train_00000.bin
+$W/in/bin.txt: not UTF-8 text|python3 tools/prepare.py text --input $W/in --out $W/p8 --train-vocab 100
+$W/none.bin: no such file|python3 tools/prepare.py check $W/none.bin
+$W/\*.zzz: no such file (or no file matches|python3 tools/prepare.py check "$W/*.zzz"
+BAD  $W/file: truncated|python3 tools/prepare.py check $W/file
+EOF
+)
+# bin.txt is added only now (the shards above were made without it)
+printf 'text \377\376 then \200 not UTF-8\n' >"$W/in/bin.txt"
+while IFS='|' read -r pat cmd; do
+  [ -n "$pat" ] || continue
+  start=$(date +%s%N)
+  out=$(eval "$cmd" 2>&1); rc=$?
+  [ -n "${TEST_VERBOSE:-}" ] && echo "  $(( ($(date +%s%N) - start) / 1000000 )) ms: $cmd"
+  if [ $rc -ne 0 ] && echo "$out" | grep -q -- "$pat" && ! echo "$out" | grep -q "Traceback"; then ok; else
+    bad "'$cmd' gave exit $rc and: $(echo "$out" | tail -n 2)"
+  fi
+done <<<"$CASES"
+
+# no arguments: the usage and exit 1; --help: the usage and exit 0; --info: the device and exit 0
+out=$("$TRAINER" 2>&1); rc=$?
+if [ $rc = 1 ] && echo "$out" | grep -q "^usage: trainer"; then ok; else bad "no arguments: exit $rc"; fi
+out=$("$TRAINER" --help 2>&1); rc=$?
+if [ $rc = 0 ] && echo "$out" | grep -q -- "--max-bad-steps N" && echo "$out" | grep -q "^exit codes:"; then ok; else bad "--help: exit $rc"; fi
+out=$("$TRAINER" --info 2>&1); rc=$?
+if [ $rc = 0 ] && echo "$out" | grep -q "^rank 0 of 1 (local 0): "; then ok; else bad "--info: exit $rc, $out"; fi
+
+# --out: the parents are created; a read-only directory is refused before anything is done
+"$TRAINER" "${T[@]}" --out "$W/new/parents/run" --plan-only >/dev/null 2>&1
+if [ -d "$W/new/parents/run" ]; then ok; else bad "--out with missing parents was not created"; fi
+if [ "$(id -u)" = 0 ]; then  # root writes anywhere, except on a read-only mount
+  mkdir -p "$W/ro" && mount -t tmpfs -o ro,size=64k tmpfs "$W/ro" 2>/dev/null && MOUNTS+=("$W/ro")
+else
+  mkdir -p "$W/ro" && chmod 555 "$W/ro"
+fi
+out=$("$TRAINER" "${T[@]}" --out "$W/ro" 2>&1); rc=$?
+if [ $rc = 1 ] && echo "$out" | grep -q -- "--out $W/ro: cannot write there" && ! echo "$out" | grep -q "^step"; then ok; else
+  bad "a read-only --out: exit $rc, $(echo "$out" | tail -n 1)"
+fi
+# a plan that the device cannot allocate names --batch (on the CPU build a huge allocation fails at once;
+# with overcommit_memory=1 it would succeed, so that case is skipped there)
+if [ "$OVERCOMMIT" != 1 ]; then
+  out=$(EMU_DEVICE_BYTES=1e16 "$TRAINER" --data "$D" --preset bert-base --seq 512 --batch 200000 --out "$W/o" --steps 2 2>&1); rc=$?
+  if [ $rc = 1 ] && echo "$out" | grep -q "cannot allocate the .* GiB of device memory planned for B=200000: use a smaller --batch"; then ok; else
+    bad "an allocation that fails: exit $rc, $(echo "$out" | tail -n 1)"
+  fi
+else
+  echo "  (allocation failure: skipped, vm.overcommit_memory=1 lets any allocation succeed)"
+fi
+
+# a stop during start-up (here: rank 0 of 2 waits for its peer at the NCCL rendezvous) exits at once
+for sig in TERM USR1; do
+  SLURM_NTASKS=2 SLURM_PROCID=0 SLURM_LOCALID=0 NCCL_EMU_TIMEOUT_S=60 "$TRAINER" "${T[@]}" --out "$W/sig$sig" >"$W/sig$sig.log" 2>&1 &
+  pid=$!
+  for i in $(seq 1 600); do [ -e "$W/sig$sig/nccl_id.local.0" ] && break; sleep 0.05; done  # rank 0 waits for rank 1
+  sleep 0.2
+  kill -$sig $pid
+  wait $pid; rc=$?
+  want=$((128 + $(kill -l $sig)))
+  if [ $rc = $want ] && grep -q "SIG$sig before step 1: stopping; no checkpoint or export was written (exit code $want)" "$W/sig$sig.log" &&
+    [ ! -e "$W/sig$sig/checkpoint.bin" ]; then ok; else
+    bad "SIG$sig during start-up: exit $rc (expected $want): $(tail -n 1 "$W/sig$sig.log")"
+  fi
+done
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
