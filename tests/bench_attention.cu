@@ -121,8 +121,7 @@ int main(int argc, char** argv) {
                 printf("attention_forward<%d> %zu\nattention_backward_dq<%d> %zu\nattention_backward_dkdv<%d> %zu\n",
                        hd, att_forward_smem(hd), hd, att_dq_smem(hd), hd, att_dkdv_smem(hd));
             return 0;
-        }
-        else if (!strcmp(argv[i], "--iters") && i + 1 < argc && atoi(argv[i + 1]) > 0)
+        } else if (!strcmp(argv[i], "--iters") && i + 1 < argc && atoi(argv[i + 1]) > 0)
             iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 10);
