@@ -284,11 +284,15 @@ static inline int shard_check_data(const uint8_t* buf, size_t size, const char* 
 }
 
 // shard_write: writes a shard (tests and the benchmark use this; tools/prepare.py writes the same
-// bytes). tokens: (h->num_tokens) ids; offsets: (h->num_samples + 1). Fills in h->data_crc.
+// bytes). tokens: (h->num_tokens) ids; offsets: (h->num_samples + 1). Fills in h->data_crc. Atomic: written
+// to PATH.tmp, then renamed.
 static inline int shard_write(const char* path, ShardHeader* h, const uint32_t* tokens, const uint64_t* offsets,
                               char* err) {
-    FILE* f = fopen(path, "wb");
-    if (!f) return data_err(err, "data: %s: cannot create: %s", path, strerror(errno));
+    char tmp[4200];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return data_err(err, "data: %.200s...: path too long (at most %zu characters)", path, sizeof tmp - 5);
+    FILE* f = fopen(tmp, "wb");
+    if (!f) return data_err(err, "data: %s: cannot create: %s", tmp, strerror(errno));
     uint8_t header[SHARD_HEADER_BYTES] = {0};
     fwrite(header, 1, SHARD_HEADER_BYTES, f);  // placeholder until the checksum is known
     uint32_t crc = 0;
@@ -317,7 +321,11 @@ static inline int shard_write(const char* path, ShardHeader* h, const uint32_t* 
     shard_header_encode(h, header);
     fseek(f, 0, SEEK_SET);
     fwrite(header, 1, SHARD_HEADER_BYTES, f);
-    if (ferror(f) | fclose(f)) return data_err(err, "data: %s: write failed: %s", path, strerror(errno));
+    if (ferror(f) | fclose(f) || rename(tmp, path) != 0) {
+        data_err(err, "data: %s: write failed: %s", tmp, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
     return 0;
 }
 

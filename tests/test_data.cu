@@ -304,6 +304,12 @@ static void test_format_round_trip(void) {
     char path[600];
     snprintf(path, sizeof(path), "%s/golden.bin", dir);
     CHECK(shard_write(path, &h, toks, offs, err) == 0, "write the golden shard");
+    char tmp_path[700];  // written atomically: through golden.bin.tmp, renamed
+    snprintf(tmp_path, sizeof(tmp_path), "%s.tmp", path);
+    CHECK(access(tmp_path, F_OK) != 0, "shard_write left %s behind", tmp_path);
+    snprintf(tmp_path, sizeof(tmp_path), "%s/no/such/dir/x.bin", dir);
+    CHECK(shard_write(tmp_path, &h, toks, offs, err) != 0 && strstr(err, "x.bin.tmp: cannot create"),
+          "shard_write into a missing directory: %s", err);
     FILE* f = fopen(path, "rb");
     uint8_t buf[256];
     size_t got = f ? fread(buf, 1, sizeof(buf), f) : 0;
