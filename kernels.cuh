@@ -238,6 +238,15 @@ __device__ inline void ln_row_sum2(float* a, float* b, float* red) {
     *a = sa;
     *b = sb;
 }
+// ln_backward_begin: this thread's X128 columns of gamma (g, kept in registers over all its rows) and its
+// dgamma/dbeta sums (dg, db) set to zero; on = the columns exist (col < C).
+__device__ inline void ln_backward_begin(float* g, float* dg, float* db, const floatX* gamma, int col, int on) {
+    Pack128 gp = on ? load128(gamma + col) : Pack128{};
+    for (int k = 0; k < X128; k++) {
+        g[k] = tof(gp.v[k]);
+        dg[k] = db[k] = 0.f;
+    }
+}
 // ln_write_partials: the block's dgamma/dbeta partials (dg, db: this thread's X128 columns) summed over its
 // row slices in order y = 0.. and written to part (2C floats: dgamma, then dbeta). sm: ny x 2C floats.
 __device__ inline void ln_write_partials(float* part, float* sm, const float* dg, const float* db, int col, int C) {
@@ -264,11 +273,7 @@ __global__ void layernorm_backward(floatX* dinp, float* part, const floatX* dout
     __shared__ float red[2][LN_ROWS][32][2];
     int col = threadIdx.x * X128, on = col < C, it = 0;
     float g[16 / sizeof(floatX)], dg[16 / sizeof(floatX)], db[16 / sizeof(floatX)];
-    Pack128 gp = on ? load128(gamma + col) : Pack128{};
-    for (int k = 0; k < X128; k++) {
-        g[k] = tof(gp.v[k]);
-        dg[k] = db[k] = 0.f;
-    }
+    ln_backward_begin(g, dg, db, gamma, col, on);
     // every thread runs the same number of iterations (rows past N count zero), so the barriers are uniform
     for (int r0 = blockIdx.x * blockDim.y; r0 < N; r0 += gridDim.x * blockDim.y, it++) {
         int n = r0 + threadIdx.y, ok = on && n < N;
@@ -348,11 +353,7 @@ __global__ void embedding_layernorm_backward(float* dx, uint64_t* keys, float* p
     __shared__ float red[2][LN_ROWS][32][2];
     int col = threadIdx.x * X128, on = col < C, it = 0;
     float g[16 / sizeof(floatX)], dg[16 / sizeof(floatX)], db[16 / sizeof(floatX)];
-    Pack128 gp = on ? load128(gamma + col) : Pack128{};
-    for (int k = 0; k < X128; k++) {
-        g[k] = tof(gp.v[k]);
-        dg[k] = db[k] = 0.f;
-    }
+    ln_backward_begin(g, dg, db, gamma, col, on);
     for (int r0 = blockIdx.x * blockDim.y; r0 < N; r0 += gridDim.x * blockDim.y, it++) {
         int n = r0 + threadIdx.y, ok = on && n < N;
         float mean = 0.f, rstd = 0.f, s1 = 0.f, s2 = 0.f;
