@@ -67,13 +67,13 @@ typedef struct {
         }                                                                                                 \
     } while (0)
 
-static double comm_now_s(void) {
+static inline double comm_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void comm_sleep_s(double s) {
+static inline void comm_sleep_s(double s) {
     struct timespec ts;
     ts.tv_sec = (time_t)s;
     ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
@@ -84,7 +84,7 @@ static void comm_sleep_s(double s) {
 // Launch: rank, world, local rank, device
 
 // comm_env_int: an integer environment variable, or dflt when unset; exits on a malformed value.
-static int comm_env_int(const char* name, int dflt) {
+static inline int comm_env_int(const char* name, int dflt) {
     const char* s = getenv(name);
     if (!s || !*s) return dflt;
     char* end;
@@ -98,7 +98,7 @@ static int comm_env_int(const char* name, int dflt) {
 
 // comm_from_env: rank, world and local rank of this process (see the top of this file). Exits with one
 // line on values that make no sense, and for a job script that forgot srun.
-static Comm comm_from_env(void) {
+static inline Comm comm_from_env(void) {
     Comm c;
     memset(&c, 0, sizeof c);
     c.timeout_s = COMM_DEFAULT_TIMEOUT_S;
@@ -130,7 +130,7 @@ static Comm comm_from_env(void) {
 
 // comm_device: the CUDA device of local rank `local_rank` when the process sees `ndev` devices (the
 // rule at the top of this file); -1 with a message in err when there is none for it.
-static int comm_device(int local_rank, int ndev, char* err, size_t n) {
+static inline int comm_device(int local_rank, int ndev, char* err, size_t n) {
     if (ndev >= 1 && local_rank < ndev) return local_rank;
     if (ndev == 1) return 0;
     const char* vis = getenv("CUDA_VISIBLE_DEVICES");
@@ -147,7 +147,7 @@ static int comm_device(int local_rank, int ndev, char* err, size_t n) {
 
 // comm_first_host: the first host name of a Slurm host list ("node[01-03,07],gpu5" -> "node01";
 // "rack[1-2]-n[3-4]" -> "rack1-n3"; zero padding kept). 0, or -1 when the list is malformed.
-static int comm_first_host(const char* list, char* out, size_t n) {
+static inline int comm_first_host(const char* list, char* out, size_t n) {
     size_t k = 0;
     const char* p = list;
     if (!p || !*p || *p == ',') return -1;
@@ -173,14 +173,14 @@ static int comm_first_host(const char* list, char* out, size_t n) {
     return k > 0 ? 0 : -1;
 }
 
-static uint64_t comm_hash(uint64_t h, const char* s) {  // FNV-1a over a string, and its end
+static inline uint64_t comm_hash(uint64_t h, const char* s) {  // FNV-1a over a string, and its end
     for (; s && *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
     return (h ^ 0xff) * 0x100000001b3ull;
 }
 
 // comm_launch_tag: a 64-bit name for this launch that every rank computes alike: the job id, the step
 // id and the restart count (a requeued job keeps its id), the world size and the run's --out.
-static uint64_t comm_launch_tag(const Comm* c, const char* out) {
+static inline uint64_t comm_launch_tag(const Comm* c, const char* out) {
     const char* vars[] = {"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT", "MASTER_PORT"};
     uint64_t h = 0xcbf29ce484222325ull;
     for (int i = 0; i < 4; i++) h = comm_hash(h, getenv(vars[i]));
@@ -190,7 +190,7 @@ static uint64_t comm_launch_tag(const Comm* c, const char* out) {
 }
 
 // comm_port: MASTER_PORT, else 20000 + tag % 20000. -1 (message in err) for a bad MASTER_PORT.
-static int comm_port(uint64_t tag, char* err, size_t n) {
+static inline int comm_port(uint64_t tag, char* err, size_t n) {
     const char* s = getenv("MASTER_PORT");
     if (!s || !*s) return 20000 + (int)(tag % 20000);
     char* end;
@@ -204,7 +204,7 @@ static int comm_port(uint64_t tag, char* err, size_t n) {
 
 // comm_master_addr: MASTER_ADDR, else the first host of SLURM_STEP_NODELIST or SLURM_JOB_NODELIST,
 // else 127.0.0.1 (one node, started by hand). 0, or -1 with a message in err.
-static int comm_master_addr(char* out, size_t n, char* err, size_t en) {
+static inline int comm_master_addr(char* out, size_t n, char* err, size_t en) {
     const char* m = getenv("MASTER_ADDR");
     if (m && *m) {
         snprintf(out, n, "%s", m);
@@ -236,7 +236,7 @@ typedef struct {
 } CommIdMsg;
 
 // comm_io: read (writing = 0) or write n bytes of fd before the deadline. 0, or -1.
-static int comm_io(int fd, void* p, size_t n, int writing, double deadline) {
+static inline int comm_io(int fd, void* p, size_t n, int writing, double deadline) {
     char* b = (char*)p;
     while (n > 0) {
         double left = deadline - comm_now_s();
@@ -255,8 +255,8 @@ static int comm_io(int fd, void* p, size_t n, int writing, double deadline) {
 
 // comm_serve_id: rank 0 listens on `port` and gives the id to world-1 distinct ranks that say the
 // same tag. 0, or -1 with a message in err.
-static int comm_serve_id(const Comm* c, int port, uint64_t tag, const ncclUniqueId* id, double deadline, char* err,
-                         size_t en) {
+static inline int comm_serve_id(const Comm* c, int port, uint64_t tag, const ncclUniqueId* id, double deadline,
+                                char* err, size_t en) {
     int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
     if (ls < 0) return snprintf(err, en, "socket: %s", strerror(errno)), -1;
     setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -305,12 +305,13 @@ static int comm_serve_id(const Comm* c, int port, uint64_t tag, const ncclUnique
 
 // comm_fetch_id: a rank > 0 connects to rank 0 (retrying until the deadline: rank 0 may not listen
 // yet) and reads the id. 0, or -1 with a message in err.
-static int comm_fetch_id(const Comm* c, const char* host, int port, uint64_t tag, ncclUniqueId* id, double deadline,
-                         char* err, size_t en) {
+static inline int comm_fetch_id(const Comm* c, const char* host, int port, uint64_t tag, ncclUniqueId* id,
+                                double deadline, char* err, size_t en) {
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
     const char* last = "no answer";
     char why[256];
+    int refused = 0;  // someone listened there but did not give us the id
     while (comm_now_s() < deadline) {
         struct addrinfo hints, *res = NULL;
         memset(&hints, 0, sizeof hints);
@@ -334,7 +335,7 @@ static int comm_fetch_id(const Comm* c, const char* host, int port, uint64_t tag
                 *id = m.id;
                 got = 0;
             } else {
-                last = "refused by whoever listens there (another launch's rank 0?)";
+                last = "connected, but no id came back", refused = 1;
             }
         } else if (fd >= 0) {
             snprintf(why, sizeof why, "%s", strerror(errno));
@@ -345,8 +346,11 @@ static int comm_fetch_id(const Comm* c, const char* host, int port, uint64_t tag
         if (got == 0) return 0;
         comm_sleep_s(0.1);
     }
-    snprintf(err, en, "rank %d got no NCCL id from rank 0 at %s:%d in %.0f s (last: %s)", c->rank, host, port,
-             c->timeout_s, last);
+    snprintf(err, en, "rank %d got no NCCL id from rank 0 at %s:%d in %.0f s (last: %s%s)", c->rank, host, port,
+             c->timeout_s, last,
+             refused ? "; whoever listened there refused this launch's tag: another job's rank 0, or a rank 0 with "
+                       "another --out, world size or MASTER_PORT?"
+                     : "");
     return -1;
 }
 
@@ -359,14 +363,14 @@ typedef struct {
     ncclUniqueId id;
 } CommIdFile;
 
-static double comm_realtime_s(void) {
+static inline double comm_realtime_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 // comm_id_path: DIR/nccl_id.JOB.STEP.RESTART ("local.0.0" without Slurm).
-static void comm_id_path(char* path, size_t n, const char* dir) {
+static inline void comm_id_path(char* path, size_t n, const char* dir) {
     const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID"), *rs = getenv("SLURM_RESTART_COUNT");
     snprintf(path, n, "%s/nccl_id.%s.%s.%s", dir, job && *job ? job : "local", step && *step ? step : "0",
              rs && *rs ? rs : "0");
@@ -375,8 +379,8 @@ static void comm_id_path(char* path, size_t n, const char* dir) {
 // comm_file_id: --bootstrap file. Rank 0 removes a stale file and writes the id (atomically); the others
 // wait for a file of this launch (its tag, and without Slurm a creation time after their own start
 // minus 60 s). 0, or -1 with a message in err.
-static int comm_file_id(const Comm* c, const char* dir, uint64_t tag, double started, ncclUniqueId* id, double deadline,
-                        char* err, size_t en) {
+static inline int comm_file_id(const Comm* c, const char* dir, uint64_t tag, double started, ncclUniqueId* id,
+                               double deadline, char* err, size_t en) {
     char path[4096], tmp[4200];
     comm_id_path(path, sizeof path, dir);
     CommIdFile f;
@@ -388,7 +392,7 @@ static int comm_file_id(const Comm* c, const char* dir, uint64_t tag, double sta
         unlink(path);
         FILE* fp = fopen(tmp, "wb");
         if (!fp || fwrite(&f, sizeof f, 1, fp) != 1 || fclose(fp) != 0 || rename(tmp, path) != 0) {
-            snprintf(err, en, "cannot write the NCCL id to %s (is --out a directory every rank can write?)", path);
+            snprintf(err, en, "cannot write the NCCL id to %.3000s (is --out a directory every rank can write?)", path);
             return -1;
         }
         return 0;
@@ -415,8 +419,8 @@ static int comm_file_id(const Comm* c, const char* dir, uint64_t tag, double sta
         }
         comm_sleep_s(0.02);
     }
-    snprintf(err, en, "rank %d waited %.0f s for the NCCL id in %s (%s; is --out on a shared file system?)", c->rank,
-             c->timeout_s, path, last);
+    snprintf(err, en, "rank %d waited %.0f s for the NCCL id in %.3000s (%s; is --out on a shared file system?)",
+             c->rank, c->timeout_s, path, last);
     return -1;
 }
 
@@ -425,8 +429,8 @@ static int comm_file_id(const Comm* c, const char* dir, uint64_t tag, double sta
 
 // comm_die: abort the communicator (the other ranks' waits then fail too) and exit 1 with one line
 // that names the rank, the step and what was waited for.
-static void comm_die(Comm* c, const char* what, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
-static void comm_die(Comm* c, const char* what, const char* fmt, ...) {
+static inline void comm_die(Comm* c, const char* what, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+static inline void comm_die(Comm* c, const char* what, const char* fmt, ...) {
     char why[512], step[32];
     va_list ap;
     va_start(ap, fmt);
@@ -447,7 +451,7 @@ static void comm_die(Comm* c, const char* what, const char* fmt, ...) {
 // comm_poll: wait until the communicator has nothing in progress and, when s is not NULL, stream s has
 // finished all its work; polls ncclCommGetAsyncError (and cudaStreamQuery) with the deadline
 // timeout_s. Dies (comm_die) on an NCCL or CUDA error or at the deadline.
-static void comm_poll(Comm* c, cudaStream_t s, const char* what, double timeout_s) {
+static inline void comm_poll(Comm* c, cudaStream_t s, const char* what, double timeout_s) {
     double start = comm_now_s();
     for (long i = 0;; i++) {
         ncclResult_t ae = ncclSuccess;
@@ -480,7 +484,7 @@ static void comm_poll(Comm* c, cudaStream_t s, const char* what, double timeout_
 // comm_check: the result of an NCCL call on c. ncclInProgress (a non-blocking communicator: the call is
 // still being enqueued) is polled to completion before anything else may use the communicator or read
 // the call's result on the host; an error dies (comm_die).
-static void comm_check(Comm* c, ncclResult_t r, const char* what) {
+static inline void comm_check(Comm* c, ncclResult_t r, const char* what) {
     if (r == ncclSuccess) return;
     if (r != ncclInProgress) comm_die(c, what, "NCCL error: %s (%s)", ncclGetErrorString(r), ncclGetLastError(c->nccl));
     comm_poll(c, NULL, what, c->timeout_s);
@@ -489,7 +493,7 @@ static void comm_check(Comm* c, ncclResult_t r, const char* what) {
 // comm_wait: wait for all the work on stream s (its collectives included): cudaStreamSynchronize with
 // the watchdog. `what` names the collective for the message when something goes wrong. Every host sync
 // on a stream that may hold collectives goes through here.
-static void comm_wait(Comm* c, cudaStream_t s, const char* what) {
+static inline void comm_wait(Comm* c, cudaStream_t s, const char* what) {
     if (!c->nccl) {
         cudaError_t e = cudaStreamSynchronize(s);
         if (e != cudaSuccess) {
@@ -513,11 +517,11 @@ typedef struct {
 
 // comm_init: rank 0's ncclUniqueId to every rank (comm_bootstrap), then a non-blocking communicator of
 // all ranks, polled with the deadline (nothing when world == 1). Dies with one line on any failure.
-static void comm_init(Comm* c, const CommBootstrap* b) {
+static inline void comm_init(Comm* c, const CommBootstrap* b) {
     if (c->world == 1) return;
     uint64_t tag = comm_launch_tag(c, b->out);
     double deadline = comm_now_s() + c->timeout_s;
-    char err[1024] = "", host[256] = "";
+    char err[4096] = "", host[256] = "";
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     if (c->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
@@ -550,13 +554,13 @@ static void comm_init(Comm* c, const CommBootstrap* b) {
 }
 
 // comm_average: in-place average over all ranks of n floats on the device (nothing when world == 1).
-static void comm_average(Comm* c, float* x, size_t n, cudaStream_t s) {
+static inline void comm_average(Comm* c, float* x, size_t n, cudaStream_t s) {
     if (c->world == 1) return;
     comm_check(c, ncclAllReduce(x, x, n, ncclFloat32, ncclAvg, c->nccl, s), "gradient AllReduce");
 }
 
 // comm_sum: in-place sum over all ranks of n floats on the device (nothing when world == 1).
-static void comm_sum(Comm* c, float* x, size_t n, cudaStream_t s, const char* what) {
+static inline void comm_sum(Comm* c, float* x, size_t n, cudaStream_t s, const char* what) {
     if (c->world == 1) return;
     comm_check(c, ncclAllReduce(x, x, n, ncclFloat32, ncclSum, c->nccl, s), what);
 }
@@ -572,7 +576,7 @@ typedef struct {
 
 // comm_agree: the minimum and maximum over all ranks of each value, with one AllReduce (MAX of the
 // values and of their negations), waited for with the watchdog. With one rank, min = max = value.
-static void comm_agree(Comm* c, CommValue* v, int n) {
+static inline void comm_agree(Comm* c, CommValue* v, int n) {
     for (int i = 0; i < n; i++) v[i].min = v[i].max = v[i].value;
     if (c->world == 1) return;
     cudaStream_t s;
@@ -593,7 +597,7 @@ static void comm_agree(Comm* c, CommValue* v, int n) {
     free(h);
 }
 
-static void comm_free(Comm* c) {
+static inline void comm_free(Comm* c) {
     if (c->nccl) ncclCommDestroy(c->nccl);
     c->nccl = NULL;
 }

@@ -904,7 +904,13 @@ static void nb_killed_child(int rank, int nranks, const ncclUniqueId* id, const 
     if (!comm) return;
     void* b = dev_alloc(1000 * 4);
     cudaMemset(b, 0, 1000 * 4);
-    if (rank == 1) kill(getpid(), SIGKILL);
+    ncclAllReduce(b, b, 1000, ncclFloat32, ncclSum, comm, 0);  // both ranks are up and past init
+    CHECK(poll_comm(comm, 10) == ncclSuccess, "rank %d: the first non-blocking AllReduce failed", rank);
+    if (rank == 0) *(volatile int*)&shared_pid[1] = 1;  // rank 0 saw it succeed: now rank 1 may die
+    if (rank == 1) {
+        while (!*(volatile int*)&shared_pid[1]) sleep_s(0.001);
+        kill(getpid(), SIGKILL);
+    }
     double t0 = now_s();
     ncclAllReduce(b, b, 1000, ncclFloat32, ncclSum, comm, 0);
     ncclResult_t r = poll_comm(comm, 5);
@@ -1029,6 +1035,7 @@ int main(void) {
     absorb("non-blocking init, rank never joins", 2, reps, st, -1);
     printf("non-blocking init without rank 2: ncclInProgress; ncclCommAbort took %.3f s\n", reps[0].seconds);
 
+    shared_pid[1] = 0;
     run_ranks(2, 2, nb_killed_child, NULL, 20, reps, st);
     absorb("non-blocking, killed peer", 2, reps, st, 1);
     printf("non-blocking, killed peer: ncclCommGetAsyncError reported it after %.3f s\n", reps[0].seconds);
