@@ -25,6 +25,9 @@
 //   The first rank that sees a failure writes it into the header; every other rank's current and
 //   later calls then fail at once with the same message. Errors are sticky: the communicator
 //   stays failed, ncclCommGetAsyncError reports it, and ncclCommAbort (or Destroy) frees it.
+//   Only waits look for dead peers: on an idle communicator ncclCommGetAsyncError reports the
+//   failures already seen (here or published by a peer), not a peer that exited after its last
+//   collective (ranks that finish, or stop on an error of their own, one after the other).
 //
 // Semantics decisions
 //   Streams: the CPU runtime runs streams synchronously, so a collective runs when it is called
@@ -1288,18 +1291,8 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
         fail_from_header(comm);
         comm->cur_op = saved;
     }
-    if (!comm->error) {
-        // A peer that died without leaving is an error even before the next collective.
-        for (int q = 0; q < comm->nranks; q++) {
-            if (q == comm->rank || LOAD(&comm->slots[q].state) != SLOT_JOINED || peer_alive(comm, q)) continue;
-            char msg[200];
-            snprintf(msg, sizeof msg, "rank %d (pid %d) died (seen by rank %d in ncclCommGetAsyncError)", q,
-                     comm->slots[q].pid, comm->rank);
-            publish_failure(comm, ncclRemoteError, msg);
-            comm_fail(comm, ncclRemoteError, "%s", msg);
-            break;
-        }
-    }
+    // An idle communicator does not watch its peers (as in NCCL, where errors are found by the
+    // operations in flight): a peer that exits after the last collective that needed it is no error.
     *asyncError = (ncclResult_t)__atomic_load_n(&comm->error, __ATOMIC_SEQ_CST);
     return ncclSuccess;
 }
