@@ -42,7 +42,7 @@ typedef struct {
 
 static void usage(void) {
     printf(
-        "usage: trainer --data 'DIR/train_*.bin' --out DIR [options]    (srun ./trainer ... for several GPUs)\n"
+        "usage: trainer --data 'DIR/train_*.bin' --out DIR [options]    (srun -K ./trainer ... for several GPUs)\n"
         "  --data GLOB         training shards (tools/prepare.py makes them)\n"
         "  --val GLOB          validation shards; evaluated every --val-every steps\n"
         "  --out DIR           checkpoint.bin, the final Hugging Face export (model.safetensors, config.json)\n"
