@@ -445,14 +445,16 @@ static inline void comm_die(Comm* c, const char* what, const char* fmt, ...) {
     fflush(stderr);
     if (c->nccl) ncclCommAbort(c->nccl);
     c->nccl = NULL;
-    exit(1);
+    // _exit, not exit: the CUDA runtime's exit handlers could wait for a kernel that waits for a dead peer.
+    fflush(NULL);
+    _exit(1);
 }
 
 // comm_poll: wait until the communicator has nothing in progress and, when s is not NULL, stream s has
 // finished all its work; polls ncclCommGetAsyncError (and cudaStreamQuery) with the deadline
 // timeout_s. Dies (comm_die) on an NCCL or CUDA error or at the deadline.
 static inline void comm_poll(Comm* c, cudaStream_t s, const char* what, double timeout_s) {
-    double start = comm_now_s();
+    double start = comm_now_s(), last = start;
     for (long i = 0;; i++) {
         ncclResult_t ae = ncclSuccess;
         ncclResult_t r = ncclCommGetAsyncError(c->nccl, &ae);
@@ -469,6 +471,10 @@ static inline void comm_poll(Comm* c, cudaStream_t s, const char* what, double t
         }
         if (done) return;
         double t = comm_now_s();
+        // Time this process did not run (stopped, SIGSTOP/SIGCONT, or suspended) is not the others' fault:
+        // it does not count, and a peer's abort in the meantime is reported instead of a timeout.
+        if (t - last > 1.0) start += t - last;
+        last = t;
         if (t - start > timeout_s)
             comm_die(c, what,
                      "no progress for %.0f s (--nccl-timeout %g): a rank died, stopped or fell behind (see the other "
