@@ -122,9 +122,22 @@ static int child_exit(int ok) {
     _exit(ok ? 0 : 1);
 }
 
+// free_port: a TCP port nobody listens on now (the kernel's choice for port 0).
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port = 20000 + (int)(getpid() % 20000);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET, a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd >= 0 && bind(fd, (struct sockaddr*)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr*)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
 static void test_tcp(void) {
     const int world = 3;
-    int port = 20000 + (int)(getpid() % 20000);  // a port of our own, like comm_port's
+    int port = free_port();
     uint64_t tag = 0x1234567, stranger_tag = 0x7654321;
     ncclUniqueId id = some_id(3);
     pid_t pids[4];

@@ -117,7 +117,7 @@ check 'grep -q "2 process(es)" "$W/f0.log" && [ -f "$W/f/model.safetensors" ] &&
 check '[ -f "$W/x/model.safetensors" ] && [ -f "$W/y/model.safetensors" ]' \
   "two launches at once: $(tail -qn 1 "$W/x0.log" "$W/x1.log" "$W/y0.log" "$W/y1.log")"
 # a stranger (another launch's rank 1) on the same MASTER_PORT is refused; the launch it tried goes on
-port=$((20000 + $$ % 20000))
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
 MASTER_PORT=$port rank 0 2 "$W/m" "$W/m0.log" --steps 2 --nccl-timeout 30
 sleep 0.5
 out=$(MASTER_PORT=$port SLURM_NTASKS=2 SLURM_PROCID=1 ./trainer_cpu "${COMMON[@]}" --out "$W/other" --steps 2 --nccl-timeout 2 2>&1); rc=$?
