@@ -445,9 +445,7 @@ static inline void comm_die(Comm* c, const char* what, const char* fmt, ...) {
     fflush(stderr);
     if (c->nccl) ncclCommAbort(c->nccl);
     c->nccl = NULL;
-    // _exit, not exit: the CUDA runtime's exit handlers could wait for a kernel that waits for a dead peer.
-    fflush(NULL);
-    _exit(1);
+    exit(1);  // ncclCommAbort has ended this rank's NCCL kernels, so the CUDA runtime's exit handlers do not wait
 }
 
 // comm_poll: wait until the communicator has nothing in progress and, when s is not NULL, stream s has
