@@ -1132,11 +1132,7 @@ static uint64_t data_fingerprint(const char* flag, const char* pattern, int* voc
 // compares them (comm_agree). A value that differs stops every rank, each saying what differs. The
 // automatic micro-batch is the smallest any rank can hold. Gives B.
 static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uint64_t data_fp, uint64_t val_fp) {
-    double flags[] = {(double)o->T,
-                      (double)o->B,
-                      (double)o->grad_accum,
-                      (double)o->steps,
-                      (double)o->warmup,
+    double flags[] = {(double)o->warmup,
                       o->lr,
                       o->wd,
                       o->beta1,
@@ -1150,26 +1146,40 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
                       (double)o->val_batches,
                       (double)o->max_bad_steps,
                       (double)sizeof(floatX)};
+    const uint64_t h0 = 0xcbf29ce484222325ull;
+    // The first four are numbers (the message shows them); the next four fingerprints; the last the micro-batch.
     CommValue v[] = {
+        {"--seq", o->T, 0, 0},
+        {"--batch (0: the largest that fits)", o->B, 0, 0},
+        {"--grad-accum", o->grad_accum, 0, 0},
+        {"--steps", o->steps, 0, 0},
         {"model configuration (--preset or --init-from, the shards' vocabulary)",
-         (int64_t)fingerprint(0xcbf29ce484222325ull, cfg, sizeof *cfg), 0, 0},
-        {"training flags (--seq --batch --grad-accum --steps --lr ... --seed --resume --run-steps --val-*)",
-         (int64_t)fingerprint(0xcbf29ce484222325ull, flags, sizeof flags), 0, 0},
+         (int64_t)fingerprint(h0, cfg, sizeof *cfg), 0, 0},
+        {"other training flags (--lr --warmup --wd --beta1 --beta2 --eps --clip --seed --resume --run-steps "
+         "--val-every "
+         "--val-batches --max-bad-steps)",
+         (int64_t)fingerprint(h0, flags, sizeof flags), 0, 0},
         {"training data (the --data shards: names in order, sizes, checksums)", (int64_t)data_fp, 0, 0},
         {"validation data (the --val shards)", (int64_t)val_fp, 0, 0},
         {"micro-batch", B, 0, 0},
     };
     int n = (int)(sizeof v / sizeof v[0]), bad = 0;
     comm_agree(comm, v, n);
-    for (int i = 0; i < n - 1; i++)
-        if (v[i].min != v[i].max) {
+    for (int i = 0; i < n - 1; i++) {
+        if (v[i].min == v[i].max) continue;
+        if (i < 4)
+            fprintf(stderr,
+                    "trainer: rank %d of %d: the ranks disagree on %s: %lld here, from %lld to %lld over the ranks\n",
+                    comm->rank, comm->world, v[i].name, (long long)v[i].value, (long long)v[i].min,
+                    (long long)v[i].max);
+        else
             fprintf(stderr,
                     "trainer: rank %d of %d: the ranks disagree on the %s: fingerprint %016llx here, from %016llx to "
                     "%016llx over the ranks: every rank must run the same command on the same files\n",
                     comm->rank, comm->world, v[i].name, (unsigned long long)v[i].value, (unsigned long long)v[i].min,
                     (unsigned long long)v[i].max);
-            bad = 1;
-        }
+        bad = 1;
+    }
     if (bad) exit(1);  // every rank sees the same min and max, so every rank stops here
     if (comm->rank == 0 && v[n - 1].min != v[n - 1].max)
         printf("micro-batch: B=%lld, the smallest any rank can hold (the ranks' largest: %lld to %lld)\n",

@@ -71,11 +71,11 @@ check '[ "$rc" != running ] && [ "$rc" != 0 ] && grep -q "rank 1 of 2: step [0-9
 
 # 3. agreement: different flags, different data: every rank stops, naming what differs
 rank 0 2 "$W/a" "$W/a0.log" --steps 5
-rank 1 2 "$W/a" "$W/a1.log" --steps 5 --lr 1e-3
+rank 1 2 "$W/a" "$W/a1.log" --steps 7 --lr 1e-3
 wait "${PIDS[-2]}"; rc0=$?; wait "${PIDS[-1]}"; rc1=$?
-check '[ $rc0 = 1 ] && [ $rc1 = 1 ] && grep -q "rank 0 of 2: the ranks disagree on the training flags" "$W/a0.log" &&
-  grep -q "rank 1 of 2: the ranks disagree on the training flags" "$W/a1.log"' \
-  "different --lr: exits $rc0 $rc1: $(tail -n 1 "$W/a0.log" "$W/a1.log")"
+check '[ $rc0 = 1 ] && [ $rc1 = 1 ] && grep -q "rank 0 of 2: the ranks disagree on the other training flags (--lr" "$W/a0.log" &&
+  grep -q "rank 1 of 2: the ranks disagree on --steps: 7 here, from 5 to 7 over the ranks" "$W/a1.log"' \
+  "different --lr and --steps: exits $rc0 $rc1: $(tail -n 2 "$W/a0.log" "$W/a1.log")"
 rank 0 2 "$W/b" "$W/b0.log" --steps 5
 SLURM_NTASKS=2 SLURM_PROCID=1 ./trainer_cpu --data "$W/data/val_*.bin" --preset tiny --seq 32 --batch 8 --lr 5e-3 \
   --warmup 2 --seed 7 --out "$W/b" --steps 5 >"$W/b1.log" 2>&1
