@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # test_launch.sh: several ranks of ./trainer_cpu started by hand with the variables srun or torchrun set:
 #   - no hangs: a rank SIGKILLed mid-training makes the other exit non-zero within 60 s, naming the step and
-#     the collective; a rank SIGSTOPped (alive, so only --nccl-timeout can catch it: NCCL_EMU_TIMEOUT_S is
+#     the collective (of 3 ranks: both others); a rank SIGSTOPped (alive, so only --nccl-timeout can catch it: NCCL_EMU_TIMEOUT_S is
 #     600) makes the other exit non-zero after --nccl-timeout, naming the step and the collective;
 #   - agreement: ranks given different flags or different data all stop, saying what differs; ranks with
 #     different free memory all take the smallest automatic micro-batch;
@@ -51,6 +51,16 @@ msg=$(grep "aborting the communicator" "$W/k0.log")
 check '[ "$rc" != running ] && [ "$rc" != 0 ] && echo "$msg" | grep -qE "rank 0 of 2: step [0-9]+: .*AllReduce.*died"' \
   "SIGKILLed peer: rank 0 ended '$rc' after ${secs}s: $(tail -n 1 "$W/k0.log")"
 echo "  (SIGKILLed rank 1: rank 0 exited $rc after ${secs} s: ${msg#trainer: })"
+
+# 1b. of 3 ranks, rank 2 SIGKILLed: both survivors exit non-zero within 60 s
+for r in 0 1 2; do rank $r 3 "$W/k3" "$W/k3_$r.log" --steps 100000 --nccl-timeout 50; done
+wait_step 2 "$W/k3_0.log"
+kill -KILL "${PIDS[-1]}"
+for r in 0 1; do
+  wait_gone "${PIDS[-3 + r]}" 60
+  check '[ "$rc" != running ] && [ "$rc" != 0 ] && grep -qE "rank $r of 3: step [0-9]+: .*AllReduce.*(died|aborted)" "$W/k3_$r.log"' \
+    "3 ranks, rank 2 SIGKILLed: rank $r ended '$rc' after ${secs}s: $(tail -n 1 "$W/k3_$r.log")"
+done
 
 # 2. a rank SIGSTOPped: alive, so only the --nccl-timeout deadline can catch it
 rank 0 2 "$W/s" "$W/s0.log" --steps 100000 --nccl-timeout 3
