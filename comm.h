@@ -1,22 +1,61 @@
-// comm.h: data-parallel communication. One process per GPU; srun starts them and tells each its
-// rank (SLURM_PROCID), the world size (SLURM_NTASKS) and its rank on the node (SLURM_LOCALID,
-// which picks the GPU). Ranks meet through NCCL: rank 0 makes a unique id and publishes it as a
-// file in a directory every rank can see (the run's output directory, on a shared file system);
-// the others wait for the file, then all join the communicator. Gradients are averaged with one
-// AllReduce per step. With one process there is no NCCL at all.
+// comm.h: data-parallel communication. One process per GPU.
+//
+// Launch. Each process learns its rank, the world size and its rank on the node from torchrun-style
+// variables when WORLD_SIZE is set (RANK, WORLD_SIZE, LOCAL_RANK), else from srun (SLURM_PROCID,
+// SLURM_NTASKS, SLURM_LOCALID), else it is the only one. A job script that runs ./trainer itself, not
+// through srun, has SLURM_NTASKS > 1 but no SLURM_STEP_ID (Slurm sets it in job steps only): it is told
+// to use srun. The GPU (comm_device): local rank L of a node where the process sees D devices uses
+// device L when L < D (each task sees all of the node's GPUs), device 0 when D == 1 (each task sees its
+// own: srun --gpus-per-task=1, or CUDA_VISIBLE_DEVICES with one device; the CPU build has one device),
+// and is an error otherwise.
+//
+// Bootstrap: the ranks need rank 0's ncclUniqueId. With --bootstrap tcp (the default) rank 0 serves it
+// on a TCP port to world-1 connections: the address is MASTER_ADDR, else the first host of Slurm's
+// node list (SLURM_STEP_NODELIST, SLURM_JOB_NODELIST), else 127.0.0.1; the port is MASTER_PORT, else
+// 20000 + (a hash of the launch tag) % 20000, never one fixed port. The launch tag hashes the job id,
+// step id, restart count (a requeued job keeps its id) and --out: rank 0 refuses a connection that
+// does not say the same tag, so a stranger (another job on the node) never gets the id, nor gives one.
+// With --bootstrap file rank 0 writes the id to DIR/nccl_id.JOB.STEP.RESTART (DIR: --out, on a shared
+// file system), which names the launch; started by hand (no Slurm), the file must also be younger than
+// the reader's own start minus 60 s, so a stale file from an earlier run is never used.
+//
+// No hangs: the communicator is non-blocking (ncclConfig_t.blocking = 0), and every wait (init, each
+// collective's enqueue, each host sync on a stream with collectives) polls ncclCommGetAsyncError and
+// cudaStreamQuery against a deadline (--nccl-timeout, default 120 s). On an error or at the deadline the
+// rank aborts the communicator (ncclCommAbort: the other ranks' collectives then fail too) and exits 1
+// with one line that names the step and the collective. See NCCL's user guide, "Creating a
+// communicator with options" and "Fault tolerance".
 #pragma once
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <nccl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct {
-    int rank;         // 0 .. world-1, over all nodes
-    int world;        // number of processes (one per GPU)
-    int local_rank;   // rank within this node: selects the GPU
-    ncclComm_t nccl;  // NULL when world == 1
+    int rank;          // 0 .. world-1, over all nodes
+    int world;         // number of processes (one per GPU)
+    int local_rank;    // rank within this node: selects the GPU (comm_device)
+    int device;        // the CUDA device this process uses
+    ncclComm_t nccl;   // NULL when world == 1
+    double timeout_s;  // --nccl-timeout: the deadline of every wait (bootstrap, init, collectives)
+    int step;          // the training step under way, for messages (0: before step 1)
 } Comm;
+
+#define COMM_DEFAULT_TIMEOUT_S 120.0
 
 #define NCCL_CHECK(call)                                                                                  \
     do {                                                                                                  \
@@ -28,8 +67,24 @@ typedef struct {
         }                                                                                                 \
     } while (0)
 
+static inline double comm_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static inline void comm_sleep_s(double s) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)s;
+    ts.tv_nsec = (long)((s - (double)ts.tv_sec) * 1e9);
+    nanosleep(&ts, NULL);
+}
+
+// ----------------------------------------------------------------------------
+// Launch: rank, world, local rank, device
+
 // comm_env_int: an integer environment variable, or dflt when unset; exits on a malformed value.
-static int comm_env_int(const char* name, int dflt) {
+static inline int comm_env_int(const char* name, int dflt) {
     const char* s = getenv(name);
     if (!s || !*s) return dflt;
     char* end;
@@ -41,74 +96,516 @@ static int comm_env_int(const char* name, int dflt) {
     return (int)v;
 }
 
-// comm_from_env: rank/world from SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID (srun), else one process.
-static Comm comm_from_env(void) {
+// comm_from_env: rank, world and local rank of this process (see the top of this file). Exits with one
+// line on values that make no sense, and for a job script that forgot srun.
+static inline Comm comm_from_env(void) {
     Comm c;
     memset(&c, 0, sizeof c);
-    c.world = comm_env_int("SLURM_NTASKS", 1);
-    c.rank = comm_env_int("SLURM_PROCID", 0);
-    c.local_rank = comm_env_int("SLURM_LOCALID", 0);
+    c.timeout_s = COMM_DEFAULT_TIMEOUT_S;
+    const char *rank_var = "SLURM_PROCID", *world_var = "SLURM_NTASKS";
+    if (getenv("WORLD_SIZE") && *getenv("WORLD_SIZE")) {  // torchrun style
+        rank_var = "RANK", world_var = "WORLD_SIZE";
+        c.world = comm_env_int("WORLD_SIZE", 1);
+        c.rank = comm_env_int("RANK", 0);
+        c.local_rank = comm_env_int("LOCAL_RANK", 0);
+    } else {
+        c.world = comm_env_int("SLURM_NTASKS", 1);
+        c.rank = comm_env_int("SLURM_PROCID", 0);
+        c.local_rank = comm_env_int("SLURM_LOCALID", 0);
+        int in_step = (getenv("SLURM_STEP_ID") && *getenv("SLURM_STEP_ID")) || getenv("SLURM_STEPID");
+        if (getenv("SLURM_JOB_ID") && !in_step && c.world > 1) {
+            fprintf(stderr,
+                    "trainer: started by a Slurm job script (SLURM_JOB_ID=%s, SLURM_NTASKS=%d) but not by srun: "
+                    "launch one process per GPU with `srun -K ./trainer ...`\n",
+                    getenv("SLURM_JOB_ID"), c.world);
+            exit(1);
+        }
+    }
     if (c.world < 1 || c.rank >= c.world) {
-        fprintf(stderr, "comm: SLURM_PROCID=%d is not below SLURM_NTASKS=%d\n", c.rank, c.world);
+        fprintf(stderr, "comm: %s=%d is not below %s=%d\n", rank_var, c.rank, world_var, c.world);
         exit(1);
     }
     return c;
 }
 
-// comm_init: joins the NCCL communicator of all ranks (nothing when world == 1). The unique id travels
-// through DIR/nccl_id.JOB.STEP, written atomically by rank 0; other ranks wait up to timeout_s for it.
-static void comm_init(Comm* c, const char* dir, int timeout_s) {
-    if (c->world == 1) return;
-    char path[4096], tmp[4200];
-    const char* job = getenv("SLURM_JOB_ID");
-    const char* step = getenv("SLURM_STEP_ID");
-    snprintf(path, sizeof path, "%s/nccl_id.%s.%s", dir, job ? job : "local", step ? step : "0");
-    ncclUniqueId id;
-    if (c->rank == 0) {
-        NCCL_CHECK(ncclGetUniqueId(&id));
-        snprintf(tmp, sizeof tmp, "%s.tmp", path);
-        FILE* f = fopen(tmp, "wb");
-        if (!f || fwrite(&id, sizeof id, 1, f) != 1 || fclose(f) != 0 || rename(tmp, path) != 0) {
-            fprintf(stderr, "comm: cannot write the NCCL id to %s (is --out a directory every rank can write?)\n",
-                    path);
-            exit(1);
-        }
-    } else {
-        int waited_ms = 0;
-        FILE* f;
-        while (!(f = fopen(path, "rb"))) {
-            if (waited_ms >= timeout_s * 1000) {
-                fprintf(stderr, "comm: rank %d waited %d s for %s from rank 0 (is --out on a shared file system?)\n",
-                        c->rank, timeout_s, path);
-                exit(1);
+// comm_device: the CUDA device of local rank `local_rank` when the process sees `ndev` devices (the
+// rule at the top of this file); -1 with a message in err when there is none for it.
+static inline int comm_device(int local_rank, int ndev, char* err, size_t n) {
+    if (ndev >= 1 && local_rank < ndev) return local_rank;
+    if (ndev == 1) return 0;
+    const char* vis = getenv("CUDA_VISIBLE_DEVICES");
+    snprintf(err, n,
+             "local rank %d but this process sees %d GPU(s)%s%s%s: run at most one process per GPU (srun "
+             "--ntasks-per-node), and let each see either all of the node's GPUs or only its own "
+             "(--gpus-per-task=1)",
+             local_rank, ndev, vis ? " (CUDA_VISIBLE_DEVICES=" : "", vis ? vis : "", vis ? ")" : "");
+    return -1;
+}
+
+// ----------------------------------------------------------------------------
+// Bootstrap: where rank 0 is, and a tag that names this launch
+
+// comm_first_host: the first host name of a Slurm host list ("node[01-03,07],gpu5" -> "node01";
+// "rack[1-2]-n[3-4]" -> "rack1-n3"; zero padding kept). 0, or -1 when the list is malformed.
+static inline int comm_first_host(const char* list, char* out, size_t n) {
+    size_t k = 0;
+    const char* p = list;
+    if (!p || !*p || *p == ',') return -1;
+    while (*p && *p != ',') {
+        if (*p == '[') {  // a range set: its first number
+            p++;
+            if (*p < '0' || *p > '9') return -1;
+            while (*p >= '0' && *p <= '9') {
+                if (k + 1 >= n) return -1;
+                out[k++] = *p++;
             }
-            usleep(20000);
-            waited_ms += 20;
+            if (*p != '-' && *p != ',' && *p != ']') return -1;
+            while (*p && *p != ']') p++;
+            if (*p != ']') return -1;
+            p++;
+            continue;
         }
-        size_t got = fread(&id, sizeof id, 1, f);
-        fclose(f);
-        if (got != 1) {
-            fprintf(stderr, "comm: %s is truncated\n", path);
+        if (*p == ']') return -1;
+        if (k + 1 >= n) return -1;
+        out[k++] = *p++;
+    }
+    out[k] = 0;
+    return k > 0 ? 0 : -1;
+}
+
+static inline uint64_t comm_hash(uint64_t h, const char* s) {  // FNV-1a over a string, and its end
+    for (; s && *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+    return (h ^ 0xff) * 0x100000001b3ull;
+}
+
+// comm_launch_tag: a 64-bit name for this launch that every rank computes alike: the job id, the step
+// id and the restart count (a requeued job keeps its id), the world size and the run's --out.
+static inline uint64_t comm_launch_tag(const Comm* c, const char* out) {
+    const char* vars[] = {"SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT", "MASTER_PORT"};
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int i = 0; i < 4; i++) h = comm_hash(h, getenv(vars[i]));
+    char w[32];
+    snprintf(w, sizeof w, "%d", c->world);
+    return comm_hash(comm_hash(h, w), out);
+}
+
+// comm_port: MASTER_PORT, else 20000 + tag % 20000. -1 (message in err) for a bad MASTER_PORT.
+static inline int comm_port(uint64_t tag, char* err, size_t n) {
+    const char* s = getenv("MASTER_PORT");
+    if (!s || !*s) return 20000 + (int)(tag % 20000);
+    char* end;
+    long v = strtol(s, &end, 10);
+    if (*end || v < 1 || v > 65535) {
+        snprintf(err, n, "MASTER_PORT=%s: expected a TCP port in [1, 65535]", s);
+        return -1;
+    }
+    return (int)v;
+}
+
+// comm_master_addr: MASTER_ADDR, else the first host of SLURM_STEP_NODELIST or SLURM_JOB_NODELIST,
+// else 127.0.0.1 (one node, started by hand). 0, or -1 with a message in err.
+static inline int comm_master_addr(char* out, size_t n, char* err, size_t en) {
+    const char* m = getenv("MASTER_ADDR");
+    if (m && *m) {
+        snprintf(out, n, "%s", m);
+        return 0;
+    }
+    const char* vars[] = {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"};
+    for (int i = 0; i < 2; i++) {
+        const char* l = getenv(vars[i]);
+        if (!l || !*l) continue;
+        if (comm_first_host(l, out, n) == 0) return 0;
+        snprintf(err, en, "%s=%s: not a Slurm host list (set MASTER_ADDR)", vars[i], l);
+        return -1;
+    }
+    snprintf(out, n, "127.0.0.1");
+    return 0;
+}
+
+// What travels on the wire: a client's hello, and rank 0's answer.
+#define COMM_HELLO_MAGIC "MLMBOOT1"
+typedef struct {
+    char magic[8];
+    uint64_t tag;
+    int32_t rank, world;
+} CommHello;
+typedef struct {
+    char magic[8];
+    uint64_t tag;
+    ncclUniqueId id;
+} CommIdMsg;
+
+// comm_io: read (writing = 0) or write n bytes of fd before the deadline. 0, or -1.
+static inline int comm_io(int fd, void* p, size_t n, int writing, double deadline) {
+    char* b = (char*)p;
+    while (n > 0) {
+        double left = deadline - comm_now_s();
+        if (left <= 0) return -1;
+        struct pollfd pfd = {fd, (short)(writing ? POLLOUT : POLLIN), 0};
+        int pr = poll(&pfd, 1, (int)(left * 1000) + 1);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr <= 0) return -1;
+        ssize_t k = writing ? send(fd, b, n, MSG_NOSIGNAL) : recv(fd, b, n, 0);
+        if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (k <= 0) return -1;
+        b += k, n -= (size_t)k;
+    }
+    return 0;
+}
+
+// comm_serve_id: rank 0 listens on `port` and gives the id to world-1 distinct ranks that say the
+// same tag. 0, or -1 with a message in err.
+static inline int comm_serve_id(const Comm* c, int port, uint64_t tag, const ncclUniqueId* id, double deadline,
+                                char* err, size_t en) {
+    int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (ls < 0) return snprintf(err, en, "socket: %s", strerror(errno)), -1;
+    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET, a.sin_port = htons((uint16_t)port), a.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (bind(ls, (struct sockaddr*)&a, sizeof a) != 0 || listen(ls, 128) != 0) {
+        snprintf(err, en,
+                 "rank 0 cannot listen on TCP port %d: %s (set MASTER_PORT to a free port, or use --bootstrap file)",
+                 port, strerror(errno));
+        close(ls);
+        return -1;
+    }
+    char* seen = (char*)calloc((size_t)c->world, 1);
+    int served = 0, refused = 0;
+    while (served < c->world - 1) {
+        double left = deadline - comm_now_s();
+        struct pollfd pfd = {ls, POLLIN, 0};
+        int pr = left > 0 ? poll(&pfd, 1, (int)(left * 1000) + 1) : 0;
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr <= 0) {
+            snprintf(err, en, "rank 0 (TCP port %d) heard from %d of the %d other ranks in %.0f s%s", port, served,
+                     c->world - 1, c->timeout_s, refused ? "; refused connections from another launch" : "");
+            break;
+        }
+        int fd = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) continue;
+        CommHello h;
+        double until = comm_now_s() + 5.0 < deadline ? comm_now_s() + 5.0 : deadline;  // a silent peer
+        int ok = comm_io(fd, &h, sizeof h, 0, until) == 0 && !memcmp(h.magic, COMM_HELLO_MAGIC, 8) && h.tag == tag &&
+                 h.world == c->world && h.rank > 0 && h.rank < c->world && !seen[h.rank];
+        if (ok) {
+            CommIdMsg m;
+            memcpy(m.magic, COMM_HELLO_MAGIC, 8);
+            m.tag = tag, m.id = *id;
+            if (comm_io(fd, &m, sizeof m, 1, until) == 0) seen[h.rank] = 1, served++;
+        } else {
+            refused++;
+        }
+        close(fd);
+    }
+    free(seen);
+    close(ls);
+    return served == c->world - 1 ? 0 : -1;
+}
+
+// comm_fetch_id: a rank > 0 connects to rank 0 (retrying until the deadline: rank 0 may not listen
+// yet) and reads the id. 0, or -1 with a message in err.
+static inline int comm_fetch_id(const Comm* c, const char* host, int port, uint64_t tag, ncclUniqueId* id,
+                                double deadline, char* err, size_t en) {
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    const char* last = "no answer";
+    char why[256];
+    int refused = 0;  // someone listened there but did not give us the id
+    while (comm_now_s() < deadline) {
+        struct addrinfo hints, *res = NULL;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_family = AF_INET, hints.ai_socktype = SOCK_STREAM;
+        int g = getaddrinfo(host, ps, &hints, &res);
+        if (g != 0) {
+            snprintf(why, sizeof why, "cannot resolve %s: %s", host, gai_strerror(g));
+            last = why;
+            comm_sleep_s(0.5);
+            continue;
+        }
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int got = -1;
+        if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+            CommHello h;
+            memcpy(h.magic, COMM_HELLO_MAGIC, 8);
+            h.tag = tag, h.rank = c->rank, h.world = c->world;
+            CommIdMsg m;
+            if (comm_io(fd, &h, sizeof h, 1, deadline) == 0 && comm_io(fd, &m, sizeof m, 0, deadline) == 0 &&
+                !memcmp(m.magic, COMM_HELLO_MAGIC, 8) && m.tag == tag) {
+                *id = m.id;
+                got = 0;
+            } else {
+                last = "connected, but no id came back", refused = 1;
+            }
+        } else if (fd >= 0) {
+            snprintf(why, sizeof why, "%s", strerror(errno));
+            last = why;
+        }
+        if (fd >= 0) close(fd);
+        freeaddrinfo(res);
+        if (got == 0) return 0;
+        comm_sleep_s(0.1);
+    }
+    snprintf(err, en, "rank %d got no NCCL id from rank 0 at %s:%d in %.0f s (last: %s%s)", c->rank, host, port,
+             c->timeout_s, last,
+             refused ? "; whoever listened there refused this launch's tag: another job's rank 0, or a rank 0 with "
+                       "another --out, world size or MASTER_PORT?"
+                     : "");
+    return -1;
+}
+
+// The id file of --bootstrap file.
+#define COMM_FILE_MAGIC "MLMNCID1"
+typedef struct {
+    char magic[8];
+    uint64_t tag;
+    double created;  // CLOCK_REALTIME seconds when rank 0 wrote it
+    ncclUniqueId id;
+} CommIdFile;
+
+static inline double comm_realtime_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// comm_id_path: DIR/nccl_id.JOB.STEP.RESTART ("local.0.0" without Slurm).
+static inline void comm_id_path(char* path, size_t n, const char* dir) {
+    const char *job = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID"), *rs = getenv("SLURM_RESTART_COUNT");
+    snprintf(path, n, "%s/nccl_id.%s.%s.%s", dir, job && *job ? job : "local", step && *step ? step : "0",
+             rs && *rs ? rs : "0");
+}
+
+// comm_file_id: --bootstrap file. Rank 0 removes a stale file and writes the id (atomically); the others
+// wait for a file of this launch (its tag, and without Slurm a creation time after their own start
+// minus 60 s). 0, or -1 with a message in err.
+static inline int comm_file_id(const Comm* c, const char* dir, uint64_t tag, double started, ncclUniqueId* id,
+                               double deadline, char* err, size_t en) {
+    char path[4096], tmp[4200];
+    comm_id_path(path, sizeof path, dir);
+    CommIdFile f;
+    if (c->rank == 0) {
+        memset(&f, 0, sizeof f);
+        memcpy(f.magic, COMM_FILE_MAGIC, 8);
+        f.tag = tag, f.created = comm_realtime_s(), f.id = *id;
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        unlink(path);
+        FILE* fp = fopen(tmp, "wb");
+        if (!fp || fwrite(&f, sizeof f, 1, fp) != 1 || fclose(fp) != 0 || rename(tmp, path) != 0) {
+            snprintf(err, en, "cannot write the NCCL id to %.3000s (is --out a directory every rank can write?)", path);
+            return -1;
+        }
+        return 0;
+    }
+    int with_slurm = getenv("SLURM_JOB_ID") != NULL;
+    const char* last = "no such file";
+    while (comm_now_s() < deadline) {
+        FILE* fp = fopen(path, "rb");
+        if (fp) {
+            size_t got = fread(&f, sizeof f, 1, fp);
+            fclose(fp);
+            if (got != 1)
+                last = "truncated";
+            else if (memcmp(f.magic, COMM_FILE_MAGIC, 8) != 0)
+                last = "not an NCCL id file";
+            else if (f.tag != tag)
+                last = "from another launch (other --out, world size or MASTER_PORT)";
+            else if (!with_slurm && f.created < started - 60)
+                last = "stale: written before this run started";
+            else {
+                *id = f.id;
+                return 0;
+            }
+        }
+        comm_sleep_s(0.02);
+    }
+    snprintf(err, en, "rank %d waited %.0f s for the NCCL id in %.3000s (%s; is --out on a shared file system?)",
+             c->rank, c->timeout_s, path, last);
+    return -1;
+}
+
+// ----------------------------------------------------------------------------
+// The watchdog: every wait on NCCL goes through comm_poll
+
+// comm_die: abort the communicator (the other ranks' waits then fail too) and exit 1 with one line
+// that names the rank, the step and what was waited for.
+static inline void comm_die(Comm* c, const char* what, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+static inline void comm_die(Comm* c, const char* what, const char* fmt, ...) {
+    char why[512], step[32];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    if (c->step > 0)
+        snprintf(step, sizeof step, "step %d", c->step);
+    else
+        snprintf(step, sizeof step, "before step 1");
+    fprintf(stderr, "trainer: rank %d of %d: %s: %s: %s; aborting the communicator\n", c->rank, c->world, step, what,
+            why);
+    fflush(stderr);
+    if (c->nccl) ncclCommAbort(c->nccl);
+    c->nccl = NULL;
+    exit(1);  // ncclCommAbort has ended this rank's NCCL kernels, so the CUDA runtime's exit handlers do not wait
+}
+
+// comm_poll: wait until the communicator has nothing in progress and, when s is not NULL, stream s has
+// finished all its work; polls ncclCommGetAsyncError (and cudaStreamQuery) with the deadline
+// timeout_s. Dies (comm_die) on an NCCL or CUDA error or at the deadline.
+static inline void comm_poll(Comm* c, cudaStream_t s, const char* what, double timeout_s) {
+    double start = comm_now_s(), last = start;
+    for (long i = 0;; i++) {
+        ncclResult_t ae = ncclSuccess;
+        ncclResult_t r = ncclCommGetAsyncError(c->nccl, &ae);
+        if (r != ncclSuccess) ae = r;
+        if (ae != ncclSuccess && ae != ncclInProgress)
+            comm_die(c, what, "NCCL error: %s (%s)", ncclGetErrorString(ae), ncclGetLastError(c->nccl));
+        int done = ae == ncclSuccess;
+        if (done && s) {
+            cudaError_t q = cudaStreamQuery(s);
+            if (q == cudaErrorNotReady)
+                done = 0;
+            else if (q != cudaSuccess)
+                comm_die(c, what, "CUDA error: %s", cudaGetErrorString(q));
+        }
+        if (done) return;
+        double t = comm_now_s();
+        // Time this process did not run (stopped, SIGSTOP/SIGCONT, or suspended) is not the others' fault:
+        // it does not count, and a peer's abort in the meantime is reported instead of a timeout.
+        if (t - last > 1.0) start += t - last;
+        last = t;
+        if (t - start > timeout_s)
+            comm_die(c, what,
+                     "no progress for %.0f s (--nccl-timeout %g): a rank died, stopped or fell behind (see the other "
+                     "ranks' logs)",
+                     t - start, c->timeout_s);
+        if (i < 100)
+            sched_yield();
+        else
+            comm_sleep_s(i < 1000 ? 1e-5 : 2e-4);  // at most 0.2 ms late; ~5000 cheap polls a second
+    }
+}
+
+// comm_check: the result of an NCCL call on c. ncclInProgress (a non-blocking communicator: the call is
+// still being enqueued) is polled to completion before anything else may use the communicator or read
+// the call's result on the host; an error dies (comm_die).
+static inline void comm_check(Comm* c, ncclResult_t r, const char* what) {
+    if (r == ncclSuccess) return;
+    if (r != ncclInProgress) comm_die(c, what, "NCCL error: %s (%s)", ncclGetErrorString(r), ncclGetLastError(c->nccl));
+    comm_poll(c, NULL, what, c->timeout_s);
+}
+
+// comm_wait: wait for all the work on stream s (its collectives included): cudaStreamSynchronize with
+// the watchdog. `what` names the collective for the message when something goes wrong. Every host sync
+// on a stream that may hold collectives goes through here.
+static inline void comm_wait(Comm* c, cudaStream_t s, const char* what) {
+    if (!c->nccl) {
+        cudaError_t e = cudaStreamSynchronize(s);
+        if (e != cudaSuccess) {
+            fprintf(stderr, "trainer: %s: CUDA error: %s\n", what, cudaGetErrorString(e));
             exit(1);
         }
+        return;
     }
-    NCCL_CHECK(ncclCommInitRank(&c->nccl, c->world, id, c->rank));
-    if (c->rank == 0) unlink(path);  // everyone has joined: the id is no longer needed
+    comm_poll(c, s, what, c->timeout_s);
+}
+
+// ----------------------------------------------------------------------------
+// Joining
+
+typedef struct {
+    const char* bootstrap;  // "tcp" or "file"
+    const char* dir;        // --bootstrap file: where the id file goes (--out)
+    const char* out;        // --out (part of the launch tag; may be NULL)
+    double started;         // CLOCK_REALTIME when this process started (the file method's stale check)
+} CommBootstrap;
+
+// comm_init: rank 0's ncclUniqueId to every rank (comm_bootstrap), then a non-blocking communicator of
+// all ranks, polled with the deadline (nothing when world == 1). Dies with one line on any failure.
+static inline void comm_init(Comm* c, const CommBootstrap* b) {
+    if (c->world == 1) return;
+    uint64_t tag = comm_launch_tag(c, b->out);
+    double deadline = comm_now_s() + c->timeout_s;
+    char err[4096] = "", host[256] = "";
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (c->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    int rc;
+    if (!strcmp(b->bootstrap, "file")) {
+        rc = comm_file_id(c, b->dir, tag, b->started, &id, deadline, err, sizeof err);
+    } else {
+        int port = comm_port(tag, err, sizeof err);
+        rc = port < 0 || comm_master_addr(host, sizeof host, err, sizeof err) ? -1 : 0;
+        if (rc == 0)
+            rc = c->rank == 0 ? comm_serve_id(c, port, tag, &id, deadline, err, sizeof err)
+                              : comm_fetch_id(c, host, port, tag, &id, deadline, err, sizeof err);
+    }
+    if (rc != 0) comm_die(c, "bootstrap (the NCCL id)", "%s", err);
+    // Non-blocking: init returns ncclInProgress and completes in the background; comm_poll waits for it
+    // with the deadline (NCCL's user guide, "Creating a communicator with options").
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = ncclCommInitRankConfig(&c->nccl, c->world, id, c->rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        c->nccl = NULL;
+        comm_die(c, "ncclCommInitRankConfig", "NCCL error: %s (%s)", ncclGetErrorString(r), ncclGetLastError(NULL));
+    }
+    comm_poll(c, NULL, "ncclCommInitRankConfig", deadline - comm_now_s() + 1e-3);
+    if (c->rank == 0 && !strcmp(b->bootstrap, "file")) {  // every rank has joined: the id is no longer needed
+        char path[4096];
+        comm_id_path(path, sizeof path, b->dir);
+        unlink(path);
+    }
 }
 
 // comm_average: in-place average over all ranks of n floats on the device (nothing when world == 1).
-static void comm_average(Comm* c, float* x, size_t n, cudaStream_t s) {
+static inline void comm_average(Comm* c, float* x, size_t n, cudaStream_t s) {
     if (c->world == 1) return;
-    NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclAvg, c->nccl, s));
+    comm_check(c, ncclAllReduce(x, x, n, ncclFloat32, ncclAvg, c->nccl, s), "gradient AllReduce");
 }
 
 // comm_sum: in-place sum over all ranks of n floats on the device (nothing when world == 1).
-static void comm_sum(Comm* c, float* x, size_t n, cudaStream_t s) {
+static inline void comm_sum(Comm* c, float* x, size_t n, cudaStream_t s, const char* what) {
     if (c->world == 1) return;
-    NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclSum, c->nccl, s));
+    comm_check(c, ncclAllReduce(x, x, n, ncclFloat32, ncclSum, c->nccl, s), what);
 }
 
-static void comm_free(Comm* c) {
-    if (c->nccl) ncclCommDestroy(c->nccl);
+// ----------------------------------------------------------------------------
+// Agreement: the ranks compare values before they commit to a plan
+
+typedef struct {
+    const char* name;  // what it is, for the message
+    int64_t value;     // this rank's
+    int64_t min, max;  // over all ranks (comm_agree fills them)
+} CommValue;
+
+// comm_agree: the minimum and maximum over all ranks of each value, with one AllReduce (MAX of the
+// values and of their negations), waited for with the watchdog. With one rank, min = max = value.
+static inline void comm_agree(Comm* c, CommValue* v, int n) {
+    for (int i = 0; i < n; i++) v[i].min = v[i].max = v[i].value;
+    if (c->world == 1) return;
+    cudaStream_t s;
+    if (cudaStreamCreate(&s) != cudaSuccess) comm_die(c, "agreement AllReduce", "cannot create a stream");
+    int64_t* h = (int64_t*)malloc(2 * n * sizeof(int64_t));
+    int64_t* d = NULL;
+    for (int i = 0; i < n; i++) h[i] = v[i].value, h[n + i] = v[i].value == INT64_MIN ? INT64_MAX : -v[i].value;
+    if (cudaMalloc((void**)&d, 2 * n * sizeof(int64_t)) != cudaSuccess ||
+        cudaMemcpyAsync(d, h, 2 * n * sizeof(int64_t), cudaMemcpyHostToDevice, s) != cudaSuccess)
+        comm_die(c, "agreement AllReduce", "cannot stage %d values on the device", n);
+    comm_check(c, ncclAllReduce(d, d, 2 * (size_t)n, ncclInt64, ncclMax, c->nccl, s), "agreement AllReduce");
+    if (cudaMemcpyAsync(h, d, 2 * n * sizeof(int64_t), cudaMemcpyDeviceToHost, s) != cudaSuccess)
+        comm_die(c, "agreement AllReduce", "cannot read the values back");
+    comm_wait(c, s, "agreement AllReduce");
+    for (int i = 0; i < n; i++) v[i].max = h[i], v[i].min = -h[n + i];
+    cudaFree(d);
+    cudaStreamDestroy(s);
+    free(h);
+}
+
+// comm_free: a non-blocking communicator is finalized (ncclCommFinalize, polled to completion with the
+// watchdog), then destroyed.
+static inline void comm_free(Comm* c) {
+    if (!c->nccl) return;
+    comm_check(c, ncclCommFinalize(c->nccl), "ncclCommFinalize");
+    ncclCommDestroy(c->nccl);
     c->nccl = NULL;
 }

@@ -24,7 +24,7 @@ typedef struct {
     const char* val;        // glob of the validation shards (optional)
     const char* preset;     // model size when starting from scratch
     const char* init_from;  // a Hugging Face BertForMaskedLM directory to start from (optional)
-    const char* out;        // checkpoints, the final export, the NCCL rendezvous
+    const char* out;        // checkpoints, the final export (and the NCCL id with --bootstrap file)
     const char* stage_dir;  // node-local directory to copy the shards to first (optional)
     int T, B, grad_accum, steps, warmup;
     float lr, wd, beta1, beta2, eps, clip;
@@ -36,11 +36,13 @@ typedef struct {
     float ckpt_minutes;                    // a checkpoint at least this often (wall clock; 0: only --ckpt-every)
     int inf_grad[2], inf_loss[2];          // test hooks (MLM_TEST_INF_GRAD / MLM_TEST_INF_LOSS): see test_hook_env
     int bench, bench_steps, bench_warmup;  // --bench: time the training step on synthetic data
+    const char* bootstrap;                 // --bootstrap tcp | file: how the ranks get rank 0's NCCL id
+    float nccl_timeout;                    // --nccl-timeout S: the deadline of every wait on the other ranks
 } Options;
 
 static void usage(void) {
     printf(
-        "usage: trainer --data 'DIR/train_*.bin' --out DIR [options]    (srun ./trainer ... for several GPUs)\n"
+        "usage: trainer --data 'DIR/train_*.bin' --out DIR [options]    (srun -K ./trainer ... for several GPUs)\n"
         "  --data GLOB         training shards (tools/prepare.py makes them)\n"
         "  --val GLOB          validation shards; evaluated every --val-every steps\n"
         "  --out DIR           checkpoint.bin, the final Hugging Face export (model.safetensors, config.json)\n"
@@ -68,6 +70,12 @@ static void usage(void) {
         "                      --resume continues)\n"
         "  --plan-only         print the memory plan and exit\n"
         "  --info              print the device and this process's place in the job, then exit\n"
+        "several processes (srun -K ./trainer ..., or RANK/WORLD_SIZE/LOCAL_RANK as torchrun sets them):\n"
+        "  --bootstrap tcp|file  how the ranks get rank 0's NCCL id: tcp (default) from MASTER_ADDR:MASTER_PORT,\n"
+        "                      by default the first host of the Slurm node list and a port from the job and step\n"
+        "                      id; file: through --out, which must be on a file system every rank sees\n"
+        "  --nccl-timeout S    a rank that waits S seconds for the others (start-up, a collective) aborts the\n"
+        "                      communicator and exits 1 naming the step and collective (default 120)\n"
         "exit codes: 0 done or stopped by a signal with a checkpoint; 1 bad input or an error; 2 diverged;\n"
         "  128+N a signal N (SIGTERM, SIGUSR1) before step 1: no checkpoint or export was written\n"
         "\n"
@@ -76,7 +84,7 @@ static void usage(void) {
         "  bert-base,bert-large with the preset's vocabulary), the time per phase, tokens/s, MFU and the\n"
         "  planner's largest micro-batch; --batch picks the micro-batch run (default: that largest one)\n"
         "  --bench-steps N     timed steps (default 10), after --bench-warmup N untimed ones (default 3)\n"
-        "  --out DIR           needed only with several processes (the NCCL rendezvous)\n");
+        "  --out DIR           needed only with several processes and --bootstrap file\n");
 }
 
 // parse_int / parse_float: the value of flag `name`, or exit with a message naming flag and value.
@@ -129,6 +137,7 @@ static Options parse_options(int argc, char** argv) {
     o.seed = 1337, o.loader_threads = 2, o.ring_slots = 4;
     o.log_every = 1, o.val_batches = 20;
     o.keep = 2, o.max_bad_steps = 3, o.ckpt_minutes = 30;
+    o.bootstrap = "tcp", o.nccl_timeout = (float)COMM_DEFAULT_TIMEOUT_S;
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
         if (!strcmp(a, "--resume")) {
@@ -208,7 +217,15 @@ static Options parse_options(int argc, char** argv) {
             o.bench_steps = (int)parse_int(a, v, 1, 1 << 20);
         else if (!strcmp(a, "--bench-warmup"))
             o.bench_warmup = (int)parse_int(a, v, 0, 1 << 20);
-        else {
+        else if (!strcmp(a, "--nccl-timeout"))
+            o.nccl_timeout = parse_float(a, v, 0.1, 1e7);
+        else if (!strcmp(a, "--bootstrap")) {
+            if (strcmp(v, "tcp") && strcmp(v, "file")) {
+                fprintf(stderr, "trainer: --bootstrap %s: expected tcp or file\n", v);
+                exit(1);
+            }
+            o.bootstrap = v;
+        } else {
             fprintf(stderr, "trainer: %s: unknown flag (see --help)\n", a);
             exit(1);
         }
@@ -618,12 +635,12 @@ static void add_loss(float* sum, BertModel* m, int n_masked) {
 }
 
 // all_ranks_sum: x (n floats, device) summed over all ranks into host (n floats), then x zeroed.
-// Synchronizes the stream.
-static void all_ranks_sum(Comm* comm, float* x, int n, float* host, cudaStream_t s) {
-    comm_sum(comm, x, n, s);
+// Synchronizes the stream, with the watchdog (comm_wait); `what` names the collective.
+static void all_ranks_sum(Comm* comm, float* x, int n, float* host, cudaStream_t s, const char* what) {
+    comm_sum(comm, x, n, s, what);
     CUDA_CHECK(cudaMemcpyAsync(host, x, n * sizeof(float), cudaMemcpyDeviceToHost, s));
     CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), s));
-    CUDA_CHECK(cudaStreamSynchronize(s));
+    comm_wait(comm, s, what);
 }
 
 // evaluate: the mean MLM loss per masked token over n validation batches (forward only), all ranks.
@@ -645,7 +662,7 @@ static float evaluate(BertModel* m, DataLoader* val, const DataLoaderState* star
         add_loss(sum, m, n_masked);
     }
     float h[2];  // the losses weighted by their masked-token counts, and the counts: a mean per token
-    all_ranks_sum(comm, sum, 2, h, m->stream);
+    all_ranks_sum(comm, sum, 2, h, m->stream, "validation loss AllReduce");
     return h[1] > 0.f ? h[0] / h[1] : 0.f;
 }
 
@@ -761,6 +778,7 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Co
                              const Options* o, float lr) {
     StepResult r;
     memset(&r, 0, sizeof r);
+    comm->step = m->step + 1;  // for the watchdog's messages
     for (int micro = 0; micro < o->grad_accum; micro++) {
         bert_phase(m, PHASE_DATA);
         Batch b;
@@ -796,7 +814,7 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Co
     float stop = stop_requested ? 1.f : 0.f, h[3];
     CUDA_CHECK(cudaMemcpyAsync(&r.norm, m->norm, sizeof r.norm, cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(scratch + 2, &stop, sizeof stop, cudaMemcpyHostToDevice, m->stream));
-    all_ranks_sum(comm, scratch, 3, h, m->stream);
+    all_ranks_sum(comm, scratch, 3, h, m->stream, "step loss AllReduce (the step's host sync)");
     r.loss = h[1] > 0.f ? h[0] / h[1] : 0.f;
     r.stop = h[2] > 0.f;
     r.skipped = !isfinite(r.loss) || !isfinite(r.norm);
@@ -993,15 +1011,16 @@ static int bench_preset(const Options* o, const char* preset, Comm* comm, const 
 }
 
 // run_bench: --bench over the comma-separated presets of --preset.
-static int run_bench(const Options* o, Comm* comm, const cudaDeviceProp* prop) {
-    if (comm->world > 1 && !o->out) {
+static int run_bench(const Options* o, Comm* comm, const cudaDeviceProp* prop, double started) {
+    int file = !strcmp(o->bootstrap, "file");
+    if (comm->world > 1 && file && !o->out) {
         fprintf(stderr,
-                "trainer: --bench with %d processes needs --out DIR on a shared file system (the NCCL "
-                "rendezvous)\n",
+                "trainer: --bench with %d processes and --bootstrap file needs --out DIR on a shared file system "
+                "(for the NCCL id)\n",
                 comm->world);
         return 1;
     }
-    if (comm->world > 1 && mkdir(o->out, 0755) != 0 && errno != EEXIST) {
+    if (comm->world > 1 && file && mkdir(o->out, 0755) != 0 && errno != EEXIST) {
         fprintf(stderr, "trainer: --out %s: cannot create the directory: %s\n", o->out, strerror(errno));
         return 1;
     }
@@ -1023,7 +1042,8 @@ static int run_bench(const Options* o, Comm* comm, const cudaDeviceProp* prop) {
         else
             printf("bench: %s: unknown dense bf16 peak, so no MFU\n", prop->name);
     }
-    comm_init(comm, o->out, 600);
+    CommBootstrap boot = {o->bootstrap, o->out, o->out, started};
+    comm_init(comm, &boot);
     snprintf(list, sizeof list, "%s", o->preset);
     for (char *save = NULL, *name = strtok_r(list, ",", &save); name; name = strtok_r(NULL, ",", &save)) {
         BenchResult r;
@@ -1073,62 +1093,152 @@ static int checkpoint_now(Ckpts* ck, BertModel* m, DataLoader* train, int step) 
     return 0;
 }
 
+// use_device: the GPU this rank runs on (comm_device's rule), its properties and free memory. Exits on error.
+static void use_device(Comm* comm, cudaDeviceProp* prop, size_t* free_bytes, size_t* total_bytes) {
+    int ndev = 0;
+    char err[512];
+    CUDA_CHECK(cudaGetDeviceCount(&ndev));
+    if ((comm->device = comm_device(comm->local_rank, ndev, err, sizeof err)) < 0) {
+        fprintf(stderr, "trainer: rank %d: %s\n", comm->rank, err);
+        exit(1);
+    }
+    CUDA_CHECK(cudaSetDevice(comm->device));
+    CUDA_CHECK(cudaGetDeviceProperties(prop, comm->device));
+    CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
+static uint64_t fingerprint(uint64_t h, const void* p, size_t n) {  // FNV-1a over n bytes
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const uint8_t*)p)[i]) * 0x100000001b3ull;
+    return h;
+}
+
+// data_fingerprint: the shards_fingerprint of a glob's shards (headers only); their vocabulary and pad id.
+static uint64_t data_fingerprint(const char* flag, const char* pattern, int* vocab, int* pad_id) {
+    Shard* shards;
+    int n;
+    char err[DATA_ERR_LEN];
+    if (shards_open_all(pattern, &shards, &n, 1, err)) {
+        fprintf(stderr, "trainer: %s: %s\n", flag, err);
+        exit(1);
+    }
+    uint64_t f = shards_fingerprint(shards, n);
+    if (vocab) *vocab = (int)shards[0].h.vocab_size, *pad_id = shards[0].h.pad_id;
+    for (int i = 0; i < n; i++) shard_close(&shards[i]);
+    free(shards);
+    return f;
+}
+
+// agree: every rank runs the same model, flags and data, with the same micro-batch: one AllReduce
+// compares them (comm_agree). A value that differs stops every rank, each saying what differs. The
+// automatic micro-batch is the smallest any rank can hold. Gives B.
+static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uint64_t data_fp, uint64_t val_fp) {
+    double flags[] = {(double)o->warmup,
+                      o->lr,
+                      o->wd,
+                      o->beta1,
+                      o->beta2,
+                      o->eps,
+                      o->clip,
+                      (double)o->seed,
+                      (double)o->resume,
+                      (double)o->run_steps,
+                      (double)o->val_every,
+                      (double)o->val_batches,
+                      (double)o->max_bad_steps,
+                      (double)sizeof(floatX)};
+    const uint64_t h0 = 0xcbf29ce484222325ull;
+    // The first four are numbers (the message shows them); the next four fingerprints; the last the micro-batch.
+    CommValue v[] = {
+        {"--seq", o->T, 0, 0},
+        {"--batch (0: the largest that fits)", o->B, 0, 0},
+        {"--grad-accum", o->grad_accum, 0, 0},
+        {"--steps", o->steps, 0, 0},
+        {"model configuration (--preset or --init-from, the shards' vocabulary)",
+         (int64_t)fingerprint(h0, cfg, sizeof *cfg), 0, 0},
+        {"other training flags (--lr --warmup --wd --beta1 --beta2 --eps --clip --seed --resume --run-steps "
+         "--val-every "
+         "--val-batches --max-bad-steps)",
+         (int64_t)fingerprint(h0, flags, sizeof flags), 0, 0},
+        {"training data (the --data shards: names in order, sizes, checksums)", (int64_t)data_fp, 0, 0},
+        {"validation data (the --val shards)", (int64_t)val_fp, 0, 0},
+        {"micro-batch", B, 0, 0},
+    };
+    int n = (int)(sizeof v / sizeof v[0]), bad = 0;
+    comm_agree(comm, v, n);
+    for (int i = 0; i < n - 1; i++) {
+        if (v[i].min == v[i].max) continue;
+        if (i < 4)
+            fprintf(stderr,
+                    "trainer: rank %d of %d: the ranks disagree on %s: %lld here, from %lld to %lld over the ranks\n",
+                    comm->rank, comm->world, v[i].name, (long long)v[i].value, (long long)v[i].min,
+                    (long long)v[i].max);
+        else
+            fprintf(stderr,
+                    "trainer: rank %d of %d: the ranks disagree on the %s: fingerprint %016llx here, from %016llx to "
+                    "%016llx over the ranks: every rank must run the same command on the same files\n",
+                    comm->rank, comm->world, v[i].name, (unsigned long long)v[i].value, (unsigned long long)v[i].min,
+                    (unsigned long long)v[i].max);
+        bad = 1;
+    }
+    if (bad) exit(1);  // every rank sees the same min and max, so every rank stops here
+    if (comm->rank == 0 && v[n - 1].min != v[n - 1].max)
+        printf("micro-batch: B=%lld, the smallest any rank can hold (the ranks' largest: %lld to %lld)\n",
+               (long long)v[n - 1].min, (long long)v[n - 1].min, (long long)v[n - 1].max);
+    return (int)v[n - 1].min;
+}
+
+// agree_on_position: after loading, every rank starts from the same step and data position (a rank that
+// resumed from another checkpoint, or found none, stops them all).
+static void agree_on_position(Comm* comm, const BertModel* m, const DataLoader* train) {
+    DataLoaderState d = dataloader_state(train);
+    CommValue v[] = {{"step to start from (--resume: the checkpoint each rank loaded)", m->step, 0, 0},
+                     {"data position (epoch, row)", (int64_t)fingerprint(0xcbf29ce484222325ull, &d, sizeof d), 0, 0}};
+    comm_agree(comm, v, 2);
+    for (int i = 0; i < 2; i++)
+        if (v[i].min != v[i].max) {
+            fprintf(stderr,
+                    "trainer: rank %d of %d: the ranks disagree on the %s: %lld here, from %lld to %lld over the "
+                    "ranks (is --out on a file system every rank sees?)\n",
+                    comm->rank, comm->world, v[i].name, (long long)v[i].value, (long long)v[i].min,
+                    (long long)v[i].max);
+            exit(1);
+        }
+}
+
 int main(int argc, char** argv) {
     install_stop_handlers();  // first: a stop during start-up exits cleanly (see request_stop)
+    double started = comm_realtime_s();
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage();
         return argc < 2 ? 1 : 0;
     }
-    Comm comm = comm_from_env();
-    int ndev = 0;
-    CUDA_CHECK(cudaGetDeviceCount(&ndev));
-    if (comm.local_rank >= ndev) {
-        fprintf(stderr, "trainer: SLURM_LOCALID=%d but this node has %d GPU(s): one process per GPU\n", comm.local_rank,
-                ndev);
-        return 1;
-    }
-    CUDA_CHECK(cudaSetDevice(comm.local_rank));
+    Comm comm = comm_from_env();  // rank, world, local rank: srun, torchrun-style variables, or one process
     cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, comm.local_rank));
     size_t free_bytes, total_bytes;
-    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    use_device(&comm, &prop, &free_bytes, &total_bytes);
     if (!strcmp(argv[1], "--info")) {
-        printf("rank %d of %d (local %d): %s, sm_%d%d, %d SMs, %.1f GB free of %.1f GB\n", comm.rank, comm.world,
-               comm.local_rank, prop.name, prop.major, prop.minor, prop.multiProcessorCount, free_bytes / 1e9,
-               total_bytes / 1e9);
+        printf("rank %d of %d (local %d): device %d, %s, sm_%d%d, %d SMs, %.1f GB free of %.1f GB\n", comm.rank,
+               comm.world, comm.local_rank, comm.device, prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+               free_bytes / 1e9, total_bytes / 1e9);
         return 0;
     }
     Options o = parse_options(argc, argv);
-    if (o.bench) return run_bench(&o, &comm, &prop);
+    comm.timeout_s = o.nccl_timeout;
+    if (o.bench) return run_bench(&o, &comm, &prop, started);
     int main_rank = comm.rank == 0;
     if (!make_out_dir(o.out)) return 1;
 
-    // Node-local copies of the shards (the seed paper's recommendation 2).
-    char train_pattern[4096], val_pattern[4096], err[DATA_ERR_LEN];
-    snprintf(train_pattern, sizeof train_pattern, "%s", o.data);
-    snprintf(val_pattern, sizeof val_pattern, "%s", o.val ? o.val : "");
-    if (o.stage_dir) {
-        if (dataloader_stage(o.data, o.stage_dir, comm.local_rank, 3600, train_pattern, sizeof train_pattern, err) ||
-            (o.val &&
-             dataloader_stage(o.val, o.stage_dir, comm.local_rank, 3600, val_pattern, sizeof val_pattern, err))) {
-            fprintf(stderr, "trainer: --stage-dir: %s\n", err);
-            return 1;
-        }
-    }
+    // The communicator of all ranks, before anything is planned: the ranks agree on the plan.
+    CommBootstrap boot = {o.bootstrap, o.out, o.out, started};
+    comm_init(&comm, &boot);
 
     // The model: a preset with the shards' vocabulary, or a Hugging Face checkpoint.
     BertConfig cfg;
     float* init_w = NULL;
     BertParams init_p;
-    Shard* shards;
-    int nshards;
-    if (shards_open_all(train_pattern, &shards, &nshards, 1, err)) {
-        fprintf(stderr, "trainer: --data: %s\n", err);
-        return 1;
-    }
-    int data_vocab = (int)shards[0].h.vocab_size, pad_id = shards[0].h.pad_id;
-    for (int i = 0; i < nshards; i++) shard_close(&shards[i]);
-    free(shards);
+    int data_vocab, pad_id;
+    uint64_t data_fp = data_fingerprint("--data", o.data, &data_vocab, &pad_id);
+    uint64_t val_fp = o.val ? data_fingerprint("--val", o.val, NULL, NULL) : 0;
     if (o.init_from) {
         if (!bert_load_hf(o.init_from, &cfg, &init_p, &init_w)) {
             fprintf(stderr, "trainer: --init-from %s: cannot load config.json + model.safetensors\n", o.init_from);
@@ -1148,9 +1258,11 @@ int main(int argc, char** argv) {
         return 1;
     }
 
-    // The memory plan, and the micro-batch it allows (the seed paper's recommendation 5).
+    // The memory plan, and the micro-batch it allows (the seed paper's recommendation 5): the same on
+    // every rank, the smallest any rank can hold.
     int loaders = o.val ? 2 : 1;
     Plan plan = o.B ? make_plan(&cfg, o.B, o.T, loaders) : choose_batch(&cfg, o.T, loaders, free_bytes, total_bytes);
+    plan = make_plan(&cfg, agree(&comm, &o, &cfg, plan.B, data_fp, val_fp), o.T, loaders);
     if (main_rank) {
         printf("device: %s, %.1f GB free of %.1f GB; %d process(es)\n", prop.name, free_bytes / 1e9, total_bytes / 1e9,
                comm.world);
@@ -1176,6 +1288,24 @@ int main(int argc, char** argv) {
         return 1;
     }
     CUDA_CHECK(cudaFree(probe));
+
+    // Node-local copies of the shards (the seed paper's recommendation 2); the ranks wait for the slowest
+    // node (up to an hour more than --nccl-timeout).
+    char train_pattern[4096], val_pattern[4096], err[DATA_ERR_LEN];
+    snprintf(train_pattern, sizeof train_pattern, "%s", o.data);
+    snprintf(val_pattern, sizeof val_pattern, "%s", o.val ? o.val : "");
+    if (o.stage_dir) {
+        if (dataloader_stage(o.data, o.stage_dir, comm.local_rank, 3600, train_pattern, sizeof train_pattern, err) ||
+            (o.val &&
+             dataloader_stage(o.val, o.stage_dir, comm.local_rank, 3600, val_pattern, sizeof val_pattern, err))) {
+            fprintf(stderr, "trainer: --stage-dir: %s\n", err);
+            return 1;
+        }
+        CommValue staged = {"staged", 1, 0, 0};
+        comm.timeout_s += 3600;
+        comm_agree(&comm, &staged, 1);
+        comm.timeout_s = o.nccl_timeout;
+    }
 
     // Everything on the device, allocated once.
     cudaStream_t stream;
@@ -1221,7 +1351,7 @@ int main(int argc, char** argv) {
     }
     free(init_w);
     if (o.init_from) bert_params_free(&init_p);
-    comm_init(&comm, o.out, 600);
+    agree_on_position(&comm, &model, &train);
     bert_zero_grad(&model);
     size_t free_before_step1;  // from here on nothing is allocated: the log shows it
     CUDA_CHECK(cudaMemGetInfo(&free_before_step1, &total_bytes));

@@ -25,10 +25,22 @@
 //   The first rank that sees a failure writes it into the header; every other rank's current and
 //   later calls then fail at once with the same message. Errors are sticky: the communicator
 //   stays failed, ncclCommGetAsyncError reports it, and ncclCommAbort (or Destroy) frees it.
+//   Only waits look for dead peers: on an idle communicator ncclCommGetAsyncError reports the
+//   failures already seen (here or published by a peer), not a peer that exited after its last
+//   collective (ranks that finish, or stop on an error of their own, one after the other).
 //
 // Semantics decisions
 //   Streams: the CPU runtime runs streams synchronously, so a collective runs when it is called
 //   and the cudaStream_t argument is ignored. Buffers are plain host memory (cudaMalloc = malloc).
+//   Non-blocking communicators (ncclCommInitRankConfig with config.blocking = 0), as NCCL's user
+//   guide describes them ("Creating a communicator with options", "Fault tolerance"): init
+//   returns ncclInProgress at once and completes in a thread of the communicator;
+//   ncclCommGetAsyncError says ncclInProgress until it has, then ncclSuccess or the error. Every
+//   later call on the communicator (a collective, or a group's calls at ncclGroupEnd) is queued
+//   to that thread, runs there in order, and returns ncclInProgress; ncclCommGetAsyncError says
+//   ncclInProgress while anything is queued or running. So the caller polls, with a deadline of
+//   its own, and a peer that stops (SIGSTOP) without dying cannot hang it: ncclCommAbort from
+//   the polling thread stops the queued work. Results may be read once the poll says ncclSuccess.
 //   Groups: calls between ncclGroupStart and ncclGroupEnd are queued and run, in order, at the
 //   outermost ncclGroupEnd, which returns the first error. ncclCommInitRank inside a group runs at
 //   once. A thread can drive only one rank of a communicator: a group with calls for two ranks of
@@ -49,6 +61,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -121,6 +134,10 @@ struct Header {
 
 }  // namespace
 
+namespace {
+struct Call;  // one collective call (below)
+}  // namespace
+
 // The opaque ncclComm_t of <nccl.h>: one rank's view of the communicator.
 struct ncclComm {
     int rank, nranks;
@@ -140,6 +157,19 @@ struct ncclComm {
     int aborting;        // set by ncclCommAbort, seen by a thread that waits inside a call
     int busy;            // threads inside a call on this communicator
     char last_error[256];
+    // Non-blocking communicators only (blocking == 0): the thread that runs init and then the
+    // queued calls, in order. pending counts init and the calls not finished yet.
+    int blocking;
+    int init_done;  // init succeeded: hdr and slots are valid
+    int pending;
+    int stop;  // the thread exits once the queue is empty (Destroy), or at once (Abort empties it)
+    pthread_t worker;
+    int have_worker;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    Call* queue;  // a ring of q_cap calls, q_n of them from q_head
+    int q_head, q_n, q_cap;
+    IdInfo id;  // for the init that runs in the thread
 };
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
@@ -705,6 +735,39 @@ static thread_local int group_depth;
 static thread_local Call* group_calls;
 static thread_local int group_n, group_cap;
 
+// enqueue: hand a call of a non-blocking communicator to its thread; ncclInProgress, or the
+// communicator's error when it has one already.
+static ncclResult_t enqueue(const Call* k) {
+    ncclComm* c = k->comm;
+    ncclResult_t e = (ncclResult_t)__atomic_load_n(&c->error, __ATOMIC_SEQ_CST);
+    if (e != ncclSuccess) {
+        memcpy(tls_last_error, c->last_error, sizeof tls_last_error);
+        return e;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (c->stop) {
+        pthread_mutex_unlock(&c->mu);
+        return record_error(c, ncclInvalidUsage, "%s on a communicator being destroyed or aborted", op_names[k->kind]);
+    }
+    if (c->q_n == c->q_cap) {
+        int cap = c->q_cap ? 2 * c->q_cap : 16;
+        Call* p = (Call*)malloc((size_t)cap * sizeof(Call));
+        if (!p) {
+            pthread_mutex_unlock(&c->mu);
+            return record_error(c, ncclSystemError, "%s: out of memory queueing a call", op_names[k->kind]);
+        }
+        for (int i = 0; i < c->q_n; i++) p[i] = c->queue[(c->q_head + i) % c->q_cap];
+        free(c->queue);
+        c->queue = p, c->q_head = 0, c->q_cap = cap;
+    }
+    c->queue[(c->q_head + c->q_n) % c->q_cap] = *k;
+    c->q_n++;
+    c->pending++;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return ncclInProgress;
+}
+
 // submit: check the arguments (errors come back at once, as in NCCL), then run or queue the call.
 static ncclResult_t submit(const Call* k) {
     const char* fn = op_names[k->kind];
@@ -727,7 +790,7 @@ static ncclResult_t submit(const Call* k) {
         if ((need_send && !k->send) || (need_recv && !k->recv))
             return record_error(c, ncclInvalidArgument, "%s: NULL buffer", fn);
     }
-    if (group_depth == 0) return run_call(k);
+    if (group_depth == 0) return c->blocking ? run_call(k) : enqueue(k);
     if (group_n == group_cap) {
         int cap = group_cap ? 2 * group_cap : 16;
         Call* p = (Call*)realloc(group_calls, (size_t)cap * sizeof(Call));
@@ -749,11 +812,12 @@ ncclResult_t ncclGroupEnd() {
     if (--group_depth > 0) return ncclSuccess;
     ncclResult_t first = ncclSuccess;
     // One thread, two ranks of one communicator: the first call would wait forever for the second.
+    // (Non-blocking communicators run their calls in their own threads: no conflict.)
     int conflict = 0;
     for (int i = 0; i < group_n && !conflict; i++)
         for (int j = i + 1; j < group_n && !conflict; j++)
-            if (group_calls[i].comm != group_calls[j].comm &&
-                group_calls[i].comm->nonce == group_calls[j].comm->nonce) {
+            if (group_calls[i].comm != group_calls[j].comm && group_calls[i].comm->blocking &&
+                group_calls[j].comm->blocking && group_calls[i].comm->nonce == group_calls[j].comm->nonce) {
                 first = record_error(NULL, ncclInvalidUsage,
                                      "ncclGroupEnd: one thread drives ranks %d and %d of the same communicator; the "
                                      "CPU emulation needs one thread (or process) per rank",
@@ -761,10 +825,14 @@ ncclResult_t ncclGroupEnd() {
                 conflict = 1;
             }
     // Run all calls even after one failed, so that the other communicators stay in step.
+    // Calls on non-blocking communicators go to their threads: then the group is ncclInProgress.
+    int queued = 0;
     for (int i = 0; i < group_n && !conflict; i++) {
-        ncclResult_t r = run_call(&group_calls[i]);
+        ncclResult_t r = group_calls[i].comm->blocking ? run_call(&group_calls[i]) : enqueue(&group_calls[i]);
+        if (r == ncclInProgress) queued = 1, r = ncclSuccess;
         if (first == ncclSuccess) first = r;
     }
+    if (first == ncclSuccess && queued) first = ncclInProgress;
     free(group_calls);
     group_calls = NULL;
     group_n = group_cap = 0;
@@ -924,7 +992,7 @@ static ncclResult_t open_segment(ncclComm* c, int fd, const IdInfo* id, double d
             return record_error(NULL, ncclSystemError, "ncclCommInitRank: fstat(%s): %s", id->name, strerror(e));
         }
         if (st.st_size > 0) break;
-        if (now_s() > deadline) {
+        if (now_s() > deadline || LOAD(&c->aborting)) {
             close(fd);
             return record_error(NULL, ncclRemoteError, "ncclCommInitRank: timeout: segment %s was never sized",
                                 id->name);
@@ -939,7 +1007,7 @@ static ncclResult_t open_segment(ncclComm* c, int fd, const IdInfo* id, double d
         return record_error(NULL, ncclSystemError, "ncclCommInitRank: mmap(%s): %s", id->name, strerror(e));
     Header* h = (Header*)base;
     while (LOAD(&h->magic) != SEGMENT_MAGIC) {
-        if (now_s() > deadline) {
+        if (now_s() > deadline || LOAD(&c->aborting)) {
             munmap(base, size);
             return record_error(NULL, ncclRemoteError,
                                 "ncclCommInitRank: timeout: segment %s was never initialized (its creator died?)",
@@ -977,48 +1045,56 @@ static ncclResult_t attach_segment(ncclComm* c, const IdInfo* id, double deadlin
         if (errno != ENOENT)
             return record_error(NULL, ncclSystemError, "ncclCommInitRank: shm_open(%s): %s", id->name, strerror(errno));
         // It was unlinked between our two calls (a failed init cleaning up): try again.
-        if (now_s() > deadline)
+        if (now_s() > deadline || LOAD(&c->aborting))
             return record_error(NULL, ncclRemoteError, "ncclCommInitRank: timeout attaching to %s", id->name);
         sleep_s(0.001);
     }
 }
 
-ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
-    if (!comm) return record_error(NULL, ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
-    *comm = NULL;
+// comm_new: check the arguments of an init and allocate the communicator (nothing attached yet).
+static ncclResult_t comm_new(int nranks, ncclUniqueId commId, int rank, const char* fn, ncclComm** out) {
+    *out = NULL;
     if (nranks < 1 || nranks > MAX_RANKS || rank < 0 || rank >= nranks)
-        return record_error(NULL, ncclInvalidArgument, "ncclCommInitRank: bad rank %d / nranks %d (at most %d ranks)",
-                            rank, nranks, MAX_RANKS);
+        return record_error(NULL, ncclInvalidArgument, "%s: bad rank %d / nranks %d (at most %d ranks)", fn, rank,
+                            nranks, MAX_RANKS);
     IdInfo id;
     memcpy(&id, commId.internal, sizeof id);
     id.name[sizeof id.name - 1] = 0;
     if (memcmp(id.magic, ID_MAGIC, sizeof id.magic) != 0 || id.name[0] != '/')
-        return record_error(NULL, ncclInvalidArgument, "ncclCommInitRank: the id does not come from ncclGetUniqueId");
-
+        return record_error(NULL, ncclInvalidArgument, "%s: the id does not come from ncclGetUniqueId", fn);
     ncclComm* c = (ncclComm*)calloc(1, sizeof *c);
-    if (!c) return record_error(NULL, ncclSystemError, "ncclCommInitRank: out of memory");
+    if (!c) return record_error(NULL, ncclSystemError, "%s: out of memory", fn);
     c->rank = rank;
     c->nranks = nranks;
     c->nonce = id.nonce;
+    c->id = id;
+    c->blocking = 1;
     c->timeout_s = env_timeout_s();
     c->my_pid = getpid();
     c->my_ns = my_pid_namespace();
     c->cur_op = "ncclCommInitRank";
+    *out = c;
+    return ncclSuccess;
+}
+
+// init_body: attach to the segment, claim this rank's slot and wait for every rank to join.
+// On failure nothing stays attached (c->hdr is NULL) and the error is returned.
+static ncclResult_t init_body(ncclComm* c) {
+    const IdInfo* id = &c->id;
     char state;
     uint64_t start_time = 0;
     c->have_proc = read_proc_stat(c->my_pid, &state, &start_time) == 0;
     double deadline = c->timeout_s > 0 ? now_s() + c->timeout_s : 1e300;
-
-    ncclResult_t r = attach_segment(c, &id, deadline);
+    ncclResult_t r = attach_segment(c, id, deadline);
     if (r != ncclSuccess) {
-        free(c);
+        c->hdr = NULL;
         return r;
     }
     Header* h = c->hdr;
-    Slot* s = &c->slots[rank];
+    Slot* s = &c->slots[c->rank];
     if (__atomic_exchange_n(&s->claimed, 1, __ATOMIC_SEQ_CST) != 0) {
         char msg[200];
-        snprintf(msg, sizeof msg, "ncclCommInitRank: rank %d joined twice (pid %d)", rank, (int)c->my_pid);
+        snprintf(msg, sizeof msg, "ncclCommInitRank: rank %d joined twice (pid %d)", c->rank, (int)c->my_pid);
         publish_failure(c, ncclInvalidUsage, msg);
         r = record_error(c, ncclInvalidUsage, "%s", msg);
     } else {
@@ -1027,49 +1103,149 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId,
         s->start_time = start_time;
         STORE(&s->state, (int32_t)SLOT_JOINED);
         // The last rank to join removes the name: the segment lives on while it is mapped.
-        if (__atomic_add_fetch(&h->attached, 1, __ATOMIC_SEQ_CST) == nranks) shm_unlink(id.name);
+        if (__atomic_add_fetch(&h->attached, 1, __ATOMIC_SEQ_CST) == c->nranks) shm_unlink(id->name);
         wake_all(h);
         r = wait_all(c, 0);
         if (r != ncclSuccess) STORE(&s->state, (int32_t)SLOT_LEFT);
     }
     if (r != ncclSuccess) {
-        shm_unlink(id.name);  // a late rank then finds no segment, makes its own and times out
+        shm_unlink(id->name);  // a late rank then finds no segment, makes its own and times out
         wake_all(h);
         munmap(h, c->map_bytes);
-        free(c);
+        c->hdr = NULL;
         return r;
     }
     c->cur_op = "(no call)";
+    return ncclSuccess;
+}
+
+static void comm_free_memory(ncclComm* c) {
+    if (!c->blocking) {
+        pthread_mutex_destroy(&c->mu);
+        pthread_cond_destroy(&c->cv);
+        free(c->queue);
+    }
+    free(c);
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
+    if (!comm) return record_error(NULL, ncclInvalidArgument, "ncclCommInitRank: comm is NULL");
+    ncclComm* c;
+    ncclResult_t r = comm_new(nranks, commId, rank, "ncclCommInitRank", &c);
+    if (r != ncclSuccess) return r;
+    r = init_body(c);
+    if (r != ncclSuccess) {
+        comm_free_memory(c);
+        return r;
+    }
+    c->init_done = 1;
     *comm = c;
     return ncclSuccess;
 }
 
+// worker: the thread of a non-blocking communicator: init, then the queued calls in order.
+// busy was raised for the init by ncclCommInitRankConfig; each call raises it under the lock, so
+// ncclCommAbort, once it has emptied the queue under the lock, only waits for busy to reach 0.
+static void* worker(void* arg) {
+    ncclComm* c = (ncclComm*)arg;
+    ncclResult_t r = init_body(c);
+    if (r != ncclSuccess)
+        comm_fail(c, r, "%s", tls_last_error);
+    else
+        __atomic_store_n(&c->init_done, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&c->mu);
+    c->pending--;
+    __atomic_fetch_sub(&c->busy, 1, __ATOMIC_SEQ_CST);
+    for (;;) {
+        while (c->q_n == 0 && !c->stop) pthread_cond_wait(&c->cv, &c->mu);
+        if (c->q_n == 0) break;
+        Call k = c->queue[c->q_head];
+        c->q_head = (c->q_head + 1) % c->q_cap;
+        c->q_n--;
+        __atomic_fetch_add(&c->busy, 1, __ATOMIC_SEQ_CST);
+        pthread_mutex_unlock(&c->mu);
+        if (c->hdr) run_call(&k);  // after a failed init: every call fails (the error is sticky)
+        pthread_mutex_lock(&c->mu);
+        __atomic_fetch_sub(&c->busy, 1, __ATOMIC_SEQ_CST);
+        c->pending--;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config) {
-    // The options tune GPU resources; none applies here. blocking = 0 is allowed: every call
-    // here completes before it returns, so ncclInProgress is never needed.
+    // Of the options only blocking applies here (the others tune GPU resources). Unset, NCCL takes
+    // NCCL_COMM_BLOCKING from the environment, else 1.
+    if (!comm) return record_error(NULL, ncclInvalidArgument, "ncclCommInitRankConfig: comm is NULL");
     if (config && config->magic != 0xcafebeef)
         return record_error(NULL, ncclInvalidArgument,
                             "ncclCommInitRankConfig: config was not set up with NCCL_CONFIG_INITIALIZER");
-    return ncclCommInitRank(comm, nranks, commId, rank);
+    int blocking = config ? config->blocking : NCCL_CONFIG_UNDEF_INT;
+    if (blocking == NCCL_CONFIG_UNDEF_INT) {
+        const char* e = getenv("NCCL_COMM_BLOCKING");
+        blocking = e && *e ? atoi(e) != 0 : 1;
+    }
+    if (blocking) return ncclCommInitRank(comm, nranks, commId, rank);
+    *comm = NULL;
+    ncclComm* c;
+    ncclResult_t r = comm_new(nranks, commId, rank, "ncclCommInitRankConfig", &c);
+    if (r != ncclSuccess) return r;
+    c->blocking = 0;
+    c->pending = 1;  // the init
+    c->busy = 1;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    if (pthread_create(&c->worker, NULL, worker, c) != 0) {
+        comm_free_memory(c);
+        return record_error(NULL, ncclSystemError, "ncclCommInitRankConfig: cannot start a thread: %s",
+                            strerror(errno));
+    }
+    c->have_worker = 1;
+    *comm = c;  // valid now; ncclCommGetAsyncError tells when it is ready
+    return ncclInProgress;
 }
 
-// ncclCommFinalize: every operation has completed when its call returned; nothing to flush.
+// ncclCommFinalize: every operation has completed when its call returned (blocking), or when
+// ncclCommGetAsyncError stops saying ncclInProgress (non-blocking); nothing else to flush.
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
     if (!comm) return record_error(NULL, ncclInvalidArgument, "ncclCommFinalize: comm is NULL");
-    return (ncclResult_t)__atomic_load_n(&comm->error, __ATOMIC_SEQ_CST);
+    ncclResult_t e = (ncclResult_t)__atomic_load_n(&comm->error, __ATOMIC_SEQ_CST);
+    if (e == ncclSuccess && !comm->blocking && __atomic_load_n(&comm->pending, __ATOMIC_SEQ_CST) > 0)
+        return ncclInProgress;
+    return e;
+}
+
+// stop_worker: let the thread of a non-blocking communicator finish what is queued (drop = 0) or
+// drop it (drop = 1), and exit.
+static void stop_worker(ncclComm* c, int drop) {
+    pthread_mutex_lock(&c->mu);
+    if (drop) {
+        c->pending -= c->q_n;
+        c->q_n = 0;
+    }
+    c->stop = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
 }
 
 // release: this rank leaves: mark its slot (peers waiting for it then fail at once), unmap, free.
 static void release(ncclComm* c) {
-    STORE(&c->slots[c->rank].state, (int32_t)SLOT_LEFT);
-    wake_all(c->hdr);
-    munmap(c->hdr, c->map_bytes);
-    free(c);
+    if (c->hdr) {
+        STORE(&c->slots[c->rank].state, (int32_t)SLOT_LEFT);
+        wake_all(c->hdr);
+        munmap(c->hdr, c->map_bytes);
+    }
+    comm_free_memory(c);
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
     if (!comm) return ncclSuccess;
-    // Nothing to wait for: when a collective returns, no rank needs this rank's memory any more.
+    // Blocking: when a collective returns, no rank needs this rank's memory any more. Non-blocking:
+    // the queued calls run first (they end, in success or error, since their waits are bounded).
+    if (comm->have_worker) {
+        stop_worker(comm, 0);
+        pthread_join(comm->worker, NULL);
+    }
     release(comm);
     return ncclSuccess;
 }
@@ -1079,39 +1255,44 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     char msg[200];
     snprintf(msg, sizeof msg, "rank %d aborted the communicator (ncclCommAbort)", comm->rank);
     __atomic_store_n(&comm->aborting, 1, __ATOMIC_SEQ_CST);
-    publish_failure(comm, ncclRemoteError, msg);  // peers fail now rather than wait for us
-    // A thread blocked in a call on this communicator notices within CHECK_INTERVAL_S; wait for it
-    // to leave before unmapping (if it does not, leak the mapping rather than pull it away).
+    if (comm->have_worker) stop_worker(comm, 1);
+    // Peers fail now rather than wait for us. (During a non-blocking init, the init itself fails
+    // on `aborting` and marks this rank's slot as left, which the peers see.)
+    if (__atomic_load_n(&comm->init_done, __ATOMIC_SEQ_CST)) publish_failure(comm, ncclRemoteError, msg);
+    // A thread blocked in a call (or in a non-blocking init) on this communicator notices within
+    // CHECK_INTERVAL_S; wait for it to leave before unmapping (if it does not, leak the mapping
+    // rather than pull it away).
     double give_up = now_s() + 5.0;
     while (__atomic_load_n(&comm->busy, __ATOMIC_SEQ_CST) > 0 && now_s() < give_up) sleep_s(0.001);
     if (__atomic_load_n(&comm->busy, __ATOMIC_SEQ_CST) > 0) {
-        STORE(&comm->slots[comm->rank].state, (int32_t)SLOT_LEFT);
+        if (__atomic_load_n(&comm->init_done, __ATOMIC_SEQ_CST))
+            STORE(&comm->slots[comm->rank].state, (int32_t)SLOT_LEFT);
         return ncclSuccess;
     }
+    if (comm->have_worker) pthread_join(comm->worker, NULL);
     release(comm);
     return ncclSuccess;
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* asyncError) {
     if (!comm || !asyncError) return record_error(NULL, ncclInvalidArgument, "ncclCommGetAsyncError: NULL argument");
+    ncclResult_t e = (ncclResult_t)__atomic_load_n(&comm->error, __ATOMIC_SEQ_CST);
+    if (e == ncclSuccess && !comm->blocking && __atomic_load_n(&comm->pending, __ATOMIC_SEQ_CST) > 0) {
+        *asyncError = ncclInProgress;  // init or a queued call still running: its thread watches the peers
+        return ncclSuccess;
+    }
+    if (e == ncclSuccess && !comm->hdr) {  // a non-blocking init that failed has its error set; not here
+        *asyncError = ncclSuccess;
+        return ncclSuccess;
+    }
     if (!comm->error && LOAD(&comm->hdr->fail_code)) {
         const char* saved = comm->cur_op;
         comm->cur_op = "ncclCommGetAsyncError";
         fail_from_header(comm);
         comm->cur_op = saved;
     }
-    if (!comm->error) {
-        // A peer that died without leaving is an error even before the next collective.
-        for (int q = 0; q < comm->nranks; q++) {
-            if (q == comm->rank || LOAD(&comm->slots[q].state) != SLOT_JOINED || peer_alive(comm, q)) continue;
-            char msg[200];
-            snprintf(msg, sizeof msg, "rank %d (pid %d) died (seen by rank %d in ncclCommGetAsyncError)", q,
-                     comm->slots[q].pid, comm->rank);
-            publish_failure(comm, ncclRemoteError, msg);
-            comm_fail(comm, ncclRemoteError, "%s", msg);
-            break;
-        }
-    }
+    // An idle communicator does not watch its peers (as in NCCL, where errors are found by the
+    // operations in flight): a peer that exits after the last collective that needed it is no error.
     *asyncError = (ncclResult_t)__atomic_load_n(&comm->error, __ATOMIC_SEQ_CST);
     return ncclSuccess;
 }

@@ -131,9 +131,10 @@ fi
 
 # a stop during start-up (here: rank 0 of 2 waits for its peer at the NCCL rendezvous) exits at once
 for sig in TERM USR1; do
-  SLURM_NTASKS=2 SLURM_PROCID=0 SLURM_LOCALID=0 NCCL_EMU_TIMEOUT_S=60 "$TRAINER" "${T[@]}" --out "$W/sig$sig" >"$W/sig$sig.log" 2>&1 &
+  SLURM_NTASKS=2 SLURM_PROCID=0 SLURM_LOCALID=0 NCCL_EMU_TIMEOUT_S=60 "$TRAINER" "${T[@]}" --out "$W/sig$sig" \
+    --bootstrap file >"$W/sig$sig.log" 2>&1 &
   pid=$!
-  for i in $(seq 1 600); do [ -e "$W/sig$sig/nccl_id.local.0" ] && break; sleep 0.05; done  # rank 0 waits for rank 1
+  for i in $(seq 1 600); do [ -e "$W/sig$sig/nccl_id.local.0.0" ] && break; sleep 0.05; done  # rank 0 waits for rank 1
   sleep 0.2
   kill -$sig $pid
   wait $pid; rc=$?

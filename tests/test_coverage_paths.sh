@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # test_coverage_paths.sh: the trainer's less travelled paths, each with the outcome it must have:
 #   - AdamW and logging flags out of range, an empty --out, an unusable --val, rows too short for the shards,
-#     SLURM variables that make no sense, --bench without a temporary directory or its --out: one line
-#     naming the flag, variable or file, and exit 1
-#   - the NCCL rendezvous (comm.h): an id file rank 0 cannot write, a truncated one, one that is not an id
+#     SLURM/torchrun variables that make no sense, a job script that runs the trainer without srun, --bench
+#     without a temporary directory or its --out: one line naming the flag, variable or file, and exit 1
+#   - the NCCL bootstrap (comm.h): a bad MASTER_PORT or node list; over TCP, a rank 0 or a rank 1 alone (the
+#     --nccl-timeout deadline, naming the address and port); --bootstrap file: an id file rank 0 cannot
+#     write, a truncated one, one that rank 0 never wrote
 #   - --stage-dir: with --val (both splits copied, the run trains and evaluates from the copies), and a
 #     staging directory that cannot be made, a path too long, two sources with the same file name, a shard
 #     that cannot be renamed into place, a marker that cannot be written
@@ -36,11 +38,11 @@ touch "$W/file"
 mkdir -p "$W/d1" "$W/d2"  # two directories holding a shard of the same name
 cp "$W/data/train_00000.bin" "$W/d1/" && cp "$W/data/train_00000.bin" "$W/d2/"
 LONG=$W/$(printf 'x%.0s' $(seq 1 4100))
-# rank 0 cannot write its NCCL id (the temporary name is a directory); rank 1 reads a truncated id, and an id
-# of the right size that ncclGetUniqueId never made
-mkdir -p "$W/c0/nccl_id.j0.0.tmp" "$W/c1" "$W/c2"
-head -c 10 /dev/zero >"$W/c1/nccl_id.j1.0"
-head -c 128 /dev/zero >"$W/c2/nccl_id.j2.0"
+# --bootstrap file: rank 0 cannot write its NCCL id (the temporary name is a directory); rank 1 finds a
+# truncated id file, and one of the right size that rank 0 never wrote
+mkdir -p "$W/c0/nccl_id.j0.0.0.tmp" "$W/c1" "$W/c2"
+head -c 10 /dev/zero >"$W/c1/nccl_id.j1.0.0"
+head -c 152 /dev/zero >"$W/c2/nccl_id.j2.0.0"
 # staging: the shard's local name is a non-empty directory; the marker's temporary name is a directory
 mkdir -p "$W/st_ren/train_00000.bin/x" "$W/st_mark/.staged-train_00000.bin.tmp"  # (the table's commands expand --data's glob)
 
@@ -73,16 +75,23 @@ CASES=$(cat <<EOF
 --clip -1: expected a number|$TRAINER ${T[*]} --out $W/o --clip -1
 --log-every 0: expected an integer in \[1,|$TRAINER ${T[*]} --out $W/o --log-every 0
 --out '': expected a directory path|$TRAINER ${T[*]} --out ''
-trainer: data: $W/none/\*.bin: no shard files match|$TRAINER ${T[*]} --out $W/o --val "$W/none/*.bin"
+trainer: --val: data: $W/none/\*.bin: no shard files match|$TRAINER ${T[*]} --out $W/o --val "$W/none/*.bin"
 samples of up to 32 tokens do not fit rows of T=16|$TRAINER ${T[*]} --out $W/o --seq 16
-SLURM_LOCALID=1 but this node has 1 GPU|SLURM_LOCALID=1 $TRAINER ${T[*]} --out $W/o
+started by a Slurm job script (SLURM_JOB_ID=7, SLURM_NTASKS=2) but not by srun|SLURM_JOB_ID=7 SLURM_NTASKS=2 $TRAINER ${T[*]} --out $W/o
+RANK=3 is not below WORLD_SIZE=2|WORLD_SIZE=2 RANK=3 $TRAINER ${T[*]} --out $W/o
+--bootstrap udp: expected tcp or file|$TRAINER ${T[*]} --out $W/o --bootstrap udp
+--nccl-timeout 0: expected a number in \[0.1,|$TRAINER ${T[*]} --out $W/o --nccl-timeout 0
+MASTER_PORT=99999: expected a TCP port in \[1, 65535\]|MASTER_PORT=99999 SLURM_NTASKS=2 $TRAINER ${T[*]} --out $W/o
+SLURM_JOB_NODELIST=node\[01-: not a Slurm host list (set MASTER_ADDR)|SLURM_JOB_NODELIST='node[01-' SLURM_NTASKS=2 SLURM_PROCID=1 $TRAINER ${T[*]} --out $W/o
+rank 1 got no NCCL id from rank 0 at 127.0.0.1:[0-9]* in 1 s|SLURM_NTASKS=2 SLURM_PROCID=1 $TRAINER ${T[*]} --out $W/o --nccl-timeout 1
+rank 0 (TCP port [0-9]*) heard from 0 of the 1 other ranks in 1 s|SLURM_NTASKS=2 SLURM_PROCID=0 $TRAINER ${T[*]} --out $W/o --nccl-timeout 1
 environment variable SLURM_NTASKS=two is not a non-negative integer|SLURM_NTASKS=two $TRAINER ${T[*]} --out $W/o
 SLURM_PROCID=2 is not below SLURM_NTASKS=2|SLURM_NTASKS=2 SLURM_PROCID=2 $TRAINER ${T[*]} --out $W/o
 --bench: cannot create a temporary directory $W/no-tmp/mlm_bench_|TMPDIR=$W/no-tmp $TRAINER --bench --preset tiny --seq 32 --batch 2 --bench-steps 1
---out $W/file/sub: cannot create the directory|SLURM_NTASKS=2 $TRAINER --bench --preset tiny --seq 32 --out $W/file/sub
-comm: cannot write the NCCL id to $W/c0/nccl_id.j0.0 |SLURM_JOB_ID=j0 SLURM_NTASKS=2 SLURM_PROCID=0 $TRAINER ${T[*]} --out $W/c0
-comm: $W/c1/nccl_id.j1.0 is truncated|SLURM_JOB_ID=j1 SLURM_NTASKS=2 SLURM_PROCID=1 $TRAINER ${T[*]} --out $W/c1
-NCCL error at .*comm.h:[0-9]*: .*ncclCommInitRank|SLURM_JOB_ID=j2 SLURM_NTASKS=2 SLURM_PROCID=1 $TRAINER ${T[*]} --out $W/c2
+--out $W/file/sub: cannot create the directory|SLURM_NTASKS=2 $TRAINER --bench --bootstrap file --preset tiny --seq 32 --out $W/file/sub
+bootstrap (the NCCL id): cannot write the NCCL id to $W/c0/nccl_id.j0.0.0 |SLURM_JOB_ID=j0 SLURM_STEP_ID=0 SLURM_NTASKS=2 SLURM_PROCID=0 $TRAINER ${T[*]} --out $W/c0 --bootstrap file
+rank 1 waited 1 s for the NCCL id in $W/c1/nccl_id.j1.0.0 (truncated;|SLURM_JOB_ID=j1 SLURM_STEP_ID=0 SLURM_NTASKS=2 SLURM_PROCID=1 $TRAINER ${T[*]} --out $W/c1 --bootstrap file --nccl-timeout 1
+rank 1 waited 1 s for the NCCL id in $W/c2/nccl_id.j2.0.0 (not an NCCL id file;|SLURM_JOB_ID=j2 SLURM_STEP_ID=0 SLURM_NTASKS=2 SLURM_PROCID=1 $TRAINER ${T[*]} --out $W/c2 --bootstrap file --nccl-timeout 1
 --stage-dir: data: $W/file/sub: cannot create the staging directory|$TRAINER ${T[*]} --out $W/o --stage-dir $W/file/sub
 --stage-dir: data: staging directory of 41[0-9][0-9] characters too long (at most 40[0-9][0-9] here): $W/xxxx|$TRAINER ${T[*]} --out $W/o --stage-dir $LONG
 same file name, cannot both be staged into $W/st_dup|$TRAINER --data "$W/d[12]/train_*.bin" --preset tiny --seq 32 --batch 4 --steps 2 --out $W/o --stage-dir $W/st_dup

@@ -10,7 +10,10 @@
 // the CPU emulation also the failures:
 // a rank killed with SIGKILL in the middle, a rank that exits without ncclCommDestroy, a rank that
 // stays away (timeout), a rank that never joins, ncclCommAbort from another thread, and ranks
-// that call mismatched collectives.
+// that call mismatched collectives. Non-blocking communicators (config.blocking = 0): init and
+// calls that return ncclInProgress and complete as ncclCommGetAsyncError polls them (both builds);
+// on the emulation also a peer stopped with SIGSTOP (the call stays in progress; ncclCommAbort ends
+// it), a rank that never joins a non-blocking init (abort ends it), and a killed peer.
 //
 // It also builds with nvcc against the real NCCL (nvcc -std=c++17 -arch=sm_90 tests/test_nccl.cu
 // -lnccl). There the results are compared with a tolerance (NCCL sums in ring order, not rank
@@ -588,6 +591,111 @@ static void threads_child(int rank, int nranks, const ncclUniqueId* id, const vo
         if (t[r].comm) NCCL_OK(ncclCommDestroy(t[r].comm));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Non-blocking communicators (ncclConfig_t.blocking = 0), as NCCL documents them: init and every call
+// may return ncclInProgress; ncclCommGetAsyncError then says ncclInProgress until the operation is
+// done (ncclSuccess) or failed. The caller polls; this is what comm.h's watchdog does.
+
+// poll_comm: ncclCommGetAsyncError until it is not ncclInProgress, or limit_s passes (then ncclInProgress).
+static ncclResult_t poll_comm(ncclComm_t comm, double limit_s) {
+    double end = now_s() + limit_s;
+    ncclResult_t ae = ncclInProgress;
+    while (now_s() < end) {
+        if (ncclCommGetAsyncError(comm, &ae) != ncclSuccess) return ncclInternalError;
+        if (ae != ncclInProgress) return ae;
+        sleep_s(0.0005);
+    }
+    return ae;
+}
+
+static ncclComm_t nonblocking_init(int nranks, const ncclUniqueId* id, int rank, ncclResult_t* first) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = NULL;
+    *first = ncclCommInitRankConfig(&comm, nranks, *id, rank, &config);
+    return comm;
+}
+
+static void nonblocking_child(int rank, int nranks, const ncclUniqueId* id, const void* arg, Report* rep) {
+    (void)arg;
+    use_gpu(rank);
+    ncclResult_t r0;
+    ncclComm_t comm = nonblocking_init(nranks, id, rank, &r0);
+    CHECK(r0 == ncclInProgress || r0 == ncclSuccess, "rank %d: non-blocking init gave %s", rank,
+          ncclGetErrorString(r0));
+    CHECK(comm != NULL, "rank %d: non-blocking init gave no communicator handle", rank);
+    if (!comm) return;
+#if EMULATION
+    CHECK(r0 == ncclInProgress, "rank %d: the emulation's non-blocking init should return ncclInProgress", rank);
+#endif
+    ncclResult_t r = poll_comm(comm, 20);
+    CHECK(r == ncclSuccess, "rank %d: non-blocking init ended with %s", rank, ncclGetErrorString(r));
+    if (r != ncclSuccess) return;
+    size_t n = 40009;
+    float* x = (float*)malloc(n * sizeof(float));
+    float* got = (float*)malloc(n * sizeof(float));
+    float* want = (float*)malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        x[i] = input_value(rank, i, 7);
+        float a = input_value(0, i, 7);
+        for (int q = 1; q < nranks; q++) a += input_value(q, i, 7);
+        want[i] = a;
+    }
+    void* b = dev_alloc(n * 4);
+    for (int round = 0; round < 3; round++) {  // several calls in a row, each polled
+        upload(b, x, n, ncclFloat32);
+        r = ncclAllReduce(b, b, n, ncclFloat32, ncclSum, comm, 0);
+        CHECK(r == ncclInProgress || r == ncclSuccess, "rank %d: non-blocking AllReduce gave %s", rank,
+              ncclGetErrorString(r));
+        r = poll_comm(comm, 20);
+        CHECK(r == ncclSuccess, "rank %d: non-blocking AllReduce ended with %s", rank, ncclGetErrorString(r));
+        cudaStreamSynchronize(0);
+        download(got, b, n, ncclFloat32);
+        check_result("non-blocking AllReduce", rank, ncclFloat32, got, want, n);
+    }
+    // Two calls queued before one poll (a group of two), then one poll for both.
+    void* c = dev_alloc(n * 4);
+    upload(b, x, n, ncclFloat32);
+    upload(c, x, n, ncclFloat32);
+    NCCL_OK(ncclGroupStart());
+    ncclAllReduce(b, b, n, ncclFloat32, ncclSum, comm, 0);
+    ncclAllReduce(c, c, n, ncclFloat32, ncclSum, comm, 0);
+    r = ncclGroupEnd();
+    CHECK(r == ncclInProgress || r == ncclSuccess, "rank %d: non-blocking group gave %s", rank, ncclGetErrorString(r));
+    r = poll_comm(comm, 20);
+    CHECK(r == ncclSuccess, "rank %d: non-blocking group ended with %s", rank, ncclGetErrorString(r));
+    cudaStreamSynchronize(0);
+    download(got, c, n, ncclFloat32);
+    check_result("non-blocking group", rank, ncclFloat32, got, want, n);
+    r = ncclCommDestroy(comm);
+    CHECK(r == ncclSuccess || r == ncclInProgress, "rank %d: ncclCommDestroy gave %s", rank, ncclGetErrorString(r));
+    cudaFree(b);
+    cudaFree(c);
+    free(x);
+    free(got);
+    free(want);
+    rep->hash = 1;
+}
+
+// Non-blocking init with a rank that never comes: it stays ncclInProgress, and ncclCommAbort ends it
+// (the watchdog's path at start-up; on real NCCL too, with one GPU: the absent rank needs none).
+static void nb_noshow_child(int rank, int nranks, const ncclUniqueId* id, const void* arg, Report* rep) {
+    (void)arg;
+    setenv("NCCL_EMU_TIMEOUT_S", "600", 1);
+    use_gpu(rank);
+    ncclResult_t r0;
+    ncclComm_t comm = nonblocking_init(nranks, id, rank, &r0);
+    CHECK(r0 == ncclInProgress && comm, "rank %d: non-blocking init gave %s", rank, ncclGetErrorString(r0));
+    if (!comm) return;
+    ncclResult_t r = poll_comm(comm, 0.5);
+    CHECK(r == ncclInProgress, "rank %d: init without rank 2 ended with %s, want still ncclInProgress", rank,
+          ncclGetErrorString(r));
+    double t0 = now_s();
+    NCCL_OK(ncclCommAbort(comm));
+    rep->seconds = now_s() - t0;
+    CHECK(rep->seconds < (EMULATION ? 0.5 : 10), "rank %d: ncclCommAbort during init took %.3f s", rank, rep->seconds);
+}
+
 #if EMULATION
 // ---------------------------------------------------------------------------------------------
 // Failures (emulation only): every rank must get an error within a bounded time, never hang.
@@ -747,6 +855,74 @@ static void abort_child(int rank, int nranks, const ncclUniqueId* id, const void
     cudaFree(buf);
 }
 
+// Non-blocking, a peer that stops (SIGSTOP) without dying: with NCCL_EMU_TIMEOUT_S large only the
+// caller's own deadline can catch it. Rank 0's AllReduce must stay ncclInProgress (no hang inside the
+// call), and ncclCommAbort must end it at once; rank 1, continued, then fails at once too.
+static int* shared_pid;  // rank 1's pid, for rank 0 to continue it
+
+static void stopped_child(int rank, int nranks, const ncclUniqueId* id, const void* arg, Report* rep) {
+    (void)arg;
+    setenv("NCCL_EMU_TIMEOUT_S", "600", 1);
+    ncclResult_t r0;
+    ncclComm_t comm = nonblocking_init(nranks, id, rank, &r0);
+    CHECK(comm && poll_comm(comm, 10) == ncclSuccess, "rank %d: non-blocking init failed", rank);
+    if (!comm) return;
+    void* b = dev_alloc(1000 * 4);
+    cudaMemset(b, 0, 1000 * 4);
+    if (rank == 1) {
+        *(volatile int*)shared_pid = getpid();
+        raise(SIGSTOP);  // until rank 0 continues it
+        double t0 = now_s();
+        ncclResult_t r = ncclAllReduce(b, b, 1000, ncclFloat32, ncclSum, comm, 0);
+        if (r == ncclInProgress) r = poll_comm(comm, 5);
+        CHECK(is_remote_failure(r) && now_s() - t0 < 0.5, "rank 1: AllReduce after rank 0 aborted gave %s after %.3f s",
+              ncclGetErrorString(r), now_s() - t0);
+        NCCL_OK(ncclCommAbort(comm));
+        cudaFree(b);
+        return;
+    }
+    while (!*(volatile int*)shared_pid) sleep_s(0.001);
+    ncclResult_t r = ncclAllReduce(b, b, 1000, ncclFloat32, ncclSum, comm, 0);
+    CHECK(r == ncclInProgress, "rank 0: AllReduce with a stopped peer gave %s, want ncclInProgress",
+          ncclGetErrorString(r));
+    r = poll_comm(comm, 1.0);
+    CHECK(r == ncclInProgress, "rank 0: after 1 s with a stopped peer: %s, want still ncclInProgress",
+          ncclGetErrorString(r));
+    double t0 = now_s();
+    NCCL_OK(ncclCommAbort(comm));
+    rep->seconds = now_s() - t0;
+    CHECK(rep->seconds < 0.5, "rank 0: ncclCommAbort took %.3f s", rep->seconds);
+    kill(*shared_pid, SIGCONT);
+    cudaFree(b);
+}
+
+// Non-blocking, a peer killed mid-run: ncclCommGetAsyncError reports the error (not ncclInProgress forever).
+static void nb_killed_child(int rank, int nranks, const ncclUniqueId* id, const void* arg, Report* rep) {
+    (void)arg;
+    setenv("NCCL_EMU_TIMEOUT_S", "600", 1);
+    ncclResult_t r0;
+    ncclComm_t comm = nonblocking_init(nranks, id, rank, &r0);
+    CHECK(comm && poll_comm(comm, 10) == ncclSuccess, "rank %d: non-blocking init failed", rank);
+    if (!comm) return;
+    void* b = dev_alloc(1000 * 4);
+    cudaMemset(b, 0, 1000 * 4);
+    ncclAllReduce(b, b, 1000, ncclFloat32, ncclSum, comm, 0);  // both ranks are up and past init
+    CHECK(poll_comm(comm, 10) == ncclSuccess, "rank %d: the first non-blocking AllReduce failed", rank);
+    if (rank == 0) *(volatile int*)&shared_pid[1] = 1;  // rank 0 saw it succeed: now rank 1 may die
+    if (rank == 1) {
+        while (!*(volatile int*)&shared_pid[1]) sleep_s(0.001);
+        kill(getpid(), SIGKILL);
+    }
+    double t0 = now_s();
+    ncclAllReduce(b, b, 1000, ncclFloat32, ncclSum, comm, 0);
+    ncclResult_t r = poll_comm(comm, 5);
+    rep->seconds = now_s() - t0;
+    CHECK(is_remote_failure(r) && rep->seconds < 2,
+          "rank 0: non-blocking AllReduce with a killed peer: %s after %.3f s", ncclGetErrorString(r), rep->seconds);
+    NCCL_OK(ncclCommAbort(comm));
+    cudaFree(b);
+}
+
 #endif  // EMULATION
 
 // ---------------------------------------------------------------------------------------------
@@ -811,6 +987,15 @@ int main(void) {
 
     Report reps[MAX_FORKS];
     int st[MAX_FORKS];
+    for (int nr = 1; nr <= 2; nr++)
+        if (enough_gpus(nr, "non-blocking communicators")) {
+            run_ranks(nr, nr, nonblocking_child, NULL, 60, reps, st);
+            absorb("non-blocking communicators", nr, reps, st, -1);
+        }
+    run_ranks(2, 1, nb_noshow_child, NULL, 60, reps, st);
+    absorb("non-blocking init, rank 1 never joins", 1, reps, st, -1);
+    printf("non-blocking init without rank 1: ncclInProgress after 0.5 s; ncclCommAbort took %.3f s\n",
+           reps[0].seconds);
     if (enough_gpus(2, "two ranks as threads of one process")) {
         run_ranks(2, 1, threads_child, NULL, 30, reps, st);
         absorb("two ranks as threads", 1, reps, st, -1);
@@ -846,6 +1031,16 @@ int main(void) {
     run_ranks(2, 2, abort_child, NULL, 20, reps, st);
     absorb("abort", 2, reps, st, -1);
     printf("ncclCommAbort from another thread: blocked call returned after %.3f s\n", reps[0].seconds);
+    shared_pid = (int*)(shared_kill_time + 1);
+    run_ranks(2, 2, stopped_child, NULL, 20, reps, st);
+    absorb("non-blocking, stopped peer", 2, reps, st, -1);
+    printf("non-blocking, peer stopped (SIGSTOP): still ncclInProgress after 1 s; ncclCommAbort took %.3f s\n",
+           reps[0].seconds);
+
+    shared_pid[1] = 0;
+    run_ranks(2, 2, nb_killed_child, NULL, 20, reps, st);
+    absorb("non-blocking, killed peer", 2, reps, st, 1);
+    printf("non-blocking, killed peer: ncclCommGetAsyncError reported it after %.3f s\n", reps[0].seconds);
     munmap(shared_kill_time, 4096);
 #else
     printf("skipped: the failure cases (they run on the CPU emulation only)\n");

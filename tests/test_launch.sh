@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# test_launch.sh: several ranks of ./trainer_cpu started by hand with the variables srun or torchrun set:
+#   - no hangs: a rank SIGKILLed mid-training makes the other exit non-zero within 60 s, naming the step and
+#     the collective (of 3 ranks: both others); a rank SIGSTOPped (alive, so only --nccl-timeout can catch it: NCCL_EMU_TIMEOUT_S is
+#     600) makes the other exit non-zero after --nccl-timeout, naming the step and the collective;
+#   - agreement: ranks given different flags or different data all stop, saying what differs; ranks with
+#     different free memory all take the smallest automatic micro-batch;
+#   - launch: inside a Slurm step (SLURM_STEP_ID set), torchrun-style RANK/WORLD_SIZE/LOCAL_RANK;
+#   - bootstrap: --bootstrap file with a stale id file in --out; two launches at once on one node (TCP);
+#     a stranger on the same MASTER_PORT is refused and the launch it tried to join goes on.
+# Run by tests/run.sh; needs tools/requirements.txt (tools/prepare.py).
+cd "$(dirname "$0")/.."
+pass=0; fail=0
+ok()  { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL test_launch: $*"; }
+check() { if eval "$1"; then ok; else bad "$2"; fi; }
+W=$(mktemp -d /tmp/mlm_launch_XXXXXX)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill -CONT "$p" 2>/dev/null; kill -KILL "$p" 2>/dev/null; done; rm -rf "$W"; }
+trap cleanup EXIT
+export EMU_THREADS=1
+unset SLURM_NTASKS SLURM_PROCID SLURM_LOCALID SLURM_JOB_ID SLURM_STEP_ID SLURM_STEPID SLURM_RESTART_COUNT \
+  SLURM_JOB_NODELIST SLURM_STEP_NODELIST MASTER_ADDR MASTER_PORT RANK WORLD_SIZE LOCAL_RANK
+
+python3 tools/prepare.py bytes --input cpu tests --out "$W/data" --seq-len 32 --val-fraction 0.3 >"$W/prep.log" 2>&1
+check '[ -f "$W/data/train_00000.bin" ]' "tools/prepare.py made no shards: $(tail -n 3 "$W/prep.log")"
+COMMON=(--data "$W/data/train_*.bin" --preset tiny --seq 32 --batch 8 --lr 5e-3 --warmup 2 --seed 7)
+rank() {  # rank R WORLD OUT LOG ARGS...: start rank R of WORLD in the background (hand-set srun variables)
+  local r=$1 n=$2 out=$3 log=$4; shift 4
+  SLURM_NTASKS=$n SLURM_PROCID=$r SLURM_LOCALID=$r NCCL_EMU_TIMEOUT_S=600 ./trainer_cpu "${COMMON[@]}" --out "$out" \
+    "$@" >"$log" 2>&1 &
+  PIDS+=($!)
+}
+wait_step() { for i in $(seq 1 600); do grep -qE "^step +$1/" "$2" && return 0; sleep 0.05; done; return 1; }
+wait_gone() {  # wait_gone PID LIMIT_S: wait until PID exits (at most LIMIT_S); sets rc (or "running") and secs
+  local t0; t0=$(date +%s.%N)
+  for i in $(seq 1 $(($2 * 20))); do kill -0 "$1" 2>/dev/null || break; sleep 0.05; done
+  secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+  if kill -0 "$1" 2>/dev/null; then rc=running; return; fi
+  wait "$1"; rc=$?
+}
+
+# 1. a rank SIGKILLed mid-training: the other exits non-zero within 60 s, naming the step and the collective
+rank 0 2 "$W/k" "$W/k0.log" --steps 100000 --nccl-timeout 50
+rank 1 2 "$W/k" "$W/k1.log" --steps 100000 --nccl-timeout 50
+p0=${PIDS[-2]}; p1=${PIDS[-1]}
+wait_step 3 "$W/k0.log"
+kill -KILL "$p1"
+wait_gone "$p0" 60
+msg=$(grep "aborting the communicator" "$W/k0.log")
+check '[ "$rc" != running ] && [ "$rc" != 0 ] && echo "$msg" | grep -qE "rank 0 of 2: step [0-9]+: .*AllReduce.*died"' \
+  "SIGKILLed peer: rank 0 ended '$rc' after ${secs}s: $(tail -n 1 "$W/k0.log")"
+echo "  (SIGKILLed rank 1: rank 0 exited $rc after ${secs} s: ${msg#trainer: })"
+
+# 1b. of 3 ranks, rank 2 SIGKILLed: both survivors exit non-zero within 60 s
+for r in 0 1 2; do rank $r 3 "$W/k3" "$W/k3_$r.log" --steps 100000 --nccl-timeout 50; done
+wait_step 2 "$W/k3_0.log"
+kill -KILL "${PIDS[-1]}"
+for r in 0 1; do
+  wait_gone "${PIDS[-3 + r]}" 60
+  check '[ "$rc" != running ] && [ "$rc" != 0 ] && grep -qE "rank $r of 3: step [0-9]+: .*AllReduce.*(died|aborted)" "$W/k3_$r.log"' \
+    "3 ranks, rank 2 SIGKILLed: rank $r ended '$rc' after ${secs}s: $(tail -n 1 "$W/k3_$r.log")"
+done
+
+# 2. a rank SIGSTOPped: alive, so only the --nccl-timeout deadline can catch it
+rank 0 2 "$W/s" "$W/s0.log" --steps 100000 --nccl-timeout 3
+rank 1 2 "$W/s" "$W/s1.log" --steps 100000 --nccl-timeout 3
+p0=${PIDS[-2]}; p1=${PIDS[-1]}
+wait_step 3 "$W/s0.log"
+kill -STOP "$p1"
+wait_gone "$p0" 60
+msg=$(grep "aborting the communicator" "$W/s0.log")
+check '[ "$rc" != running ] && [ "$rc" != 0 ] && echo "$msg" | grep -qE "rank 0 of 2: step [0-9]+: .*AllReduce.*: no progress for [0-9]+ s \(--nccl-timeout 3\)"' \
+  "SIGSTOPped peer: rank 0 ended '$rc' after ${secs}s: $(tail -n 1 "$W/s0.log")"
+check 'awk -v s="$secs" "BEGIN { exit !(s >= 2.5 && s < 30) }"' "SIGSTOPped peer: rank 0 took ${secs}s with --nccl-timeout 3"
+echo "  (SIGSTOPped rank 1, --nccl-timeout 3: rank 0 exited $rc after ${secs} s)"
+kill -CONT "$p1"
+wait_gone "$p1" 30
+check '[ "$rc" != running ] && [ "$rc" != 0 ] && grep -q "rank 1 of 2: step [0-9]*: .*rank 0 aborted the communicator" "$W/s1.log"' \
+  "the continued rank 1 ended '$rc': $(tail -n 1 "$W/s1.log")"
+
+# 3. agreement: different flags, different data: every rank stops, naming what differs
+rank 0 2 "$W/a" "$W/a0.log" --steps 5
+rank 1 2 "$W/a" "$W/a1.log" --steps 7 --lr 1e-3
+wait "${PIDS[-2]}"; rc0=$?; wait "${PIDS[-1]}"; rc1=$?
+check '[ $rc0 = 1 ] && [ $rc1 = 1 ] && grep -q "rank 0 of 2: the ranks disagree on the other training flags (--lr" "$W/a0.log" &&
+  grep -q "rank 1 of 2: the ranks disagree on --steps: 7 here, from 5 to 7 over the ranks" "$W/a1.log"' \
+  "different --lr and --steps: exits $rc0 $rc1: $(tail -n 2 "$W/a0.log" "$W/a1.log")"
+rank 0 2 "$W/b" "$W/b0.log" --steps 5
+SLURM_NTASKS=2 SLURM_PROCID=1 ./trainer_cpu --data "$W/data/val_*.bin" --preset tiny --seq 32 --batch 8 --lr 5e-3 \
+  --warmup 2 --seed 7 --out "$W/b" --steps 5 >"$W/b1.log" 2>&1
+rc1=$?; wait "${PIDS[-1]}"; rc0=$?
+check '[ $rc0 = 1 ] && [ $rc1 = 1 ] && grep -q "disagree on the training data" "$W/b0.log" && grep -q "disagree on the training data" "$W/b1.log"' \
+  "different --data: exits $rc0 $rc1: $(tail -n 1 "$W/b0.log" "$W/b1.log")"
+# the automatic micro-batch: the smallest any rank can hold (16 GB and 32 GB of device memory)
+for r in 0 1; do
+  EMU_DEVICE_BYTES=$(((r + 1) * 16))e9 SLURM_NTASKS=2 SLURM_PROCID=$r ./trainer_cpu --data "$W/data/train_*.bin" \
+    --out "$W/p" --preset bert-base --seq 512 --plan-only >"$W/p$r.log" 2>&1 &
+done
+wait
+b16=$(EMU_DEVICE_BYTES=16e9 ./trainer_cpu --data "$W/data/train_*.bin" --out "$W/p1" --preset bert-base --seq 512 --plan-only 2>&1 |
+  sed -n -E 's/.*total .* GiB for B=([0-9]+) .*/\1/p')
+b2=$(sed -n -E 's/.*total .* GiB for B=([0-9]+) .*/\1/p' "$W/p0.log")
+check '[ -n "$b16" ] && [ "$b2" = "$b16" ] && grep -q "micro-batch: B=$b16, the smallest any rank can hold" "$W/p0.log"' \
+  "16 GB + 32 GB ranks: B=$b2, one 16 GB rank B=$b16: $(tail -n 2 "$W/p0.log")"
+
+# 4. launch: a Slurm step (the job id and step id name the launch), torchrun-style variables
+for r in 0 1; do
+  SLURM_JOB_ID=4242 SLURM_STEP_ID=0 SLURM_NTASKS=2 SLURM_PROCID=$r SLURM_LOCALID=$r SLURM_STEP_NODELIST=localhost \
+    ./trainer_cpu "${COMMON[@]}" --out "$W/j" --steps 2 >"$W/j$r.log" 2>&1 &
+  WORLD_SIZE=2 RANK=$r LOCAL_RANK=$r ./trainer_cpu "${COMMON[@]}" --out "$W/t" --steps 2 >"$W/t$r.log" 2>&1 &
+done
+wait
+check 'grep -q "2 process(es)" "$W/j0.log" && [ -f "$W/j/model.safetensors" ]' "a Slurm step of 2: $(tail -n 1 "$W/j0.log" "$W/j1.log")"
+check 'grep -q "2 process(es)" "$W/t0.log" && [ -f "$W/t/model.safetensors" ]' "torchrun-style 2 ranks: $(tail -n 1 "$W/t0.log" "$W/t1.log")"
+
+# 5. bootstrap: --bootstrap file over a stale id file (rank 1 first); two launches at once (TCP)
+mkdir -p "$W/f"
+head -c 152 /dev/urandom >"$W/f/nccl_id.local.0.0"
+rank 1 2 "$W/f" "$W/f1.log" --steps 2 --bootstrap file
+sleep 0.5
+rank 0 2 "$W/f" "$W/f0.log" --steps 2 --bootstrap file
+for r in 0 1; do rank $r 2 "$W/x" "$W/x$r.log" --steps 2; rank $r 2 "$W/y" "$W/y$r.log" --steps 2; done
+wait
+check 'grep -q "2 process(es)" "$W/f0.log" && [ -f "$W/f/model.safetensors" ] && [ ! -e "$W/f/nccl_id.local.0.0" ]' \
+  "--bootstrap file over a stale id file: $(tail -n 1 "$W/f0.log" "$W/f1.log")"
+check '[ -f "$W/x/model.safetensors" ] && [ -f "$W/y/model.safetensors" ]' \
+  "two launches at once: $(tail -qn 1 "$W/x0.log" "$W/x1.log" "$W/y0.log" "$W/y1.log")"
+# a stranger (another launch's rank 1) on the same MASTER_PORT is refused; the launch it tried goes on
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+MASTER_PORT=$port rank 0 2 "$W/m" "$W/m0.log" --steps 2 --nccl-timeout 30
+sleep 0.5
+out=$(MASTER_PORT=$port SLURM_NTASKS=2 SLURM_PROCID=1 ./trainer_cpu "${COMMON[@]}" --out "$W/other" --steps 2 --nccl-timeout 2 2>&1); rc=$?
+MASTER_PORT=$port rank 1 2 "$W/m" "$W/m1.log" --steps 2 --nccl-timeout 30
+wait
+check '[ $rc = 1 ] && echo "$out" | grep -q "got no NCCL id from rank 0 at 127.0.0.1:$port .*refused this launch"' \
+  "a stranger on port $port: exit $rc: $(echo "$out" | tail -n 1)"
+check '[ -f "$W/m/model.safetensors" ]' "the launch the stranger tried to join: $(tail -n 1 "$W/m0.log" "$W/m1.log")"
+
+echo "$pass passed, $fail failed"
+[ $fail = 0 ]
