@@ -75,7 +75,8 @@ static void usage(void) {
         "                      --resume continues)\n"
         "  --plan-only         print the memory plan and the scaling prediction, then exit (--data and --out\n"
         "                      optional: without --data the preset's vocabulary)\n"
-        "  --nodes N --gpus-per-node G   the layout predicted (default: the job's, SLURM_NNODES and the ranks)\n"
+        "  --nodes N --gpus-per-node G   the layout predicted (--plan-only: default 1 x 1; a run: SLURM_NNODES\n"
+        "                      and its ranks spread over them)\n"
         "  --net-gbps X        network between nodes, Gbit/s one way (default 25); --nvlink-gbps X inside a\n"
         "                      node (default 2400: H100 NVL's NVLink bridge, 300 GB/s each way)\n"
         "  --mfu X             share of the device's bf16 peak a step reaches (default 0.182, measured on an\n"
@@ -1211,7 +1212,7 @@ int main(int argc, char** argv) {
     if (o.bench) return run_bench(&o, &comm, &prop);
     int main_rank = comm.rank == 0;
     if (o.device_mem > 0) free_bytes = total_bytes = (size_t)(o.device_mem * 1e9);  // --plan-only for another device
-    if (o.out && !o.plan_only && !make_out_dir(o.out)) return 1;
+    if (o.out && !make_out_dir(o.out)) return 1;                                    // (--plan-only may have none)
 
     // Node-local copies of the shards (the seed paper's recommendation 2).
     char train_pattern[4096], val_pattern[4096], err[DATA_ERR_LEN];
