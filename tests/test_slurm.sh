@@ -126,7 +126,7 @@ timeout 300 srun --kill-on-bad-exit=0 -n 4 -o "$W/kill.%t.log" bash -c \
   '"$@"; echo $? >"'"$W"'/kill.rc.$SLURM_PROCID"' _ "$TRAINER" "${COMMON[@]}" --out "$W/kill" --steps 100000 \
   >"$W/kill.srun" 2>&1 &
 kill_srun=$!
-for _ in $(seq 600); do grep -qE "^step +3/" "$W/kill.0.log" 2>/dev/null && break; sleep 0.1; done
+for _ in $(seq 600); do grep -qE "^step +3/" "$W/kill.0.log" 2>/dev/null && break; kill -0 $kill_srun 2>/dev/null || break; sleep 0.1; done
 victim=
 for p in $(pgrep -f -- "--out $W/kill"); do
   tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx SLURM_PROCID=2 && [ "$(cat "/proc/$p/comm")" != bash ] && victim=$p
@@ -164,7 +164,11 @@ cat >"$W/sig.sbatch" <<EOF
 srun -K -o "$W/sig.%t.log" $TRAINER --data '$W/data/train_*.bin' ${COMMON[*]:2} --out $W/sig --steps 100000
 EOF
 job=$(timeout 30 sbatch --parsable "$W/sig.sbatch")
-for _ in $(seq 600); do grep -qE "^step +3/" "$W/sig.0.log" 2>/dev/null && break; sleep 0.1; done
+for _ in $(seq 600); do
+  grep -qE "^step +3/" "$W/sig.0.log" 2>/dev/null && break
+  [ -n "$job" ] && [ -n "$(squeue -h -j "$job" 2>/dev/null)" ] || break
+  sleep 0.1
+done
 timeout 30 scancel --signal=USR1 "$job"
 state=$(wait_job "$job")
 stopped=$(sed -n -E 's/^stopped after step ([0-9]+) \(on a signal\).*/\1/p' "$W/sig.0.log")
