@@ -17,8 +17,8 @@
 //     The prediction takes the faster of the two (NCCL chooses its algorithm too).
 //   exposed   = max(all-reduce - 2/3 x one micro-batch's compute, all-reduce of the tail): the bucketed
 //               reduction overlaps the backward (about 2/3 of a micro-batch's FLOPs), only the last micro-batch
-//               of an accumulation communicates, and the tail (the embedding tables' gradients, which the
-//               backward produces last) can only be reduced after the backward ends;
+//               of an accumulation communicates, and the tail (the embedding tables' gradients, final only
+//               after the backward's last kernel, and the vectors: biases, LayerNorm) is reduced after it;
 //   step      = compute + exposed;
 //   efficiency = (time per sample on 1 GPU) / (time per sample per GPU on N) = compute / step.
 // --grad-accum auto: the smallest accumulation whose exposed time is at most 5% of the step.
@@ -130,7 +130,7 @@ static inline void scaling_print(const ScalingCluster* c, const ScalingWork* w, 
         w->peak_tflops, 100 * w->mfu, w->flops_per_token, w->grad_bytes / 1e6);
     printf(
         "  network %g Gbit/s per node (alpha %g us), NVLink %g Gbit/s (alpha %g us); exposed = the larger of "
-        "all-reduce - 2/3 of a micro-batch and the all-reduce of the last %.1f MB (embeddings)\n",
+        "all-reduce - 2/3 of a micro-batch and the all-reduce of the last %.1f MB (embeddings, vectors)\n",
         c->net_gbps, c->alpha_net_s * 1e6, c->nvlink_gbps, c->alpha_nvlink_s * 1e6, w->tail_bytes / 1e6);
     printf(
         "| nodes | GPUs | accum | global batch (seqs) | tokens/step | compute ms | all-reduce ms | exposed ms | "

@@ -1111,22 +1111,6 @@ static int checkpoint_now(Ckpts* ck, BertModel* m, DataLoader* train, int step) 
     return 0;
 }
 
-// Test hook (tests/test_slurm.sh): with MLM_TEST_WEIGHTS_CRC set, every rank prints, at the end of the run, a
-// CRC-32 of the weights the kernels read (m->w: what data parallelism must keep identical on every rank) and
-// of the fp32 master weights.
-static void print_weights_crc(BertModel* m, int rank) {
-    size_t n = m->p.numel, bytes = n * (sizeof(float) > sizeof(floatX) ? sizeof(float) : sizeof(floatX));
-    void* host = malloc(bytes);
-    if (!host) return;
-    CUDA_CHECK(cudaMemcpy(host, m->w, n * sizeof(floatX), cudaMemcpyDeviceToHost));
-    uint32_t w = crc32_update(0, host, n * sizeof(floatX));
-    CUDA_CHECK(cudaMemcpy(host, m->master, n * sizeof(float), cudaMemcpyDeviceToHost));
-    printf("rank %d: weights crc32 %08x, master crc32 %08x, step %d\n", rank, w,
-           crc32_update(0, host, n * sizeof(float)), m->step);
-    fflush(stdout);
-    free(host);
-}
-
 // predict_scaling: --plan-only prints the scaling table (scaling.h) for --nodes x --gpus-per-node;
 // --grad-accum auto becomes the accumulation it predicts for this job's layout (SLURM_NNODES nodes, the ranks
 // spread over them) on `device`. 0 (with the reason) when auto cannot be resolved.
@@ -1146,9 +1130,12 @@ static int predict_scaling(Options* o, const BertConfig* cfg, const Plan* plan, 
     w.mfu = o->mfu > 0 ? o->mfu : SCALING_MFU;
     w.tokens_per_micro = (double)plan->B * plan->T;
     w.grad_bytes = (double)bert_param_count(&params) * sizeof(float);  // one fp32 all-reduce of every gradient
-    w.tail_bytes = 0;  // the embedding tables' gradients: the backward's last (reverse layer order)
+    // The tail, reduced after the backward ends: the embeddings (the word embeddings' gradient is final only
+    // after the embedding backward, the backward's last kernel) and every vector (biases, LayerNorm).
+    w.tail_bytes = 0;
     for (int i = 0; i < params.n; i++)
-        if (!strncmp(params.t[i].name, "bert.embeddings.", 16)) w.tail_bytes += params.t[i].numel * sizeof(float);
+        if (params.t[i].rank == 1 || !strncmp(params.t[i].name, "bert.embeddings.", 16))
+            w.tail_bytes += params.t[i].numel * sizeof(float);
     bert_params_free(&params);
     if (w.peak_tflops <= 0) {
         if (o->grad_accum == 0) {
@@ -1399,7 +1386,6 @@ int main(int argc, char** argv) {
         printf("saved %s and the Hugging Face export %s/model.safetensors + config.json\n", ck.path, o.out);
         free(w);
     }
-    if (getenv("MLM_TEST_WEIGHTS_CRC")) print_weights_crc(&model, comm.rank);
     dataloader_free(&train);
     if (o.val) dataloader_free(&val);
     comm_free(&comm);
