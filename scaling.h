@@ -26,10 +26,11 @@
 #include <math.h>
 #include <stdio.h>
 
-// The model FLOP utilisation mlm.c reached on one GPU: bert-base, T=512, 306k tokens/s = 18.2% of an H100
-// SXM's 989 TFLOP/s (measured 2026-11-23, ../shared/gpu/2026-11-23/README.md). --mfu overrides it (e.g.
-// with the mfu= that ./trainer --bench prints on the target GPU).
-#define SCALING_MFU 0.182
+// The model FLOP utilisation mlm.c reaches on one GPU: paper-120m, T=512, B=571 (the planner's), 664,867
+// tokens/s = 40.4% of an H100 SXM's 989 TFLOP/s (`./trainer --bench --preset paper-120m,paper-350m`, code of
+// c3b3b7d, 2026-11-23; paper-350m: 46.0%). Assumed the same on an H100 NVL (835 TFLOP/s). --mfu overrides it
+// (e.g. with the mfu= that ./trainer --bench prints on the target GPU).
+#define SCALING_MFU 0.404
 // NVLink between the two GPUs of an H100 NVL pair: 600 GB/s bidirectional over the NVLink bridge (NVIDIA's
 // H100 datasheet), 300 GB/s = 2400 Gbit/s each way. All bandwidths here are Gbit/s in one direction.
 #define SCALING_NVLINK_GBPS 2400.0
