@@ -11,8 +11,9 @@
 #   - a SIGKILLed rank makes every other rank exit non-zero within 60 s (the time is printed);
 #   - sbatch: a signal (scancel --signal=USR1, what --signal=USR1@T sends) checkpoints and stops with exit 0,
 #     and the run resumes; ./trainer started in a batch script without srun is refused, naming srun;
-#   - examples/slurm/*.sbatch: bash syntax; one_node_2gpu.sbatch runs (its GPU and CPU requests removed, with
-#     TRAINER=./trainer_cpu), is stopped by --run-steps and finishes when submitted again.
+#   - examples/slurm/*.sbatch: bash syntax; run here with their GPU and CPU requests removed and TRAINER set:
+#     one_node_2gpu.sbatch is stopped by --run-steps and finishes when submitted again; paper_cluster.sbatch
+#     (on 1 node) stages the shards, is stopped by --run-steps, requeues itself, resumes and finishes.
 # If Slurm cannot be installed or started, this test fails (it never passes without having run).
 # TRAINER picks the binary (default ./trainer_cpu).
 cd "$(dirname "$0")/.."
@@ -148,12 +149,18 @@ wait $kill_srun 2>/dev/null
 
 # 7. sbatch: scancel --signal=USR1 (what --signal=USR1@T sends before the time limit) checkpoints and stops
 section "7. sbatch: scancel --signal=USR1 (what --signal=USR1@"
-# wait_job ID: until the job leaves the queue (at most 120 s); prints "STATE EXITCODE"
+# wait_job ID: until the job has ended (at most 120 s); prints "STATE EXITCODE". A job that requeued itself
+# is released at once (Slurm holds a requeued job about two minutes before it may start again).
 wait_job() {
-  local s
+  local st re ex
   for _ in $(seq 1200); do
-    s=$(scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n -E 's/^(JobState|ExitCode)=//p' | tr '\n' ' ')
-    case "$s" in PENDING* | RUNNING* | COMPLETING* | CONFIGURING* | "") sleep 0.1 ;; *) echo "$s"; return ;; esac
+    read -r st re ex < <(scontrol show job "$1" 2>/dev/null | tr ' ' '\n' |
+      sed -n -E 's/^(JobState|Restarts|ExitCode)=//p' | tr '\n' ' ')
+    case "$st" in
+      PENDING) [ "${re:-0}" -gt 0 ] && scontrol update JobId="$1" StartTime=now >/dev/null 2>&1; sleep 0.1 ;;
+      RUNNING | COMPLETING | CONFIGURING | REQUEUE* | "") sleep 0.1 ;;
+      *) echo "$st $ex "; return ;;
+    esac
   done
   echo "TIMEOUT"
 }
@@ -206,6 +213,16 @@ for k in 1 2; do
 done
 check '[ "${ex[1]}" = "COMPLETED 0:0 " ] && [ "${ex[2]}" = "COMPLETED 0:0 " ] && grep -q "resumed from .* at step 3" "$W/ex2.out" && [ -f "$W/ex/model.safetensors" ]' \
   "examples/slurm/one_node_2gpu.sbatch twice: jobs '${ex[1]}', '${ex[2]}': $(tail_of "$W/ex1.out" "$W/ex2.out")"
+
+# the N-node script on this one node (--grad-accum 1 replaces auto: the CPU runtime has no known peak): staged
+# shards, stopped by --run-steps, requeued by itself, resumed, finished
+sed -E '/^#SBATCH --(gpus|cpus)/d; s/^#SBATCH --nodes=.*/#SBATCH --nodes=1/' examples/slurm/paper_cluster.sbatch >"$W/paper.sbatch"
+export OUT="$W/paper" STAGE="$W/stage" EXTRA_ARGS="--seq 32 --batch 4 --grad-accum 1 --run-steps 3"
+job=$(timeout 30 sbatch --parsable -o "$W/paper.out" "$W/paper.sbatch")
+st=$(wait_job "$job")
+restarts=$(scontrol show job "$job" 2>/dev/null | tr ' ' '\n' | sed -n 's/^Restarts=//p')
+check '[ "$st" = "COMPLETED 0:0 " ] && [ "$restarts" = 1 ] && grep -q "requeued" "$W/paper.out" && grep -q "resumed from .* at step 3" "$W/paper.out" && [ -f "$W/paper/model.safetensors" ] && cmp -s "$W/stage/train_00000.bin" "$W/data/train_00000.bin"' \
+  "examples/slurm/paper_cluster.sbatch: job '$st', $restarts restart(s): $(tail_of "$W/paper.out")"
 
 echo "  (test_slurm: $(($(date +%s) - T0)) s)"
 echo "$pass passed, $fail failed"
