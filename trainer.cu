@@ -6,6 +6,7 @@
 #include "model.h"         // the BERT configuration, parameter table, memory plan, forward/backward/AdamW
 #include "data.h"          // token shards, the ring of loader threads, MLM masking
 #include "comm.h"          // rank and world size; NCCL gradient averaging
+#include "scaling.h"       // the scaling predictor: compute, all-reduce and overlap on N nodes
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -38,6 +39,11 @@ typedef struct {
     int bench, bench_steps, bench_warmup;  // --bench: time the training step on synthetic data
     const char* bootstrap;                 // --bootstrap tcp | file: how the ranks get rank 0's NCCL id
     float nccl_timeout;                    // --nccl-timeout S: the deadline of every wait on the other ranks
+    // The scaling predictor (scaling.h) for --plan-only and --grad-accum auto (grad_accum 0)
+    int nodes, gpus_per_node;          // 0: from Slurm (SLURM_NNODES) and the world size
+    float net_gbps, nvlink_gbps, mfu;  // Gbit/s one way; the share of the device's peak
+    const char* device;                // the device the prediction is for (default: this one)
+    float device_mem;                  // GB of device memory for --plan-only's planner (0: this device's)
 } Options;
 
 static void usage(void) {
@@ -52,7 +58,8 @@ static void usage(void) {
         "  --resume            continue from DIR/checkpoint.bin (weights, optimizer, data position)\n"
         "  --seq T             tokens per row (default 512)\n"
         "  --batch B           rows per micro-batch per GPU (default 0: the largest that fits in GPU memory)\n"
-        "  --grad-accum N      micro-batches per optimizer step (default 1)\n"
+        "  --grad-accum N      micro-batches per optimizer step (default 1); auto: the fewest that hide the\n"
+        "                      gradient all-reduce behind compute (predicted, see --plan-only)\n"
         "  --steps N           optimizer steps (required)\n"
         "  --lr X              peak learning rate (default 5e-4), linear warmup then linear decay to 0\n"
         "  --warmup N          warmup steps (default 1%% of --steps)\n"
@@ -68,7 +75,16 @@ static void usage(void) {
         "                      state untouched); N in a row stop the run with exit code 2 (default 3)\n"
         "  --run-steps N       stop after N steps of this run, with a checkpoint (to fit a job's time limit;\n"
         "                      --resume continues)\n"
-        "  --plan-only         print the memory plan and exit\n"
+        "  --plan-only         print the memory plan and the scaling prediction, then exit (--data and --out\n"
+        "                      optional: without --data the preset's vocabulary)\n"
+        "  --nodes N --gpus-per-node G   the layout predicted (--plan-only: default 1 x 1; a run: SLURM_NNODES\n"
+        "                      and its ranks spread over them)\n"
+        "  --net-gbps X        network between nodes, Gbit/s one way (default 25); --nvlink-gbps X inside a\n"
+        "                      node (default 2400: H100 NVL's NVLink bridge, 300 GB/s each way)\n"
+        "  --mfu X             share of the device's bf16 peak a step reaches (default 0.404: paper-120m on\n"
+        "                      an H100; ./trainer --bench prints it as mfu=)\n"
+        "  --device NAME       predict for this device (e.g. \"NVIDIA H100 NVL\") instead of this one\n"
+        "  --device-mem GB     with --plan-only: plan for this much device memory instead of this one's\n"
         "  --info              print the device and this process's place in the job, then exit\n"
         "several processes (srun -K ./trainer ..., or RANK/WORLD_SIZE/LOCAL_RANK as torchrun sets them):\n"
         "  --bootstrap tcp|file  how the ranks get rank 0's NCCL id: tcp (default) from MASTER_ADDR:MASTER_PORT,\n"
@@ -174,7 +190,21 @@ static Options parse_options(int argc, char** argv) {
         else if (!strcmp(a, "--batch"))
             o.B = (int)parse_int(a, v, 0, 1 << 20);
         else if (!strcmp(a, "--grad-accum"))
-            o.grad_accum = (int)parse_int(a, v, 1, 1 << 20);
+            o.grad_accum = !strcmp(v, "auto") ? 0 : (int)parse_int(a, v, 1, SCALING_MAX_ACCUM);
+        else if (!strcmp(a, "--nodes"))
+            o.nodes = (int)parse_int(a, v, 1, 1 << 16);
+        else if (!strcmp(a, "--gpus-per-node"))
+            o.gpus_per_node = (int)parse_int(a, v, 1, 1024);
+        else if (!strcmp(a, "--net-gbps"))
+            o.net_gbps = parse_float(a, v, 1e-3, 1e6);
+        else if (!strcmp(a, "--nvlink-gbps"))
+            o.nvlink_gbps = parse_float(a, v, 1e-3, 1e6);
+        else if (!strcmp(a, "--mfu"))
+            o.mfu = parse_float(a, v, 1e-4, 1);
+        else if (!strcmp(a, "--device"))
+            o.device = v;
+        else if (!strcmp(a, "--device-mem"))
+            o.device_mem = parse_float(a, v, 0.001, 1e6);
         else if (!strcmp(a, "--steps"))
             o.steps = (int)parse_int(a, v, 1, 1 << 30);
         else if (!strcmp(a, "--warmup"))
@@ -231,8 +261,16 @@ static Options parse_options(int argc, char** argv) {
         }
     }
     if (!o.preset) o.preset = o.bench ? "bert-base,bert-large" : "bert-base";
+    if (o.device_mem > 0 && !o.plan_only) {
+        fprintf(stderr, "trainer: --device-mem: only with --plan-only (a real run plans for its device)\n");
+        exit(1);
+    }
+    if (o.bench && o.grad_accum == 0) {
+        fprintf(stderr, "trainer: --grad-accum auto: not with --bench; give a number\n");
+        exit(1);
+    }
     if (o.bench) return o;  // --bench needs no shards, output directory or step count
-    if (!o.data || !o.out || (!o.steps && !o.plan_only)) {
+    if (!o.plan_only && (!o.data || !o.out || !o.steps)) {
         fprintf(stderr, "trainer: --data, --out and --steps are required (see --help)\n");
         exit(1);
     }
@@ -1205,6 +1243,65 @@ static void agree_on_position(Comm* comm, const BertModel* m, const DataLoader* 
         }
 }
 
+// predict_scaling: --plan-only prints the scaling table (scaling.h) for --nodes x --gpus-per-node;
+// --grad-accum auto becomes the accumulation it predicts for this job's layout (SLURM_NNODES nodes, the ranks
+// spread over them) on `device`. 0 (with the reason) when auto cannot be resolved.
+static int predict_scaling(Options* o, const BertConfig* cfg, const Plan* plan, const Comm* comm, const char* device) {
+    const char* env_nodes = getenv("SLURM_NNODES");
+    int nodes = o->nodes ? o->nodes : o->plan_only ? 1 : env_nodes && atoi(env_nodes) > 0 ? atoi(env_nodes) : 1;
+    int world = o->plan_only ? nodes * (o->gpus_per_node ? o->gpus_per_node : 1) : comm->world;
+    ScalingCluster c =
+        scaling_cluster_default(nodes, o->gpus_per_node ? o->gpus_per_node : (world + nodes - 1) / nodes);
+    if (o->net_gbps > 0) c.net_gbps = o->net_gbps;
+    if (o->nvlink_gbps > 0) c.nvlink_gbps = o->nvlink_gbps;
+    BertParams params;
+    bert_params_build(&params, cfg);
+    ScalingWork w;
+    w.flops_per_token = bert_flops_per_token(cfg, plan->T, 0.15).model;
+    w.peak_tflops = device_peak_tflops(device);
+    w.mfu = o->mfu > 0 ? o->mfu : SCALING_MFU;
+    w.tokens_per_micro = (double)plan->B * plan->T;
+    w.grad_bytes = (double)bert_param_count(&params) * sizeof(float);  // one fp32 all-reduce of every gradient
+    // The tail, reduced after the backward ends: the embeddings (the word embeddings' gradient is final only
+    // after the embedding backward, the backward's last kernel) and every vector (biases, LayerNorm).
+    w.tail_bytes = 0;
+    for (int i = 0; i < params.n; i++)
+        if (params.t[i].rank == 1 || !strncmp(params.t[i].name, "bert.embeddings.", 16))
+            w.tail_bytes += params.t[i].numel * sizeof(float);
+    bert_params_free(&params);
+    if (w.peak_tflops <= 0) {
+        if (o->grad_accum == 0) {
+            fprintf(stderr,
+                    "trainer: --grad-accum auto: the bf16 peak of device \"%s\" is unknown; name a known one with "
+                    "--device or give a number\n",
+                    device);
+            return 0;
+        }
+        if (o->plan_only && comm->rank == 0)
+            printf(
+                "scaling prediction: the bf16 peak of device \"%s\" is unknown; --device NAME predicts for "
+                "a known one\n",
+                device);
+        return 1;
+    }
+    if (o->plan_only) {
+        if (comm->rank == 0) scaling_print(&c, &w, o->grad_accum, plan->B, plan->T);
+        return 1;
+    }
+    if (o->grad_accum == 0) {
+        ScalingPrediction p = scaling_predict(&c, &w, 0);
+        o->grad_accum = p.accum;
+        if (comm->rank == 0)
+            printf(
+                "--grad-accum auto: %d (%d node(s) x %d GPU(s) of %s: all-reduce %.1f ms, %.1f ms exposed of a "
+                "%.1f ms step, predicted efficiency %.1f%%); global batch %lld sequences, %.4g tokens\n",
+                p.accum, c.nodes, c.gpus_per_node, device, p.comm_s * 1e3, p.exposed_s * 1e3, p.step_s * 1e3,
+                100 * p.efficiency, (long long)comm->world * p.accum * plan->B,
+                (double)comm->world * p.accum * plan->B * plan->T);
+    }
+    return 1;
+}
+
 int main(int argc, char** argv) {
     install_stop_handlers();  // first: a stop during start-up exits cleanly (see request_stop)
     double started = comm_realtime_s();
@@ -1226,7 +1323,8 @@ int main(int argc, char** argv) {
     comm.timeout_s = o.nccl_timeout;
     if (o.bench) return run_bench(&o, &comm, &prop, started);
     int main_rank = comm.rank == 0;
-    if (!make_out_dir(o.out)) return 1;
+    if (o.device_mem > 0) free_bytes = total_bytes = (size_t)(o.device_mem * 1e9);  // --plan-only for another device
+    if (o.out && !make_out_dir(o.out)) return 1;                                    // (--plan-only may have none)
 
     // The communicator of all ranks, before anything is planned: the ranks agree on the plan.
     CommBootstrap boot = {o.bootstrap, o.out, o.out, started};
@@ -1236,8 +1334,8 @@ int main(int argc, char** argv) {
     BertConfig cfg;
     float* init_w = NULL;
     BertParams init_p;
-    int data_vocab, pad_id;
-    uint64_t data_fp = data_fingerprint("--data", o.data, &data_vocab, &pad_id);
+    int data_vocab = 0, pad_id = 0;  // no --data (--plan-only): the preset's vocabulary
+    uint64_t data_fp = o.data ? data_fingerprint("--data", o.data, &data_vocab, &pad_id) : 0;
     uint64_t val_fp = o.val ? data_fingerprint("--val", o.val, NULL, NULL) : 0;
     if (o.init_from) {
         if (!bert_load_hf(o.init_from, &cfg, &init_p, &init_w)) {
@@ -1251,7 +1349,7 @@ int main(int argc, char** argv) {
             fprintf(stderr, "\n");
             return 1;
         }
-        cfg.vocab_size = data_vocab;
+        if (data_vocab) cfg.vocab_size = data_vocab;
     }
     if (o.T > cfg.max_position) {
         fprintf(stderr, "trainer: --seq %d is longer than the model's %d positions\n", o.T, cfg.max_position);
@@ -1278,6 +1376,7 @@ int main(int argc, char** argv) {
                 plan.total / (double)(1 << 30), plan.B, free_bytes / (double)(1 << 30));
         return 1;
     }
+    if (!predict_scaling(&o, &cfg, &plan, &comm, o.device ? o.device : prop.name)) return 1;
     if (o.plan_only) return 0;
     int B = plan.B, T = o.T;
     void* probe;  // the plan's bytes, reserved once to prove they can be had (the free figure may promise more)
