@@ -2,8 +2,9 @@
 // rank (SLURM_PROCID), the world size (SLURM_NTASKS) and its rank on the node (SLURM_LOCALID,
 // which picks the GPU). Ranks meet through NCCL: rank 0 makes a unique id and publishes it as a
 // file in a directory every rank can see (the run's output directory, on a shared file system);
-// the others wait for the file, then all join the communicator. Gradients are averaged with one
-// AllReduce per step. With one process there is no NCCL at all.
+// the others wait for the file, then all join the communicator. Gradients are averaged in buckets
+// that overlap the backward, optionally with ZeRO-1 (the last section). With one process there is no
+// NCCL at all.
 #pragma once
 #include <nccl.h>
 #include <stdio.h>
@@ -94,12 +95,6 @@ static void comm_init(Comm* c, const char* dir, int timeout_s) {
     }
     NCCL_CHECK(ncclCommInitRank(&c->nccl, c->world, id, c->rank));
     if (c->rank == 0) unlink(path);  // everyone has joined: the id is no longer needed
-}
-
-// comm_average: in-place average over all ranks of n floats on the device (nothing when world == 1).
-static void comm_average(Comm* c, float* x, size_t n, cudaStream_t s) {
-    if (c->world == 1) return;
-    NCCL_CHECK(ncclAllReduce(x, x, n, ncclFloat32, ncclAvg, c->nccl, s));
 }
 
 // comm_sum: in-place sum over all ranks of n floats on the device (nothing when world == 1).

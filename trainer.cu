@@ -897,10 +897,10 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     // checkpoint requests, and under ZeRO-1 the gradients' sum of squares; else the norm of the averaged
     // gradient, the same on every rank. A loss or norm that is not finite skips the update: the weights and
     // AdamW moments stay as they were (the step still counts: its batches are consumed and the schedule moves on).
-    float flags[3] = {stop_requested ? 1.f : 0.f, 0.f, want_ckpt ? 1.f : 0.f}, h[S_STEP_N];
+    float stop = stop_requested ? 1.f : 0.f, ckpt = want_ckpt ? 1.f : 0.f, h[S_STEP_N];
     if (!gr->zero) CUDA_CHECK(cudaMemcpyAsync(&r.norm, m->norm, sizeof r.norm, cudaMemcpyDeviceToHost, m->stream));
-    CUDA_CHECK(cudaMemcpyAsync(scratch + S_STOP, &flags[0], sizeof flags[0], cudaMemcpyHostToDevice, m->stream));
-    CUDA_CHECK(cudaMemcpyAsync(scratch + S_CKPT, &flags[2], sizeof flags[2], cudaMemcpyHostToDevice, m->stream));
+    CUDA_CHECK(cudaMemcpyAsync(scratch + S_STOP, &stop, sizeof stop, cudaMemcpyHostToDevice, m->stream));
+    CUDA_CHECK(cudaMemcpyAsync(scratch + S_CKPT, &ckpt, sizeof ckpt, cudaMemcpyHostToDevice, m->stream));
     all_ranks_sum(comm, scratch, S_STEP_N, h, m->stream);
     if (gr->zero) {
         r.norm = sqrtf(h[S_SUMSQ]);

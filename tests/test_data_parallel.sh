@@ -1,19 +1,24 @@
 #!/usr/bin/env bash
 # test_data_parallel.sh: bucketed, overlapped gradient reduction and ZeRO-1 on the CPU build, 2 processes
 # (NCCL over shared memory, rank and world from hand-set SLURM_* variables), tiny model, T=32:
-#   - 2 ranks x B=8 give the losses of 1 rank x 2 micro-batches of B=8 (the same global batch) with the
-#     default buckets, with small buckets (many of them, launched as the backward makes them), with
-#     --grad-reduce bf16, --zero 1, and --zero 1 with bf16;
+#   - 2 ranks x B=8 give the losses of 1 rank x 2 micro-batches of B=8 (the same global batch) with small
+#     buckets (many of them, launched as the backward makes them), with --grad-reduce bf16, --zero 1 (with
+#     small buckets, and with the default: one bucket, padded), and --zero 1 with bf16 (tests/test_trainer.sh
+#     checks the default buckets without ZeRO);
 #   - after training both ranks hold the same weights (checksums every rank prints under MLM_TEST_WEIGHTS_CRC);
+#   - without clipping, --zero 1 ends with bit for bit the weights of the same run without it (the same
+#     reduction, each element's AdamW update and rounding the same, whichever rank makes it);
 #   - checkpoints stay in one format: a 2-rank --zero 1 run resumed on 1 rank without ZeRO, and a 1-rank run
 #     resumed on 2 ranks with --zero 1, continue with the losses of the uninterrupted run; a --zero 1 run
 #     stopped and resumed with --zero 1 ends with a checkpoint identical to the uninterrupted one;
 #   - the planner: --zero 1 at world 2 frees memory and gives a larger micro-batch (--plan-only needs no
 #     other rank);
 #   - bad values of --grad-reduce, --zero, --bucket-mb are refused.
-# Tolerances (losses are printed with 4 decimals): fp32 reduction, with or without ZeRO-1, within 1e-4 of the
-# 1-rank loss (2 ranks sum in another order than 1 rank's micro-batches, so not always bit for bit);
-# --grad-reduce bf16 within 1e-3 (bf16 keeps 8 bits of each gradient; measured: at most 2e-4 over the 8 steps).
+# Tolerances (losses are printed with 4 decimals): fp32 reduction within 1e-4 of the 1-rank loss (2 ranks sum
+# in another order than 1 rank's micro-batches; measured: equal). --zero 1 within 1e-3: its gradient norm for
+# clipping adds the ranks' pieces in another order, the clipped update differs in the last bits, and
+# stochastic rounding to bf16 turns some of those into a different bf16 weight (measured: at most 2e-4 by
+# step 8). --grad-reduce bf16 within 1e-3 (bf16 keeps 8 bits of each gradient; measured: at most 2e-4).
 # Run by tests/run.sh; needs tools/requirements.txt (python3 tools/prepare.py).
 cd "$(dirname "$0")/.."
 pass=0; fail=0
@@ -61,14 +66,13 @@ same_weights() {
 check 'grep -qE "^step +8/8" "$W/ref.log"' "the 1-rank reference failed: $(tail -n 3 "$W/ref.log")"
 
 # 2. 2 ranks == 1 rank, in every mode; the ranks' weights identical
-for mode in "default" "small" "bf16" "zero" "zero_bf16" "zero_default"; do
+for mode in "small" "bf16" "zero" "zero_bf16" "zero_default"; do
   case $mode in
-    default) args=(); tol=1e-4 ;;
     small) args=("${SMALL[@]}"); tol=1e-4 ;;
     bf16) args=("${SMALL[@]}" --grad-reduce bf16); tol=1e-3 ;;
-    zero) args=("${SMALL[@]}" --zero 1); tol=1e-4 ;;
+    zero) args=("${SMALL[@]}" --zero 1); tol=1e-3 ;;
     zero_bf16) args=("${SMALL[@]}" --zero 1 --grad-reduce bf16); tol=1e-3 ;;
-    zero_default) args=(--zero 1); tol=1e-4 ;;
+    zero_default) args=(--zero 1); tol=1e-3 ;;
   esac
   run2 "$mode" "${args[@]}"
   check 'grep -qE "^step +8/8" "$W/${mode}0.log" && [ -f "$W/$mode/model.safetensors" ]' \
@@ -77,12 +81,19 @@ for mode in "default" "small" "bf16" "zero" "zero_bf16" "zero_default"; do
     "2 ranks, $mode (${args[*]}): the losses differ from 1 rank with --grad-accum 2 by more than $tol"
   check 'same_weights "$mode"' "2 ranks, $mode (${args[*]}): the ranks hold different weights after training"
 done
+# without clipping the norm's order does not matter: --zero 1 gives bit for bit the weights of the run without
+run2 clip0 "${SMALL[@]}" --clip 0
+run2 zero_clip0 "${SMALL[@]}" --clip 0 --zero 1
+w_plain=$(grep "^rank 0 weights" "$W/clip00.log"); w_zero=$(grep "^rank 0 weights" "$W/zero_clip00.log")
+check '[ -n "$w_plain" ] && [ "$w_plain" = "$w_zero" ] && same_weights zero_clip0' \
+  "--clip 0: --zero 1 does not end with the weights of the run without it: '$w_plain' and '$w_zero'"
 check 'grep -q "gradients reduced in 12 buckets of up to 0.01 MB, fp32" "$W/small0.log"' \
   "--bucket-mb 0.01 did not make 12 buckets: $(grep "buckets" "$W/small0.log")"
 check 'grep -q "ZeRO-1: this process holds 14100 of the 28200" "$W/zero0.log"' \
   "--zero 1 at world 2 does not hold half of the optimizer state: $(grep "ZeRO" "$W/zero0.log")"
 
 # 3. checkpoints across world sizes and ZeRO-1: stop after 4 steps, resume the other way, compare with ref
+#    (tolerance 1e-3: the steps under --zero 1 clip with a norm summed in another order, as above)
 mkdir -p "$W/r1"
 for r in 0 1; do
   SLURM_NTASKS=2 SLURM_PROCID=$r SLURM_LOCALID=0 NCCL_EMU_TIMEOUT_S=60 \
@@ -90,7 +101,7 @@ for r in 0 1; do
 done
 wait
 ./trainer_cpu "${COMMON[@]}" --out "$W/r1" --grad-accum 2 --resume >"$W/r1_resume.log" 2>&1
-check 'grep -q "resumed from .* at step 4" "$W/r1_resume.log" && same_losses "$W/ref.log" "$W/r1_resume.log" 1e-4 5 6 7 8' \
+check 'grep -q "resumed from .* at step 4" "$W/r1_resume.log" && same_losses "$W/ref.log" "$W/r1_resume.log" 1e-3 5 6 7 8' \
   "2 ranks --zero 1 for 4 steps, resumed on 1 rank without ZeRO: not the uninterrupted losses: $(tail -n 2 "$W/r1_resume.log")"
 ./trainer_cpu "${COMMON[@]}" --out "$W/r2" --grad-accum 2 --run-steps 4 >"$W/r2_first.log" 2>&1
 for r in 0 1; do
@@ -98,7 +109,7 @@ for r in 0 1; do
     ./trainer_cpu "${COMMON[@]}" --out "$W/r2" "${SMALL[@]}" --zero 1 --resume >"$W/r2_$r.log" 2>&1 &
 done
 wait
-check 'grep -q "resumed from .* at step 4" "$W/r2_0.log" && same_losses "$W/ref.log" "$W/r2_0.log" 1e-4 5 6 7 8' \
+check 'grep -q "resumed from .* at step 4" "$W/r2_0.log" && same_losses "$W/ref.log" "$W/r2_0.log" 1e-3 5 6 7 8' \
   "1 rank for 4 steps, resumed on 2 ranks with --zero 1: not the uninterrupted losses: $(tail -n 2 "$W/r2_0.log" "$W/r2_1.log")"
 # --zero 1, stopped and resumed with --zero 1: the final checkpoint is bit for bit the uninterrupted run's
 mkdir -p "$W/r3"

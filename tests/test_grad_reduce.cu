@@ -124,6 +124,11 @@ static void test_adamw_base(void) {
           bad, wbad);
     free(a), free(b), free(wa), free(wb);
     for (int k = 0; k < 4; k++) free(h[k]);
+    for (int s = 0; s < 2; s++) {
+        cudaFree(dw[s]);
+        for (int k = 0; k < 4; k++) cudaFree(d[s][k]);
+    }
+    cudaFree(d_norm);
 }
 
 // grad_reduce_layout on bert-base's and tiny's slabs, for several world sizes and bucket sizes
