@@ -241,7 +241,8 @@ static inline dim3 gr_grid(size_t n) {
 
 // grad_reduce_launch: enqueues every bucket's reduction of grad on the communication stream, each after
 // its event (nothing when world == 1). Call it after the last micro-step's bert_backward was enqueued with
-// BertModel.grad_ready = g->ready; then grad_reduce_wait before anything reads the gradients.
+// BertModel.grad_ready = g->ready (the device is then still running that backward, and the buckets start
+// as their events pass); then grad_reduce_wait before anything reads the gradients.
 static inline void grad_reduce_launch(GradReduce* g, float* grad) {
     Comm* c = g->comm;
     if (c->world == 1) return;

@@ -874,14 +874,17 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
         // masked token (possible at an epoch's end) still needs a non-zero scale, so that its
         // dlogits are written (as zeros: all its head rows are padding).
         bert_forward(m, &bt, 1.f / ((float)(n_masked > 0 ? n_masked : 1) * o->grad_accum));
-        int last = micro == o->grad_accum - 1;  // its backward makes the final gradients: reduce them meanwhile
-        m->grad_ready = last ? gr->ready : NULL;
+        // the last micro-step's backward makes the final gradients: it marks them as they become final
+        m->grad_ready = micro == o->grad_accum - 1 ? gr->ready : NULL;
         bert_backward(m, &bt);
         m->grad_ready = NULL;
-        if (last) grad_reduce_launch(gr, m->grad);
         add_loss(scratch, m, n_masked);
     }
+    // The buckets' reductions wait on the communication stream for the events of that backward, which the GPU
+    // is still running: they overlap it. The phase is what is left of them when it ends (on the CPU build,
+    // where collectives run when called, all of it).
     bert_phase(m, PHASE_ALLREDUCE);
+    grad_reduce_launch(gr, m->grad);
     grad_reduce_wait(gr, m->stream);
     static const float inf = INFINITY;  // the test hooks' poison
     if (test_hook_on(o->inf_grad, m->step + 1))
