@@ -787,9 +787,11 @@ __device__ inline float adamw_one(float w, float g, float* m, float* v, int deca
     *v = b2 * *v + (1.f - b2) * g * g;
     return w - lr * (*m / bc1 / (sqrtf(*v / bc2) + eps) + (decay ? wd * w : 0.f));
 }
+// base: the slab index of element 0 (the rounding hashes the slab index, so a ZeRO-1 rank updating a
+// shard rounds exactly as one process updating the whole slab would).
 __global__ void adamw_update(float* master, floatX* params, const float* grad, float* m, float* v, size_t n,
                              size_t n_decay, float lr, float b1, float b2, float eps, float wd, float bc1, float bc2,
-                             const float* norm, float max_norm, uint32_t seed) {
+                             const float* norm, float max_norm, uint32_t seed, size_t base) {
     float clip = 1.f;
     if (norm && max_norm > 0.f && norm[0] > max_norm) clip = max_norm / norm[0];
     uint32_t hs = hash_u32(seed);
@@ -805,11 +807,40 @@ __global__ void adamw_update(float* master, floatX* params, const float* grad, f
         *(float4*)(master + i) = w;
         *(float4*)(m + i) = mi;
         *(float4*)(v + i) = vi;
-        store_rounded(params + i, w.x, hash_u32((uint32_t)i * 0x9E3779B9u ^ hs));
-        store_rounded(params + i + 1, w.y, hash_u32((uint32_t)(i + 1) * 0x9E3779B9u ^ hs));
-        store_rounded(params + i + 2, w.z, hash_u32((uint32_t)(i + 2) * 0x9E3779B9u ^ hs));
-        store_rounded(params + i + 3, w.w, hash_u32((uint32_t)(i + 3) * 0x9E3779B9u ^ hs));
+        store_rounded(params + i, w.x, hash_u32((uint32_t)(base + i) * 0x9E3779B9u ^ hs));
+        store_rounded(params + i + 1, w.y, hash_u32((uint32_t)(base + i + 1) * 0x9E3779B9u ^ hs));
+        store_rounded(params + i + 2, w.z, hash_u32((uint32_t)(base + i + 2) * 0x9E3779B9u ^ hs));
+        store_rounded(params + i + 3, w.w, hash_u32((uint32_t)(base + i + 3) * 0x9E3779B9u ^ hs));
     }
+}
+
+// grad_sumsq_add: acc[0] += sum of partial[0, nparts) in a fixed order (the squares grad_norm_partial
+// summed over one piece of the gradients; ZeRO-1 adds its pieces up, then sums over ranks). One block of 256.
+__global__ void grad_sumsq_add(float* acc, const float* partial, int nparts) {
+    __shared__ float red[8];
+    float s = 0.f;
+    for (int i = threadIdx.x; i < nparts; i += blockDim.x) s += partial[i];
+    s = warp_sum(s);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.f;
+        for (int i = 0; i < 8; i++) t += red[i];
+        acc[0] += t;
+    }
+}
+
+// grad_to_bf16: dst[i] = bf16(g[i]) rounded to nearest even for i < n, 0 for n <= i < n_padded (a
+// bucket's bf16 copy for a bf16 reduction; the zeros pad it to a multiple of the world size). Grid-stride.
+__global__ void grad_to_bf16(__nv_bfloat16* dst, const float* g, size_t n, size_t n_padded) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_padded; i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16(i < n ? g[i] : 0.f);
+}
+// grad_from_bf16: g[i] = float(src[i]) * scale for i < n: a bf16 sum over ranks back to fp32, averaged
+// (scale = 1 / world). Grid-stride.
+__global__ void grad_from_bf16(float* g, const __nv_bfloat16* src, size_t n, float scale) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        g[i] = __bfloat162float(src[i]) * scale;
 }
 
 // copy_to_floatX: dst = src rounded to nearest (the floatX weights from the fp32 master). Grid-stride.

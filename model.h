@@ -371,6 +371,8 @@ static inline size_t bert_act_layout(BertActLayout* a, const BertConfig* c, int 
 // the whole memory plan of a training process (bytes), from the same functions bert_alloc uses
 typedef struct {
     size_t n_params;                   // parameters (the slab, with its few pad elements)
+    size_t state_numel;                // elements of master weights and AdamW m, v held here (ZeRO-1: a shard)
+    size_t slack;                      // elements after the slab in the gradients and floatX weights (ZeRO-1's padding)
     size_t params_master;              // fp32 master weights
     size_t params_x;                   // floatX weights the kernels read (absent in fp32 mode: they are the master)
     size_t grads;                      // fp32 gradients
@@ -383,17 +385,24 @@ typedef struct {
 } BertMemPlan;
 
 #define BERT_CUBLAS_WORKSPACE ((size_t)32 << 20)
-static inline BertMemPlan bert_mem_plan(const BertConfig* c, int B, int T, int M, int xsize) {
+// bert_mem_plan_sharded: the plan of a process that holds state_numel elements of the master weights and
+// AdamW m, v (ZeRO-1: its shard; 0: all of them). The floatX weights and the gradients stay whole, with
+// `slack` more elements after the slab (a collective's padding may write there). A sharded master cannot
+// double as the fp32 weights, so then the floatX copy exists in fp32 mode too.
+static inline BertMemPlan bert_mem_plan_sharded(const BertConfig* c, int B, int T, int M, int xsize, size_t state_numel,
+                                                size_t slack) {
     BertMemPlan m;
     memset(&m, 0, sizeof(m));
     BertParams p;
     bert_params_build(&p, c);
     m.n_params = p.numel;
     bert_params_free(&p);
-    m.params_master = m.n_params * 4;
-    m.params_x = xsize == 4 ? 0 : m.n_params * xsize;
-    m.grads = m.n_params * 4;
-    m.adam = m.n_params * 8;
+    m.state_numel = state_numel ? state_numel : m.n_params;
+    m.slack = slack;
+    m.params_master = m.state_numel * 4;
+    m.params_x = xsize == 4 && m.state_numel == m.n_params && !slack ? 0 : (m.n_params + slack) * xsize;
+    m.grads = (m.n_params + slack) * 4;
+    m.adam = m.state_numel * 8;
     BertActLayout a;
     m.acts = bert_act_layout(&a, c, B, T, M, xsize);
     m.act_saved_per_token_layer = a.layer_stride / ((size_t)B * T);
@@ -402,17 +411,27 @@ static inline BertMemPlan bert_mem_plan(const BertConfig* c, int B, int T, int M
     m.total = m.params_master + m.params_x + m.grads + m.adam + m.acts + m.cublas_workspace + m.norm_scratch;
     return m;
 }
+static inline BertMemPlan bert_mem_plan(const BertConfig* c, int B, int T, int M, int xsize) {
+    return bert_mem_plan_sharded(c, B, T, M, xsize, 0, 0);
+}
 
-static inline void bert_print_plan(const BertConfig* c, int B, int T, int M, int xsize) {
-    BertMemPlan m = bert_mem_plan(c, B, T, M, xsize);
+static inline void bert_print_mem_plan(const BertMemPlan* pm, int B, int T, int M, int xsize) {
+    BertMemPlan m = *pm;
     double G = 1.0 / (1 << 30);
     printf("memory plan (B=%d, T=%d, M=%d, %s activations): %.3f GiB\n", B, T, M, xsize == 2 ? "bf16" : "fp32",
            m.total * G);
     printf(
         "  parameters %zu: master fp32 %.3f GiB, floatX copy %.3f GiB, gradients fp32 %.3f GiB, AdamW m+v %.3f GiB\n",
         m.n_params, m.params_master * G, m.params_x * G, m.grads * G, m.adam * G);
+    if (m.state_numel != m.n_params)
+        printf("  ZeRO-1: this process holds %zu of the %zu master weights and AdamW moments\n", m.state_numel,
+               m.n_params);
     printf("  activations %.3f GiB (%zu bytes per token per layer kept for backward), cuBLASLt workspace %.3f GiB\n",
            m.acts * G, m.act_saved_per_token_layer, m.cublas_workspace * G);
+}
+static inline void bert_print_plan(const BertConfig* c, int B, int T, int M, int xsize) {
+    BertMemPlan m = bert_mem_plan(c, B, T, M, xsize);
+    bert_print_mem_plan(&m, B, T, M, xsize);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -985,11 +1004,12 @@ typedef struct {
     BertParams p;
     BertActLayout act;
     int B, T, M;          // capacity
-    float* master;        // (numel) fp32 master weights
-    floatX* w;            // (numel) floatX weights the kernels read (== master in fp32 mode)
+    size_t state_numel;   // elements of master, adam_m, adam_v: p.numel, or a ZeRO-1 shard (bert_alloc_sharded)
+    float* master;        // (state_numel) fp32 master weights
+    floatX* w;            // (numel) floatX weights the kernels read (== master in fp32 mode, unsharded)
     float* grad;          // (numel) fp32
-    float* adam_m;        // (numel) fp32
-    float* adam_v;        // (numel) fp32
+    float* adam_m;        // (state_numel) fp32
+    float* adam_v;        // (state_numel) fp32
     unsigned char* acts;  // act.total bytes
     float* norm_partial;  // grad-norm scratch (launch_grid_cap() floats) and norm[0] at the end
     float* norm;
@@ -997,7 +1017,24 @@ typedef struct {
     cudaStream_t stream;
     int step;
     struct PhaseTimer* timer;  // NULL, except under ./trainer --bench: see "Phase timing" below
+    // NULL, or layers + 2 events that bert_backward records on its stream as gradients become final, so a
+    // data-parallel trainer can reduce them while the backward goes on (see bert_grad_ready_lo)
+    cudaEvent_t* grad_ready;
 } BertModel;
+
+// bert_grad_ready_lo: after bert_backward records grad_ready[k], the gradients [lo, n_decay) of the slab's
+// matrix region are final for the micro-step (nothing later in the backward writes them), for lo given
+// here. The backward runs the head, then layers L-1 .. 0, then the embeddings, which is the matrix
+// region from its end down: k = 0 the head's dense matrix, k = 1..L layer L-k's six matrices, k = L+1
+// everything (0: the word embeddings, which the tied decoder also wrote at the start, and the whole
+// vector region [n_decay, numel), whose bias gradients are added at the very end).
+static inline size_t bert_grad_ready_lo(const BertParams* p, int k) {
+    int L = p->cfg.layers;
+    if (k == 0) return p->t[p->head_w].offset;
+    if (k <= L) return p->t[p->layer0_mat + 6 * (L - k)].offset;
+    return 0;
+}
+static inline int bert_grad_ready_count(const BertParams* p) { return p->cfg.layers + 2; }
 
 // Phase timing (./trainer --bench). With m->timer set, bert_forward and bert_backward (and the
 // trainer's step) record a CUDA event on the stream where each phase begins; a phase lasts until the
@@ -1068,8 +1105,11 @@ static inline void bert_phase(const BertModel* m, int phase) { phase_mark(m->tim
 #define ACT_XL(m, field, l) ((floatX*)((m)->acts + (m)->act.field + (size_t)(l) * (m)->act.layer_stride))
 #define ACT_FL(m, field, l) ((float*)((m)->acts + (m)->act.field + (size_t)(l) * (m)->act.layer_stride))
 
-// bert_alloc: allocates everything bert_mem_plan counts, for at most B rows of T tokens and M masked positions.
-static inline int bert_alloc(BertModel* m, const BertConfig* cfg, int B, int T, int M, cudaStream_t stream) {
+// bert_alloc_sharded: allocates everything bert_mem_plan_sharded counts, for at most B rows of T tokens and M
+// masked positions, with state_numel elements of master weights and AdamW state (0: all) and `slack` elements
+// after the slab's gradients and floatX weights.
+static inline int bert_alloc_sharded(BertModel* m, const BertConfig* cfg, int B, int T, int M, cudaStream_t stream,
+                                     size_t state_numel, size_t slack) {
     memset(m, 0, sizeof(*m));
     if (!bert_config_check(cfg)) return 0;
     if (T > cfg->max_position) {
@@ -1083,7 +1123,9 @@ static inline int bert_alloc(BertModel* m, const BertConfig* cfg, int B, int T, 
     m->stream = stream;
     bert_params_build(&m->p, cfg);
     bert_act_layout(&m->act, cfg, B, T, M, (int)sizeof(floatX));
-    BertMemPlan pl = bert_mem_plan(cfg, B, T, M, (int)sizeof(floatX));  // every size below comes from the plan
+    // every size below comes from the plan
+    BertMemPlan pl = bert_mem_plan_sharded(cfg, B, T, M, (int)sizeof(floatX), state_numel, slack);
+    m->state_numel = pl.state_numel;
     CUDA_CHECK(cudaMalloc((void**)&m->master, pl.params_master));
     if (pl.params_x == 0)
         m->w = (floatX*)m->master;  // fp32 mode: the kernels read the master weights
@@ -1102,6 +1144,10 @@ static inline int bert_alloc(BertModel* m, const BertConfig* cfg, int B, int T, 
     blas_init(&m->blas, pl.cublas_workspace);
     return 1;
 }
+// bert_alloc: allocates everything bert_mem_plan counts, for at most B rows of T tokens and M masked positions.
+static inline int bert_alloc(BertModel* m, const BertConfig* cfg, int B, int T, int M, cudaStream_t stream) {
+    return bert_alloc_sharded(m, cfg, B, T, M, stream, 0, 0);
+}
 static inline void bert_free(BertModel* m) {
     if (m->w != (floatX*)m->master) cudaFree(m->w);
     cudaFree(m->master);
@@ -1115,14 +1161,23 @@ static inline void bert_free(BertModel* m) {
     memset(m, 0, sizeof(*m));
 }
 // bert_set_params: uploads a host fp32 slab (p.numel floats) as the master weights and refreshes the floatX copy.
+// (Not for a sharded model: its trainer places the shard.)
 static inline void bert_set_params(BertModel* m, const float* host) {
     size_t n = m->p.numel;
+    if (m->state_numel != n) {
+        fprintf(stderr, "model: bert_set_params on a sharded model\n");
+        exit(1);
+    }
     CUDA_CHECK(cudaMemcpyAsync(m->master, host, n * sizeof(float), cudaMemcpyHostToDevice, m->stream));
     if (m->w != (floatX*)m->master)
         launch(copy_to_floatX, dim3(launch_grid_cap()), dim3(256), 0, m->stream, m->w, (const float*)m->master, n);
     CUDA_CHECK(cudaStreamSynchronize(m->stream));
 }
 static inline void bert_get_params(BertModel* m, float* host) {
+    if (m->state_numel != m->p.numel) {
+        fprintf(stderr, "model: bert_get_params on a sharded model\n");
+        exit(1);
+    }
     CUDA_CHECK(cudaMemcpy(host, m->master, m->p.numel * sizeof(float), cudaMemcpyDeviceToHost));
 }
 static inline void bert_zero_grad(BertModel* m) {
@@ -1234,6 +1289,7 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
         launch(scatter_rows, dim3(ceil_div((long long)M * C / X128, 256)), dim3(256), 0, s, d_x, (const floatX*)d_h,
                bt->mlm_pos, bt->mlm_labels, M, C);
     }
+    if (m->grad_ready) CUDA_CHECK(cudaEventRecord(m->grad_ready[0], s));  // the head's dense matrix
     for (int l = c->layers - 1; l >= 0; l--) {
         const floatX* x = l == 0 ? ACT_X(m, emb_out) : ACT_XL(m, ln2, l - 1);
         const floatX *ln1 = ACT_XL(m, ln1, l), *fc1 = ACT_XL(m, fc1, l);
@@ -1268,6 +1324,7 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
         bert_phase(m, PHASE_MATMUL);
         matmul_backward_weight(bl, s, bert_lg(m, l, BL_QW), bert_lgb(m, l, BL_QB), d_qkv, 3 * C, x, N, C, 3 * C);
         matmul_backward_input(bl, s, d_x, d_qkv, 3 * C, bert_lw(m, l, BL_QW), d_res, N, C, 3 * C);
+        if (m->grad_ready) CUDA_CHECK(cudaEventRecord(m->grad_ready[c->layers - l], s));  // layer l's matrices
     }
     bert_phase(m, PHASE_EMBED);
     launch_embedding_backward(s, bert_g(m, p->word), bert_g(m, p->pos), bert_g(m, p->type), bert_g(m, p->emb_ln_w),
@@ -1278,6 +1335,7 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
     // the micro-step's bias gradients, written by the BGRADB epilogues, added to the gradients in one pass
     bert_phase(m, PHASE_OTHER);
     launch_add_and_clear(s, m->grad + p->n_decay, ACT_F(m, dvec), p->numel - p->n_decay);
+    if (m->grad_ready) CUDA_CHECK(cudaEventRecord(m->grad_ready[c->layers + 1], s));  // everything
 }
 
 // bert_grad_norm: the global L2 norm of the gradients, left at m->norm[0] (device; no host sync).
@@ -1288,12 +1346,23 @@ static inline void bert_grad_norm(BertModel* m) {
            launch_grid_cap());
 }
 
+// bert_adamw_range: the AdamW update of step m->step for the slab's elements [lo, lo + n) (n and lo multiples
+// of 4), whose master weights and moments are at master, adam_m, adam_v + state_off (ZeRO-1: a piece of the
+// shard; else state_off = lo). Clipping to max_norm (<= 0: none) by the norm at m->norm[0].
+static inline void bert_adamw_range(BertModel* m, size_t lo, size_t n, size_t state_off, float lr, float b1, float b2,
+                                    float eps, float wd, float max_norm) {
+    float bc1 = 1.f - powf(b1, (float)m->step), bc2 = 1.f - powf(b2, (float)m->step);
+    size_t n_decay = m->p.n_decay > lo ? (m->p.n_decay - lo < n ? m->p.n_decay - lo : n) : 0;
+    size_t blocks = (n + 1023) / 1024;  // 4 elements per thread; a small piece needs few blocks
+    int grid = blocks < (size_t)launch_grid_cap() ? (int)(blocks ? blocks : 1) : launch_grid_cap();
+    launch(adamw_update, dim3(grid), dim3(256), 0, m->stream, m->master + state_off, m->w + lo,
+           (const float*)m->grad + lo, m->adam_m + state_off, m->adam_v + state_off, n, n_decay, lr, b1, b2, eps, wd,
+           bc1, bc2, (const float*)m->norm, max_norm, (uint32_t)m->step, lo);
+}
+
 // bert_adamw_step: one AdamW step (step counts from 1) with gradient clipping to max_norm (<= 0: none)
 // using the norm bert_grad_norm computed. No weight decay on biases and LayerNorm parameters.
 static inline void bert_adamw_step(BertModel* m, float lr, float b1, float b2, float eps, float wd, float max_norm) {
     m->step++;
-    float bc1 = 1.f - powf(b1, (float)m->step), bc2 = 1.f - powf(b2, (float)m->step);
-    launch(adamw_update, dim3(launch_grid_cap()), dim3(256), 0, m->stream, m->master, m->w, (const float*)m->grad,
-           m->adam_m, m->adam_v, m->p.numel, m->p.n_decay, lr, b1, b2, eps, wd, bc1, bc2, (const float*)m->norm,
-           max_norm, (uint32_t)m->step);
+    bert_adamw_range(m, 0, m->p.numel, 0, lr, b1, b2, eps, wd, max_norm);
 }

@@ -44,6 +44,8 @@ typedef struct {
     float net_gbps, nvlink_gbps, mfu;  // Gbit/s one way; the share of the device's peak
     const char* device;                // the device the prediction is for (default: this one)
     float device_mem;                  // GB of device memory for --plan-only's planner (0: this device's)
+    float bucket_mb;                   // gradient bucket size (MB of fp32 gradients)
+    int grad_reduce_bf16, zero;        // --grad-reduce bf16; --zero 1 (ZeRO-1)
 } Options;
 
 static void usage(void) {
@@ -85,6 +87,11 @@ static void usage(void) {
         "                      an H100; ./trainer --bench prints it as mfu=)\n"
         "  --device NAME       predict for this device (e.g. \"NVIDIA H100 NVL\") instead of this one\n"
         "  --device-mem GB     with --plan-only: plan for this much device memory instead of this one's\n"
+        "  --bucket-mb X       gradients are reduced over GPUs in buckets of X MB (fp32; default 25), each as\n"
+        "                      soon as the backward has made it, overlapping the rest of the backward\n"
+        "  --grad-reduce T     fp32 (default) or bf16: the type the buckets are reduced in (bf16: half the traffic)\n"
+        "  --zero N            1: ZeRO-1, each GPU keeps 1/world of the fp32 master weights and AdamW state\n"
+        "                      (gradients reduce-scattered, weights all-gathered); 0: off (default)\n"
         "  --info              print the device and this process's place in the job, then exit\n"
         "several processes (srun -K ./trainer ..., or RANK/WORLD_SIZE/LOCAL_RANK as torchrun sets them):\n"
         "  --bootstrap tcp|file  how the ranks get rank 0's NCCL id: tcp (default) from MASTER_ADDR:MASTER_PORT,\n"
@@ -154,6 +161,7 @@ static Options parse_options(int argc, char** argv) {
     o.log_every = 1, o.val_batches = 20;
     o.keep = 2, o.max_bad_steps = 3, o.ckpt_minutes = 30;
     o.bootstrap = "tcp", o.nccl_timeout = (float)COMM_DEFAULT_TIMEOUT_S;
+    o.bucket_mb = 25;
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
         if (!strcmp(a, "--resume")) {
@@ -255,6 +263,16 @@ static Options parse_options(int argc, char** argv) {
                 exit(1);
             }
             o.bootstrap = v;
+        } else if (!strcmp(a, "--bucket-mb"))
+            o.bucket_mb = parse_float(a, v, 0.001, 1 << 20);
+        else if (!strcmp(a, "--zero"))
+            o.zero = (int)parse_int(a, v, 0, 1);
+        else if (!strcmp(a, "--grad-reduce")) {
+            if (strcmp(v, "fp32") && strcmp(v, "bf16")) {
+                fprintf(stderr, "trainer: --grad-reduce %s: expected fp32 or bf16\n", v);
+                exit(1);
+            }
+            o.grad_reduce_bf16 = !strcmp(v, "bf16");
         } else {
             fprintf(stderr, "trainer: %s: unknown flag (see --help)\n", a);
             exit(1);
@@ -289,38 +307,58 @@ static Options parse_options(int argc, char** argv) {
 typedef struct {
     int B, T, M;
     BertMemPlan model;
-    size_t batch_bytes;  // each loader's (training, validation) two device batch buffers
-    size_t maker_bytes;  // seg_lo, seg_hi (B, T), the head's positions and labels (M), 8 floats of loss sums
+    size_t reduce_bytes;  // the bf16 staging buffer of --grad-reduce bf16 (comm.h)
+    size_t batch_bytes;   // each loader's (training, validation) two device batch buffers
+    size_t maker_bytes;   // seg_lo, seg_hi (B, T), the head's positions and labels (M), 8 floats of loss sums
     size_t total;
 } Plan;
 
 static int mlm_cap(int B, int T) { return (int)(1.1 * 0.15 * B * T) + 64; }
 
-static Plan make_plan(const BertConfig* c, int B, int T, int loaders) {
+// make_plan: the plan for micro-batch B; gr: the gradient buckets (ZeRO-1 shards the optimizer state).
+static Plan make_plan(const BertConfig* c, int B, int T, int loaders, const GradReduce* gr) {
     Plan p;
     p.B = B, p.T = T, p.M = mlm_cap(B, T);
-    p.model = bert_mem_plan(c, B, T, p.M, (int)sizeof(floatX));
+    p.model = bert_mem_plan_sharded(c, B, T, p.M, (int)sizeof(floatX), gr->zero ? gr->state_numel : 0, gr->slack);
+    p.reduce_bytes = gr->stage_elems * sizeof(__nv_bfloat16);
     p.batch_bytes = loaders * dataloader_device_bytes(B, T);
     p.maker_bytes = (2 * (size_t)B * T + 2 * (size_t)p.M) * sizeof(int) + 8 * sizeof(float);  // + the loss sums
-    p.total = p.model.total + p.batch_bytes + p.maker_bytes;
+    p.total = p.model.total + p.reduce_bytes + p.batch_bytes + p.maker_bytes;
     return p;
+}
+
+// grad_reduce_setup: the gradient buckets of cfg's slab for this world size and --bucket-mb, --grad-reduce,
+// --zero (comm.h), from the order in which bert_backward makes the gradients.
+static void grad_reduce_setup(GradReduce* gr, const BertConfig* cfg, Comm* comm, const Options* o) {
+    BertParams p;
+    bert_params_build(&p, cfg);
+    int n_events = bert_grad_ready_count(&p);
+    size_t* ready_lo = (size_t*)malloc(n_events * sizeof(size_t));
+    for (int k = 0; k < n_events; k++) ready_lo[k] = bert_grad_ready_lo(&p, k);
+    size_t bucket_elems = (size_t)(o->bucket_mb * (1 << 20) / sizeof(float));
+    // one process has nothing to shard: --zero 1 then trains as without it
+    grad_reduce_layout(gr, comm, p.numel, p.n_decay, ready_lo, n_events, bucket_elems, o->zero && comm->world > 1,
+                       o->grad_reduce_bf16);
+    free(ready_lo);
+    bert_params_free(&p);
 }
 
 // choose_batch: the largest B whose plan fits in the free device memory, less a reserve for the
 // CUDA context, cuBLASLt and NCCL (5% of the device, at least 1 GiB).
-static Plan choose_batch(const BertConfig* c, int T, int loaders, size_t free_bytes, size_t total_bytes) {
+static Plan choose_batch(const BertConfig* c, int T, int loaders, const GradReduce* gr, size_t free_bytes,
+                         size_t total_bytes) {
     size_t reserve = total_bytes / 20 > ((size_t)1 << 30) ? total_bytes / 20 : ((size_t)1 << 30);
     size_t budget = free_bytes > reserve ? free_bytes - reserve : 0;
     int lo = 0, hi = 1;
-    while (make_plan(c, hi, T, loaders).total <= budget && hi < (1 << 20)) lo = hi, hi *= 2;
+    while (make_plan(c, hi, T, loaders, gr).total <= budget && hi < (1 << 20)) lo = hi, hi *= 2;
     while (hi - lo > 1) {  // largest B with plan <= budget is in [lo, hi)
         int mid = lo + (hi - lo) / 2;
-        if (make_plan(c, mid, T, loaders).total <= budget)
+        if (make_plan(c, mid, T, loaders, gr).total <= budget)
             lo = mid;
         else
             hi = mid;
     }
-    return make_plan(c, lo > 0 ? lo : 1, T, loaders);  // B = 1 when nothing fits: the caller reports it
+    return make_plan(c, lo > 0 ? lo : 1, T, loaders, gr);  // B = 1 when nothing fits: the caller reports it
 }
 
 // ----------------------------------------------------------------------------
@@ -355,15 +393,17 @@ typedef struct {
     char path[4400];  // its file
 } Ckpts;
 
-// ckpt_regions: the device buffers a checkpoint holds, in file order. Gives their number.
+// ckpt_regions: the device buffers a checkpoint holds, in file order, each whole in the file. Gives their
+// number. Under ZeRO-1 the first three (master weights, AdamW m, v) are this rank's shards: ckpt_sharded.
 static int ckpt_regions(const BertModel* m, void* dev[4], size_t bytes[4]) {
     int k = 0;
     dev[k] = m->master, bytes[k++] = m->p.numel * sizeof(float);
     dev[k] = m->adam_m, bytes[k++] = m->p.numel * sizeof(float);
     dev[k] = m->adam_v, bytes[k++] = m->p.numel * sizeof(float);
-    if ((void*)m->w != (void*)m->master) dev[k] = m->w, bytes[k++] = m->p.numel * sizeof(floatX);
+    if (sizeof(floatX) != sizeof(float)) dev[k] = m->w, bytes[k++] = m->p.numel * sizeof(floatX);
     return k;
 }
+static int ckpt_sharded(const GradReduce* gr, int region) { return gr->zero && region < 3; }
 static uint64_t ckpt_body_bytes(const BertModel* m) {
     void* dev[4];
     size_t bytes[4];
@@ -422,8 +462,11 @@ static void ckpt_prune(const Ckpts* ck, int newest) {
 }
 
 // save_checkpoint: writes DIR/checkpoint.bin as described above. Gives 1, or 0 with the reason in err
-// (the temporary file removed; every earlier checkpoint untouched).
-static int save_checkpoint(Ckpts* ck, BertModel* m, const DataLoaderState* data, char* err, size_t errlen) {
+// (the temporary file removed; every earlier checkpoint untouched). Rank 0 writes; under ZeRO-1 every rank
+// calls it, to gather the shards (through the gradient buffer: call it between steps).
+static int save_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, const DataLoaderState* data, char* err,
+                           size_t errlen) {
+    int writer = gr->comm->rank == 0;
     char path[4400], tmp[4400], old[4400];
     snprintf(path, sizeof path, "%s/checkpoint.bin", ck->dir);
     snprintf(tmp, sizeof tmp, "%s/checkpoint.bin.tmp", ck->dir);
@@ -433,23 +476,30 @@ static int save_checkpoint(Ckpts* ck, BertModel* m, const DataLoaderState* data,
     h.version = CKPT_VERSION, h.header_bytes = sizeof h;
     h.cfg = m->cfg, h.T = m->T, h.step = m->step, h.x_bytes = (int32_t)sizeof(floatX);
     h.numel = m->p.numel, h.body_bytes = ckpt_body_bytes(m), h.data = *data;
-    unsigned char* buf = (unsigned char*)malloc(CKPT_CHUNK);
+    unsigned char* buf = writer ? (unsigned char*)malloc(CKPT_CHUNK) : NULL;
     int fd = buf ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
     int ok = fd >= 0 && write_all(fd, &h, sizeof h), why = buf ? errno : ENOMEM;  // why: errno of the failure
     uint32_t crc = crc32_update(0, &h, sizeof h);
     void* dev[4];
     size_t bytes[4];
-    for (int r = 0, k = ckpt_regions(m, dev, bytes); ok && r < k; r++) {
+    for (int r = 0, k = ckpt_regions(m, dev, bytes); r < k; r++) {
+        const void* src = dev[r];
+        if (ckpt_sharded(gr, r)) {  // every rank, whatever happened to the file
+            zero_gather(gr, (const float*)dev[r], m->grad, m->stream);
+            src = m->grad;
+        }
         for (size_t off = 0; ok && off < bytes[r]; off += CKPT_CHUNK) {
             size_t n = bytes[r] - off < CKPT_CHUNK ? bytes[r] - off : CKPT_CHUNK;
-            CUDA_CHECK(cudaMemcpy(buf, (const char*)dev[r] + off, n, cudaMemcpyDeviceToHost));
+            CUDA_CHECK(cudaMemcpy(buf, (const char*)src + off, n, cudaMemcpyDeviceToHost));
             crc = crc32_update(crc, buf, n);
             if (!(ok = write_all(fd, buf, n))) why = errno;
         }
         // test hook (tests/test_checkpoints.sh): MLM_TEST_CKPT_DELAY_MS=N pauses N ms inside the write, so a
         // kill lands while the checkpoint is half written
-        if (r == 0 && getenv("MLM_TEST_CKPT_DELAY_MS")) usleep(1000 * atoi(getenv("MLM_TEST_CKPT_DELAY_MS")));
+        if (ok && r == 0 && getenv("MLM_TEST_CKPT_DELAY_MS")) usleep(1000 * atoi(getenv("MLM_TEST_CKPT_DELAY_MS")));
     }
+    if (gr->zero) bert_zero_grad(m);  // the gradient buffer was the staging area
+    if (!writer) return 1;
     uint32_t trailer[2] = {crc, 0};
     if (ok && !(ok = write_all(fd, trailer, sizeof trailer) && fsync(fd) == 0)) why = errno;
     if (fd >= 0 && close(fd) != 0 && ok) ok = 0, why = errno;
@@ -551,8 +601,9 @@ static void ckpt_check_run(const char* path, const CkptHeader* h, const BertMode
     }
 }
 
-// ckpt_load: streams a verified checkpoint's body to the device (checking its CRC again on the way).
-static void ckpt_load(const char* path, BertModel* m, CkptHeader* h) {
+// ckpt_load: streams a verified checkpoint's body to the device (checking its CRC again on the way). Under
+// ZeRO-1 a full array goes through the gradient buffer, and this rank keeps its shard of it.
+static void ckpt_load(const char* path, BertModel* m, const GradReduce* gr, CkptHeader* h) {
     int fd = open(path, O_RDONLY);
     unsigned char* buf = (unsigned char*)malloc(CKPT_CHUNK);
     int ok = fd >= 0 && buf && read_all(fd, h, sizeof *h);
@@ -560,13 +611,16 @@ static void ckpt_load(const char* path, BertModel* m, CkptHeader* h) {
     void* dev[4];
     size_t bytes[4];
     for (int r = 0, k = ckpt_regions(m, dev, bytes); ok && r < k; r++) {
+        char* dst = ckpt_sharded(gr, r) ? (char*)m->grad : (char*)dev[r];
         for (size_t off = 0; ok && off < bytes[r]; off += CKPT_CHUNK) {
             size_t n = bytes[r] - off < CKPT_CHUNK ? bytes[r] - off : CKPT_CHUNK;
             ok = read_all(fd, buf, n);
             crc = crc32_update(crc, buf, n);
-            if (ok) CUDA_CHECK(cudaMemcpy((char*)dev[r] + off, buf, n, cudaMemcpyHostToDevice));
+            if (ok) CUDA_CHECK(cudaMemcpy(dst + off, buf, n, cudaMemcpyHostToDevice));
         }
+        if (ok && ckpt_sharded(gr, r)) zero_scatter(gr, m->grad, (float*)dev[r], m->stream);
     }
+    if (gr->zero) bert_zero_grad(m);
     ok = ok && read_all(fd, trailer, sizeof trailer) && trailer[0] == crc;
     free(buf);
     if (fd >= 0) close(fd);
@@ -579,7 +633,8 @@ static void ckpt_load(const char* path, BertModel* m, CkptHeader* h) {
 
 // resume_checkpoint: loads the newest intact checkpoint in ck->dir (checkpoint.bin, then checkpoint-STEP.bin
 // from the highest STEP), saying which ones it skipped and why; restores the data position into train.
-static void resume_checkpoint(Ckpts* ck, BertModel* m, DataLoader* train, int steps, int verbose) {
+static void resume_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, DataLoader* train, int steps,
+                              int verbose) {
     int cand[1024], n = 0;  // INT_MAX: checkpoint.bin; else the STEP of checkpoint-STEP.bin
     cand[n++] = INT_MAX;
     DIR* d = opendir(ck->dir);
@@ -611,7 +666,7 @@ static void resume_checkpoint(Ckpts* ck, BertModel* m, DataLoader* train, int st
             continue;
         }
         ckpt_check_run(path, &h, m, steps);
-        ckpt_load(path, m, &h);
+        ckpt_load(path, m, gr, &h);
         if (dataloader_restore(train, &h.data)) {
             fprintf(stderr, "trainer: --resume: %s: %s\n", path, train->error);
             exit(1);
@@ -802,20 +857,62 @@ static void mfu_text(char* buf, size_t n, double flops_per_s, double peak_tflops
 }
 
 // One optimizer step, as training and --bench run it: o->grad_accum micro-batches forward and backward,
-// the gradients averaged over ranks, their norm, AdamW; then the step's one host sync. With
-// model->timer set (--bench), each phase is marked on the stream.
+// the last one's gradients reduced over ranks in buckets while its backward runs (comm.h), their norm,
+// AdamW (under ZeRO-1 on this rank's shard, then the new weights all-gathered); then the step's one host
+// sync. With model->timer set (--bench), each phase is marked on the stream.
 typedef struct {
     float loss, norm;  // the mean loss per masked token over all ranks; the gradient norm
     long long tokens;  // real tokens this rank trained on
     double wait_ms;    // host time spent waiting for the loader threads
     int stop;          // some rank was asked to stop (a signal): every rank stops after this step
+    int ckpt;          // rank 0 asked for a checkpoint after this step (--ckpt-minutes): every rank knows
     int skipped;       // the loss or the gradient norm was not finite: no update was made
 } StepResult;
 
-static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Comm* comm, float* scratch,
-                             const Options* o, float lr) {
+// model_set_params: a host fp32 slab (numel floats) as the weights; under ZeRO-1 this rank keeps its shard of
+// the master weights (through the gradient buffer, which is zero again afterwards) and every floatX weight.
+static void model_set_params(BertModel* m, const GradReduce* gr, const float* host) {
+    if (!gr->zero) {
+        bert_set_params(m, host);
+        return;
+    }
+    size_t n = m->p.numel;
+    CUDA_CHECK(cudaMemcpyAsync(m->grad, host, n * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+    launch(copy_to_floatX, dim3(launch_grid_cap()), dim3(256), 0, m->stream, m->w, (const float*)m->grad, n);
+    zero_scatter(gr, m->grad, m->master, m->stream);
+    bert_zero_grad(m);
+}
+// model_get_params: the fp32 master weights (numel floats) into host (NULL: nowhere). Under ZeRO-1 every rank
+// calls it: the shards are gathered through the gradient buffer (between steps; zero again afterwards).
+static void model_get_params(BertModel* m, const GradReduce* gr, float* host) {
+    if (!gr->zero) {
+        if (host) bert_get_params(m, host);
+        return;
+    }
+    zero_gather(gr, m->master, m->grad, m->stream);
+    if (host) CUDA_CHECK(cudaMemcpy(host, m->grad, m->p.numel * sizeof(float), cudaMemcpyDeviceToHost));
+    bert_zero_grad(m);
+}
+
+// zero_adamw_step: bert_adamw_step on this rank's pieces of every bucket (ZeRO-1).
+static void zero_adamw_step(BertModel* m, const GradReduce* gr, const Options* o, float lr) {
+    m->step++;
+    for (int i = 0; i < gr->n; i++) {
+        size_t off, n;
+        grad_reduce_piece(gr, &gr->b[i], gr->comm->rank, &off, &n);
+        if (n) bert_adamw_range(m, off, n, gr->b[i].state_off, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
+    }
+}
+
+// scratch (device floats, summed over ranks once per step): [0] loss sum, [1] masked count, [2] stop
+// requests, [3] ZeRO-1: the gradients' sum of squares, [4] checkpoint requests; [5..6] validation.
+enum { S_LOSS, S_COUNT, S_STOP, S_SUMSQ, S_CKPT, S_STEP_N, S_VAL = S_STEP_N };
+
+static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, GradReduce* gr, float* scratch,
+                             const Options* o, float lr, int want_ckpt) {
     StepResult r;
     memset(&r, 0, sizeof r);
+    Comm* comm = gr->comm;
     comm->step = m->step + 1;  // for the watchdog's messages
     for (int micro = 0; micro < o->grad_accum; micro++) {
         bert_phase(m, PHASE_DATA);
@@ -833,33 +930,53 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Co
         // masked token (possible at an epoch's end) still needs a non-zero scale, so that its
         // dlogits are written (as zeros: all its head rows are padding).
         bert_forward(m, &bt, 1.f / ((float)(n_masked > 0 ? n_masked : 1) * o->grad_accum));
+        // the last micro-step's backward makes the final gradients: it marks them as they become final
+        m->grad_ready = micro == o->grad_accum - 1 ? gr->ready : NULL;
         bert_backward(m, &bt);
+        m->grad_ready = NULL;
         add_loss(scratch, m, n_masked);
     }
+    // The buckets' reductions wait on the communication stream for the events of that backward, which the GPU
+    // is still running: they overlap it. The phase is what is left of them when it ends (on the CPU build,
+    // where collectives run when called, all of it).
     bert_phase(m, PHASE_ALLREDUCE);
-    comm_average(comm, m->grad, m->p.numel, m->stream);
+    grad_reduce_launch(gr, m->grad);
+    grad_reduce_wait(gr, m->stream);
     static const float inf = INFINITY;  // the test hooks' poison
     if (test_hook_on(o->inf_grad, m->step + 1))
         CUDA_CHECK(cudaMemcpyAsync(m->grad, &inf, sizeof inf, cudaMemcpyHostToDevice, m->stream));
     if (test_hook_on(o->inf_loss, m->step + 1))
         CUDA_CHECK(cudaMemcpyAsync(scratch, &inf, sizeof inf, cudaMemcpyHostToDevice, m->stream));
     bert_phase(m, PHASE_OPTIM);
-    bert_grad_norm(m);
-    // The one host sync of the step, before the update: the gradient norm, and over all ranks the (loss sum,
-    // masked count, stop requests) that scratch[0..2] hold. A loss or norm that is not finite skips the
-    // update: the weights and AdamW moments stay as they were (the step still counts: its batches are
-    // consumed and the schedule moves on). The norm is of the averaged gradient, so every rank agrees.
-    float stop = stop_requested ? 1.f : 0.f, h[3];
-    CUDA_CHECK(cudaMemcpyAsync(&r.norm, m->norm, sizeof r.norm, cudaMemcpyDeviceToHost, m->stream));
-    CUDA_CHECK(cudaMemcpyAsync(scratch + 2, &stop, sizeof stop, cudaMemcpyHostToDevice, m->stream));
-    all_ranks_sum(comm, scratch, 3, h, m->stream, "step loss AllReduce (the step's host sync)");
-    r.loss = h[1] > 0.f ? h[0] / h[1] : 0.f;
-    r.stop = h[2] > 0.f;
-    r.skipped = !isfinite(r.loss) || !isfinite(r.norm);
-    if (r.skipped)
-        m->step++;
+    if (gr->zero)
+        zero_grad_sumsq(gr, m->grad, m->norm_partial, scratch + S_SUMSQ, m->stream);
     else
+        bert_grad_norm(m);
+    // The one host sync of the step, before the update: over all ranks the loss sum, masked count, stop and
+    // checkpoint requests, and under ZeRO-1 the gradients' sum of squares; else the norm of the averaged
+    // gradient, the same on every rank. A loss or norm that is not finite skips the update: the weights and
+    // AdamW moments stay as they were (the step still counts: its batches are consumed and the schedule moves on).
+    float stop = stop_requested ? 1.f : 0.f, ckpt = want_ckpt ? 1.f : 0.f, h[S_STEP_N];
+    if (!gr->zero) CUDA_CHECK(cudaMemcpyAsync(&r.norm, m->norm, sizeof r.norm, cudaMemcpyDeviceToHost, m->stream));
+    CUDA_CHECK(cudaMemcpyAsync(scratch + S_STOP, &stop, sizeof stop, cudaMemcpyHostToDevice, m->stream));
+    CUDA_CHECK(cudaMemcpyAsync(scratch + S_CKPT, &ckpt, sizeof ckpt, cudaMemcpyHostToDevice, m->stream));
+    all_ranks_sum(comm, scratch, S_STEP_N, h, m->stream, "step loss AllReduce (the step's host sync)");
+    if (gr->zero) {
+        r.norm = sqrtf(h[S_SUMSQ]);
+        CUDA_CHECK(cudaMemcpyAsync(m->norm, &r.norm, sizeof r.norm, cudaMemcpyHostToDevice, m->stream));
+    }
+    r.loss = h[S_COUNT] > 0.f ? h[S_LOSS] / h[S_COUNT] : 0.f;
+    r.stop = h[S_STOP] > 0.f;
+    r.ckpt = h[S_CKPT] > 0.f;
+    r.skipped = !isfinite(r.loss) || !isfinite(r.norm);
+    if (r.skipped) {
+        m->step++;
+    } else if (gr->zero) {
+        zero_adamw_step(m, gr, o, lr);
+        zero_allgather(gr, m->w, m->stream);
+    } else {
         bert_adamw_step(m, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
+    }
     bert_zero_grad(m);
     bert_phase(m, PHASE_END);
     return r;
@@ -917,8 +1034,22 @@ typedef struct {
 } BenchResult;
 
 // bench_preset: runs the benchmark for one preset; gives 0, or 1 after printing why not.
+static int bench_run(const Options* o, const char* preset, GradReduce* gr, const cudaDeviceProp* prop,
+                     double peak_tflops, BenchResult* res);
 static int bench_preset(const Options* o, const char* preset, Comm* comm, const cudaDeviceProp* prop,
                         double peak_tflops, BenchResult* res) {
+    BertConfig cfg;
+    bert_preset(preset, &cfg);  // run_bench checked the name
+    GradReduce gr;
+    grad_reduce_setup(&gr, &cfg, comm, o);
+    int rc = bench_run(o, preset, &gr, prop, peak_tflops, res);
+    grad_reduce_free(&gr);
+    return rc;
+}
+// bench_run: bench_preset with the gradient buckets made.
+static int bench_run(const Options* o, const char* preset, GradReduce* gr, const cudaDeviceProp* prop,
+                     double peak_tflops, BenchResult* res) {
+    Comm* comm = gr->comm;
     int main_rank = comm->rank == 0, T = o->T;
     BertConfig cfg;
     bert_preset(preset, &cfg);  // run_bench checked the name
@@ -928,9 +1059,9 @@ static int bench_preset(const Options* o, const char* preset, Comm* comm, const 
     }
     size_t free_bytes, total_bytes;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    Plan largest = choose_batch(&cfg, T, 1, free_bytes, total_bytes);
+    Plan largest = choose_batch(&cfg, T, 1, gr, free_bytes, total_bytes);
     if (largest.total > free_bytes) largest.B = 0;  // not even B = 1 fits
-    Plan plan = o->B ? make_plan(&cfg, o->B, T, 1) : largest;
+    Plan plan = o->B ? make_plan(&cfg, o->B, T, 1, gr) : largest;
     if (plan.B < 1 || plan.total > free_bytes) {
         fprintf(stderr, "trainer: --bench %s: needs %.3f GiB at B=%d, T=%d but %.3f GiB are free\n", preset,
                 plan.total / (double)(1 << 30), plan.B, T, free_bytes / (double)(1 << 30));
@@ -969,21 +1100,22 @@ static int bench_preset(const Options* o, const char* preset, Comm* comm, const 
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
     BertModel model;
-    if (!bert_alloc(&model, &cfg, B, T, plan.M, stream)) return 1;
+    if (!bert_alloc_sharded(&model, &cfg, B, T, plan.M, stream, gr->zero ? gr->state_numel : 0, gr->slack)) return 1;
+    grad_reduce_start(gr);
     BatchMaker bm;
     float* scratch = batch_maker_alloc(&bm, &plan, 0);
     float* w = (float*)malloc(model.p.numel * sizeof(float));
     bert_init_host(&model.p, w, (uint64_t)o->seed);
-    bert_set_params(&model, w);
+    model_set_params(&model, gr, w);
     free(w);
     bert_zero_grad(&model);
 
-    for (int i = 0; i < o->bench_warmup; i++) train_step(&model, &train, &bm, comm, scratch, o, o->lr);
+    for (int i = 0; i < o->bench_warmup; i++) train_step(&model, &train, &bm, gr, scratch, o, o->lr, 0);
     long long tokens_done = 0;
     CUDA_CHECK(cudaStreamSynchronize(stream));
     double t0 = now_s();
     for (int i = 0; i < o->bench_steps; i++)
-        tokens_done += train_step(&model, &train, &bm, comm, scratch, o, o->lr).tokens;
+        tokens_done += train_step(&model, &train, &bm, gr, scratch, o, o->lr, 0).tokens;
     CUDA_CHECK(cudaStreamSynchronize(stream));
     double dt = now_s() - t0;
     res->step_ms = 1e3 * dt / o->bench_steps;
@@ -999,7 +1131,7 @@ static int bench_preset(const Options* o, const char* preset, Comm* comm, const 
     int lost = 0;
     t0 = now_s();
     for (int i = 0; i < o->bench_steps; i++) {
-        train_step(&model, &train, &bm, comm, scratch, o, o->lr);
+        train_step(&model, &train, &bm, gr, scratch, o, o->lr, 0);
         lost |= !phase_timer_collect(&timer);  // waits for the step's last mark
     }
     res->phased_step_ms = 1e3 * (now_s() - t0) / o->bench_steps;
@@ -1122,11 +1254,25 @@ static int diverged(const Options* o, const Ckpts* ck, int bad_steps, int main_r
                 bad_steps, o->max_bad_steps, ckpt_whats_on_disk(ck, what, sizeof what));
     return 2;
 }
+// print_weights_crc: "rank R weights: floatX crc32 X, fp32 master crc32 Y" for the weights this rank holds
+// (master: the host copy of the full fp32 master weights).
+static void print_weights_crc(BertModel* m, const float* master, int rank) {
+    size_t n = m->p.numel;
+    void* x = malloc(n * sizeof(floatX));
+    if (!x) return;
+    CUDA_CHECK(cudaMemcpy(x, m->w, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    printf("rank %d weights: floatX crc32 %08x, fp32 master crc32 %08x\n", rank, crc32_update(0, x, n * sizeof(floatX)),
+           crc32_update(0, master, n * sizeof(float)));
+    fflush(stdout);
+    free(x);
+}
+
 // checkpoint_now: saves the model and the loader's position after `step`. 0 (with the reason) on failure.
-static int checkpoint_now(Ckpts* ck, BertModel* m, DataLoader* train, int step) {
+// Every rank calls it (under ZeRO-1 they gather the shards); rank 0 writes.
+static int checkpoint_now(Ckpts* ck, BertModel* m, const GradReduce* gr, DataLoader* train, int step) {
     DataLoaderState pos = dataloader_state(train);
     char why[4600], what[4600];
-    if (save_checkpoint(ck, m, &pos, why, sizeof why)) return 1;
+    if (save_checkpoint(ck, m, gr, &pos, why, sizeof why)) return 1;
     fprintf(stderr, "trainer: step %d: %s; stopping: %s\n", step, why, ckpt_whats_on_disk(ck, what, sizeof what));
     return 0;
 }
@@ -1183,7 +1329,10 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
                       (double)o->val_every,
                       (double)o->val_batches,
                       (double)o->max_bad_steps,
-                      (double)sizeof(floatX)};
+                      (double)sizeof(floatX),
+                      (double)o->zero,
+                      (double)o->bucket_mb,
+                      (double)o->grad_reduce_bf16};
     const uint64_t h0 = 0xcbf29ce484222325ull;
     // The first four are numbers (the message shows them); the next four fingerprints; the last the micro-batch.
     CommValue v[] = {
@@ -1195,7 +1344,7 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
          (int64_t)fingerprint(h0, cfg, sizeof *cfg), 0, 0},
         {"other training flags (--lr --warmup --wd --beta1 --beta2 --eps --clip --seed --resume --run-steps "
          "--val-every "
-         "--val-batches --max-bad-steps)",
+         "--val-batches --max-bad-steps --zero --bucket-mb --grad-reduce)",
          (int64_t)fingerprint(h0, flags, sizeof flags), 0, 0},
         {"training data (the --data shards: names in order, sizes, checksums)", (int64_t)data_fp, 0, 0},
         {"validation data (the --val shards)", (int64_t)val_fp, 0, 0},
@@ -1261,13 +1410,14 @@ static int predict_scaling(Options* o, const BertConfig* cfg, const Plan* plan, 
     w.peak_tflops = device_peak_tflops(device);
     w.mfu = o->mfu > 0 ? o->mfu : SCALING_MFU;
     w.tokens_per_micro = (double)plan->B * plan->T;
-    w.grad_bytes = (double)bert_param_count(&params) * sizeof(float);  // one fp32 all-reduce of every gradient
+    w.grad_bytes =
+        (double)bert_param_count(&params) * (o->grad_reduce_bf16 ? 2 : 4);  // an all-reduce of every gradient
     // The tail, reduced after the backward ends: the embeddings (the word embeddings' gradient is final only
     // after the embedding backward, the backward's last kernel) and every vector (biases, LayerNorm).
     w.tail_bytes = 0;
     for (int i = 0; i < params.n; i++)
         if (params.t[i].rank == 1 || !strncmp(params.t[i].name, "bert.embeddings.", 16))
-            w.tail_bytes += params.t[i].numel * sizeof(float);
+            w.tail_bytes += params.t[i].numel * (o->grad_reduce_bf16 ? 2 : 4);
     bert_params_free(&params);
     if (w.peak_tflops <= 0) {
         if (o->grad_accum == 0) {
@@ -1356,15 +1506,22 @@ int main(int argc, char** argv) {
         return 1;
     }
 
-    // The memory plan, and the micro-batch it allows (the seed paper's recommendation 5): the same on
-    // every rank, the smallest any rank can hold.
+    // The gradient buckets, the memory plan, and the micro-batch it allows (the seed paper's recommendation 5):
+    // the same on every rank, the smallest any rank can hold.
+    GradReduce gr;
+    grad_reduce_setup(&gr, &cfg, &comm, &o);
     int loaders = o.val ? 2 : 1;
-    Plan plan = o.B ? make_plan(&cfg, o.B, o.T, loaders) : choose_batch(&cfg, o.T, loaders, free_bytes, total_bytes);
-    plan = make_plan(&cfg, agree(&comm, &o, &cfg, plan.B, data_fp, val_fp), o.T, loaders);
+    Plan plan =
+        o.B ? make_plan(&cfg, o.B, o.T, loaders, &gr) : choose_batch(&cfg, o.T, loaders, &gr, free_bytes, total_bytes);
+    plan = make_plan(&cfg, agree(&comm, &o, &cfg, plan.B, data_fp, val_fp), o.T, loaders, &gr);
     if (main_rank) {
         printf("device: %s, %.1f GB free of %.1f GB; %d process(es)\n", prop.name, free_bytes / 1e9, total_bytes / 1e9,
                comm.world);
-        bert_print_plan(&cfg, plan.B, plan.T, plan.M, (int)sizeof(floatX));
+        bert_print_mem_plan(&plan.model, plan.B, plan.T, plan.M, (int)sizeof(floatX));
+        if (comm.world > 1)
+            printf("  gradients reduced in %d buckets of up to %g MB, %s%s; bf16 staging %.3f GiB\n", gr.n, o.bucket_mb,
+                   o.grad_reduce_bf16 ? "bf16" : "fp32", gr.zero ? ", ZeRO-1 (reduce-scatter, all-gather)" : "",
+                   plan.reduce_bytes / (double)(1 << 30));
         printf("  batch buffers %.3f GiB; total %.3f GiB for B=%d (%s)\n",
                (plan.batch_bytes + plan.maker_bytes) / (double)(1 << 30), plan.total / (double)(1 << 30), plan.B,
                o.B ? "--batch" : "the largest that fits");
@@ -1410,9 +1567,10 @@ int main(int argc, char** argv) {
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
     BertModel model;
-    if (!bert_alloc(&model, &cfg, B, T, plan.M, stream)) return 1;
+    if (!bert_alloc_sharded(&model, &cfg, B, T, plan.M, stream, gr.zero ? gr.state_numel : 0, gr.slack)) return 1;
+    grad_reduce_start(&gr);
     BatchMaker bm;
-    float* scratch = batch_maker_alloc(&bm, &plan, pad_id);  // step: loss sum, count, stops [0..2]; validation [3..4]
+    float* scratch = batch_maker_alloc(&bm, &plan, pad_id);  // the step's sums and validation's: see S_LOSS
 
     DataLoaderConfig dcfg = dataloader_default_config(train_pattern, B, T);
     dcfg.rank = comm.rank, dcfg.world = comm.world, dcfg.num_threads = o.loader_threads;
@@ -1439,14 +1597,14 @@ int main(int argc, char** argv) {
     memset(&ck, 0, sizeof ck);
     ck.dir = o.out, ck.keep = o.keep, ck.step = -1;
     if (o.resume) {
-        resume_checkpoint(&ck, &model, &train, o.steps, main_rank);
+        resume_checkpoint(&ck, &model, &gr, &train, o.steps, main_rank);
     } else {
         if (!init_w && !(init_w = (float*)malloc(model.p.numel * sizeof(float)))) {
             fprintf(stderr, "trainer: out of host memory for the %zu initial weights\n", model.p.numel);
             return 1;
         }
         if (!o.init_from) bert_init_host(&model.p, init_w, (uint64_t)o.seed);
-        bert_set_params(&model, init_w);
+        model_set_params(&model, &gr, init_w);
     }
     free(init_w);
     if (o.init_from) bert_params_free(&init_p);
@@ -1470,21 +1628,23 @@ int main(int argc, char** argv) {
     while (model.step < last_step) {
         int step = model.step + 1;
         double t0 = now_s();
-        StepResult r = train_step(&model, &train, &bm, &comm, scratch, &o, lr_at(&o, step));
+        // rank 0's clock decides --ckpt-minutes, and the step's all-reduce tells every rank
+        int want_ckpt = main_rank && o.ckpt_minutes > 0 && now_s() - last_ckpt >= 60.0 * o.ckpt_minutes;
+        StepResult r = train_step(&model, &train, &bm, &gr, scratch, &o, lr_at(&o, step), want_ckpt);
         if (r.stop) last_step = step;  // some rank got a signal: every rank stops after this step
         bad_steps = r.skipped ? bad_steps + 1 : 0;
         if (main_rank) log_step(&o, &r, step, bad_steps, now_s() - t0, comm.world, flops_token, peak_tflops, &bm);
         if (bad_steps >= o.max_bad_steps) return diverged(&o, &ck, bad_steps, main_rank);
         if (o.val && o.val_every && (step % o.val_every == 0 || step == o.steps)) {
-            float vl = evaluate(&model, &val, &val_start, &bm, &comm, o.val_batches, scratch + 3);
+            float vl = evaluate(&model, &val, &val_start, &bm, &comm, o.val_batches, scratch + S_VAL);
             if (main_rank) printf("step %6d | val loss %.4f (%d batches)\n", step, vl, o.val_batches);
         }
         // A checkpoint every --ckpt-every steps, every --ckpt-minutes, and at the end; never of a skipped step
         // but the last (the weights are the last good ones either way).
-        int due = (o.ckpt_every && step % o.ckpt_every == 0) ||
-                  (o.ckpt_minutes > 0 && now_s() - last_ckpt >= 60.0 * o.ckpt_minutes);
-        if (main_rank && ((due && !bad_steps) || step == last_step)) {
-            if (!checkpoint_now(&ck, &model, &train, step)) return 1;
+        // Every rank decides the same (under ZeRO-1 all of them gather the shards for rank 0 to write).
+        int due = (o.ckpt_every && step % o.ckpt_every == 0) || r.ckpt;
+        if ((due && !bad_steps) || step == last_step) {
+            if (!checkpoint_now(&ck, &model, &gr, &train, step)) return 1;
             last_ckpt = now_s();
         }
     }
@@ -1497,14 +1657,19 @@ int main(int argc, char** argv) {
     if (main_rank && model.step < o.steps)
         printf("stopped after step %d (%s); --resume continues\n", model.step,
                stop_requested ? "on a signal" : "--run-steps");
+    float* w =
+        model.step == o.steps || getenv("MLM_TEST_WEIGHTS_CRC") ? (float*)malloc(model.p.numel * sizeof(float)) : NULL;
+    if (model.step == o.steps || getenv("MLM_TEST_WEIGHTS_CRC"))
+        model_get_params(&model, &gr, w);  // every rank: under ZeRO-1 they gather the shards (w NULL: no copy)
+    // test hook (tests/test_data_parallel.sh): MLM_TEST_WEIGHTS_CRC=1 makes every rank print checksums of the
+    // weights it holds, which must be the same on all ranks
+    if (w && getenv("MLM_TEST_WEIGHTS_CRC")) print_weights_crc(&model, w, comm.rank);
     if (main_rank && model.step == o.steps) {
-        float* w = (float*)malloc(model.p.numel * sizeof(float));
         if (!w) {
             fprintf(stderr, "trainer: out of host memory for the export; %s\n",
                     ckpt_whats_on_disk(&ck, what, sizeof what));
             return 1;
         }
-        bert_get_params(&model, w);
         if (!bert_save_hf(o.out, &model.p, w)) {
             fprintf(stderr,
                     "trainer: cannot write the Hugging Face export to %s (any earlier export is untouched); %s\n",
@@ -1512,10 +1677,11 @@ int main(int argc, char** argv) {
             return 1;
         }
         printf("saved %s and the Hugging Face export %s/model.safetensors + config.json\n", ck.path, o.out);
-        free(w);
     }
+    free(w);
     dataloader_free(&train);
     if (o.val) dataloader_free(&val);
+    grad_reduce_free(&gr);
     comm_free(&comm);
     cudaFree(bm.seg_lo);
     bert_free(&model);
