@@ -122,6 +122,24 @@ loss, acc, masked = float(line[2]), float(line[5]), int(line[7])
 assert abs(loss - val["val_loss"]) < 2e-2 * val["val_loss"] and abs(acc - val["val_accuracy"]) < 0.05 and masked == val["val_masked"], (line, val)
 ' "$A/metrics.jsonl" "$line2" 2>"$W/err.txt"
 check '[ $? = 0 ]' "--eval against the last validation (checkpoint exactly, export nearly): $(tail -n 2 "$W/err.txt")"
+# 4b. validation inside a 2-rank run: one metrics.jsonl (rank 0's), and its validation is what 1 rank's --eval
+#     of the run's checkpoint gives, bit for bit
+mkdir -p "$W/d"
+for r in 0 1; do
+  SLURM_NTASKS=2 SLURM_PROCID=$r SLURM_LOCALID=0 NCCL_EMU_TIMEOUT_S=60 \
+    ./trainer_cpu "${COMMON[@]}" --out "$W/d" --steps 6 >"$W/d$r.log" 2>&1 &
+done
+wait
+./trainer_cpu --eval "$W/d/checkpoint.bin" "${EV[@]}" --out "$W/d" >"$W/d_ev.log" 2>&1
+json '
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["step"] for r in recs if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6], recs
+val = [r for r in recs if r["kind"] == "val"]; ev = recs[-1]
+assert len(val) == 1 and ev["kind"] == "eval" and ev["step"] == 6, recs
+assert (ev["val_loss"], ev["val_accuracy"], ev["val_masked"]) == (val[0]["val_loss"], val[0]["val_accuracy"], val[0]["val_masked"]), (ev, val)
+' "$W/d/metrics.jsonl" 2>"$W/err.txt"
+check '[ $? = 0 ]' "2-rank validation against 1-rank --eval of its checkpoint: $(tail -n 2 "$W/err.txt") $(tail -n 2 "$W/d0.log" "$W/d1.log")"
 echo "  (last validation: $(grep "val loss" "$W/a.log" | tail -n 1 | sed "s/.*| val //"); --eval of the export: ${line2#eval: })"
 
 # 5. text shards: the export carries their tokenizer, loadable as it is
