@@ -1232,16 +1232,16 @@ static void json_end(FILE* f) {
     fflush(f);
 }
 
-// metrics_open: opens DIR/metrics.jsonl for appending. keep_step >= 0 first rewrites the file (a temporary
+// metrics_open: opens DIR/metrics.jsonl for appending. With rewrite, first rewrites the file (a temporary
 // file, flushed, renamed) without the records of steps after keep_step and without a partial last line:
-// a resumed run (keep_step = its checkpoint's step) never repeats a step, and a new run (0) starts a new
+// a resumed run (keep_step = its checkpoint's step) never repeats a step, and a new run (-1) starts a new
 // log. elapsed0 gets the last kept training record's elapsed_s. Gives NULL, with a message, on failure.
-static FILE* metrics_open(const char* dir, int keep_step, double* elapsed0) {
+static FILE* metrics_open(const char* dir, int rewrite, int keep_step, double* elapsed0) {
     char path[4200], tmp[4300];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     *elapsed0 = 0;
-    FILE* old = keep_step >= 0 ? fopen(path, "r") : NULL;
+    FILE* old = rewrite ? fopen(path, "r") : NULL;
     if (old) {
         FILE* out = fopen(tmp, "w");
         int ok = out != NULL;
@@ -1571,7 +1571,7 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
                e.samples);
         fflush(stdout);
         double unused;
-        FILE* f = o->out ? metrics_open(o->out, -1, &unused) : NULL;
+        FILE* f = o->out ? metrics_open(o->out, 0, 0, &unused) : NULL;
         if (f) {
             fprintf(f, "{\"kind\":\"eval\",\"step\":%d", step);
             json_str(f, "source", o->eval);
@@ -1724,7 +1724,7 @@ int main(int argc, char** argv) {
     memset(&lg, 0, sizeof lg);
     lg.t_start = t_start, lg.first_step = model.step + 1, lg.last_step = last_step;
     lg.tokens = (long long)ck.tokens, lg.epoch_tokens = epoch_tokens;
-    if (main_rank && !(lg.f = metrics_open(o.out, model.step, &lg.elapsed0))) return 1;
+    if (main_rank && !(lg.f = metrics_open(o.out, 1, o.resume ? model.step : -1, &lg.elapsed0))) return 1;
     int bad_steps = 0;  // consecutive steps skipped for a loss or gradient norm that was not finite
     double last_ckpt = now_s();
     char what[4600];
