@@ -1769,10 +1769,15 @@ int main(int argc, char** argv) {
             return 1;
         }
         bert_get_params(&model, w);
-        if (!bert_save_hf(o.out, &model.p, w, pad_id) || !export_tokenizer(o.out, o.data, &data_h, cfg.max_position)) {
+        if (!bert_save_hf(o.out, &model.p, w, pad_id)) {
             fprintf(stderr,
                     "trainer: cannot write the Hugging Face export to %s (any earlier export is untouched); %s\n",
                     o.out, ckpt_whats_on_disk(&ck, what, sizeof what));
+            return 1;
+        }
+        if (!export_tokenizer(o.out, o.data, &data_h, cfg.max_position)) {
+            fprintf(stderr, "trainer: the export in %s lacks its tokenizer (see above); %s\n", o.out,
+                    ckpt_whats_on_disk(&ck, what, sizeof what));
             return 1;
         }
         printf("saved %s and the Hugging Face export %s/model.safetensors + config.json + the tokenizer\n", ck.path,
