@@ -717,6 +717,56 @@ __global__ void loss_mean(float* out, const float* losses, const int* labels, in
     }
 }
 
+// argmax_hits: the masked-token accuracy's numerator, per row. hits[m] = 1 when the largest logit of row m
+// (M rows of V, row stride ld) is at labels[m], the model's top prediction is right; 0 when it is not or
+// when labels[m] < 0 (a padding row). The argmax is defined to be deterministic: ties go to the lowest
+// index and NaN never wins, so no thread order can change a result. One block of 256 threads per row:
+// each thread keeps its best (value, index) over a strided slice, then the pairs are reduced over the
+// warp (shuffles) and the 8 warps (shared memory) with the same rule.
+__device__ inline int argmax_better(float v, int j, float best, int bj) {  // (v, j) beats (best, bj)
+    return v > best || (v == best && j < bj);
+}
+__global__ void argmax_hits(float* hits, const floatX* logits, const int* labels, int M, int V, int ld) {
+    __shared__ float red_v[8];
+    __shared__ int red_j[8];
+    int m = blockIdx.x, lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    const floatX* z = logits + (size_t)m * ld;
+    float best = -INFINITY;
+    int bj = 0x7fffffff;  // no index yet: any value but NaN beats it
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float v = tof(z[j]);
+        if (argmax_better(v, j, best, bj)) best = v, bj = j;
+    }
+    for (int o = 16; o > 0; o /= 2) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oj = __shfl_xor_sync(0xffffffffu, bj, o);
+        if (argmax_better(ov, oj, best, bj)) best = ov, bj = oj;
+    }
+    if (lane == 0) red_v[w] = best, red_j[w] = bj;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int i = 1; i < 8; i++)
+            if (argmax_better(red_v[i], red_j[i], best, bj)) best = red_v[i], bj = red_j[i];
+        hits[m] = labels[m] >= 0 && bj == labels[m] ? 1.f : 0.f;
+    }
+}
+
+// accumulate_sum: out[0] += x[0] + ... + x[n-1], summed in a fixed order (per thread, then warps, then
+// the 8 warp sums in order), so the result never depends on timing. One block of 256 threads.
+__global__ void accumulate_sum(float* out, const float* x, int n) {
+    __shared__ float red[8];
+    float s = 0.f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
+    s = warp_sum(s);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.f;
+        for (int i = 0; i < 8; i++) t += red[i];
+        out[0] += t;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Optimizer
 

@@ -50,6 +50,8 @@ static const struct {
     int vocab_size, max_position, hidden, layers, heads, intermediate;
 } bert_presets[] = {
     {"tiny", 211, 40, 32, 2, 2, 64},  // tests: odd vocabulary, two layers, two 16-wide heads
+    // a first run on a CPU: byte vocabulary, two 64-wide heads; 200 steps of B=4, T=256 take minutes on 2 cores
+    {"mini", 260, 512, 128, 2, 2, 512},
     {"bert-base", 30522, 512, 768, 12, 12, 3072},
     {"bert-large", 30522, 512, 1024, 24, 16, 4096},
     {"paper-120m", 50304, 512, 768, 12, 12, 3072},
@@ -599,9 +601,10 @@ static inline int bert_write_file(const char* path, const void* a, size_t na, co
     return ok;
 }
 
-// bert_save_hf: writes dir/model.safetensors (F32) and dir/config.json for the host fp32 slab w.
-// dir must exist. Gives 1 on success.
-static inline int bert_save_hf(const char* dir, const BertParams* p, const float* w) {
+// bert_save_hf: writes dir/model.safetensors (F32) and dir/config.json for the host fp32 slab w; pad_id is
+// the vocabulary's padding id (the shards' header). Dropout is 0: training here uses none. dir must exist.
+// Gives 1 on success.
+static inline int bert_save_hf(const char* dir, const BertParams* p, const float* w, int pad_id) {
     const BertConfig* c = &p->cfg;
     char path[4096];
     // config.json
@@ -611,12 +614,12 @@ static inline int bert_save_hf(const char* dir, const BertParams* p, const float
                  "{\n  \"architectures\": [\"BertForMaskedLM\"],\n  \"model_type\": \"bert\",\n"
                  "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"num_hidden_layers\": %d,\n"
                  "  \"num_attention_heads\": %d,\n  \"intermediate_size\": %d,\n  \"hidden_act\": \"gelu\",\n"
-                 "  \"hidden_dropout_prob\": 0.1,\n  \"attention_probs_dropout_prob\": 0.1,\n"
+                 "  \"hidden_dropout_prob\": 0.0,\n  \"attention_probs_dropout_prob\": 0.0,\n"
                  "  \"max_position_embeddings\": %d,\n  \"type_vocab_size\": %d,\n  \"initializer_range\": 0.02,\n"
-                 "  \"layer_norm_eps\": %.9g,\n  \"pad_token_id\": 0,\n  \"position_embedding_type\": \"absolute\",\n"
+                 "  \"layer_norm_eps\": %.9g,\n  \"pad_token_id\": %d,\n  \"position_embedding_type\": \"absolute\",\n"
                  "  \"tie_word_embeddings\": true,\n  \"torch_dtype\": \"float32\"\n}\n",
                  c->vocab_size, c->hidden, c->layers, c->heads, c->intermediate, c->max_position, c->type_vocab_size,
-                 (double)c->ln_eps);
+                 (double)c->ln_eps, pad_id);
     snprintf(path, sizeof(path), "%s/config.json", dir);
     if (!bert_write_file(path, cfg, (size_t)n, NULL, 0)) return 0;
     // safetensors header

@@ -7,7 +7,10 @@
 #include "data.h"          // token shards, the ring of loader threads, MLM masking
 #include "comm.h"          // rank and world size; NCCL gradient averaging
 #include "scaling.h"       // the scaling predictor: compute, all-reduce and overlap on N nodes
+#include <ctype.h>
 #include <dirent.h>
+#include <glob.h>
+#include <libgen.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -46,30 +49,52 @@ typedef struct {
     float device_mem;                  // GB of device memory for --plan-only's planner (0: this device's)
     float bucket_mb;                   // gradient bucket size (MB of fp32 gradients)
     int grad_reduce_bf16, zero;        // --grad-reduce bf16; --zero 1 (ZeRO-1)
+    long long tokens;                  // --tokens N: about N real tokens, as steps (resolve_run_length)
+    double epochs;                     // --epochs E: E passes over the training shards, as steps
+    const char* eval;                  // --eval SRC: evaluate a checkpoint or an export on --val; no training
+    int seq_given;                     // --seq was given (--eval otherwise takes the source's)
 } Options;
 
 static void usage(void) {
     printf(
-        "usage: trainer --data 'DIR/train_*.bin' --out DIR [options]    (srun -K ./trainer ... for several GPUs)\n"
+        "usage: trainer --data 'DIR/train_*.bin' --out DIR --steps N [options]\n"
+        "  (srun -K ./trainer ... for several GPUs; ./trainer_cpu: the same program on the CPU, without a GPU)\n"
         "  --data GLOB         training shards (tools/prepare.py makes them)\n"
-        "  --val GLOB          validation shards; evaluated every --val-every steps\n"
-        "  --out DIR           checkpoint.bin, the final Hugging Face export (model.safetensors, config.json)\n"
-        "  --preset NAME       tiny | bert-base | bert-large | paper-120m | paper-350m (default bert-base);\n"
-        "                      the vocabulary size comes from the shards\n"
+        "  --val GLOB          validation shards: MLM loss and masked-token accuracy every --val-every steps, on\n"
+        "                      the same --val-batches micro-batches (a fixed masking) whatever the number of GPUs\n"
+        "  --out DIR           (created with its parents) checkpoint.bin, metrics.jsonl (a JSON object per logged\n"
+        "                      step and per validation), the final Hugging Face export (model.safetensors,\n"
+        "                      config.json) and the tokenizer files (tokenizer.json + tokenizer_config.json +\n"
+        "                      special_tokens_map.json for text shards, byte_tokenizer.json for byte shards)\n"
+        "  --preset NAME       default bert-base; the vocabulary size comes from the shards:\n");
+    for (int i = 0; i < BERT_NUM_PRESETS; i++) {
+        BertConfig c;
+        bert_preset(bert_presets[i].name, &c);
+        BertParams p;
+        bert_params_build(&p, &c);
+        printf("      %-11s %2d x %4d, %2d heads of %d, FFN %4d, %d positions: %.3gM parameters at V=%d\n",
+               bert_presets[i].name, c.layers, c.hidden, c.heads, c.hidden / c.heads, c.intermediate, c.max_position,
+               bert_param_count(&p) / 1e6, c.vocab_size);
+        bert_params_free(&p);
+    }
+    printf(
         "  --init-from DIR     start from a Hugging Face BertForMaskedLM checkpoint instead\n"
         "  --resume            continue from DIR/checkpoint.bin (weights, optimizer, data position)\n"
         "  --seq T             tokens per row (default 512)\n"
         "  --batch B           rows per micro-batch per GPU (default 0: the largest that fits in GPU memory)\n"
         "  --grad-accum N      micro-batches per optimizer step (default 1); auto: the fewest that hide the\n"
         "                      gradient all-reduce behind compute (predicted, see --plan-only)\n"
-        "  --steps N           optimizer steps (required)\n"
+        "  --steps N           optimizer steps; or instead:\n"
+        "  --tokens N          about N real tokens (1e9, 500M, 2B: K M B T suffixes), as steps of the global batch\n"
+        "  --epochs E          E passes over the training shards (E x their tokens / tokens per step, rounded up)\n"
         "  --lr X              peak learning rate (default 5e-4), linear warmup then linear decay to 0\n"
         "  --warmup N          warmup steps (default 1%% of --steps)\n"
         "  --wd X --beta1 X --beta2 X --eps X --clip X   AdamW (0.01, 0.9, 0.98, 1e-6) and clipping (1.0)\n"
         "  --seed N            data order, masking and initialisation (default 1337)\n"
         "  --loader-threads N  threads preparing batches (default 2); --ring N slots (default 4)\n"
         "  --stage-dir DIR     copy the shards to this node-local directory first, once per node\n"
-        "  --log-every N --val-every N --val-batches N --ckpt-every N   (1, 0, 20, 0: only at the end)\n"
+        "  --log-every N --val-every N --val-batches N --ckpt-every N   (1, 0, 20, 0: only at the end);\n"
+        "                      --val-batches counts micro-batches of B rows over all GPUs together\n"
         "  --ckpt-minutes X    also a checkpoint when X minutes passed since the last one (default 30; 0: off)\n"
         "  --keep K            checkpoints kept: DIR/checkpoint.bin and the K-1 before it as checkpoint-STEP.bin\n"
         "                      (default 2); --resume takes the newest intact one (each has a CRC-32)\n"
@@ -107,7 +132,15 @@ static void usage(void) {
         "  bert-base,bert-large with the preset's vocabulary), the time per phase, tokens/s, MFU and the\n"
         "  planner's largest micro-batch; --batch picks the micro-batch run (default: that largest one)\n"
         "  --bench-steps N     timed steps (default 10), after --bench-warmup N untimed ones (default 3)\n"
-        "  --out DIR           needed only with several processes and --bootstrap file\n");
+        "  --out DIR           needed only with several processes and --bootstrap file\n"
+        "\n"
+        "usage: trainer --eval SRC --val GLOB [--batch B] [--seq T] [--val-batches N] [--out DIR]\n"
+        "  evaluates SRC, a checkpoint file (DIR/checkpoint.bin) or a Hugging Face export directory (config.json +\n"
+        "  model.safetensors), on the validation shards as training validates, without training; prints\n"
+        "  \"eval: loss X | accuracy Y | N masked tokens in K sequences\"; with --out it appends an \"eval\"\n"
+        "  record to DIR/metrics.jsonl. --seq defaults to the checkpoint's (an export: the shards' --seq-len); with "
+        "the\n"
+        "  run's --batch and --val-batches it sees the very batches of the run's validation\n");
 }
 
 // parse_int / parse_float: the value of flag `name`, or exit with a message naming flag and value.
@@ -120,6 +153,21 @@ static long long parse_int(const char* name, const char* v, long long lo, long l
         exit(1);
     }
     return x;
+}
+// parse_count: --tokens: a count such as 1000000, 1e9, 500M or 2B (suffixes K, M, B or G, T: powers of 1000).
+static long long parse_count(const char* name, const char* v) {
+    char* end;
+    double x = strtod(v, &end);
+    const char* suffixes = "KMBGT";
+    const double scale[] = {1e3, 1e6, 1e9, 1e9, 1e12};
+    const char* at = *end ? strchr(suffixes, toupper((unsigned char)*end)) : NULL;
+    if (at && end[1] == 0) x *= scale[at - suffixes], end++;
+    if (*end || end == v || !(x >= 1 && x <= 1e15)) {
+        fprintf(stderr, "trainer: %s %s: expected a count of tokens in [1, 1e15], such as 5000000, 1e9, 500M or 2B\n",
+                name, v);
+        exit(1);
+    }
+    return (long long)ceil(x);
 }
 static float parse_float(const char* name, const char* v, double lo, double hi) {
     char* end;
@@ -183,6 +231,12 @@ static Options parse_options(int argc, char** argv) {
         const char* v = argv[++i];
         if (!strcmp(a, "--data"))
             o.data = v;
+        else if (!strcmp(a, "--eval"))
+            o.eval = v;
+        else if (!strcmp(a, "--tokens"))
+            o.tokens = parse_count(a, v);
+        else if (!strcmp(a, "--epochs"))
+            o.epochs = parse_float(a, v, 1e-6, 1e6);
         else if (!strcmp(a, "--val"))
             o.val = v;
         else if (!strcmp(a, "--out"))
@@ -194,7 +248,7 @@ static Options parse_options(int argc, char** argv) {
         else if (!strcmp(a, "--stage-dir"))
             o.stage_dir = v;
         else if (!strcmp(a, "--seq"))
-            o.T = (int)parse_int(a, v, 2, 1 << 16);
+            o.T = (int)parse_int(a, v, 2, 1 << 16), o.seq_given = 1;
         else if (!strcmp(a, "--batch"))
             o.B = (int)parse_int(a, v, 0, 1 << 20);
         else if (!strcmp(a, "--grad-accum"))
@@ -240,7 +294,7 @@ static Options parse_options(int argc, char** argv) {
         else if (!strcmp(a, "--val-every"))
             o.val_every = (int)parse_int(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--val-batches"))
-            o.val_batches = (int)parse_int(a, v, 1, 1 << 30);
+            o.val_batches = (int)parse_int(a, v, 1, 1 << 20);
         else if (!strcmp(a, "--ckpt-every"))
             o.ckpt_every = (int)parse_int(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--run-steps"))
@@ -288,11 +342,25 @@ static Options parse_options(int argc, char** argv) {
         exit(1);
     }
     if (o.bench) return o;  // --bench needs no shards, output directory or step count
-    if (!o.plan_only && (!o.data || !o.out || !o.steps)) {
-        fprintf(stderr, "trainer: --data, --out and --steps are required (see --help)\n");
+    if (o.eval) {           // --eval: only the evaluation's flags
+        if (!o.val || o.data || o.steps || o.tokens || o.epochs || o.resume || o.init_from) {
+            fprintf(stderr,
+                    "trainer: --eval %s: needs --val GLOB and takes no --data, --steps, --tokens, --epochs, "
+                    "--resume or --init-from (see --help)\n",
+                    o.eval);
+            exit(1);
+        }
+        return o;
+    }
+    int lengths = (o.steps > 0) + (o.tokens > 0) + (o.epochs > 0);
+    if (lengths > 1) {
+        fprintf(stderr, "trainer: --steps, --tokens and --epochs are alternatives: give one of them\n");
         exit(1);
     }
-    if (o.warmup < 0) o.warmup = o.steps / 100;
+    if (!o.plan_only && (!o.data || !o.out || !lengths)) {
+        fprintf(stderr, "trainer: --data, --out and --steps (or --tokens, or --epochs) are required (see --help)\n");
+        exit(1);
+    }
     test_hook_env("MLM_TEST_INF_GRAD", o.inf_grad);
     test_hook_env("MLM_TEST_INF_LOSS", o.inf_loss);
     return o;
@@ -309,7 +377,9 @@ typedef struct {
     BertMemPlan model;
     size_t reduce_bytes;  // the bf16 staging buffer of --grad-reduce bf16 (comm.h)
     size_t batch_bytes;   // each loader's (training, validation) two device batch buffers
-    size_t maker_bytes;   // seg_lo, seg_hi (B, T), the head's positions and labels (M), 8 floats of loss sums
+    size_t maker_bytes;   // seg_lo, seg_hi (B, T), the head's positions and labels (M), 8 floats of loss sums,
+                          // the head rows' hits (M floats: accuracy)
+    size_t val_bytes;     // validation's per-micro-batch sums (4 floats x --val-batches; plan_add_validation)
     size_t total;
 } Plan;
 
@@ -322,9 +392,16 @@ static Plan make_plan(const BertConfig* c, int B, int T, int loaders, const Grad
     p.model = bert_mem_plan_sharded(c, B, T, p.M, (int)sizeof(floatX), gr->zero ? gr->state_numel : 0, gr->slack);
     p.reduce_bytes = gr->stage_elems * sizeof(__nv_bfloat16);
     p.batch_bytes = loaders * dataloader_device_bytes(B, T);
-    p.maker_bytes = (2 * (size_t)B * T + 2 * (size_t)p.M) * sizeof(int) + 8 * sizeof(float);  // + the loss sums
+    p.maker_bytes = (2 * (size_t)B * T + 2 * (size_t)p.M) * sizeof(int) + 8 * sizeof(float)  // + the loss sums
+                    + (size_t)p.M * sizeof(float);                                           // + the hits
+    p.val_bytes = 0;
     p.total = p.model.total + p.reduce_bytes + p.batch_bytes + p.maker_bytes;
     return p;
+}
+// plan_add_validation: validation's sums, one slot of 4 floats per micro-batch (see Validation).
+static void plan_add_validation(Plan* p, int val_batches) {
+    p->val_bytes = 4 * (size_t)val_batches * sizeof(float);
+    p->total += p->val_bytes;
 }
 
 // grad_reduce_setup: the gradient buckets of cfg's slab for this world size and --bucket-mb, --grad-reduce,
@@ -371,8 +448,8 @@ static Plan choose_batch(const BertConfig* c, int T, int loaders, const GradRedu
 //   | CRC-32 (zlib's) of every byte before it (u32) | 4 zero bytes
 // The CRC is computed while writing and checked before anything is loaded; then the header is checked
 // against the run (model, T, step within --steps; data.h checks the data position).
-#define CKPT_MAGIC "MLMCKPT2"
-#define CKPT_VERSION 2
+#define CKPT_MAGIC "MLMCKPT3"
+#define CKPT_VERSION 3  // 3: the tokens trained on (for metrics.jsonl and the epoch fraction across resumes)
 #define CKPT_CHUNK ((size_t)16 << 20)  // bytes copied, checksummed and written at a time
 typedef struct {
     char magic[8];
@@ -382,7 +459,8 @@ typedef struct {
     int32_t x_bytes;  // sizeof(floatX) of the run that wrote it
     int32_t reserved;
     uint64_t numel, body_bytes;  // body: everything between the header and the CRC
-    DataLoaderState data;
+    uint64_t tokens;             // real tokens trained on by all ranks up to this step
+    DataLoaderState data;        // (last: tests/test_checkpoints.sh finds it 64 bytes before the body)
 } CkptHeader;
 
 // What this run knows about DIR's checkpoints, for --keep and for the truth of its messages.
@@ -391,6 +469,7 @@ typedef struct {
     int keep;         // --keep: checkpoints kept, the newest included
     int step;         // the step of the newest good checkpoint this process wrote or loaded; -1: none
     char path[4400];  // its file
+    uint64_t tokens;  // real tokens trained on up to the model's step: the trainer keeps it current, saves, loads
 } Ckpts;
 
 // ckpt_regions: the device buffers a checkpoint holds, in file order, each whole in the file. Gives their
@@ -475,7 +554,7 @@ static int save_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, const 
     memcpy(h.magic, CKPT_MAGIC, 8);
     h.version = CKPT_VERSION, h.header_bytes = sizeof h;
     h.cfg = m->cfg, h.T = m->T, h.step = m->step, h.x_bytes = (int32_t)sizeof(floatX);
-    h.numel = m->p.numel, h.body_bytes = ckpt_body_bytes(m), h.data = *data;
+    h.numel = m->p.numel, h.body_bytes = ckpt_body_bytes(m), h.tokens = ck->tokens, h.data = *data;
     unsigned char* buf = writer ? (unsigned char*)malloc(CKPT_CHUNK) : NULL;
     int fd = buf ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
     int ok = fd >= 0 && write_all(fd, &h, sizeof h), why = buf ? errno : ENOMEM;  // why: errno of the failure
@@ -550,6 +629,9 @@ static int ckpt_verify(const char* path, CkptHeader* h, char* why, size_t n) {
         snprintf(why, n, "not a regular file");
     else if ((size_t)st.st_size < sizeof *h + 8 || !read_all(fd, h, sizeof *h))
         snprintf(why, n, "truncated: %lld bytes, shorter than a header", (long long)st.st_size);
+    else if (!memcmp(h->magic, "MLMCKPT2", 8))
+        snprintf(why, n, "an mlm.c checkpoint of version 2 (no token count); this trainer reads version %d",
+                 CKPT_VERSION);
     else if (memcmp(h->magic, CKPT_MAGIC, 8) || h->version != CKPT_VERSION || h->header_bytes != sizeof *h)
         snprintf(why, n, "not an mlm.c checkpoint of version %d (magic %.8s)", CKPT_VERSION, CKPT_MAGIC);
     else if (h->body_bytes != (uint64_t)st.st_size - sizeof *h - 8)
@@ -625,7 +707,7 @@ static void ckpt_load(const char* path, BertModel* m, const GradReduce* gr, Ckpt
     free(buf);
     if (fd >= 0) close(fd);
     if (!ok) {
-        fprintf(stderr, "trainer: --resume: %s changed while it was being read\n", path);
+        fprintf(stderr, "trainer: %s changed while it was being read\n", path);
         exit(1);
     }
     m->step = h->step;
@@ -671,7 +753,7 @@ static void resume_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, Dat
             fprintf(stderr, "trainer: --resume: %s: %s\n", path, train->error);
             exit(1);
         }
-        ck->step = h.step;
+        ck->step = h.step, ck->tokens = h.tokens;
         snprintf(ck->path, sizeof ck->path, "%s", path);
         if (verbose) {
             printf("resumed from %s at step %d\n", path, h.step);
@@ -688,11 +770,12 @@ static void resume_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, Dat
 typedef struct {
     int *seg_lo, *seg_hi;  // (B, T) device: the key range of each token
     int *pos, *labels;     // (M) device: the head's rows
+    float* hits;           // (M) device: 1 where the head's top prediction is the label (validation)
     int pad_id, M;
     long long dropped;  // masked positions left out of the loss because a batch had more than M
 } BatchMaker;
 
-// batch_maker_alloc: the plan's maker_bytes, in one allocation; gives the 8 floats of loss sums after them.
+// batch_maker_alloc: the plan's maker_bytes, in one allocation; gives the 8 floats of loss sums in it.
 static float* batch_maker_alloc(BatchMaker* bm, const Plan* plan, int pad_id) {
     memset(bm, 0, sizeof *bm);
     bm->pad_id = pad_id, bm->M = plan->M;
@@ -701,6 +784,7 @@ static float* batch_maker_alloc(BatchMaker* bm, const Plan* plan, int pad_id) {
     bm->pos = bm->seg_hi + (size_t)plan->B * plan->T;
     bm->labels = bm->pos + plan->M;
     float* scratch = (float*)(bm->labels + plan->M);
+    bm->hits = scratch + 8;
     CUDA_CHECK(cudaMemset(scratch, 0, 8 * sizeof(float)));
     return scratch;
 }
@@ -736,27 +820,94 @@ static void all_ranks_sum(Comm* comm, float* x, int n, float* host, cudaStream_t
     comm_wait(comm, s, what);
 }
 
-// evaluate: the mean MLM loss per masked token over n validation batches (forward only), all ranks.
-static float evaluate(BertModel* m, DataLoader* val, const DataLoaderState* start, BatchMaker* bm, Comm* comm, int n,
-                      float* sum) {
-    if (dataloader_restore(val, start)) {  // the same batches every time
-        fprintf(stderr, "trainer: validation: %s\n", val->error);
+// ----------------------------------------------------------------------------
+// Validation: the MLM loss and the masked-token accuracy (the head's top prediction is the label) on the
+// same masked samples every time and whatever the number of ranks. The validation loader reads the shards
+// in file order with a fixed masking seed, packed into rows as training packs them; its global row stream
+// is the same for any world size, so micro-batch j of B rows (global rows [j B, (j+1) B)) is always the
+// same batch. --val-batches N means micro-batches 0 .. N-1: rank r evaluates j = r, r + W, r + 2W, ...
+// and writes micro-batch j's sums (loss x masked count, masked count, hits, samples) into slot j of a
+// device array that is zero elsewhere; one all-reduce (a sum of one value and zeros: exact) gives every
+// rank all N slots, added on the host in the order j = 0 .. N-1. So 1 or 64 GPUs give the same bits.
+#define VAL_SEED 1337  // the validation masking seed, whatever --seed is: results comparable across runs
+
+typedef struct {
+    DataLoader loader;
+    DataLoaderState start;  // the loader's position right after init: every evaluation restarts there
+    int batches;            // --val-batches
+    float* slots;           // device, 4 x batches: (loss sum, masked, hits) per micro-batch, then samples
+    float* host;            // host, 4 x batches
+} Validation;
+
+typedef struct {
+    double loss, accuracy;  // per masked token
+    long long masked, samples;
+} EvalResult;
+
+// validation_init: the loader over pattern (B rows of T per micro-batch per rank) and the plan's val_bytes.
+static void validation_init(Validation* v, const char* pattern, const Plan* plan, const Comm* comm, int vocab,
+                            int batches, int verbose) {
+    DataLoaderConfig c = dataloader_default_config(pattern, plan->B, plan->T);
+    c.rank = comm->rank, c.world = comm->world, c.num_threads = 1, c.shuffle = 0, c.seed = VAL_SEED;
+    c.vocab_size = vocab, c.verbose = verbose;
+    if (dataloader_init(&v->loader, &c)) {
+        fprintf(stderr, "trainer: %s\n", v->loader.error);  // names the --val shards
         exit(1);
     }
-    for (int i = 0; i < n; i++) {
+    v->start = dataloader_state(&v->loader);
+    v->batches = batches;
+    CUDA_CHECK(cudaMalloc((void**)&v->slots, plan->val_bytes));
+    CUDA_CHECK(cudaMemset(v->slots, 0, plan->val_bytes));
+    v->host = (float*)calloc(4 * (size_t)batches, sizeof(float));
+    if (!v->host) {
+        fprintf(stderr, "trainer: out of host memory for --val-batches %d\n", batches);
+        exit(1);
+    }
+}
+static void validation_free(Validation* v) {
+    dataloader_free(&v->loader);
+    cudaFree(v->slots);
+    free(v->host);
+}
+
+// evaluate: the model on micro-batches 0 .. batches-1 of the validation stream (forward only), all ranks.
+static EvalResult evaluate(BertModel* m, Validation* v, BatchMaker* bm, Comm* comm) {
+    if (dataloader_restore(&v->loader, &v->start)) {  // the same batches every time
+        fprintf(stderr, "trainer: validation: %s\n", v->loader.error);
+        exit(1);
+    }
+    int n = v->batches;
+    float* samples = v->host + 3 * (size_t)n;  // this rank's sample counts, zero in the other ranks' slots
+    memset(samples, 0, n * sizeof(float));
+    for (int j = comm->rank; j < n; j += comm->world) {
         Batch b;
-        if (dataloader_next(val, m->stream, &b)) {
-            fprintf(stderr, "trainer: validation: %s\n", val->error);
+        if (dataloader_next(&v->loader, m->stream, &b)) {
+            fprintf(stderr, "trainer: validation: %s\n", v->loader.error);
             exit(1);
         }
         int n_masked;
         BertBatch bt = make_batch(bm, &b, m->B, m->T, m->stream, &n_masked);
-        bert_forward(m, &bt, 0.f);
-        add_loss(sum, m, n_masked);
+        bert_forward(m, &bt, 0.f);  // the masked rows' logits stay in ACT_X(m, logits)
+        float* slot = v->slots + 3 * (size_t)j;
+        add_loss(slot, m, n_masked);  // slot[0] += mean loss x n_masked, slot[1] += n_masked
+        launch(argmax_hits, dim3(bm->M), dim3(256), 0, m->stream, bm->hits, (const floatX*)ACT_X(m, logits),
+               (const int*)bm->labels, bm->M, m->cfg.vocab_size, m->act.Vp);
+        launch(accumulate_sum, dim3(1), dim3(256), 0, m->stream, slot + 2, (const float*)bm->hits, bm->M);
+        samples[j] = (float)b.num_samples;
     }
-    float h[2];  // the losses weighted by their masked-token counts, and the counts: a mean per token
-    all_ranks_sum(comm, sum, 2, h, m->stream, "validation loss AllReduce");
-    return h[1] > 0.f ? h[0] / h[1] : 0.f;
+    CUDA_CHECK(
+        cudaMemcpyAsync(v->slots + 3 * (size_t)n, samples, n * sizeof(float), cudaMemcpyHostToDevice, m->stream));
+    all_ranks_sum(comm, v->slots, 4 * n, v->host, m->stream, "validation AllReduce");
+    double loss = 0, masked = 0, hits = 0, nsamples = 0;
+    for (int j = 0; j < n; j++) {  // in order: the same sum for any number of ranks
+        loss += v->host[3 * (size_t)j], masked += v->host[3 * (size_t)j + 1], hits += v->host[3 * (size_t)j + 2];
+        nsamples += samples[j];
+    }
+    EvalResult r;
+    r.loss = masked > 0 ? loss / masked : 0;
+    r.accuracy = masked > 0 ? hits / masked : 0;
+    r.masked = (long long)masked, r.samples = (long long)nsamples;
+    return r;
 }
 
 // A signal asks the run to stop cleanly: Slurm sends SIGTERM before it kills a job (scancel,
@@ -861,12 +1012,13 @@ static void mfu_text(char* buf, size_t n, double flops_per_s, double peak_tflops
 // AdamW (under ZeRO-1 on this rank's shard, then the new weights all-gathered); then the step's one host
 // sync. With model->timer set (--bench), each phase is marked on the stream.
 typedef struct {
-    float loss, norm;  // the mean loss per masked token over all ranks; the gradient norm
-    long long tokens;  // real tokens this rank trained on
-    double wait_ms;    // host time spent waiting for the loader threads
-    int stop;          // some rank was asked to stop (a signal): every rank stops after this step
-    int ckpt;          // rank 0 asked for a checkpoint after this step (--ckpt-minutes): every rank knows
-    int skipped;       // the loss or the gradient norm was not finite: no update was made
+    float loss, norm;      // the mean loss per masked token over all ranks; the gradient norm
+    long long tokens;      // real tokens this rank trained on
+    long long all_tokens;  // real tokens all ranks trained on
+    double wait_ms;        // host time spent waiting for the loader threads
+    int stop;              // some rank was asked to stop (a signal): every rank stops after this step
+    int ckpt;              // rank 0 asked for a checkpoint after this step (--ckpt-minutes): every rank knows
+    int skipped;           // the loss or the gradient norm was not finite: no update was made
 } StepResult;
 
 // model_set_params: a host fp32 slab (numel floats) as the weights; under ZeRO-1 this rank keeps its shard of
@@ -905,8 +1057,9 @@ static void zero_adamw_step(BertModel* m, const GradReduce* gr, const Options* o
 }
 
 // scratch (device floats, summed over ranks once per step): [0] loss sum, [1] masked count, [2] stop
-// requests, [3] ZeRO-1: the gradients' sum of squares, [4] checkpoint requests; [5..6] validation.
-enum { S_LOSS, S_COUNT, S_STOP, S_SUMSQ, S_CKPT, S_STEP_N, S_VAL = S_STEP_N };
+// requests, [3] ZeRO-1: the gradients' sum of squares, [4] checkpoint requests, [5..6] real tokens / 4096
+// and % 4096 (validation has its own sums: Validation).
+enum { S_LOSS, S_COUNT, S_STOP, S_SUMSQ, S_CKPT, S_TOK_HI, S_TOK_LO, S_STEP_N };
 
 static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, GradReduce* gr, float* scratch,
                              const Options* o, float lr, int want_ckpt) {
@@ -956,10 +1109,13 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     // checkpoint requests, and under ZeRO-1 the gradients' sum of squares; else the norm of the averaged
     // gradient, the same on every rank. A loss or norm that is not finite skips the update: the weights and
     // AdamW moments stay as they were (the step still counts: its batches are consumed and the schedule moves on).
+    // This rank's real tokens go in two parts (/ 4096, % 4096), so that each float sum stays an exact integer.
     float stop = stop_requested ? 1.f : 0.f, ckpt = want_ckpt ? 1.f : 0.f, h[S_STEP_N];
+    float tok[2] = {(float)(r.tokens / 4096), (float)(r.tokens % 4096)};
     if (!gr->zero) CUDA_CHECK(cudaMemcpyAsync(&r.norm, m->norm, sizeof r.norm, cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(scratch + S_STOP, &stop, sizeof stop, cudaMemcpyHostToDevice, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(scratch + S_CKPT, &ckpt, sizeof ckpt, cudaMemcpyHostToDevice, m->stream));
+    CUDA_CHECK(cudaMemcpyAsync(scratch + S_TOK_HI, tok, sizeof tok, cudaMemcpyHostToDevice, m->stream));
     all_ranks_sum(comm, scratch, S_STEP_N, h, m->stream, "step loss AllReduce (the step's host sync)");
     if (gr->zero) {
         r.norm = sqrtf(h[S_SUMSQ]);
@@ -968,6 +1124,7 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     r.loss = h[S_COUNT] > 0.f ? h[S_LOSS] / h[S_COUNT] : 0.f;
     r.stop = h[S_STOP] > 0.f;
     r.ckpt = h[S_CKPT] > 0.f;
+    r.all_tokens = 4096 * (long long)h[S_TOK_HI] + (long long)h[S_TOK_LO];
     r.skipped = !isfinite(r.loss) || !isfinite(r.norm);
     if (r.skipped) {
         m->step++;
@@ -1226,25 +1383,148 @@ static int run_bench(const Options* o, Comm* comm, const cudaDeviceProp* prop, d
 
 // ----------------------------------------------------------------------------
 
-// log_step: the step's line (every --log-every steps, the first and the last), a note when masked
-// positions were left out, and the warning for a skipped step (bad_steps: skipped ones in a row). Rank 0.
+// ----------------------------------------------------------------------------
+// Progress and DIR/metrics.jsonl. Rank 0 appends one JSON object per line, flushed after each line;
+// a number that is not finite is written as null. Records:
+//   {"kind":"train","step":S,"tokens":N,"epoch":E,"elapsed_s":X,"loss":X,"lr":X,"grad_norm":X,
+//    "tokens_per_s":X,"mfu":X|null,"data_wait_ms":X}                            every logged step
+//   {"kind":"val","step":S,"tokens":N,"elapsed_s":X,"val_loss":X,"val_accuracy":X,"val_masked":M}
+//   {"kind":"eval","step":S,"source":"PATH","val_loss":X,"val_accuracy":X,"val_masked":M}   --eval --out
+// tokens: real tokens trained on by all ranks so far (the checkpoint keeps the count); epoch: tokens /
+// the tokens in the training shards; elapsed_s: wall clock since the run started, continued across
+// resumes; mfu: a fraction, null when the device's peak is unknown (the CPU).
+typedef struct {
+    FILE* f;                    // DIR/metrics.jsonl (rank 0), or NULL
+    double t_start, t_loop;     // this process's start, and its training loop's
+    double elapsed0;            // elapsed_s of the runs this one resumes
+    int first_step, last_step;  // this process's first step and last one
+    long long tokens;           // real tokens trained on by all ranks
+    double epoch_tokens;        // real tokens in the training shards: one epoch
+} RunLog;
+
+static void json_num(FILE* f, const char* key, double x) {
+    if (isfinite(x))
+        fprintf(f, ",\"%s\":%.9g", key, x);
+    else
+        fprintf(f, ",\"%s\":null", key);
+}
+static void json_str(FILE* f, const char* key, const char* v) {  // a JSON string, escaped
+    fprintf(f, ",\"%s\":\"", key);
+    for (const unsigned char* c = (const unsigned char*)v; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            fprintf(f, "\\%c", *c);
+        else if (*c < 0x20)
+            fprintf(f, "\\u%04x", *c);
+        else
+            fputc(*c, f);
+    }
+    fputc('"', f);
+}
+static void json_end(FILE* f) {
+    fputs("}\n", f);
+    fflush(f);
+}
+
+// metrics_open: opens DIR/metrics.jsonl for appending. With rewrite, first rewrites the file (a temporary
+// file, flushed, renamed) without the records of steps after keep_step and without a partial last line:
+// a resumed run (keep_step = its checkpoint's step) never repeats a step, and a new run (-1) starts a new
+// log. elapsed0 gets the last kept training record's elapsed_s. Gives NULL, with a message, on failure.
+static FILE* metrics_open(const char* dir, int rewrite, int keep_step, double* elapsed0) {
+    char path[4200], tmp[4300];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    *elapsed0 = 0;
+    FILE* old = rewrite ? fopen(path, "r") : NULL;
+    if (old) {
+        FILE* out = fopen(tmp, "w");
+        int ok = out != NULL;
+        char* line = NULL;
+        size_t cap = 0;
+        ssize_t len;
+        while (ok && (len = getline(&line, &cap, old)) > 0) {
+            const char *st = strstr(line, "\"step\":"), *el = strstr(line, "\"elapsed_s\":");
+            if (line[len - 1] != '\n' || !st || atoll(st + 7) > keep_step) continue;
+            if (el && strstr(line, "\"kind\":\"train\"")) *elapsed0 = atof(el + 12);
+            ok = fwrite(line, 1, (size_t)len, out) == (size_t)len;
+        }
+        free(line);
+        fclose(old);
+        ok = ok && fflush(out) == 0 && fsync(fileno(out)) == 0;
+        if (out && fclose(out) != 0) ok = 0;
+        if (!ok || rename(tmp, path) != 0) {
+            fprintf(stderr, "trainer: cannot rewrite %s (through %s): %s\n", path, tmp, strerror(errno));
+            unlink(tmp);
+            return NULL;
+        }
+    }
+    FILE* f = fopen(path, "a");
+    if (!f) fprintf(stderr, "trainer: cannot append to %s: %s\n", path, strerror(errno));
+    return f;
+}
+
+// fmt_duration: "42s", "12m05s", "3h07m"
+static const char* fmt_duration(char* buf, size_t n, double s) {
+    if (!(s >= 0) || s > 1e8)
+        snprintf(buf, n, "?");
+    else if (s < 60)
+        snprintf(buf, n, "%.0fs", s);
+    else if (s < 3600)
+        snprintf(buf, n, "%dm%02ds", (int)s / 60, (int)s % 60);
+    else
+        snprintf(buf, n, "%dh%02dm", (int)s / 3600, (int)s % 3600 / 60);
+    return buf;
+}
+
+// log_step: the step's line (every --log-every steps, the first and the last) and its metrics.jsonl record,
+// a note when masked positions were left out, and the warning for a skipped step (bad_steps: skipped ones in
+// a row). Rank 0. The ETA is to this run's last step, at this run's mean time per step so far.
 static void log_step(const Options* o, const StepResult* r, int step, int bad_steps, double dt, int world,
-                     double flops_token, double peak_tflops, BatchMaker* bm) {
+                     double flops_token, double peak_tflops, BatchMaker* bm, const RunLog* lg) {
     if (r->skipped)
         fprintf(stderr, "trainer: step %d: loss %g, gradient norm %g: not finite; update skipped (%d in a row)\n", step,
                 r->loss, r->norm, bad_steps);
     if (step % o->log_every == 0 || step == 1 || step == o->steps) {
-        double tps = world * r->tokens / dt;
-        char mfu[64];
+        double tps = r->all_tokens / dt, now = now_s(), elapsed = lg->elapsed0 + now - lg->t_start;
+        double eta = (now - lg->t_loop) / (step - lg->first_step + 1) * (lg->last_step - step);
+        double epoch = lg->epoch_tokens > 0 ? lg->tokens / lg->epoch_tokens : 0;
+        char mfu[64], el[32], et[32];
         mfu_text(mfu, sizeof mfu, tps / world * flops_token, peak_tflops);
-        printf("step %6d/%d | loss %.4f | lr %.3e | norm %.3f | %.0f ms | %.0f tok/s | %s | data wait %.1f ms\n", step,
-               o->steps, r->loss, lr_at(o, step), r->norm, dt * 1e3, tps, mfu, r->wait_ms);
+        printf(
+            "step %6d/%d | loss %.4f | lr %.3e | norm %.3f | %.0f ms | %.0f tok/s | %s | data wait %.1f ms | "
+            "epoch %.3f | elapsed %s | ETA %s\n",
+            step, o->steps, r->loss, lr_at(o, step), r->norm, dt * 1e3, tps, mfu, r->wait_ms, epoch,
+            fmt_duration(el, sizeof el, elapsed), fmt_duration(et, sizeof et, eta));
         fflush(stdout);
+        if (lg->f) {
+            fprintf(lg->f, "{\"kind\":\"train\",\"step\":%d,\"tokens\":%lld", step, lg->tokens);
+            json_num(lg->f, "epoch", epoch);
+            json_num(lg->f, "elapsed_s", elapsed);
+            json_num(lg->f, "loss", r->loss);
+            json_num(lg->f, "lr", lr_at(o, step));
+            json_num(lg->f, "grad_norm", r->norm);
+            json_num(lg->f, "tokens_per_s", tps);
+            json_num(lg->f, "mfu", peak_tflops > 0 ? tps / world * flops_token / (peak_tflops * 1e12) : NAN);
+            json_num(lg->f, "data_wait_ms", r->wait_ms);
+            json_end(lg->f);
+        }
     }
     if (bm->dropped) {
         printf("note: %lld masked positions above the cap M=%d were left out of the loss\n", bm->dropped, bm->M);
         bm->dropped = 0;
     }
+}
+// log_validation: the validation line and its metrics.jsonl record. Rank 0.
+static void log_validation(const RunLog* lg, int step, int batches, const EvalResult* e) {
+    printf("step %6d | val loss %.4f | accuracy %.4f | %lld masked tokens in %lld sequences (%d micro-batches)\n", step,
+           e->loss, e->accuracy, e->masked, e->samples, batches);
+    fflush(stdout);
+    if (!lg->f) return;
+    fprintf(lg->f, "{\"kind\":\"val\",\"step\":%d,\"tokens\":%lld", step, lg->tokens);
+    json_num(lg->f, "elapsed_s", lg->elapsed0 + now_s() - lg->t_start);
+    json_num(lg->f, "val_loss", e->loss);
+    json_num(lg->f, "val_accuracy", e->accuracy);
+    fprintf(lg->f, ",\"val_masked\":%lld", e->masked);
+    json_end(lg->f);
 }
 // diverged: --max-bad-steps steps in a row were skipped: says so, and what is on disk. Gives exit code 2.
 static int diverged(const Options* o, const Ckpts* ck, int bad_steps, int main_rank) {
@@ -1281,7 +1561,14 @@ static int checkpoint_now(Ckpts* ck, BertModel* m, const GradReduce* gr, DataLoa
 static void use_device(Comm* comm, cudaDeviceProp* prop, size_t* free_bytes, size_t* total_bytes) {
     int ndev = 0;
     char err[512];
-    CUDA_CHECK(cudaGetDeviceCount(&ndev));
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev == 0) {
+        fprintf(stderr,
+                "trainer: no usable GPU here (%s); ./trainer_cpu is the same trainer on the CPU: run it with "
+                "the same flags\n",
+                e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+        exit(1);
+    }
     if ((comm->device = comm_device(comm->local_rank, ndev, err, sizeof err)) < 0) {
         fprintf(stderr, "trainer: rank %d: %s\n", comm->rank, err);
         exit(1);
@@ -1296,8 +1583,9 @@ static uint64_t fingerprint(uint64_t h, const void* p, size_t n) {  // FNV-1a ov
     return h;
 }
 
-// data_fingerprint: the shards_fingerprint of a glob's shards (headers only); their vocabulary and pad id.
-static uint64_t data_fingerprint(const char* flag, const char* pattern, int* vocab, int* pad_id) {
+// data_fingerprint: the shards_fingerprint of a glob's shards (headers only); the first shard's header (the
+// vocabulary and its special ids: all shards agree, data.h checks) and the real tokens in all of them.
+static uint64_t data_fingerprint(const char* flag, const char* pattern, ShardHeader* h, double* tokens) {
     Shard* shards;
     int n;
     char err[DATA_ERR_LEN];
@@ -1306,7 +1594,8 @@ static uint64_t data_fingerprint(const char* flag, const char* pattern, int* voc
         exit(1);
     }
     uint64_t f = shards_fingerprint(shards, n);
-    if (vocab) *vocab = (int)shards[0].h.vocab_size, *pad_id = shards[0].h.pad_id;
+    if (h) *h = shards[0].h;
+    for (int i = 0; tokens && i < n; i++) *tokens += (double)shards[i].h.num_tokens;
     for (int i = 0; i < n; i++) shard_close(&shards[i]);
     free(shards);
     return f;
@@ -1332,7 +1621,9 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
                       (double)sizeof(floatX),
                       (double)o->zero,
                       (double)o->bucket_mb,
-                      (double)o->grad_reduce_bf16};
+                      (double)o->grad_reduce_bf16,
+                      (double)o->tokens,
+                      o->epochs};
     const uint64_t h0 = 0xcbf29ce484222325ull;
     // The first four are numbers (the message shows them); the next four fingerprints; the last the micro-batch.
     CommValue v[] = {
@@ -1344,7 +1635,7 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
          (int64_t)fingerprint(h0, cfg, sizeof *cfg), 0, 0},
         {"other training flags (--lr --warmup --wd --beta1 --beta2 --eps --clip --seed --resume --run-steps "
          "--val-every "
-         "--val-batches --max-bad-steps --zero --bucket-mb --grad-reduce)",
+         "--val-batches --max-bad-steps --zero --bucket-mb --grad-reduce --tokens --epochs)",
          (int64_t)fingerprint(h0, flags, sizeof flags), 0, 0},
         {"training data (the --data shards: names in order, sizes, checksums)", (int64_t)data_fp, 0, 0},
         {"validation data (the --val shards)", (int64_t)val_fp, 0, 0},
@@ -1452,6 +1743,234 @@ static int predict_scaling(Options* o, const BertConfig* cfg, const Plan* plan, 
     return 1;
 }
 
+// ----------------------------------------------------------------------------
+// The phases of a run, in main's order.
+
+// plan_for_run: the memory plan (--batch, or the largest micro-batch that fits, plus validation's sums when
+// there is --val), printed by rank 0. Gives 1, or 0 after saying why it cannot fit.
+static int plan_for_run(const BertConfig* cfg, const Options* o, int loaders, const GradReduce* gr, size_t free_bytes,
+                        size_t total_bytes, const cudaDeviceProp* prop, const Comm* comm, Plan* plan) {
+    *plan =
+        o->B ? make_plan(cfg, o->B, o->T, loaders, gr) : choose_batch(cfg, o->T, loaders, gr, free_bytes, total_bytes);
+    if (o->val) plan_add_validation(plan, o->val_batches);
+    if (comm->rank == 0) {
+        printf("device: %s, %.1f GB free of %.1f GB; %d process(es)\n", prop->name, free_bytes / 1e9, total_bytes / 1e9,
+               comm->world);
+        bert_print_plan(cfg, plan->B, plan->T, plan->M, (int)sizeof(floatX));
+        printf("  batch buffers %.3f GiB; total %.3f GiB for B=%d (%s)\n",
+               (plan->batch_bytes + plan->maker_bytes + plan->val_bytes) / (double)(1 << 30),
+               plan->total / (double)(1 << 30), plan->B, o->B ? "--batch" : "the largest that fits");
+    }
+    if (plan->total > free_bytes) {
+        fprintf(stderr,
+                "trainer: the model needs %.3f GiB at B=%d but %.3f GiB are free: use a smaller --seq, "
+                "--preset or --batch\n",
+                plan->total / (double)(1 << 30), plan->B, free_bytes / (double)(1 << 30));
+        return 0;
+    }
+    return 1;
+}
+// reserve_plan: the plan's bytes, allocated once and freed, to prove they can be had (the free figure may
+// promise more). Gives 1, or 0 after saying so.
+static int reserve_plan(const Plan* plan, const Options* o) {
+    void* probe;
+    if (cudaMalloc(&probe, plan->total) != cudaSuccess) {
+        cudaGetLastError();
+        fprintf(stderr, "trainer: cannot allocate the %.3f GiB of device memory planned for B=%d: %s\n",
+                plan->total / (double)(1 << 30), plan->B, o->B ? "use a smaller --batch" : "set a smaller --batch");
+        return 0;
+    }
+    CUDA_CHECK(cudaFree(probe));
+    return 1;
+}
+
+// resolve_run_length: --tokens or --epochs as optimizer steps of the global batch (world x --grad-accum x B
+// rows of T), and the default warmup; prints the global batch and the steps per epoch (rank 0). An epoch
+// is counted in tokens: the tokens in the training shards / the tokens per step (packing leaves a few
+// percent of positions empty, so the real tokens of a step are a little fewer: the log's epoch column
+// gives the fraction actually consumed).
+static void resolve_run_length(Options* o, const Comm* comm, int B, double epoch_tokens, int verbose) {
+    double rows = (double)comm->world * o->grad_accum * B, per_step = rows * o->T;
+    double steps = o->tokens       ? ceil(o->tokens / per_step)
+                   : o->epochs > 0 ? ceil(o->epochs * epoch_tokens / per_step)
+                                   : o->steps;
+    if (steps > (1 << 30)) {
+        fprintf(stderr, "trainer: %s is %.3g steps of %.0f tokens: more than 2^30 steps\n",
+                o->tokens ? "--tokens" : "--epochs", steps, per_step);
+        exit(1);
+    }
+    o->steps = steps < 1 ? 1 : (int)steps;
+    if (o->warmup < 0) o->warmup = o->steps / 100;
+    if (!verbose) return;
+    printf(
+        "global batch: %.0f sequences of %d tokens (%d process(es) x %d micro-batch(es) x B=%d) = %.0f tokens "
+        "per step; an epoch (%.0f tokens in the training shards) is %.1f steps\n",
+        rows, o->T, comm->world, o->grad_accum, B, per_step, epoch_tokens, epoch_tokens / per_step);
+    if (o->tokens) printf("--tokens %lld: %d steps\n", o->tokens, o->steps);
+    if (o->epochs > 0) printf("--epochs %g: %d steps\n", o->epochs, o->steps);
+}
+
+// export_tokenizer: the tokenizer beside the Hugging Face export, so that it is usable as it is. Text
+// shards (tools/prepare.py leaves their tokenizer.json beside them): a copy of that tokenizer.json, and
+// tokenizer_config.json + special_tokens_map.json, which transformers' AutoTokenizer.from_pretrained(DIR)
+// needs to load it as a fast tokenizer with BERT's special tokens. Byte shards (ids 0..255 are the
+// bytes; no [UNK]): byte_tokenizer.json, the mapping and the special ids of the shard header. Each file
+// is written atomically. Gives 1, or 0 after a message.
+static int export_tokenizer(const char* out, const char* data_glob, const ShardHeader* h, int max_position) {
+    char first[4096], src[4200], path[4200], buf[2048];
+    glob_t g;
+    if (glob(data_glob, 0, NULL, &g) != 0 || g.gl_pathc == 0) {
+        globfree(&g);
+        fprintf(stderr, "trainer: --data %s: the shards are gone: no tokenizer exported\n", data_glob);
+        return 0;
+    }
+    snprintf(first, sizeof first, "%s", g.gl_pathv[0]);
+    globfree(&g);
+    snprintf(src, sizeof src, "%s/tokenizer.json", dirname(first));
+    if (access(src, F_OK) == 0) {
+        size_t n;
+        char* tok = bert_read_file(src, &n);
+        int ok = tok != NULL;
+        snprintf(path, sizeof path, "%s/tokenizer.json", out);
+        ok = ok && bert_write_file(path, tok, n, NULL, 0);
+        free(tok);
+        static const char specials[] =
+            "\"pad_token\": \"[PAD]\", \"unk_token\": \"[UNK]\", \"cls_token\": \"[CLS]\", \"sep_token\": \"[SEP]\", "
+            "\"mask_token\": \"[MASK]\"";
+        int k = snprintf(buf, sizeof buf,
+                         "{\"tokenizer_class\": \"PreTrainedTokenizerFast\", \"model_max_length\": %d, %s}\n",
+                         max_position, specials);
+        snprintf(path, sizeof path, "%s/tokenizer_config.json", out);
+        ok = ok && bert_write_file(path, buf, (size_t)k, NULL, 0);
+        k = snprintf(buf, sizeof buf, "{%s}\n", specials);
+        snprintf(path, sizeof path, "%s/special_tokens_map.json", out);
+        ok = ok && bert_write_file(path, buf, (size_t)k, NULL, 0);
+        if (!ok) fprintf(stderr, "trainer: cannot export the tokenizer %s to %s\n", src, out);
+        return ok;
+    }
+    if (h->unk_id < 0 && h->vocab_size == 260 && h->pad_id >= 256 && h->cls_id >= 256 && h->sep_id >= 256 &&
+        h->mask_id >= 256) {
+        int k = snprintf(buf, sizeof buf,
+                         "{\"type\": \"bytes\", \"vocab_size\": %u, \"bytes\": \"token id b (0..255) is the byte b\",\n"
+                         " \"special_tokens\": {\"[PAD]\": %d, \"[CLS]\": %d, \"[SEP]\": %d, \"[MASK]\": %d}}\n",
+                         h->vocab_size, h->pad_id, h->cls_id, h->sep_id, h->mask_id);
+        snprintf(path, sizeof path, "%s/byte_tokenizer.json", out);
+        if (!bert_write_file(path, buf, (size_t)k, NULL, 0)) return 0;
+        return 1;
+    }
+    printf("note: no tokenizer.json beside the shards (%s) and not a byte vocabulary: the export has no tokenizer\n",
+           src);
+    return 1;
+}
+
+// run_eval: ./trainer --eval SRC: a checkpoint's or an export's weights on the validation shards, exactly as
+// training validates (evaluate), without training. One line on stdout; with --out, a metrics.jsonl record.
+static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t free_bytes, size_t total_bytes,
+                    double started) {
+    int main_rank = comm->rank == 0;
+    if (comm->world > 1 && !o->out) {
+        fprintf(stderr,
+                "trainer: --eval with %d processes needs --out DIR on a shared file system (the NCCL "
+                "rendezvous)\n",
+                comm->world);
+        return 1;
+    }
+    if (o->out && !make_out_dir(o->out)) return 1;
+    Shard* shards;
+    int nshards;
+    char err[DATA_ERR_LEN], why[256];
+    if (shards_open_all(o->val, &shards, &nshards, 1, err)) {
+        fprintf(stderr, "trainer: --val: %s\n", err);
+        return 1;
+    }
+    ShardHeader vh = shards[0].h;  // vocabulary, padding id, the --seq-len the shards were made for
+    for (int i = 0; i < nshards; i++) shard_close(&shards[i]);
+    free(shards);
+
+    // The source: a checkpoint file (its config, T and step in its header) or an export directory.
+    struct stat st;
+    BertConfig cfg;
+    CkptHeader h;
+    BertParams hp;
+    float* w = NULL;
+    memset(&h, 0, sizeof h);
+    memset(&hp, 0, sizeof hp);
+    int is_dir = stat(o->eval, &st) == 0 && S_ISDIR(st.st_mode);
+    if (stat(o->eval, &st) != 0) {
+        fprintf(stderr, "trainer: --eval %s: %s (expected a checkpoint file or a Hugging Face export directory)\n",
+                o->eval, strerror(errno));
+        return 1;
+    }
+    if (is_dir && !bert_load_hf(o->eval, &cfg, &hp, &w)) {
+        fprintf(stderr, "trainer: --eval %s: cannot load config.json + model.safetensors from this directory\n",
+                o->eval);
+        return 1;
+    }
+    if (!is_dir && !ckpt_verify(o->eval, &h, why, sizeof why)) {
+        fprintf(stderr, "trainer: --eval %s: %s\n", o->eval, why);
+        return 1;
+    }
+    if (!is_dir && h.x_bytes != (int32_t)sizeof(floatX)) {
+        fprintf(stderr, "trainer: --eval %s: saved by a trainer with %d-byte weights; this one is %s\n", o->eval,
+                h.x_bytes, FLOATX_NAME);
+        return 1;
+    }
+    if (!is_dir) cfg = h.cfg;
+    if (!o->seq_given) o->T = is_dir ? (int)vh.max_len : h.T;
+    if (o->T > cfg.max_position) {
+        fprintf(stderr, "trainer: --eval %s: --seq %d is longer than the model's %d positions\n", o->eval, o->T,
+                cfg.max_position);
+        return 1;
+    }
+    GradReduce gr;  // (no gradients are reduced: make_plan and ckpt_load take the layout)
+    grad_reduce_setup(&gr, &cfg, comm, o);
+    Plan plan;
+    if (!plan_for_run(&cfg, o, 1, &gr, free_bytes, total_bytes, prop, comm, &plan) || !reserve_plan(&plan, o)) return 1;
+
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreate(&stream));
+    BertModel model;
+    if (!bert_alloc(&model, &cfg, plan.B, plan.T, plan.M, stream)) return 1;
+    BatchMaker bm;
+    batch_maker_alloc(&bm, &plan, vh.pad_id);
+    Validation v;
+    validation_init(&v, o->val, &plan, comm, cfg.vocab_size, o->val_batches, main_rank);
+    if (is_dir) {
+        bert_set_params(&model, w);
+        free(w);
+        bert_params_free(&hp);
+    } else {
+        ckpt_load(o->eval, &model, &gr, &h);  // every state region, so the bf16 weights are the run's own
+    }
+    CommBootstrap boot = {o->bootstrap, o->out, o->out, started};
+    comm_init(comm, &boot);
+    EvalResult e = evaluate(&model, &v, &bm, comm);
+    int step = is_dir ? 0 : h.step, rc = 0;
+    if (main_rank) {
+        printf("eval: loss %.4f | accuracy %.4f | %lld masked tokens in %lld sequences\n", e.loss, e.accuracy, e.masked,
+               e.samples);
+        fflush(stdout);
+        double unused;
+        FILE* f = o->out ? metrics_open(o->out, 0, 0, &unused) : NULL;
+        if (f) {
+            fprintf(f, "{\"kind\":\"eval\",\"step\":%d", step);
+            json_str(f, "source", o->eval);
+            json_num(f, "val_loss", e.loss);
+            json_num(f, "val_accuracy", e.accuracy);
+            fprintf(f, ",\"val_masked\":%lld", e.masked);
+            json_end(f);
+            fclose(f);
+        } else if (o->out) {
+            rc = 1;
+        }
+    }
+    validation_free(&v);
+    comm_free(comm);
+    cudaFree(bm.seg_lo);
+    bert_free(&model);
+    return rc;
+}
+
 int main(int argc, char** argv) {
     install_stop_handlers();  // first: a stop during start-up exits cleanly (see request_stop)
     double started = comm_realtime_s();
@@ -1459,6 +1978,7 @@ int main(int argc, char** argv) {
         usage();
         return argc < 2 ? 1 : 0;
     }
+    double t_start = now_s();
     Comm comm = comm_from_env();  // rank, world, local rank: srun, torchrun-style variables, or one process
     cudaDeviceProp prop;
     size_t free_bytes, total_bytes;
@@ -1472,6 +1992,7 @@ int main(int argc, char** argv) {
     Options o = parse_options(argc, argv);
     comm.timeout_s = o.nccl_timeout;
     if (o.bench) return run_bench(&o, &comm, &prop, started);
+    if (o.eval) return run_eval(&o, &comm, &prop, free_bytes, total_bytes, started);
     int main_rank = comm.rank == 0;
     if (o.device_mem > 0) free_bytes = total_bytes = (size_t)(o.device_mem * 1e9);  // --plan-only for another device
     if (o.out && !make_out_dir(o.out)) return 1;                                    // (--plan-only may have none)
@@ -1484,9 +2005,12 @@ int main(int argc, char** argv) {
     BertConfig cfg;
     float* init_w = NULL;
     BertParams init_p;
-    int data_vocab = 0, pad_id = 0;  // no --data (--plan-only): the preset's vocabulary
-    uint64_t data_fp = o.data ? data_fingerprint("--data", o.data, &data_vocab, &pad_id) : 0;
+    ShardHeader data_h;  // the vocabulary and its special ids (all shards agree: data.h checks)
+    memset(&data_h, 0, sizeof data_h);
+    double epoch_tokens = 0;  // real tokens in the training shards
+    uint64_t data_fp = o.data ? data_fingerprint("--data", o.data, &data_h, &epoch_tokens) : 0;
     uint64_t val_fp = o.val ? data_fingerprint("--val", o.val, NULL, NULL) : 0;
+    int data_vocab = (int)data_h.vocab_size, pad_id = data_h.pad_id;  // no --data (--plan-only): 0, the preset's
     if (o.init_from) {
         if (!bert_load_hf(o.init_from, &cfg, &init_p, &init_w)) {
             fprintf(stderr, "trainer: --init-from %s: cannot load config.json + model.safetensors\n", o.init_from);
@@ -1514,6 +2038,7 @@ int main(int argc, char** argv) {
     Plan plan =
         o.B ? make_plan(&cfg, o.B, o.T, loaders, &gr) : choose_batch(&cfg, o.T, loaders, &gr, free_bytes, total_bytes);
     plan = make_plan(&cfg, agree(&comm, &o, &cfg, plan.B, data_fp, val_fp), o.T, loaders, &gr);
+    if (o.val) plan_add_validation(&plan, o.val_batches);
     if (main_rank) {
         printf("device: %s, %.1f GB free of %.1f GB; %d process(es)\n", prop.name, free_bytes / 1e9, total_bytes / 1e9,
                comm.world);
@@ -1523,8 +2048,8 @@ int main(int argc, char** argv) {
                    o.grad_reduce_bf16 ? "bf16" : "fp32", gr.zero ? ", ZeRO-1 (reduce-scatter, all-gather)" : "",
                    plan.reduce_bytes / (double)(1 << 30));
         printf("  batch buffers %.3f GiB; total %.3f GiB for B=%d (%s)\n",
-               (plan.batch_bytes + plan.maker_bytes) / (double)(1 << 30), plan.total / (double)(1 << 30), plan.B,
-               o.B ? "--batch" : "the largest that fits");
+               (plan.batch_bytes + plan.maker_bytes + plan.val_bytes) / (double)(1 << 30),
+               plan.total / (double)(1 << 30), plan.B, o.B ? "--batch" : "the largest that fits");
     }
     if (plan.total > free_bytes) {
         fprintf(stderr,
@@ -1535,15 +2060,9 @@ int main(int argc, char** argv) {
     }
     if (!predict_scaling(&o, &cfg, &plan, &comm, o.device ? o.device : prop.name)) return 1;
     if (o.plan_only) return 0;
+    if (!reserve_plan(&plan, &o)) return 1;
     int B = plan.B, T = o.T;
-    void* probe;  // the plan's bytes, reserved once to prove they can be had (the free figure may promise more)
-    if (cudaMalloc(&probe, plan.total) != cudaSuccess) {
-        cudaGetLastError();
-        fprintf(stderr, "trainer: cannot allocate the %.3f GiB of device memory planned for B=%d: %s\n",
-                plan.total / (double)(1 << 30), B, o.B ? "use a smaller --batch" : "set a smaller --batch");
-        return 1;
-    }
-    CUDA_CHECK(cudaFree(probe));
+    resolve_run_length(&o, &comm, B, epoch_tokens, main_rank);  // --tokens, --epochs: steps of the global batch
 
     // Node-local copies of the shards (the seed paper's recommendation 2); the ranks wait for the slowest
     // node (up to an hour more than --nccl-timeout).
@@ -1570,27 +2089,19 @@ int main(int argc, char** argv) {
     if (!bert_alloc_sharded(&model, &cfg, B, T, plan.M, stream, gr.zero ? gr.state_numel : 0, gr.slack)) return 1;
     grad_reduce_start(&gr);
     BatchMaker bm;
-    float* scratch = batch_maker_alloc(&bm, &plan, pad_id);  // the step's sums and validation's: see S_LOSS
+    float* scratch = batch_maker_alloc(&bm, &plan, pad_id);  // the step's sums: see S_LOSS
 
     DataLoaderConfig dcfg = dataloader_default_config(train_pattern, B, T);
     dcfg.rank = comm.rank, dcfg.world = comm.world, dcfg.num_threads = o.loader_threads;
     dcfg.ring_slots = o.ring_slots, dcfg.seed = (uint64_t)o.seed, dcfg.vocab_size = cfg.vocab_size;
     dcfg.verbose = main_rank;
-    DataLoader train, val;
+    DataLoader train;
     if (dataloader_init(&train, &dcfg)) {
         fprintf(stderr, "trainer: %s\n", train.error);
         return 1;
     }
-    DataLoaderState val_start;
-    if (o.val) {
-        DataLoaderConfig vcfg = dcfg;
-        vcfg.pattern = val_pattern, vcfg.shuffle = 0, vcfg.num_threads = 1;
-        if (dataloader_init(&val, &vcfg)) {
-            fprintf(stderr, "trainer: %s\n", val.error);
-            return 1;
-        }
-        val_start = dataloader_state(&val);
-    }
+    Validation val;
+    if (o.val) validation_init(&val, val_pattern, &plan, &comm, cfg.vocab_size, o.val_batches, main_rank);
 
     // Weights: from the checkpoint, from Hugging Face, or BERT's random initialisation.
     Ckpts ck;
@@ -1617,14 +2128,18 @@ int main(int argc, char** argv) {
                free_bytes - free_before_step1, plan.total);
 
     double flops_token = bert_flops_per_token(&cfg, T, 0.15).model, peak_tflops = device_peak_tflops(prop.name);
-    if (main_rank)
-        printf("training: %d steps of %d x %d micro-batch(es) of B=%d, T=%d (%.3g tokens per step), %s\n", o.steps,
-               comm.world, o.grad_accum, B, T, (double)comm.world * o.grad_accum * B * T, FLOATX_NAME);
+    if (main_rank) printf("training: %d steps, %s\n", o.steps, FLOATX_NAME);
     int last_step = o.run_steps && model.step + o.run_steps < o.steps ? model.step + o.run_steps : o.steps;
+    RunLog lg;  // progress: the log lines' elapsed time, ETA and epoch, and DIR/metrics.jsonl
+    memset(&lg, 0, sizeof lg);
+    lg.t_start = t_start, lg.first_step = model.step + 1, lg.last_step = last_step;
+    lg.tokens = (long long)ck.tokens, lg.epoch_tokens = epoch_tokens;
+    if (main_rank && !(lg.f = metrics_open(o.out, 1, o.resume ? model.step : -1, &lg.elapsed0))) return 1;
     int bad_steps = 0;  // consecutive steps skipped for a loss or gradient norm that was not finite
     double last_ckpt = now_s();
     char what[4600];
     training = 1;  // from here a signal finishes the step and saves a checkpoint
+    lg.t_loop = now_s();
     while (model.step < last_step) {
         int step = model.step + 1;
         double t0 = now_s();
@@ -1633,11 +2148,12 @@ int main(int argc, char** argv) {
         StepResult r = train_step(&model, &train, &bm, &gr, scratch, &o, lr_at(&o, step), want_ckpt);
         if (r.stop) last_step = step;  // some rank got a signal: every rank stops after this step
         bad_steps = r.skipped ? bad_steps + 1 : 0;
-        if (main_rank) log_step(&o, &r, step, bad_steps, now_s() - t0, comm.world, flops_token, peak_tflops, &bm);
+        ck.tokens = lg.tokens += r.all_tokens;
+        if (main_rank) log_step(&o, &r, step, bad_steps, now_s() - t0, comm.world, flops_token, peak_tflops, &bm, &lg);
         if (bad_steps >= o.max_bad_steps) return diverged(&o, &ck, bad_steps, main_rank);
         if (o.val && o.val_every && (step % o.val_every == 0 || step == o.steps)) {
-            float vl = evaluate(&model, &val, &val_start, &bm, &comm, o.val_batches, scratch + S_VAL);
-            if (main_rank) printf("step %6d | val loss %.4f (%d batches)\n", step, vl, o.val_batches);
+            EvalResult e = evaluate(&model, &val, &bm, &comm);
+            if (main_rank) log_validation(&lg, step, o.val_batches, &e);
         }
         // A checkpoint every --ckpt-every steps, every --ckpt-minutes, and at the end; never of a skipped step
         // but the last (the weights are the last good ones either way).
@@ -1670,17 +2186,24 @@ int main(int argc, char** argv) {
                     ckpt_whats_on_disk(&ck, what, sizeof what));
             return 1;
         }
-        if (!bert_save_hf(o.out, &model.p, w)) {
+        if (!bert_save_hf(o.out, &model.p, w, pad_id)) {
             fprintf(stderr,
                     "trainer: cannot write the Hugging Face export to %s (any earlier export is untouched); %s\n",
                     o.out, ckpt_whats_on_disk(&ck, what, sizeof what));
             return 1;
         }
-        printf("saved %s and the Hugging Face export %s/model.safetensors + config.json\n", ck.path, o.out);
+        if (!export_tokenizer(o.out, o.data, &data_h, cfg.max_position)) {
+            fprintf(stderr, "trainer: the export in %s lacks its tokenizer (see above); %s\n", o.out,
+                    ckpt_whats_on_disk(&ck, what, sizeof what));
+            return 1;
+        }
+        printf("saved %s and the Hugging Face export %s/model.safetensors + config.json + the tokenizer\n", ck.path,
+               o.out);
     }
     free(w);
     dataloader_free(&train);
-    if (o.val) dataloader_free(&val);
+    if (o.val) validation_free(&val);
+    if (lg.f) fclose(lg.f);
     grad_reduce_free(&gr);
     comm_free(&comm);
     cudaFree(bm.seg_lo);

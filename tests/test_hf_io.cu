@@ -302,7 +302,7 @@ static void test_refusals(const BertConfig* c) {
     snprintf(missing, sizeof missing, "%s/no-such-dir", dir);
     std::vector<float> w(p.numel, 0.5f);
     capture_begin();
-    int ok = bert_save_hf(missing, &p, w.data());
+    int ok = bert_save_hf(missing, &p, w.data(), 0);
     std::string err = capture_end();
     CHECK(!ok && err.find("cannot write " + std::string(missing) + "/config.json.tmp") != std::string::npos,
           "export into a missing directory: gave %d, '%s'", ok, err.c_str());

@@ -329,6 +329,66 @@ static void test_cross_entropy(void) {
     cudaFree(d_mean);
 }
 
+// argmax_hits against a plain-C argmax (lowest index among equal maxima, NaN never chosen), with ties and
+// a NaN planted; then accumulate_sum of the hits (exact: small integers) and of 1000 random values.
+static int argmax_ref(const float* z, int V) {
+    int bj = -1;
+    for (int j = 0; j < V; j++)
+        if (z[j] == z[j] && (bj < 0 || z[j] > z[bj])) bj = j;
+    return bj;
+}
+static void test_argmax_hits(void) {
+    int M = 8, V = 300, ld = 304;
+    vf z(ld * (size_t)M);
+    test_fill(z.data(), z.size(), -6, 6);
+    z[1 * ld + 7] = z[1 * ld + 250] = 9.f;  // rows 1 and 2: a tie between 7 and 250; 7 wins
+    z[2 * ld + 7] = z[2 * ld + 250] = 9.f;
+    z[4 * ld + 0] = NAN;  // row 4: a NaN is never the argmax
+    std::vector<floatX> zx(z.size());
+    for (size_t i = 0; i < z.size(); i++) zx[i] = hx(z[i]), z[i] = hf(zx[i]);
+    std::vector<int> lab(M);
+    for (int m = 0; m < M; m++) lab[m] = argmax_ref(&z[(size_t)m * ld], V);  // right, except:
+    lab[0] = (lab[0] + 1) % V;                                               // wrong
+    lab[2] = 250;                                                            // the tie's higher index: wrong
+    lab[3] = -1;                                                             // a padding row
+    floatX* d_z = dev_x(z.size());
+    CUDA_CHECK(cudaMemcpy(d_z, zx.data(), zx.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    int* d_lab = dev_i(lab);
+    float *d_hits = dev_f(M), *d_sum = dev_f(1);
+    float start = 1.5f;
+    CUDA_CHECK(cudaMemcpy(d_sum, &start, sizeof start, cudaMemcpyHostToDevice));
+    launch(argmax_hits, dim3(M), dim3(256), 0, (cudaStream_t)0, d_hits, (const floatX*)d_z, (const int*)d_lab, M, V,
+           ld);
+    launch(accumulate_sum, dim3(1), dim3(256), 0, (cudaStream_t)0, d_sum, (const float*)d_hits, M);
+    vf hits = get_f(d_hits, M), sum = get_f(d_sum, 1);
+    int ok = 1;
+    double want = 1.5;
+    for (int m = 0; m < M; m++) {
+        float w = lab[m] >= 0 && argmax_ref(&z[(size_t)m * ld], V) == lab[m] ? 1.f : 0.f;
+        ok &= hits[m] == w;
+        want += w;
+    }
+    CHECK(ok && hits[1] == 1.f && hits[2] == 0.f && hits[4] == 1.f && hits[0] == 0.f && hits[3] == 0.f,
+          "argmax_hits: %g %g %g %g %g %g %g %g", hits[0], hits[1], hits[2], hits[3], hits[4], hits[5], hits[6],
+          hits[7]);
+    CHECK(sum[0] == (float)want, "accumulate_sum of the hits: %g, want %g", sum[0], want);
+    vf x(1000);
+    test_fill(x.data(), x.size(), -1, 1);
+    float* d_x = dev_f(x.size());
+    CUDA_CHECK(cudaMemcpy(d_x, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(d_sum, 0, sizeof(float)));
+    launch(accumulate_sum, dim3(1), dim3(256), 0, (cudaStream_t)0, d_sum, (const float*)d_x, (int)x.size());
+    double ref = 0;
+    for (float v : x) ref += v;
+    float got = get_f(d_sum, 1)[0];
+    CHECK(fabs(got - ref) < 1e-4, "accumulate_sum of 1000 values: %g, want %g", got, ref);  // fp32 rounding
+    cudaFree(d_z);
+    cudaFree(d_lab);
+    cudaFree(d_hits);
+    cudaFree(d_sum);
+    cudaFree(d_x);
+}
+
 // the cuBLASLt wrappers: forward with the bias epilogue, input gradient accumulating onto a residual
 // gradient, weight gradient accumulating in fp32
 static void test_matmuls(void) {
@@ -424,6 +484,7 @@ int main(void) {
     test_layernorms(5, 264);
     test_gelu_gather();
     test_cross_entropy();
+    test_argmax_hits();
     test_matmuls();
     return test_summary();
 }

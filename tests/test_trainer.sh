@@ -123,7 +123,7 @@ expect_error "unknown flag" ./trainer_cpu "${COMMON[@]}" --out "$W/e" --steps 5 
 expect_error "expected an integer" ./trainer_cpu "${COMMON[@]}" --out "$W/e" --steps five
 expect_error "no-such-dir" ./trainer_cpu --data "$W/no-such-dir/*.bin" --out "$W/e" --steps 5 --preset tiny --seq 32
 expect_error "longer than the model's 40 positions" ./trainer_cpu --data "$W/data/train_*.bin" --out "$W/e" --steps 5 --preset tiny --seq 64
-expect_error "unknown; one of: tiny bert-base" ./trainer_cpu --data "$W/data/train_*.bin" --out "$W/e" --steps 5 --preset huge
+expect_error "unknown; one of: tiny mini bert-base" ./trainer_cpu --data "$W/data/train_*.bin" --out "$W/e" --steps 5 --preset huge
 expect_error "checkpoint.bin" ./trainer_cpu "${COMMON[@]}" --out "$W/e" --steps 5 --resume
 head -c 1000 "$W/a/checkpoint.bin" >"$W/e/checkpoint.bin"
 expect_error "truncated" ./trainer_cpu "${COMMON[@]}" --out "$W/e" --steps 5 --resume
