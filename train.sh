@@ -220,5 +220,5 @@ if [ -f "$OUT/model.safetensors" ]; then
   printf '  %-11s %s\n' "try it" "python3 tools/fill_mask.py $OUT --file /bin/ls --offset 4096 --length 64 --mask-every 8"
   printf '  %-11s %s\n' "" "(needs torch and transformers: python3 -m pip install torch transformers)"
 fi
-[ -z "$FAILED" ] || die "the training finished but these steps failed:$FAILED (see above)"
+[ -z "$FAILED" ] || die "these steps failed:$FAILED (see above)"
 exit 0

@@ -192,8 +192,8 @@ def test_without_pytorch():
 
 def test_real_export():
     """The export of a real ./trainer_cpu run (tiny preset, bytes): its files are what fill_mask.py reads."""
-    trainer = os.path.join(ROOT, "trainer_cpu")
-    assert os.access(trainer, os.X_OK), "no ./trainer_cpu (run ./build.sh cpu)"
+    trainer = os.environ.get("TRAINER") or os.path.join(ROOT, "trainer_cpu")  # TRAINER overrides ./trainer_cpu
+    assert os.access(trainer, os.X_OK), f"no {trainer} (run ./build.sh cpu)"
     with tempfile.TemporaryDirectory() as d:
         prep = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "prepare.py"), "bytes", "--input",
                                os.path.join(ROOT, "cpu"), "--out", os.path.join(d, "data"), "--seq-len", "32"],

@@ -11,6 +11,7 @@ the curves' colours in its pixels. Bad files give one line naming the line. test
 import json
 import math
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -40,6 +41,8 @@ def handmade(path, broken_loss_at=7):
     lines.append(json.dumps({"kind": "note", "text": "a kind plot.py does not know"}))
     lines.append(json.dumps({"kind": "eval", "step": 40, "source": "runs/x/checkpoint.bin", "val_loss": 1.9,
                              "val_accuracy": 0.52, "val_masked": 612}))
+    lines.append(json.dumps({"kind": "eval", "step": 0, "source": "runs/x", "val_loss": 2.1,  # an export: step 0
+                             "val_accuracy": 0.5, "val_masked": 612}))
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -79,7 +82,7 @@ def test_render_handmade():
         rc, out, err = run_tool(d)
         assert rc == 0, err
         png = os.path.join(d, "metrics.png")
-        assert f"wrote {png} (40 train, 4 val, 1 eval records)" in out, out
+        assert f"wrote {png} (40 train, 4 val, 2 eval records)" in out, out
         assert "1 record(s) of other kinds ignored" in err, err
         w, h, size = png_info(png)
         assert (w, h) == (1200, 800), (w, h)  # figsize 12 x 8 inches at 100 dpi
@@ -94,9 +97,9 @@ def test_read_metrics():
         path = os.path.join(d, "metrics.jsonl")
         handmade(path)
         m, notes = plot.read_metrics(path)
-        assert [len(m[k]) for k in ("train", "val", "eval")] == [40, 4, 1]
+        assert [len(m[k]) for k in ("train", "val", "eval")] == [40, 4, 2]
         assert math.isnan(m["train"][6]["loss"]) and math.isnan(m["train"][0]["mfu"]), "null is nan (a gap)"
-        assert abs(m["val"][1]["val_accuracy"] - 0.3) < 1e-12 and m["eval"][0]["val_loss"] == 1.9
+        assert abs(m["val"][1]["val_accuracy"] - 0.3) < 1e-12 and m["eval"][1]["val_loss"] == 1.9
         # a step logged twice keeps its last record; records come sorted by step
         with open(path, "a") as f:
             f.write(json.dumps(train_record(3, 9.5)) + "\n")
@@ -177,8 +180,8 @@ def test_without_matplotlib():
 
 def test_real_run():
     """End to end: ./trainer_cpu trains the tiny preset a few steps with validation; plot.py draws its --out."""
-    trainer = os.path.join(ROOT, "trainer_cpu")
-    assert os.access(trainer, os.X_OK), "no ./trainer_cpu (run ./build.sh cpu)"
+    trainer = os.environ.get("TRAINER") or os.path.join(ROOT, "trainer_cpu")  # TRAINER overrides ./trainer_cpu
+    assert os.access(trainer, os.X_OK), f"no {trainer} (run ./build.sh cpu)"
     with tempfile.TemporaryDirectory() as d:
         prep = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "prepare.py"), "bytes", "--input",
                                os.path.join(ROOT, "cpu"), "--out", os.path.join(d, "data"), "--seq-len", "32",
@@ -195,10 +198,10 @@ def test_real_run():
                                      "the trainer's issue-11 branch)")
         m, _ = plot.read_metrics(log)
         assert [r["step"] for r in m["train"]] == list(range(1, 13)), [r["step"] for r in m["train"]]
-        assert [r["step"] for r in m["val"]] == [4, 8, 12], [r["step"] for r in m["val"]]
+        assert {4, 8, 12} <= {r["step"] for r in m["val"]}, [r["step"] for r in m["val"]]  # --val-every 4
         assert all(0 <= r["val_accuracy"] <= 1 for r in m["val"]) and m["train"][-1]["loss"] < m["train"][0]["loss"]
         rc, o, err = run_tool(out)
-        assert rc == 0 and "(12 train, 3 val records)" in o, o + err
+        assert rc == 0 and re.search(r"\(12 train, [0-9]+ val records\)", o), o + err
         w, h, size = png_info(os.path.join(out, "metrics.png"))
         assert (w, h) == (1200, 800) and size > 20000 and colour_pixels(os.path.join(out, "metrics.png"), C1) > 50
 

@@ -7,8 +7,9 @@
 
 Reads DIR/metrics.jsonl, which the trainer's rank 0 appends in --out: one JSON object per line,
 {"kind": "train", ...} per logged step, {"kind": "val", ...} per validation, {"kind": "eval", ...}
-per ./trainer --eval. Writes one figure of four panels:
+per ./trainer --eval (step 0 for an export). Writes one figure of four panels:
   loss           training loss per logged step (and its moving average), validation loss, --eval loss
+                 (a point at the checkpoint's step, or a dashed level line for an export)
   accuracy       masked-token accuracy on the validation set (and --eval's)
   throughput     tokens/s (real tokens, padding not counted)
   optimizer      learning rate, and the gradient norm before clipping on a second axis
@@ -158,9 +159,13 @@ def plot(metrics, out_path, x="step", title=None):
     if val:
         a_loss.plot(xv, column(val, "val_loss"), "o-", color="C1", ms=4, label="validation")
         a_acc.plot(xv, column(val, "val_accuracy"), "o-", color="C1", ms=4, label="validation")
-    if ev:
-        a_loss.plot(xe, column(ev, "val_loss"), "s", color="C3", ms=7, label="--eval")
-        a_acc.plot(xe, column(ev, "val_accuracy"), "s", color="C3", ms=7, label="--eval")
+    for r, x_r in zip(ev, xe):
+        # an export has no step (the trainer records 0): a level line across the panel; a checkpoint, a point
+        for a, f in ((a_loss, "val_loss"), (a_acc, "val_accuracy")):
+            if r["step"] == 0 and train:
+                a.axhline(r[f], color="C3", ls="--", lw=1.2, label="--eval (export)")
+            else:
+                a.plot([x_r], [r[f]], "s", color="C3", ms=7, label="--eval")
     xlabel = "step" if x == "step" else "tokens seen"
     for a, t, y in ((a_loss, "MLM loss (masked tokens)", "loss"), (a_acc, "masked-token accuracy", "accuracy"),
                     (a_tps, "throughput", "tokens/s"), (a_opt, "optimizer", "learning rate")):
@@ -170,8 +175,10 @@ def plot(metrics, out_path, x="step", title=None):
         a.grid(alpha=0.3)
     a_opt.yaxis.label.set_color("C4")
     for a in (a_loss, a_acc):
-        if a.get_legend_handles_labels()[0]:
-            a.legend(loc="best", fontsize=8)
+        handles, labels = a.get_legend_handles_labels()
+        if handles:
+            keep = [labels.index(lab) for lab in dict.fromkeys(labels)]  # one entry per label
+            a.legend([handles[i] for i in keep], [labels[i] for i in keep], loc="best", fontsize=8)
     if not (val or ev):
         a_acc.text(0.5, 0.5, "no validation yet\n(--val GLOB --val-every N)", ha="center", va="center",
                    transform=a_acc.transAxes, color="gray")
