@@ -5,15 +5,16 @@
 #             into data/elf_T<seq>_<tokens>/; reused when already there;
 #   2. binary ./trainer when `./trainer --info` finds a GPU, else ./trainer_cpu (it says which and why);
 #             runs ./build.sh first when neither is built;
-#   3. train  on the CPU the `mini` preset for a few minutes, on a GPU `bert-base` for a short run,
+#   3. train  on the CPU the `mini` preset (150 steps at T=128: minutes), on a GPU `bert-base` (300 steps),
 #             with validation; into runs/<date>-<time>/ (runs/job-<id>/ under Slurm), log in train.log;
 #   4. eval   ./trainer --eval on the export, on the validation shards;
 #   5. plots  tools/plot.py: runs/.../metrics.png from metrics.jsonl;
 #   6. prints where everything is.
-# With arguments, they replace the training defaults below and go to the trainer as they are; train.sh
-# adds --data/--val (its shards, prepared at your --seq) and --out when you give none:
-#   ./train.sh --preset tiny --seq 32 --batch 16 --steps 200 --val-every 50
-#   ./train.sh --out runs/a --preset mini --seq 128 --batch 16 --steps 400 --resume
+# With arguments, they replace the training defaults (at the top of train.sh) and go to the trainer as
+# they are; train.sh adds --data/--val (its shards, prepared at your --seq) and --out when you give none:
+#   ./train.sh --preset tiny --seq 32 --batch 16 --steps 300 --val-every 100
+#   ./train.sh --out runs/a --preset mini --seq 128 --batch 16 --steps 400 --val-every 100
+#   ./train.sh --out runs/a --preset mini --seq 128 --batch 16 --steps 400 --val-every 100 --resume  # after a stop
 # Under srun every rank runs train.sh: rank 0 (SLURM_PROCID) prepares the shards, evaluates and
 # plots; the other ranks wait for the shards (the data directory and --out must be on a file system
 # every node sees, as the trainer's --out already must be):
