@@ -155,17 +155,20 @@ if [ -z "$OUT" ]; then
 fi
 mkdir -p "$OUT" || die "--out $OUT: cannot create the directory"
 LOG=$OUT/train.log
-STOPPED=0 TAIL="" FAILED=""
+STOPPED=0 TEE="" FAILED=""
 if [ "$RANK" = 0 ]; then
   say "training: $(quoted "$BIN" "${TRAIN[@]}")"
   [ "$NTASKS" = 1 ] || say "  as rank 0 of $NTASKS (SLURM_NTASKS)"
   say "  (the log also goes to $LOG; Ctrl-C stops after the current step with a checkpoint)"
-  # The trainer appends to the log itself (no pipe that a signal could break under it); tail shows it.
   size=$(stat -c %s "$LOG" 2>/dev/null || echo 0)
-  "$BIN" "${TRAIN[@]}" >>"$LOG" 2>&1 &
+  # The output goes to the screen and the log through tee, which ignores the stop signals (Slurm sends
+  # SIGTERM to every process of the job): a tee that died would break the pipe under the trainer as it
+  # saves its checkpoint. tee ends when the trainer, the last writer, exits.
+  exec {tee_fd}> >(trap '' INT TERM USR1; exec tee -a "$LOG")
+  TEE=$!
+  "$BIN" "${TRAIN[@]}" >&"$tee_fd" 2>&1 &
   PID=$!
-  tail -c +$((size + 1)) --pid=$PID -f "$LOG" &
-  TAIL=$!
+  exec {tee_fd}>&-
 else
   "$BIN" "${TRAIN[@]}" &
   PID=$!
@@ -176,7 +179,7 @@ trap 'STOPPED=1; kill -TERM $PID 2>/dev/null' INT TERM USR1
 wait $PID; RC=$?
 while kill -0 $PID 2>/dev/null; do wait $PID; RC=$?; done
 trap - INT TERM USR1
-[ -z "$TAIL" ] || wait $TAIL  # tail prints the rest of the log, then sees the trainer gone
+[ -z "$TEE" ] || wait "$TEE"  # the whole log is on the screen before train.sh goes on
 if [ "$RANK" != 0 ]; then exit $RC; fi
 # a signal sent to the trainer itself (Slurm signals every process of the job) stops it the same way
 tail -c +$((size + 1)) "$LOG" | grep -q "^stopped after step [0-9]* (on a signal)" && STOPPED=1
