@@ -167,8 +167,30 @@ const char* cudaGetErrorString(cudaError_t e) {
 static std::mutex mem_lock;
 static std::map<uintptr_t, size_t> device_allocs;
 static long long device_used = 0;
+// The host's memory: physical memory (sysconf), or the memory cgroup's limit when lower (a container,
+// a Slurm job with --mem). 0 when neither can be read.
+long long emu_host_memory_bytes(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    long long host = pages > 0 && page > 0 ? (long long)pages * page : 0;
+    const char* limits[] = {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"};
+    for (const char* path : limits) {
+        FILE* f = fopen(path, "r");
+        long long v;
+        if (!f) continue;
+        if (fscanf(f, "%lld", &v) == 1 && v > 0 && (host == 0 || v < host)) host = v;  // "max" reads as no number
+        fclose(f);
+    }
+    return host;
+}
+// The emulated device's size: EMU_DEVICE_BYTES, or by default half of the host's memory. The trainer
+// sizes its micro-batch to what cudaMemGetInfo says is free, and here device memory is host memory:
+// half leaves the other half to the shards' page cache, the pinned batch ring, the loader threads
+// and the rest of the machine. Physical memory rather than what is free now, so that the automatic
+// micro-batch (and so the run) is the same every time on one machine. Several processes on one host
+// (SLURM_NTASKS=2 ...) each get this much: set EMU_DEVICE_BYTES for them. (An H100 NVL: 94e9.)
 static long long device_bytes(void) {
-    static long long total = env_ll("EMU_DEVICE_BYTES", 94e9);  // the H100 NVL's 94 GB
+    static long long total =
+        env_ll("EMU_DEVICE_BYTES", emu_host_memory_bytes() > 0 ? emu_host_memory_bytes() / 2 : 8e9);
     return total;
 }
 

@@ -11,6 +11,8 @@
 #include "../kernels.cuh"
 #include "testing.h"
 
+long long emu_host_memory_bytes(void);  // cpu/runtime.cpp: physical memory, or the cgroup limit when lower
+
 // A kernel with a missing barrier: each thread writes s[t], then reads its neighbour's s[t+1]
 // without __syncthreads. In thread order every neighbour has not written yet... so to make the
 // in-order run correct and only a reordering wrong, thread t reads s[t-1] (written before it).
@@ -221,7 +223,9 @@ int main(void) {
     // 6. Device memory: bounded by the emulated size, and copies are range-checked.
     size_t free0, total;
     CUDA_OK(cudaMemGetInfo(&free0, &total));
-    CHECK(total == (size_t)94e9 || getenv("EMU_DEVICE_BYTES"), "default device size is 94 GB (got %zu)", total);
+    long long host = emu_host_memory_bytes();
+    CHECK(getenv("EMU_DEVICE_BYTES") || (host > 0 && total == (size_t)(host / 2)),
+          "default device size is half the host's memory (%lld bytes; got %zu)", host, total);
     void* big = NULL;
     CHECK(cudaMalloc(&big, free0 + 1) == cudaErrorMemoryAllocation && big == NULL, "allocating past the device fails");
     CHECK(cudaGetLastError() == cudaErrorMemoryAllocation, "and reports cudaErrorMemoryAllocation");

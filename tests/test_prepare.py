@@ -138,6 +138,46 @@ def test_bytes_files():
         assert got == want, "one document per file, split at 98 bytes, each byte its own token"
 
 
+def test_bounded_corpus():
+    """--max-files and --max-tokens bound the corpus; the files are then a seeded random sample of the input."""
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "src")
+        os.makedirs(src)
+        content = {}
+        for i in range(20):
+            data = bytes((i * 7 + j) % 256 for j in range(50 + 10 * i))
+            content[data] = f"f{i:02d}.bin"
+            open(os.path.join(src, f"f{i:02d}.bin"), "wb").write(data)
+
+        def run(out, *flags):
+            assert prepare.main(["bytes", "--input", src, "--out", out, "--seq-len", "1000", "--val-fraction", "0",
+                                 *flags]) == 0
+            return [bytes(s[1:-1]) for s in read_split(out, "train")[0]], json.load(open(os.path.join(out, "meta.json")))
+
+        # --max-files 5: five whole files, not the first five names, the same five for the same seed
+        got, meta = run(os.path.join(d, "f5"), "--max-files", "5", "--seed", "4")
+        assert len(got) == 5 and all(g in content for g in got), "five files, each one whole document"
+        assert meta["files_read"] == 5 and meta["max_files"] == 5 and not meta["max_tokens_reached"]
+        assert sorted(content[g] for g in got) != [f"f{i:02d}.bin" for i in range(5)], "a sample, not the first names"
+        again, _ = run(os.path.join(d, "f5b"), "--max-files", "5", "--seed", "4")
+        assert again == got, "the same seed takes the same files"
+        other, _ = run(os.path.join(d, "f5c"), "--max-files", "5", "--seed", "5")
+        assert other != got, "another seed, another sample"
+
+        # --max-tokens 1000: exactly 1000 document bytes; the last document is cut, the rest are whole files
+        got, meta = run(os.path.join(d, "t"), "--max-tokens", "1000", "--seed", "4")
+        assert sum(len(g) for g in got) == 1000 and meta["max_tokens_reached"], [len(g) for g in got]
+        assert all(g in content for g in got[:-1]) and got[-1] not in content
+        assert any(c.startswith(got[-1]) for c in content), "the last document is a prefix of a file"
+        assert meta["files_read"] == len(got)
+        # a budget larger than the corpus takes everything
+        got, meta = run(os.path.join(d, "all"), "--max-tokens", "1000000")
+        assert sorted(got) == sorted(content) and not meta["max_tokens_reached"] and meta["files_read"] == 20
+        # without a bound: every file, in sorted order, as before
+        got, meta = run(os.path.join(d, "none"))
+        assert [content[g] for g in got] == sorted(content.values()) and "max_files" not in meta
+
+
 def test_elf_functions():
     cc = shutil.which("gcc") or shutil.which("cc")
     if not cc or not shutil.which("nm") or not shutil.which("readelf"):
@@ -230,6 +270,8 @@ def test_bad_inputs_one_line():
             (["bytes", "--input", corpus, "--out", os.path.join(regular, "x")], "cannot create or write"),
             (["bytes", "--input", os.path.join(d, "missing"), "--out", os.path.join(d, "o")], "--input"),
             (["text", "--input", corpus, "--out", os.path.join(d, "o"), "--train-vocab", "0"], "--train-vocab 0"),
+            (["bytes", "--input", corpus, "--out", os.path.join(d, "o"), "--max-files", "0"], "--max-files 0 (expected at least 1)"),
+            (["bytes", "--input", corpus, "--out", os.path.join(d, "o"), "--max-tokens", "-5"], "--max-tokens -5 (expected"),
             (["text", "--input", corpus, "--out", os.path.join(d, "o"), "--tokenizer", os.path.join(d, "no.txt")],
              "--tokenizer"),
             (["text", "--input", corpus, "--out", os.path.join(d, "o"), "--tokenizer",

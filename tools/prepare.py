@@ -16,6 +16,10 @@ Two kinds of corpus:
          function using its symbol table (pyelftools), so any Linux machine's /usr/lib is a corpus.
            python3 tools/prepare.py bytes --input /usr/lib --elf-functions --out data/usrlib --seq-len 512
 
+A bounded corpus: --max-files N reads at most N input files, --max-tokens N stops after N document
+tokens; under either bound the files are taken in a random order (seeded by --seed), a sample of
+the whole input (./train.sh prepares its data this way from /usr/lib and /usr/bin).
+
 Samples longer than --seq-len are split into several samples (never truncated). A fraction of the
 documents (--val-fraction) goes to the validation split. Output: DIR/train_00000.bin ...,
 DIR/val_00000.bin ..., DIR/tokenizer.json (text) and DIR/meta.json (the summary).
@@ -232,8 +236,17 @@ class Output:
         self.splits = {n: Split(n, args.out, vocab_size, special, args.seq_len, args.shard_tokens) for n in ("train", "val")}
         self.rng = random.Random(args.seed)
         self.val_fraction, self.args, self.vocab_size, self.special = args.val_fraction, args, vocab_size, special
+        self.max_tokens, self.taken = args.max_tokens, 0  # the --max-tokens budget: document tokens taken so far
+
+    @property
+    def full(self):
+        """True once --max-tokens document tokens have been taken: the caller stops reading."""
+        return self.max_tokens is not None and self.taken >= self.max_tokens
 
     def add_document(self, content):
+        if self.max_tokens is not None:  # the document that reaches the budget is cut there
+            content = content[:max(0, self.max_tokens - self.taken)]
+            self.taken += len(content)
         if len(content) == 0:
             return
         split = "val" if self.rng.random() < self.val_fraction else "train"
@@ -263,6 +276,24 @@ def progress(total, unit):
     if tqdm is None or not sys.stderr.isatty() and os.environ.get("PREPARE_PROGRESS") != "1":
         return None
     return tqdm(total=total, unit=unit, unit_scale=True, dynamic_ncols=True)
+
+
+def bounded(files, args):
+    """The files to read. With a bound (--max-files N, --max-tokens N) they are taken in a random order
+    seeded by --seed, so that a bounded corpus samples the whole input instead of its first directories;
+    --max-files keeps the first N of that order. Without a bound: every file, in sorted order."""
+    if args.max_files is None and args.max_tokens is None:
+        return files
+    files = list(files)
+    random.Random(args.seed).shuffle(files)
+    return files[:args.max_files] if args.max_files is not None else files
+
+
+def bound_summary(args, read, out):
+    """meta.json's record of the bounds: what was asked and whether the token budget stopped the reading."""
+    if args.max_files is None and args.max_tokens is None:
+        return {}
+    return dict(max_files=args.max_files, max_tokens=args.max_tokens, files_read=read, max_tokens_reached=out.full)
 
 
 def list_files(inputs):
@@ -352,7 +383,7 @@ def read_documents(path, mode):
 
 
 def prepare_text(args):
-    files = list_files(args.input)
+    files = bounded(list_files(args.input), args)
     if not files:
         die("--input: no input files")
     make_out_dir(args.out)
@@ -366,17 +397,23 @@ def prepare_text(args):
             out.add_document(np.asarray(enc.ids, dtype=np.int64))
         batch.clear()
 
+    read = 0
     for path in files:
+        if out.full:
+            break
+        read += 1
         for doc in read_documents(path, args.doc_per):
             batch.append(doc)
             if len(batch) >= 2048:
                 flush()
+                if out.full:
+                    break
         if bar:
             bar.update(os.path.getsize(path))
     flush()
     if bar:
         bar.close()
-    return out.finish(dict(input_files=len(files), tokenizer="tokenizer.json"))
+    return out.finish(dict(input_files=len(files), tokenizer="tokenizer.json", **bound_summary(args, read, out)))
 
 
 # ----------------------------------------------------------------------------
@@ -429,13 +466,16 @@ def elf_functions(path):
 
 
 def prepare_bytes(args):
-    files = list_files(args.input)
+    files = bounded(list_files(args.input), args)
     if not files:
         die("--input: no input files")
     out = Output(args, BYTE_VOCAB, dict(BYTE_SPECIAL))
     bar = progress(len(files), "file")
-    skipped = unreadable = functions = 0
+    skipped = unreadable = functions = read = 0
     for path in files:
+        if out.full:
+            break
+        read += 1
         try:
             if args.elf_functions:
                 funcs = elf_functions(path)
@@ -456,6 +496,7 @@ def prepare_bytes(args):
     extra = dict(input_files=len(files), unreadable_files=unreadable)
     if args.elf_functions:
         extra.update(elf_functions=functions, files_without_functions=skipped)
+    extra.update(bound_summary(args, read, out))
     return out.finish(extra)
 
 
@@ -497,7 +538,11 @@ def main(argv=None):
         s.add_argument("--seq-len", type=int, default=512, help="longest sample; longer documents are split")
         s.add_argument("--val-fraction", type=float, default=0.01, help="fraction of documents in the val split")
         s.add_argument("--shard-tokens", type=int, default=1 << 27, help="tokens per shard (about)")
-        s.add_argument("--seed", type=int, default=0, help="seed of the train/val assignment")
+        s.add_argument("--seed", type=int, default=0, help="seed of the train/val assignment (and of the files' order under a bound)")
+        s.add_argument("--max-files", type=int, help="a bounded corpus: at most N input files, a random sample (seeded by --seed)")
+        s.add_argument("--max-tokens", type=int,
+                       help="a bounded corpus: stop after N document tokens (bytes, for bytes; [CLS]/[SEP] not counted), "
+                            "the files taken in a random order (seeded by --seed)")
         if name == "text":
             g = s.add_mutually_exclusive_group(required=True)
             g.add_argument("--tokenizer", help="a tokenizer.json, or a BERT vocab.txt")
@@ -518,6 +563,9 @@ def main(argv=None):
         die(f"--val-fraction {args.val_fraction} (expected 0 <= f < 1)")
     if args.shard_tokens < 1:
         die(f"--shard-tokens {args.shard_tokens} (expected at least 1)")
+    for flag, v in (("--max-files", args.max_files), ("--max-tokens", args.max_tokens)):
+        if v is not None and v < 1:
+            die(f"{flag} {v} (expected at least 1)")
     if args.cmd == "text" and args.train_vocab is not None and not len(SPECIAL_NAMES) < args.train_vocab <= 1 << 24:
         die(f"--train-vocab {args.train_vocab} (expected more than the {len(SPECIAL_NAMES)} special tokens, at most 2^24)")
     try:

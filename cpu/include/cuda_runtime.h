@@ -12,7 +12,7 @@
 //     barriers and warp collectives; blocks are spread over a few OS threads.
 // Environment: EMU_THREADS (OS threads for blocks, default: cores), EMU_SHUFFLE=seed (run the
 // threads of a block in a random order between barriers, to expose a missing __syncthreads),
-// EMU_DEVICE_BYTES (emulated device memory, default 94e9), EMU_STACK_KB (fiber stack size).
+// EMU_DEVICE_BYTES (emulated device memory, default half the host's RAM), EMU_STACK_KB (fiber stack size).
 #pragma once
 #define __CUDA_RUNTIME_H__  // keep the toolkit's cuda_runtime.h out (cuda_bf16.h would include it)
 #include <cuda_runtime_api.h>

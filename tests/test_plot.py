@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""tests/test_plot.py: tests of tools/plot.py (needs matplotlib: tools/requirements.txt).
+
+    python3 tests/test_plot.py          # prints "N passed, N failed" last; exit code 1 on failure
+
+A hand-made metrics.jsonl that follows the trainer's record format (train, val, eval records, nulls,
+an unknown kind) is rendered and the PNG checked: signature, size, dimensions from its header, and
+the curves' colours in its pixels. Bad files give one line naming the line. test_real_run trains
+./trainer_cpu for a few steps (tiny preset, --seq 32, --val) and plots its --out.
+"""
+import json
+import math
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+import zlib
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+TOOL = os.path.join(ROOT, "tools", "plot.py")
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+import plot  # noqa: E402
+
+
+def train_record(step, loss):
+    return {"kind": "train", "step": step, "tokens": 256 * step, "epoch": step / 50, "elapsed_s": 0.1 * step,
+            "loss": loss, "lr": 1e-3 * min(1, step / 5), "grad_norm": 2.0 / step, "tokens_per_s": 2500.0 + step,
+            "mfu": None, "data_wait_ms": 0.01}
+
+
+def handmade(path, broken_loss_at=7):
+    lines = []
+    for s in range(1, 41):
+        loss = 5.6 * math.exp(-s / 15) + 1.0
+        lines.append(json.dumps(train_record(s, None if s == broken_loss_at else loss)))
+        if s % 10 == 0:
+            lines.append(json.dumps({"kind": "val", "step": s, "tokens": 256 * s, "elapsed_s": 0.1 * s,
+                                     "val_loss": loss + 0.2, "val_accuracy": 0.1 + s / 100, "val_masked": 612}))
+    lines.append(json.dumps({"kind": "note", "text": "a kind plot.py does not know"}))
+    lines.append(json.dumps({"kind": "eval", "step": 40, "source": "runs/x/checkpoint.bin", "val_loss": 1.9,
+                             "val_accuracy": 0.52, "val_masked": 612}))
+    lines.append(json.dumps({"kind": "eval", "step": 0, "source": "runs/x", "val_loss": 2.1,  # an export: step 0
+                             "val_accuracy": 0.5, "val_masked": 612}))
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def png_info(path):
+    """(width, height) from the IHDR chunk, after checking the signature and the chunk's CRC."""
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "PNG signature"
+    length, ctype = struct.unpack(">I4s", data[8:16])
+    assert ctype == b"IHDR" and length == 13, "IHDR first"
+    assert struct.unpack(">I", data[29:33])[0] == zlib.crc32(data[12:29]), "IHDR CRC"
+    assert data[-12:-4] == b"\x00\x00\x00\x00IEND", "ends with IEND"
+    w, h = struct.unpack(">II", data[16:24])
+    return w, h, len(data)
+
+
+def colour_pixels(path, rgb, tol=0.06):
+    """How many pixels are within tol of a colour (RGB in 0..1)."""
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    img = mpimg.imread(path)[:, :, :3]
+    return int((np.abs(img - np.array(rgb)).max(axis=2) < tol).sum())
+
+
+C0, C1, C2 = (0.122, 0.467, 0.706), (1.0, 0.498, 0.055), (0.173, 0.627, 0.173)  # matplotlib's tab10 colours
+
+
+def run_tool(*args):
+    r = subprocess.run([sys.executable, TOOL, *args], capture_output=True, text=True)
+    return r.returncode, r.stdout, r.stderr
+
+
+def test_render_handmade():
+    with tempfile.TemporaryDirectory() as d:
+        handmade(os.path.join(d, "metrics.jsonl"))
+        rc, out, err = run_tool(d)
+        assert rc == 0, err
+        png = os.path.join(d, "metrics.png")
+        assert f"wrote {png} (40 train, 4 val, 2 eval records)" in out, out
+        assert "1 record(s) of other kinds ignored" in err, err
+        w, h, size = png_info(png)
+        assert (w, h) == (1200, 800), (w, h)  # figsize 12 x 8 inches at 100 dpi
+        assert size > 20000, size
+        # The curves are drawn: training (C0), validation (C1) and tokens/s (C2) pixels
+        assert colour_pixels(png, C0) > 300 and colour_pixels(png, C1) > 100 and colour_pixels(png, C2) > 100
+        assert not [p for p in os.listdir(d) if ".tmp" in p], "no temporary file left"
+
+
+def test_read_metrics():
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "metrics.jsonl")
+        handmade(path)
+        m, notes = plot.read_metrics(path)
+        assert [len(m[k]) for k in ("train", "val", "eval")] == [40, 4, 2]
+        assert math.isnan(m["train"][6]["loss"]) and math.isnan(m["train"][0]["mfu"]), "null is nan (a gap)"
+        assert abs(m["val"][1]["val_accuracy"] - 0.3) < 1e-12 and m["eval"][1]["val_loss"] == 1.9
+        # a step logged twice keeps its last record; records come sorted by step
+        with open(path, "a") as f:
+            f.write(json.dumps(train_record(3, 9.5)) + "\n")
+        m, _ = plot.read_metrics(path)
+        assert len(m["train"]) == 40 and m["train"][2]["loss"] == 9.5
+        assert [r["step"] for r in m["train"]] == list(range(1, 41))
+        # an unfinished last line (the trainer is writing it) is skipped with a note
+        with open(path, "a") as f:
+            f.write('{"kind": "train", "step": 41, "lo')
+        m, notes = plot.read_metrics(path)
+        assert len(m["train"]) == 40 and any("unfinished last line" in n for n in notes), notes
+        assert plot.moving_average([1, math.nan, 3, 5], 2) == [1, 1, 2, 4]
+
+
+def test_out_and_x():
+    with tempfile.TemporaryDirectory() as d:
+        run = os.path.join(d, "run")
+        os.makedirs(run)
+        handmade(os.path.join(run, "metrics.jsonl"))
+        rc, out, err = run_tool(run, "--out", os.path.join(d, "curves.png"), "--x", "tokens")
+        assert rc == 0 and png_info(os.path.join(d, "curves.png"))[:2] == (1200, 800), err
+        rc, out, err = run_tool(os.path.join(run, "metrics.jsonl"), "--out", os.path.join(d, "plots", "deep"))
+        assert rc == 0 and os.path.isfile(os.path.join(d, "plots", "deep", "metrics.png")), err
+        # only train records: the accuracy panel says why it is empty; still a full figure
+        with open(os.path.join(run, "metrics.jsonl"), "w") as f:
+            f.write("\n".join(json.dumps(train_record(s, 5.0 - s / 10)) for s in range(1, 6)) + "\n")
+        rc, out, err = run_tool(run)
+        assert rc == 0 and "(5 train records)" in out, out + err
+
+
+def test_errors_one_line():
+    """A missing, empty or malformed log: exit 1 and one line naming the file (and the line), no traceback."""
+    with tempfile.TemporaryDirectory() as d:
+        def case(content, want, *extra):
+            run = tempfile.mkdtemp(dir=d)
+            if content is not None:
+                with open(os.path.join(run, "metrics.jsonl"), "wb") as f:
+                    f.write(content if isinstance(content, bytes) else content.encode())
+            rc, out, err = run_tool(run, *extra)
+            assert rc == 1, f"{want}: exit {rc}"
+            assert want in err, f"{err!r} does not say {want!r}"
+            assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+            assert not os.path.exists(os.path.join(run, "metrics.png")), "no plot from a bad log"
+
+        good = json.dumps(train_record(1, 5.0))
+        case(None, "metrics.jsonl: no such file (the trainer writes metrics.jsonl in its --out directory)")
+        case("", "metrics.jsonl: no train, val or eval record")
+        case("\n\n", "metrics.jsonl: no train, val or eval record")
+        case('{"kind": "note"}\n', "no train, val or eval record (1 record(s) of other kinds)")
+        case(good + "\n" + good + "\n{not json}\n" + good + "\n", "metrics.jsonl:3: not JSON")
+        case(good + "\n[1, 2]\n", "metrics.jsonl:2: expected a JSON object, got list")
+        case('{"step": 1}\n', 'metrics.jsonl:1: no "kind"')
+        case('{"kind": "train", "step": "one"}\n', 'metrics.jsonl:1: "step" is "one" (expected an integer >= 0)')
+        case('{"kind": "train", "step": 2.5}\n', '"step" is 2.5')
+        case(good + '\n{"kind": "val", "step": 1, "val_loss": "low"}\n', 'metrics.jsonl:2: "val_loss" is "low"')
+        case('{"kind": "train", "step": 1, "loss": true}\n', '"loss" is true')
+        case(b'{"kind": "train", "step": 1}\n\xff\xfe\n', "metrics.jsonl:2: not UTF-8 text")
+        case(good + "\n", "--out", "--out", os.path.join(d, "nodir", "x.png"))
+        regular = os.path.join(d, "regular")
+        open(regular, "w").close()
+        case(good + "\n", "exists and is not a directory", "--out", regular)
+        rc, out, err = run_tool(os.path.join(d, "no-such-run"))
+        assert rc == 1 and "no-such-run: no such directory" in err and "Traceback" not in err, err
+
+
+def test_without_matplotlib():
+    """Without matplotlib: one line with the pip command."""
+    with tempfile.TemporaryDirectory() as d:
+        os.makedirs(os.path.join(d, "fake", "matplotlib"))
+        with open(os.path.join(d, "fake", "matplotlib", "__init__.py"), "w") as f:
+            f.write("raise ImportError('No module named matplotlib')\n")
+        handmade(os.path.join(d, "metrics.jsonl"))
+        env = dict(os.environ, PYTHONPATH=os.path.join(d, "fake"))
+        r = subprocess.run([sys.executable, TOOL, d], capture_output=True, text=True, env=env)
+        assert r.returncode == 1 and "needs matplotlib" in r.stderr and "pip install -r tools/requirements.txt" in r.stderr
+        assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_real_run():
+    """End to end: ./trainer_cpu trains the tiny preset a few steps with validation; plot.py draws its --out."""
+    trainer = os.environ.get("TRAINER") or os.path.join(ROOT, "trainer_cpu")  # TRAINER overrides ./trainer_cpu
+    assert os.access(trainer, os.X_OK), f"no {trainer} (run ./build.sh cpu)"
+    with tempfile.TemporaryDirectory() as d:
+        prep = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "prepare.py"), "bytes", "--input",
+                               os.path.join(ROOT, "cpu"), "--out", os.path.join(d, "data"), "--seq-len", "32",
+                               "--val-fraction", "0.3"], capture_output=True, text=True)
+        assert prep.returncode == 0, prep.stderr[-500:]
+        out = os.path.join(d, "run")
+        r = subprocess.run([trainer, "--data", os.path.join(d, "data", "train_*.bin"), "--val",
+                            os.path.join(d, "data", "val_*.bin"), "--out", out, "--preset", "tiny", "--seq", "32",
+                            "--batch", "8", "--steps", "12", "--lr", "5e-3", "--warmup", "2", "--val-every", "4",
+                            "--val-batches", "2"], capture_output=True, text=True, env=dict(os.environ, EMU_THREADS="2"))
+        assert r.returncode == 0, (r.stdout + r.stderr)[-500:]
+        log = os.path.join(out, "metrics.jsonl")
+        assert os.path.isfile(log), ("the trainer wrote no metrics.jsonl in --out (the metrics log comes with "
+                                     "the trainer's issue-11 branch)")
+        m, _ = plot.read_metrics(log)
+        assert [r["step"] for r in m["train"]] == list(range(1, 13)), [r["step"] for r in m["train"]]
+        assert {4, 8, 12} <= {r["step"] for r in m["val"]}, [r["step"] for r in m["val"]]  # --val-every 4
+        assert all(0 <= r["val_accuracy"] <= 1 for r in m["val"]) and m["train"][-1]["loss"] < m["train"][0]["loss"]
+        rc, o, err = run_tool(out)
+        assert rc == 0 and re.search(r"\(12 train, [0-9]+ val records\)", o), o + err
+        w, h, size = png_info(os.path.join(out, "metrics.png"))
+        assert (w, h) == (1200, 800) and size > 20000 and colour_pixels(os.path.join(out, "metrics.png"), C1) > 50
+
+
+if __name__ == "__main__":
+    passed = failed = 0
+    for name, fn in sorted((n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)):
+        try:
+            fn()
+            passed += 1
+            print(f"ok   {name}")
+        except Exception as e:  # noqa: BLE001 - report and go on
+            failed += 1
+            print(f"FAIL {name}: {type(e).__name__}: {e}")
+    print(f"{passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""plot.py: a run's metrics log as PNG curves.
+
+    python3 tools/plot.py runs/a                    # writes runs/a/metrics.png
+    python3 tools/plot.py runs/a --out loss.png     # or that file (--out DIR: DIR/metrics.png)
+    python3 tools/plot.py runs/a --x tokens         # against tokens seen instead of steps
+
+Reads DIR/metrics.jsonl, which the trainer's rank 0 appends in --out: one JSON object per line,
+{"kind": "train", ...} per logged step, {"kind": "val", ...} per validation, {"kind": "eval", ...}
+per ./trainer --eval (step 0 for an export). Writes one figure of four panels:
+  loss           training loss per logged step (and its moving average), validation loss, --eval loss
+                 (a point at the checkpoint's step, or a dashed level line for an export)
+  accuracy       masked-token accuracy on the validation set (and --eval's)
+  throughput     tokens/s (real tokens, padding not counted)
+  optimizer      learning rate, and the gradient norm before clipping on a second axis
+Unknown kinds and fields are ignored; a null (a value that was not finite) leaves a gap. A step
+logged twice (a resumed run that repeated it) keeps its last record. An unfinished last line (the
+run is still writing it) is skipped with a note; any other bad line is an error naming its number.
+Needs matplotlib (python3 -m pip install -r tools/requirements.txt); runs headless (Agg).
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+PIP = "python3 -m pip install -r tools/requirements.txt"
+# The numeric fields of each known kind (the trainer's contract); others are ignored.
+FIELDS = {
+    "train": ("tokens", "epoch", "elapsed_s", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "data_wait_ms"),
+    "val": ("tokens", "elapsed_s", "val_loss", "val_accuracy", "val_masked"),
+    "eval": ("val_loss", "val_accuracy", "val_masked"),
+}
+
+
+class MetricsError(Exception):
+    pass
+
+
+def die(msg):
+    print(f"plot.py: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def parse_record(path, n, line):
+    """One line of metrics.jsonl as a dict with the kind, an int step and floats (nan for null), or None for
+    a record of a kind this tool does not plot. Raises MetricsError naming the line."""
+    try:
+        r = json.loads(line)
+    except ValueError as e:
+        raise MetricsError(f"{path}:{n}: not JSON ({e})") from None
+    if not isinstance(r, dict):
+        raise MetricsError(f"{path}:{n}: expected a JSON object, got {type(r).__name__}")
+    kind = r.get("kind")
+    if not isinstance(kind, str):
+        raise MetricsError(f'{path}:{n}: no "kind" (expected "train", "val", "eval" or another string)')
+    if kind not in FIELDS:
+        return None
+    step = r.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise MetricsError(f'{path}:{n}: "step" is {json.dumps(step)} (expected an integer >= 0)')
+    out = {"kind": kind, "step": step}
+    for f in FIELDS[kind]:
+        v = r.get(f)
+        if v is None:
+            out[f] = math.nan
+        elif isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise MetricsError(f'{path}:{n}: "{f}" is {json.dumps(v)} (expected a number or null)')
+        else:
+            out[f] = float(v)
+    return out
+
+
+def read_metrics(path):
+    """metrics.jsonl as {kind: [records sorted by step, one per step]}, and notes for the user."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise MetricsError(f"{path}: no such file (the trainer writes metrics.jsonl in its --out directory)") from None
+    except OSError as e:
+        raise MetricsError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise MetricsError(f"{path}:{line}: not UTF-8 text") from None
+    lines = text.split("\n")
+    notes = []
+    if lines and lines[-1].strip():  # no newline at the end: a line the trainer is still writing
+        try:
+            json.loads(lines[-1])
+        except ValueError:
+            notes.append(f"{path}:{len(lines)}: an unfinished last line, skipped")
+            lines[-1] = ""
+    by_kind, unknown = {k: {} for k in FIELDS}, 0
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        r = parse_record(path, n, line)
+        if r is None:
+            unknown += 1
+        else:
+            by_kind[r["kind"]][r["step"]] = r  # the last record of a step wins
+    if not any(by_kind.values()):
+        what = f" ({unknown} record(s) of other kinds)" if unknown else ""
+        raise MetricsError(f"{path}: no train, val or eval record{what}: nothing to plot")
+    if unknown:
+        notes.append(f"{path}: {unknown} record(s) of other kinds ignored")
+    return {k: [v[s] for s in sorted(v)] for k, v in by_kind.items()}, notes
+
+
+def column(records, field):
+    return [r[field] for r in records]
+
+
+def moving_average(ys, k):
+    """The mean of the last k finite values at each point (nan where there is none yet)."""
+    out, window = [], []
+    for y in ys:
+        if not math.isnan(y):
+            window.append(y)
+            window = window[-k:]
+        out.append(sum(window) / len(window) if window else math.nan)
+    return out
+
+
+def x_of(records, x, train):
+    """The x coordinates: steps, or tokens seen (eval records have none: the train record of their step)."""
+    if x == "step":
+        return column(records, "step")
+    at = {r["step"]: r["tokens"] for r in train}
+    return [r["tokens"] if "tokens" in r else at.get(r["step"], math.nan) for r in records]
+
+
+def plot(metrics, out_path, x="step", title=None):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise MetricsError(f"needs matplotlib ({e}): {PIP}") from None
+    train, val, ev = metrics["train"], metrics["val"], metrics["eval"]
+    xt, xv, xe = x_of(train, x, train), x_of(val, x, train), x_of(ev, x, train)
+    fig, ax = plt.subplots(2, 2, figsize=(12, 8), dpi=100)
+    (a_loss, a_acc), (a_tps, a_opt) = ax
+    if train:
+        loss = column(train, "loss")
+        a_loss.plot(xt, loss, color="C0", alpha=0.35, lw=0.8, label="train (each logged step)")
+        if len(train) >= 20:
+            k = max(5, len(train) // 25)
+            a_loss.plot(xt, moving_average(loss, k), color="C0", lw=1.8, label=f"train (mean of the last {k})")
+        a_tps.plot(xt, column(train, "tokens_per_s"), color="C2", lw=1.2)
+        a_opt.plot(xt, column(train, "lr"), color="C4", lw=1.2)
+        g = a_opt.twinx()
+        g.plot(xt, column(train, "grad_norm"), color="C3", alpha=0.6, lw=0.8)
+        g.set_ylabel("gradient norm", color="C3")
+    if val:
+        a_loss.plot(xv, column(val, "val_loss"), "o-", color="C1", ms=4, label="validation")
+        a_acc.plot(xv, column(val, "val_accuracy"), "o-", color="C1", ms=4, label="validation")
+    for r, x_r in zip(ev, xe):
+        # an export has no step (the trainer records 0): a level line across the panel; a checkpoint, a point
+        for a, f in ((a_loss, "val_loss"), (a_acc, "val_accuracy")):
+            if r["step"] == 0 and train:
+                a.axhline(r[f], color="C3", ls="--", lw=1.2, label="--eval (export)")
+            else:
+                a.plot([x_r], [r[f]], "s", color="C3", ms=7, label="--eval")
+    xlabel = "step" if x == "step" else "tokens seen"
+    for a, t, y in ((a_loss, "MLM loss (masked tokens)", "loss"), (a_acc, "masked-token accuracy", "accuracy"),
+                    (a_tps, "throughput", "tokens/s"), (a_opt, "optimizer", "learning rate")):
+        a.set_title(t)
+        a.set_xlabel(xlabel)
+        a.set_ylabel(y)
+        a.grid(alpha=0.3)
+    a_opt.yaxis.label.set_color("C4")
+    for a in (a_loss, a_acc):
+        handles, labels = a.get_legend_handles_labels()
+        if handles:
+            keep = [labels.index(lab) for lab in dict.fromkeys(labels)]  # one entry per label
+            a.legend([handles[i] for i in keep], [labels[i] for i in keep], loc="best", fontsize=8)
+    if not (val or ev):
+        a_acc.text(0.5, 0.5, "no validation yet\n(--val GLOB --val-every N)", ha="center", va="center",
+                   transform=a_acc.transAxes, color="gray")
+    fig.suptitle(title or "")
+    fig.tight_layout()
+    tmp = out_path + ".tmp.png"  # written whole, then renamed: a reader never sees half a PNG
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, out_path)
+    except OSError as e:
+        raise MetricsError(f"{out_path}: cannot write: {e.strerror}") from None
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def output_path(run_dir, out):
+    """--out FILE.png, or --out DIR (created) for DIR/metrics.png; by default the run's directory."""
+    if out is None:
+        return os.path.join(run_dir, "metrics.png")
+    if out.lower().endswith(".png"):
+        parent = os.path.dirname(out) or "."
+        if not os.path.isdir(parent):
+            raise MetricsError(f"--out {out}: the directory {parent} does not exist")
+        return out
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise MetricsError(f"--out {out}: exists and is not a directory (a file name must end in .png)")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise MetricsError(f"--out {out}: cannot create the directory: {e.strerror}") from None
+    return os.path.join(out, "metrics.png")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", help="a run's --out directory (or its metrics.jsonl)")
+    p.add_argument("--out", help="FILE.png, or a directory for metrics.png (default: the run's directory)")
+    p.add_argument("--x", choices=("step", "tokens"), default="step", help="the x axis (default step)")
+    args = p.parse_args(argv)
+    try:
+        if os.path.isdir(args.run):
+            path, run_dir = os.path.join(args.run, "metrics.jsonl"), args.run
+        elif os.path.exists(args.run) or args.run.endswith(".jsonl"):
+            path, run_dir = args.run, os.path.dirname(args.run) or "."
+        else:
+            raise MetricsError(f"{args.run}: no such directory (expected a run's --out directory)")
+        metrics, notes = read_metrics(path)
+        for note in notes:
+            print(f"plot.py: {note}", file=sys.stderr)
+        out = output_path(run_dir, args.out)
+        plot(metrics, out, args.x, title=os.path.abspath(run_dir))
+    except MetricsError as e:
+        die(str(e))
+    counts = ", ".join(f"{len(v)} {k}" for k, v in metrics.items() if v)
+    print(f"plot.py: wrote {out} ({counts} records)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

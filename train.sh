@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# train.sh: the main job in one command. With no arguments:
+#   1. data   prepares shards from this machine's own ELF files (the seed paper's domain: binary code,
+#             one sample per function, one token per byte), a bounded sample of /usr/lib and /usr/bin,
+#             into data/elf_T<seq>_<tokens>/; reused when already there;
+#   2. binary ./trainer when `./trainer --info` finds a GPU, else ./trainer_cpu (it says which and why);
+#             runs ./build.sh first when neither is built;
+#   3. train  on the CPU the `mini` preset (150 steps at T=128: minutes), on a GPU `bert-base` (300 steps),
+#             with validation; into runs/<date>-<time>/ (runs/job-<id>/ under Slurm), log in train.log;
+#   4. eval   ./trainer --eval on the export, on the validation shards;
+#   5. plots  tools/plot.py: runs/.../metrics.png from metrics.jsonl;
+#   6. prints where everything is.
+# With arguments, they replace the training defaults (at the top of train.sh) and go to the trainer as
+# they are; train.sh adds --data/--val (its shards, prepared at your --seq) and --out when you give none:
+#   ./train.sh --preset tiny --seq 32 --batch 16 --steps 300 --val-every 100
+#   ./train.sh --out runs/a --preset mini --seq 128 --batch 16 --steps 400 --val-every 100
+#   ./train.sh --out runs/a --preset mini --seq 128 --batch 16 --steps 400 --val-every 100 --resume  # after a stop
+# Under srun every rank runs train.sh: rank 0 (SLURM_PROCID) prepares the shards, evaluates and
+# plots; the other ranks wait for the shards (the data directory and --out must be on a file system
+# every node sees, as the trainer's --out already must be):
+#   srun -N 2 --ntasks-per-node 4 --gpus-per-node 4 ./train.sh
+# Ctrl-C, SIGTERM or SIGUSR1 stop the trainer after its current step with a checkpoint (--resume goes on).
+# Environment: TRAINER (the binary, instead of the choice in 2), DATA_TOKENS (the data bound),
+# DATA_INPUTS (what to prepare, default "/usr/lib /usr/bin"), DATA_DIR (where), PYTHON (default python3).
+set -uo pipefail
+cd "$(dirname "$0")" || exit 1
+
+# ---- the defaults: what a run with no arguments does (edit here) -------------------------------------------
+# CPU (2 cores: minutes): the mini preset (512 positions) at T=128, where a step costs far less than at T=512.
+# (2-core VM shared with other jobs: 6.5-8.5 s per step of 2,048 tokens, the loss 5.66 at step 1, 4.2 by step 50.)
+CPU_TRAIN=(--preset mini --seq 128 --batch 16 --steps 150 --lr 2e-3 --warmup 15 --val-every 50 --val-batches 4)
+CPU_DATA_TOKENS=4000000   # 4 M bytes of ELF functions: the 150 steps see 0.3 M tokens, no sample twice
+# GPU: bert-base at T=512, the largest micro-batch that fits, a short run. (One H100 80GB HBM3: B=614,
+# 314 K tokens per step in 0.48 s, so 300 steps are 94 M tokens, about 2.5 minutes.)
+GPU_TRAIN=(--preset bert-base --seq 512 --steps 300 --warmup 30 --val-every 50 --val-batches 4 --ckpt-every 100)
+GPU_DATA_TOKENS=64000000  # 64 M bytes: the 300 steps see each sample about 1.5 times
+read -r -a DATA_INPUTS <<<"${DATA_INPUTS:-/usr/lib /usr/bin}"
+# ------------------------------------------------------------------------------------------------------------
+
+PYTHON=${PYTHON:-python3}
+RANK=${SLURM_PROCID:-0}
+NTASKS=${SLURM_NTASKS:-1}
+START=$(date +%s)
+say() { echo "train.sh: $*"; }
+die() { echo "train.sh: $*" >&2; exit 1; }
+quoted() { printf '%q ' "$@"; }  # a command as it can be pasted back into a shell
+elapsed() { local s=$(($(date +%s) - $1)); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
+
+case "${1:-}" in
+  -h | --help)
+    sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+    echo "The trainer's own flags: ./trainer_cpu --help"
+    exit 0 ;;
+esac
+
+# ---- the arguments: which of them train.sh must know about ----
+USER_ARGS=("$@")
+arg_value() {  # arg_value FLAG: the value given to FLAG in the arguments (the last one), or nothing
+  local i v=""
+  for ((i = 0; i < ${#USER_ARGS[@]}; i++)); do
+    [ "${USER_ARGS[$i]}" = "$1" ] && [ $((i + 1)) -lt ${#USER_ARGS[@]} ] && v=${USER_ARGS[$((i + 1))]}
+  done
+  echo "$v"
+}
+has_arg() { local a; for a in "${USER_ARGS[@]}"; do [ "$a" = "$1" ] && return 0; done; return 1; }
+PASSTHROUGH=0  # modes that train nothing: the binary runs with the arguments as they are
+for m in --bench --info --eval; do has_arg "$m" && PASSTHROUGH=1; done
+
+# ---- 2. the binary ----
+choose_binary() {
+  local info=""
+  if [ -n "${TRAINER:-}" ]; then
+    [ -x "$TRAINER" ] || die "TRAINER=$TRAINER: not an executable file"
+    BIN=$TRAINER; WHY="TRAINER=$TRAINER"; return
+  fi
+  BIN=""
+  if [ -x ./trainer ] && info=$(./trainer --info 2>&1); then
+    BIN=./trainer; WHY="./trainer --info: $(echo "$info" | head -n 1)"
+  elif [ -x ./trainer_cpu ]; then
+    BIN=./trainer_cpu
+    if [ -x ./trainer ]; then WHY="no usable GPU (./trainer --info: $(echo "$info" | grep -v '^$' | tail -n 1))"
+    else WHY="./trainer is not built (no nvcc here)"; fi
+  fi
+}
+choose_binary
+if [ -z "$BIN" ]; then
+  [ "$RANK" = 0 ] || die "rank $RANK: neither ./trainer nor ./trainer_cpu is built (run ./build.sh before srun)"
+  say "neither ./trainer nor ./trainer_cpu is built: running ./build.sh first"
+  ./build.sh || die "./build.sh failed (see above)"
+  choose_binary
+  [ -n "$BIN" ] || die "./build.sh built neither ./trainer nor ./trainer_cpu"
+fi
+if [ "$PASSTHROUGH" = 1 ]; then exec "$BIN" "$@"; fi
+case "$(basename "$BIN")" in *_cpu*) ON_GPU=0 ;; *) ON_GPU=1 ;; esac  # trainer_cpu: the CPU build
+[ "$RANK" = 0 ] && say "using $BIN: $WHY"
+
+# The training arguments: yours, or the defaults for this binary.
+if [ $ON_GPU = 1 ]; then TRAIN=("${GPU_TRAIN[@]}"); DATA_TOKENS=${DATA_TOKENS:-$GPU_DATA_TOKENS}
+else TRAIN=("${CPU_TRAIN[@]}"); DATA_TOKENS=${DATA_TOKENS:-$CPU_DATA_TOKENS}; fi
+[ $# -eq 0 ] || TRAIN=("$@")
+[[ "$DATA_TOKENS" =~ ^[1-9][0-9]*$ ]] || die "DATA_TOKENS=$DATA_TOKENS: expected a positive integer"
+USER_ARGS=("${TRAIN[@]}")
+SEQ=$(arg_value --seq); SEQ=${SEQ:-512}  # the trainer's default --seq
+if ! [[ "$SEQ" =~ ^[0-9]+$ ]] || [ "$SEQ" -lt 3 ]; then die "--seq $SEQ: expected an integer >= 3"; fi
+
+# ---- python packages (rank 0 runs the tools): plot.py's, and prepare.py's when it prepares the shards ----
+if [ "$RANK" = 0 ]; then
+  need=(matplotlib:matplotlib)
+  [ -n "$(arg_value --data)" ] || need=(numpy:numpy elftools:pyelftools "${need[@]}")
+  missing=$("$PYTHON" - "${need[@]}" <<'EOF' 2>&1
+import importlib.util, sys
+print(" ".join(p for m, p in (a.split(":") for a in sys.argv[1:]) if importlib.util.find_spec(m) is None))
+EOF
+  ) || die "$PYTHON does not run ($missing): set PYTHON to a Python 3"
+  [ -z "$missing" ] || die "missing Python packages ($missing): $PYTHON -m pip install -r tools/requirements.txt"
+fi
+
+# ---- 1. the data: rank 0 prepares it once (into a temporary directory, renamed when complete) ----
+DATA=$(arg_value --data); VAL=$(arg_value --val)
+if [ -z "$DATA" ]; then
+  DATA_DIR=${DATA_DIR:-data/elf_T${SEQ}_${DATA_TOKENS}}
+  if [ "$RANK" = 0 ]; then
+    if [ -f "$DATA_DIR/meta.json" ]; then
+      prepared=$(sed -n -E 's/^ *"seq_len": ([0-9]+),?$/\1/p' "$DATA_DIR/meta.json")
+      [ "${prepared:-0}" -le "$SEQ" ] || die "$DATA_DIR holds samples of up to $prepared tokens, longer than --seq $SEQ"
+      say "shards: reusing $DATA_DIR (prepared earlier; remove it to prepare again)"
+    elif [ -e "$DATA_DIR" ]; then
+      die "$DATA_DIR exists but has no meta.json (not shards of tools/prepare.py): remove it or set DATA_DIR"
+    else
+      t0=$(date +%s)
+      say "shards: preparing $DATA_DIR from ${DATA_INPUTS[*]} (ELF functions, one token per byte, at most $DATA_TOKENS tokens)"
+      rm -rf "$DATA_DIR.tmp"
+      "$PYTHON" tools/prepare.py bytes --input "${DATA_INPUTS[@]}" --elf-functions --out "$DATA_DIR.tmp" \
+        --seq-len "$SEQ" --max-tokens "$DATA_TOKENS" --val-fraction 0.01 ||
+        die "tools/prepare.py failed (see above); nothing was written to $DATA_DIR"
+      mv "$DATA_DIR.tmp" "$DATA_DIR" || die "cannot rename $DATA_DIR.tmp to $DATA_DIR"
+      say "shards: $DATA_DIR prepared in $(elapsed "$t0")"
+    fi
+  else
+    for ((i = 0; i < 3600; i++)); do [ -f "$DATA_DIR/meta.json" ] && break; sleep 1; done
+    [ -f "$DATA_DIR/meta.json" ] ||
+      die "rank $RANK: no $DATA_DIR/meta.json after an hour (rank 0 prepares it: is $PWD on a shared file system?)"
+  fi
+  DATA="$DATA_DIR/train_*.bin"
+  [ -n "$VAL" ] || VAL="$DATA_DIR/val_*.bin"
+  TRAIN+=(--data "$DATA")
+  [ -n "$(arg_value --val)" ] || TRAIN+=(--val "$VAL")
+fi
+
+# ---- 3. train ----
+OUT=$(arg_value --out)
+if [ -z "$OUT" ]; then
+  if [ -n "${SLURM_JOB_ID:-}" ]; then OUT=runs/job-$SLURM_JOB_ID; else OUT=runs/$(date +%Y%m%d-%H%M%S); fi
+  TRAIN+=(--out "$OUT")
+fi
+mkdir -p "$OUT" || die "--out $OUT: cannot create the directory"
+LOG=$OUT/train.log
+STOPPED=0 TEE="" FAILED=""
+if [ "$RANK" = 0 ]; then
+  say "training: $(quoted "$BIN" "${TRAIN[@]}")"
+  [ "$NTASKS" = 1 ] || say "  as rank 0 of $NTASKS (SLURM_NTASKS)"
+  say "  (the log also goes to $LOG; Ctrl-C stops after the current step with a checkpoint)"
+  size=$(stat -c %s "$LOG" 2>/dev/null || echo 0)
+  # The output goes to the screen and the log through tee, which ignores the stop signals (Slurm sends
+  # SIGTERM to every process of the job): a tee that died would break the pipe under the trainer as it
+  # saves its checkpoint. tee ends when the trainer, the last writer, exits.
+  exec {tee_fd}> >(trap '' INT TERM USR1; exec tee -a "$LOG")
+  TEE=$!
+  "$BIN" "${TRAIN[@]}" >&"$tee_fd" 2>&1 &
+  PID=$!
+  exec {tee_fd}>&-
+else
+  "$BIN" "${TRAIN[@]}" &
+  PID=$!
+fi
+# A signal to train.sh goes to the trainer as SIGTERM: it finishes its step, saves a checkpoint, exits 0.
+# (Background jobs of a script ignore SIGINT, so Ctrl-C reaches the trainer only this way.)
+trap 'STOPPED=1; kill -TERM $PID 2>/dev/null' INT TERM USR1
+wait $PID; RC=$?
+while kill -0 $PID 2>/dev/null; do wait $PID; RC=$?; done
+trap - INT TERM USR1
+[ -z "$TEE" ] || wait "$TEE"  # the whole log is on the screen before train.sh goes on
+if [ "$RANK" != 0 ]; then exit $RC; fi
+# a signal sent to the trainer itself (Slurm signals every process of the job) stops it the same way
+tail -c +$((size + 1)) "$LOG" | grep -q "^stopped after step [0-9]* (on a signal)" && STOPPED=1
+[ $RC = 0 ] || die "the trainer exited with code $RC (see above and $LOG)"
+has_arg --plan-only && exit 0
+
+# ---- 4. evaluate: the export (or the checkpoint when the run stopped early) on the validation shards ----
+EVAL_SRC=$OUT
+[ -f "$OUT/model.safetensors" ] || EVAL_SRC=$OUT/checkpoint.bin
+EVAL_VAL=$(arg_value --val); EVAL_VAL=${EVAL_VAL:-$VAL}
+if [ $STOPPED = 1 ]; then
+  say "stopped on a signal: no evaluation (continue with: $(quoted ./train.sh "${TRAIN[@]}")--resume)"
+elif [ -z "$EVAL_VAL" ]; then
+  say "no --val shards: no evaluation"
+elif [ ! -e "$EVAL_SRC" ]; then
+  say "no export or checkpoint in $OUT: no evaluation"
+else
+  EVAL=(--eval "$EVAL_SRC" --val "$EVAL_VAL" --out "$OUT" --seq "$SEQ")
+  B=$(arg_value --batch); [ -n "$B" ] && EVAL+=(--batch "$B")
+  say "evaluating: $(quoted "$BIN" "${EVAL[@]}")"
+  # one process, whatever the job: the Slurm variables would make it wait for peers
+  env -u SLURM_NTASKS -u SLURM_PROCID -u SLURM_LOCALID "$BIN" "${EVAL[@]}" 2>&1 | tee -a "$LOG"
+  [ "${PIPESTATUS[0]}" = 0 ] || { say "the evaluation failed (see above)" >&2; FAILED+=" evaluation"; }
+fi
+
+# ---- 5. plots ----
+PLOT_OK=0
+if "$PYTHON" tools/plot.py "$OUT"; then PLOT_OK=1; else FAILED+=" plot"; fi
+
+# ---- 6. where everything is ----
+echo
+say "done in $(elapsed "$START") ($BIN)"
+[ -n "${DATA_DIR:-}" ] && printf '  %-11s %s\n' shards "$DATA_DIR/ (train_*.bin, val_*.bin, meta.json: what was prepared)"
+printf '  %-11s %s\n' run "$OUT/"
+printf '  %-11s %s\n' log "$LOG"
+printf '  %-11s %s\n' metrics "$OUT/metrics.jsonl (one JSON object per logged step, validation and evaluation)"
+[ $PLOT_OK = 1 ] && printf '  %-11s %s\n' plots "$OUT/metrics.png (python3 tools/plot.py $OUT)"
+printf '  %-11s %s\n' checkpoint "$OUT/checkpoint.bin (./train.sh ... --out $OUT --resume continues it)"
+if [ -f "$OUT/model.safetensors" ]; then
+  tok=""; for f in byte_tokenizer.json tokenizer.json; do [ -f "$OUT/$f" ] && tok+=", $f"; done
+  printf '  %-11s %s\n' export "$OUT/ (config.json, model.safetensors$tok: Hugging Face BertForMaskedLM)"
+  printf '  %-11s %s\n' "try it" "python3 tools/fill_mask.py $OUT --file /bin/ls --offset 4096 --length 64 --mask-every 8"
+  printf '  %-11s %s\n' "" "(needs torch and transformers: python3 -m pip install torch transformers)"
+fi
+[ -z "$FAILED" ] || die "these steps failed:$FAILED (see above)"
+exit 0
