@@ -643,7 +643,7 @@ static inline void comm_free(Comm* c) {
 // then one in-place AllGather per bucket) into the gradient buffer, which is free between steps, and
 // --resume copies each rank's pieces out of the full arrays, whatever world size or --zero wrote them.
 
-#include "kernels.cuh"  // grad_to_bf16, grad_from_bf16, grad_norm_partial, grad_sumsq_add, launch
+#include "kernels.cuh"  // grad_to_bf16, grad_from_bf16, grad_norm_partial, accumulate_sum, launch
 
 typedef struct {
     size_t lo, n;      // the bucket: the slab's elements [lo, lo + n)
@@ -791,7 +791,7 @@ static inline void zero_grad_sumsq(const GradReduce* g, const float* grad, float
         if (!n) continue;
         int blocks = (int)((n + 1023) / 1024 < (size_t)launch_grid_cap() ? (n + 1023) / 1024 : launch_grid_cap());
         launch(grad_norm_partial, dim3(blocks), dim3(256), 0, s, partial, grad + off, n);
-        launch(grad_sumsq_add, dim3(1), dim3(256), 0, s, acc, (const float*)partial, blocks);
+        launch(accumulate_sum, dim3(1), dim3(256), 0, s, acc, (const float*)partial, blocks);
     }
 }
 

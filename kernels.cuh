@@ -864,22 +864,6 @@ __global__ void adamw_update(float* master, floatX* params, const float* grad, f
     }
 }
 
-// grad_sumsq_add: acc[0] += sum of partial[0, nparts) in a fixed order (the squares grad_norm_partial
-// summed over one piece of the gradients; ZeRO-1 adds its pieces up, then sums over ranks). One block of 256.
-__global__ void grad_sumsq_add(float* acc, const float* partial, int nparts) {
-    __shared__ float red[8];
-    float s = 0.f;
-    for (int i = threadIdx.x; i < nparts; i += blockDim.x) s += partial[i];
-    s = warp_sum(s);
-    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = s;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float t = 0.f;
-        for (int i = 0; i < 8; i++) t += red[i];
-        acc[0] += t;
-    }
-}
-
 // grad_to_bf16: dst[i] = bf16(g[i]) rounded to nearest even for i < n, 0 for n <= i < n_padded (a
 // bucket's bf16 copy for a bf16 reduction; the zeros pad it to a multiple of the world size). Grid-stride.
 __global__ void grad_to_bf16(__nv_bfloat16* dst, const float* g, size_t n, size_t n_padded) {

@@ -20,7 +20,7 @@
 # every node sees, as the trainer's --out already must be):
 #   srun -N 2 --ntasks-per-node 4 --gpus-per-node 4 ./train.sh
 # Ctrl-C, SIGTERM or SIGUSR1 stop the trainer after its current step with a checkpoint (--resume goes on).
-# Environment: TRAINER (the binary, instead of the choice in 2), DATA_TOKENS (the data bound),
+# Environment: TRAINER (the binary, instead of the choice in 2), DATA_TOKENS (the data bound), VAL_FRACTION (its validation share, 0.01),
 # DATA_INPUTS (what to prepare, default "/usr/lib /usr/bin"), DATA_DIR (where), PYTHON (default python3).
 set -uo pipefail
 cd "$(dirname "$0")" || exit 1
@@ -97,6 +97,7 @@ case "$(basename "$BIN")" in *_cpu*) ON_GPU=0 ;; *) ON_GPU=1 ;; esac  # trainer_
 # The training arguments: yours, or the defaults for this binary.
 if [ $ON_GPU = 1 ]; then TRAIN=("${GPU_TRAIN[@]}"); DATA_TOKENS=${DATA_TOKENS:-$GPU_DATA_TOKENS}
 else TRAIN=("${CPU_TRAIN[@]}"); DATA_TOKENS=${DATA_TOKENS:-$CPU_DATA_TOKENS}; fi
+VAL_FRACTION=${VAL_FRACTION:-0.01}  # the share of documents in the validation split
 [ $# -eq 0 ] || TRAIN=("$@")
 [[ "$DATA_TOKENS" =~ ^[1-9][0-9]*$ ]] || die "DATA_TOKENS=$DATA_TOKENS: expected a positive integer"
 USER_ARGS=("${TRAIN[@]}")
@@ -131,7 +132,7 @@ if [ -z "$DATA" ]; then
       say "shards: preparing $DATA_DIR from ${DATA_INPUTS[*]} (ELF functions, one token per byte, at most $DATA_TOKENS tokens)"
       rm -rf "$DATA_DIR.tmp"
       "$PYTHON" tools/prepare.py bytes --input "${DATA_INPUTS[@]}" --elf-functions --out "$DATA_DIR.tmp" \
-        --seq-len "$SEQ" --max-tokens "$DATA_TOKENS" --val-fraction 0.01 ||
+        --seq-len "$SEQ" --max-tokens "$DATA_TOKENS" --val-fraction "$VAL_FRACTION" ||
         die "tools/prepare.py failed (see above); nothing was written to $DATA_DIR"
       mv "$DATA_DIR.tmp" "$DATA_DIR" || die "cannot rename $DATA_DIR.tmp to $DATA_DIR"
       say "shards: $DATA_DIR prepared in $(elapsed "$t0")"

@@ -1999,7 +1999,7 @@ int main(int argc, char** argv) {
 
     // The communicator of all ranks, before anything is planned: the ranks agree on the plan.
     CommBootstrap boot = {o.bootstrap, o.out, o.out, started};
-    comm_init(&comm, &boot);
+    if (!o.plan_only) comm_init(&comm, &boot);  // --plan-only plans for the world size alone: no other rank
 
     // The model: a preset with the shards' vocabulary, or a Hugging Face checkpoint.
     BertConfig cfg;
@@ -2037,7 +2037,7 @@ int main(int argc, char** argv) {
     int loaders = o.val ? 2 : 1;
     Plan plan =
         o.B ? make_plan(&cfg, o.B, o.T, loaders, &gr) : choose_batch(&cfg, o.T, loaders, &gr, free_bytes, total_bytes);
-    plan = make_plan(&cfg, agree(&comm, &o, &cfg, plan.B, data_fp, val_fp), o.T, loaders, &gr);
+    if (!o.plan_only) plan = make_plan(&cfg, agree(&comm, &o, &cfg, plan.B, data_fp, val_fp), o.T, loaders, &gr);
     if (o.val) plan_add_validation(&plan, o.val_batches);
     if (main_rank) {
         printf("device: %s, %.1f GB free of %.1f GB; %d process(es)\n", prop.name, free_bytes / 1e9, total_bytes / 1e9,

@@ -2,7 +2,7 @@
 // can check. The collectives themselves run in tests/test_data_parallel.sh (2 processes).
 //   - grad_to_bf16 / grad_from_bf16 (the --grad-reduce bf16 casts) against plain C: round to nearest even,
 //     zero padding, the sum scaled back by 1/world
-//   - grad_sumsq_add: adds the partial sums to acc in a fixed order
+//   - accumulate_sum (ZeRO-1's sum of squares): adds the partial sums to acc in a fixed order
 //   - adamw_update with a base index: updating a piece of the slab gives bit for bit what updating the
 //     whole slab gives there (ZeRO-1's shards round exactly as one process would)
 //   - grad_reduce_layout: the buckets cover the slab once, each is final at its event, all but the topmost
@@ -74,10 +74,10 @@ static void test_sumsq_add(void) {
     CUDA_CHECK(cudaMalloc((void**)&d_acc, 4));
     CUDA_CHECK(cudaMemcpy(d_p, h, n * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(d_acc, &acc, 4, cudaMemcpyHostToDevice));
-    launch(grad_sumsq_add, dim3(1), dim3(256), 0, (cudaStream_t)0, d_acc, (const float*)d_p, n);
+    launch(accumulate_sum, dim3(1), dim3(256), 0, (cudaStream_t)0, d_acc, (const float*)d_p, n);
     float got;
     CUDA_CHECK(cudaMemcpy(&got, d_acc, 4, cudaMemcpyDeviceToHost));
-    CHECK(fabs(got - want) <= 1e-5 * want, "grad_sumsq_add: acc %.7g, want %.7g", got, want);
+    CHECK(fabs(got - want) <= 1e-5 * want, "accumulate_sum: acc %.7g, want %.7g", got, want);
     cudaFree(d_p), cudaFree(d_acc);
 }
 

@@ -51,8 +51,8 @@ rc=$?
 got=$(sed -n -E 's/^--grad-accum auto: ([0-9]+) .*/\1/p' "$W/run.log")
 check '[ $rc -eq 0 ] && [ -n "$want" ] && [ "$want" -gt 1 ] && [ "$got" = "$want" ]' \
   "training with --grad-accum auto chose '$got', --plan-only predicts '$want' (exit $rc): $(tail -n 2 "$W/run.log")"
-check 'grep -q "training: 1 steps of 1 x $want micro-batch(es) of B=8" "$W/run.log"' \
-  "the run did not train with $want micro-batches: $(grep '^training:' "$W/run.log")"
+check 'grep -q "(1 process(es) x $want micro-batch(es) x B=8)" "$W/run.log"' \
+  "the run did not train with $want micro-batches: $(grep '^global batch:' "$W/run.log")"
 check 'grep -qE "global batch $((want * 8)) sequences, $((want * 8 * 32)) tokens" "$W/run.log"' \
   "the global batch line is wrong: $(grep 'grad-accum auto' "$W/run.log")"
 

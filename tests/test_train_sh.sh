@@ -17,7 +17,7 @@ bad() { fail=$((fail + 1)); echo "FAIL test_train_sh: $*"; }
 check() { if eval "$1"; then ok; else bad "$2"; fi; }
 W=$(mktemp -d /tmp/mlm_train_sh_XXXXXX)
 trap 'rm -rf "$W"' EXIT
-export EMU_THREADS=2 DATA_INPUTS=build/cpu DATA_TOKENS=60000
+export EMU_THREADS=2 DATA_INPUTS=build/cpu DATA_TOKENS=60000 VAL_FRACTION=0.5  # validation documents whatever the build (the split is by document)
 TINY=(--preset tiny --seq 32 --batch 8 --lr 5e-3 --warmup 2 --val-every 5 --val-batches 2)
 
 # 1. the whole job, with arguments
@@ -57,7 +57,7 @@ check '[ $rc -ne 0 ] && echo "$out" | grep -q "holds samples of up to 32 tokens,
 
 # 3. under srun: 2 ranks; rank 1 waits for rank 0's shards; rank 0 evaluates and plots
 for r in 0 1; do
-  SLURM_JOB_ID=77 SLURM_NTASKS=2 SLURM_PROCID=$r SLURM_LOCALID=0 NCCL_EMU_TIMEOUT_S=60 DATA_DIR=$W/data2 \
+  SLURM_JOB_ID=77 SLURM_STEP_ID=0 SLURM_NTASKS=2 SLURM_PROCID=$r SLURM_LOCALID=0 NCCL_EMU_TIMEOUT_S=60 DATA_DIR=$W/data2 \
     ./train.sh "${TINY[@]}" --steps 4 --out "$W/d" >"$W/d$r.log" 2>&1 &
 done
 wait
