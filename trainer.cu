@@ -1965,6 +1965,7 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
         }
     }
     validation_free(&v);
+    grad_reduce_free(&gr);
     comm_free(comm);
     cudaFree(bm.seg_lo);
     bert_free(&model);
