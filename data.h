@@ -346,7 +346,7 @@ typedef struct {
 static inline int shard_open(const char* path, Shard* s, int header_only, char* err) {
     memset(s, 0, sizeof(*s));
     s->path = strdup(path);
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK);  // a FIFO named like a shard must not block: refused below
     if (fd < 0) return data_err(err, "data: %s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -24,6 +24,8 @@
 #include <string.h>
 #include <math.h>
 #include <unistd.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include "kernels.cuh"  // the kernels, launch() and the cuBLASLt wrapper the model runs
 
 // ---------------------------------------------------------------------------------------------
@@ -661,25 +663,45 @@ static inline int bert_save_hf(const char* dir, const BertParams* p, const float
     return ok;
 }
 
+// bert_read_file: the whole of a regular file (with a 0 after it, not counted in *size), malloc'd; NULL with
+// one line naming the file when it cannot be opened or read, or is not a regular file (a directory, a FIFO:
+// opened without blocking, refused without reading).
 static inline char* bert_read_file(const char* path, size_t* size) {
-    FILE* f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "model: cannot open %s\n", path);
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) {
+        fprintf(stderr, "model: cannot open %s: %s\n", path, strerror(errno));
         return NULL;
     }
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char* buf = n < 0 ? NULL : (char*)malloc((size_t)n + 1);
-    if (!buf || fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        fprintf(stderr, "model: cannot read %s (%ld bytes)\n", path, n);
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        fprintf(stderr, "model: %s: %s (expected a regular file)\n", path,
+                S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file");
+        close(fd);
+        return NULL;
+    }
+    size_t n = (size_t)st.st_size, got = 0;
+    char* buf = (char*)malloc(n + 1);
+    int why = 0;  // errno of a failed read
+    while (buf && got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) {
+            why = r < 0 ? errno : 0;
+            break;
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    if (!buf || got != n) {
+        fprintf(stderr, "model: cannot read %s (%zu bytes): %s\n", path, n,
+                !buf  ? "out of host memory"
+                : why ? strerror(why)
+                      : "shorter than its size (changed while read?)");
         free(buf);
-        fclose(f);
         return NULL;
     }
-    fclose(f);
     buf[n] = 0;
-    *size = (size_t)n;
+    *size = n;
     return buf;
 }
 
@@ -713,6 +735,16 @@ static inline int bert_read_config(const char* path, BertConfig* c) {
             target = &c->max_position;
         else if (!strcmp(key, "type_vocab_size"))
             target = &c->type_vocab_size;
+        int c0 = bj_peek(&j);  // a number starts with a digit or '-' (a string, true, null, [...] are not numbers)
+        int is_num = c0 == '-' || (c0 >= '0' && c0 <= '9');
+        if ((target || !strcmp(key, "layer_norm_eps")) && !is_num) {
+            int len = 0;  // the value as written, up to its end or 16 characters
+            while (j.s + len < j.end && len < 16 && j.s[len] != ',' && j.s[len] != '}' && j.s[len] != '\n') len++;
+            fprintf(stderr, "model: %s: %s %.*s: expected a number%s\n", path, key, len, j.s,
+                    c0 == '"' ? ", not a string" : "");
+            ok = 0;
+            break;
+        }
         if (target) {
             double v = bj_number(&j);
             if (!(v >= 0 && v <= (1 << 30) && v == (double)(long long)v)) {
@@ -721,9 +753,14 @@ static inline int bert_read_config(const char* path, BertConfig* c) {
                 v = 0;
             }
             *target = (int)v;
-        } else if (!strcmp(key, "layer_norm_eps"))
-            c->ln_eps = (float)bj_number(&j);
-        else if (!strcmp(key, "hidden_act") || !strcmp(key, "position_embedding_type")) {
+        } else if (!strcmp(key, "layer_norm_eps")) {
+            double v = bj_number(&j);
+            if (!(v > 0 && v < 1)) {  // (also NaN)
+                fprintf(stderr, "model: %s: layer_norm_eps %g: expected a number in (0, 1)\n", path, v);
+                ok = 0;
+            }
+            c->ln_eps = (float)v;
+        } else if (!strcmp(key, "hidden_act") || !strcmp(key, "position_embedding_type")) {
             bj_string(&j, str, sizeof(str));
             if (strcmp(str, "gelu") && strcmp(str, "absolute")) {
                 fprintf(stderr, "model: %s: %s \"%s\" is not supported (exact gelu, absolute positions)\n", path, key,
@@ -735,7 +772,7 @@ static inline int bert_read_config(const char* path, BertConfig* c) {
         if (bj_peek(&j) == ',') j.s++;
     }
     free(buf);
-    if (j.err) {
+    if (ok && j.err) {
         fprintf(stderr, "model: %s: malformed JSON\n", path);
         return 0;
     }
@@ -789,6 +826,85 @@ static inline void bert_st_free(BertSt* st) {
     memset(st, 0, sizeof(*st));
 }
 
+// bert_st_dtype_bytes: the bytes per element of a safetensors dtype; 0 for a name the format does not have.
+static inline int bert_st_dtype_bytes(const char* d) {
+    static const char* names[] = {"BOOL", "U8",   "I8",  "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16",
+                                  "F16",  "BF16", "I32", "U32",     "F32",     "I64",     "U64", "F64"};
+    static const int bytes[] = {1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 8, 8, 8};
+    for (int i = 0; i < (int)(sizeof bytes / sizeof bytes[0]); i++)
+        if (!strcmp(d, names[i])) return bytes[i];
+    return 0;
+}
+
+// bert_st_entry_ok: one header entry checked on its own: a known dtype, a shape of at most 4 whole
+// non-negative sizes, two whole data_offsets [begin, end] with begin <= end <= the data's bytes, and exactly
+// the bytes the shape needs. Prints what is wrong and gives 0.
+static inline int bert_st_entry_ok(const char* path, const BertStEntry* en, int bad_shape, int n_off,
+                                   const double off[2], size_t data_len) {
+    int esize = bert_st_dtype_bytes(en->dtype);
+    double numel = 1;
+    for (int k = 0; k < en->rank && k < 4; k++) numel *= (double)en->shape[k];
+    if (!esize)
+        fprintf(stderr,
+                "model: %s: %s has dtype \"%s\", not a safetensors dtype (F32, BF16, F16, I64, U8, ... expected)\n",
+                path, en->name, en->dtype);
+    else if (en->rank > 4 || bad_shape)
+        fprintf(stderr, "model: %s: %s has a bad shape (expected at most 4 whole non-negative sizes)\n", path,
+                en->name);
+    else if (n_off != 2 || off[0] < 0 || off[1] < 0)
+        fprintf(stderr, "model: %s: %s has bad data_offsets (expected two whole non-negative numbers [begin, end])\n",
+                path, en->name);
+    else if (off[0] > off[1] || off[1] > (double)data_len)
+        fprintf(stderr, "model: %s: %s has data_offsets [%.0f, %.0f] outside the file's %zu data bytes\n", path,
+                en->name, off[0], off[1], data_len);
+    else if (off[1] - off[0] != numel * esize)
+        fprintf(stderr,
+                "model: %s: %s: its shape of %.0f %s elements needs %.0f bytes, its data_offsets [%.0f, %.0f] hold "
+                "%.0f\n",
+                path, en->name, numel, en->dtype, numel * esize, off[0], off[1], off[1] - off[0]);
+    else
+        return 1;
+    return 0;
+}
+
+// bert_st_layout_ok: the tensors' byte ranges, in offset order, tile the data exactly, as the safetensors
+// format requires (its library refuses the rest): no two overlap, no byte is left between them or after the
+// last. Prints the first problem and gives 0.
+static inline int bert_st_layout_ok(const char* path, const BertSt* st) {
+    int* order = (int*)malloc((st->n + 1) * sizeof(int));
+    if (!order) return 0;
+    for (int i = 0; i < st->n; i++) {  // insertion sort by (begin, end): a few hundred entries
+        int k = i;
+        while (k > 0 && (st->e[order[k - 1]].begin > st->e[i].begin ||
+                         (st->e[order[k - 1]].begin == st->e[i].begin && st->e[order[k - 1]].end > st->e[i].end)))
+            order[k] = order[k - 1], k--;
+        order[k] = i;
+    }
+    size_t at = 0;  // the end of the bytes covered so far
+    int ok = 1;
+    for (int k = 0; ok && k < st->n; k++) {
+        const BertStEntry* e = &st->e[order[k]];
+        if (e->begin < at) {
+            const BertStEntry* p = &st->e[order[k - 1]];
+            fprintf(stderr, "model: %s: %s (data_offsets [%zu, %zu]) overlaps %s ([%zu, %zu])\n", path, e->name,
+                    e->begin, e->end, p->name, p->begin, p->end);
+            ok = 0;
+        } else if (e->begin > at) {
+            fprintf(stderr, "model: %s: data bytes [%zu, %zu) belong to no tensor (a hole before %s)\n", path, at,
+                    e->begin, e->name);
+            ok = 0;
+        }
+        at = e->end;
+    }
+    if (ok && at != st->data_len) {
+        fprintf(stderr, "model: %s: %zu data bytes after the last tensor's end (%zu) belong to no tensor\n", path,
+                st->data_len - at, at);
+        ok = 0;
+    }
+    free(order);
+    return ok;
+}
+
 // bert_st_open: reads and validates a safetensors file. Gives 1 on success.
 static inline int bert_st_open(const char* path, BertSt* st) {
     memset(st, 0, sizeof(*st));
@@ -826,6 +942,7 @@ static inline int bert_st_open(const char* path, BertSt* st) {
             continue;
         }
         double off[2] = {-1, -1};
+        int n_off = 0, bad_shape = 0;
         bj_eat(&j, '{');
         while (!j.err && bj_peek(&j) != '}') {
             bj_string(&j, key, sizeof(key));
@@ -837,15 +954,20 @@ static inline int bert_st_open(const char* path, BertSt* st) {
                 bj_eat(&j, '[');
                 while (!j.err && bj_peek(&j) != ']') {
                     double v = bj_number(&j);
+                    int whole = v >= 0 && v <= 9e15 && v == floor(v);  // an exact non-negative integer
                     if (is_shape) {
                         if (k < 4) en.shape[k] = (long long)v;
+                        bad_shape |= !whole;
                     } else if (k < 2)
-                        off[k] = v;
+                        off[k] = whole ? v : -1;
                     k++;
                     if (bj_peek(&j) == ',') j.s++;
                 }
                 bj_eat(&j, ']');
-                if (is_shape) en.rank = k;
+                if (is_shape)
+                    en.rank = k;
+                else
+                    n_off = k;
             } else
                 bj_skip(&j);
             if (bj_peek(&j) == ',') j.s++;
@@ -853,15 +975,7 @@ static inline int bert_st_open(const char* path, BertSt* st) {
         bj_eat(&j, '}');
         if (bj_peek(&j) == ',') j.s++;
         if (j.err) break;
-        int esize = !strcmp(en.dtype, "F32") || !strcmp(en.dtype, "I32")                                ? 4
-                    : !strcmp(en.dtype, "BF16") || !strcmp(en.dtype, "F16") || !strcmp(en.dtype, "I16") ? 2
-                    : !strcmp(en.dtype, "I64") || !strcmp(en.dtype, "F64")                              ? 8
-                                                                                                        : 1;
-        double numel = 1;
-        for (int k = 0; k < en.rank; k++) numel *= en.shape[k] < 0 ? -1 : (double)en.shape[k];
-        if (en.rank > 4 || numel < 0 || off[0] < 0 || off[1] > (double)st->data_len ||
-            off[1] - off[0] != numel * esize) {
-            fprintf(stderr, "model: %s: %s has a bad shape or bad data offsets\n", path, en.name);
+        if (!bert_st_entry_ok(path, &en, bad_shape, n_off, off, st->data_len)) {
             ok = 0;
             break;
         }
@@ -882,6 +996,7 @@ static inline int bert_st_open(const char* path, BertSt* st) {
         fprintf(stderr, "model: %s: malformed header\n", path);
         ok = 0;
     }
+    if (ok && !bert_st_layout_ok(path, st)) ok = 0;
     if (!ok) bert_st_free(st);
     return ok;
 }
@@ -912,6 +1027,21 @@ static inline int bert_st_read_f32(const BertSt* st, const BertStEntry* e, float
     return 1;
 }
 
+// bert_all_finite: 1 when the n floats of tensor `name` are all finite; else prints the first value that is
+// not (NaN or Inf weights would train or evaluate to NaN without a word) and gives 0.
+static inline int bert_all_finite(const char* path, const char* name, const float* x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) {
+            fprintf(stderr, "model: %s: %s holds %s at element %zu: weights must be finite numbers\n", path, name,
+                    isnan(x[i]) ? "NaN"
+                    : x[i] > 0  ? "+Inf"
+                                : "-Inf",
+                    i);
+            return 0;
+        }
+    return 1;
+}
+
 // bert_read_safetensors: reads the tensors of table p from path into the host fp32 slab w
 // (p->numel floats, zeroed first). Every tensor of the table must be present with its shape.
 static inline int bert_read_safetensors(const char* path, const BertParams* p, float* w) {
@@ -936,6 +1066,8 @@ static inline int bert_read_safetensors(const char* path, const BertParams* p, f
         if (!bert_st_read_f32(&st, e, w + t->offset)) {
             fprintf(stderr, "model: %s: %s has dtype %s (F32, BF16 or F16 expected)\n", path, t->name, e->dtype);
             ok = 0;
+        } else {
+            ok = bert_all_finite(path, t->name, w + t->offset, t->numel);
         }
     }
     bert_st_free(&st);

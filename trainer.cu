@@ -615,9 +615,40 @@ static const char* ckpt_whats_on_disk(const Ckpts* ck, char* buf, size_t n) {
     return buf;
 }
 
-// ckpt_verify: 1 when path is a whole checkpoint whose CRC matches (header in *h); else 0 and why.
+// ckpt_first_nonfinite: the body offset of the first value in buf (k bytes at body offset pos) that is not a
+// finite number (NaN, +-Inf), or UINT64_MAX. The body is 3 fp32 arrays of numel (master weights, AdamW m, v),
+// then, when x_bytes is 2, the bf16 weights; chunks start at multiples of 4 bytes, so no value straddles two.
+static uint64_t ckpt_first_nonfinite(const CkptHeader* h, const unsigned char* buf, size_t k, uint64_t pos) {
+    uint64_t fp32_end = 12 * h->numel;  // where the fp32 arrays end
+    for (size_t i = 0; i < k;) {
+        if (pos + i < fp32_end) {
+            uint32_t u;
+            memcpy(&u, buf + i, 4);
+            if ((u & 0x7F800000u) == 0x7F800000u) return pos + i;  // exponent all ones: Inf or NaN
+            i += 4;
+        } else {
+            uint16_t u;
+            memcpy(&u, buf + i, 2);
+            if ((u & 0x7F80u) == 0x7F80u) return pos + i;  // bf16: the same exponent field
+            i += 2;
+        }
+    }
+    return UINT64_MAX;
+}
+// ckpt_describe_nonfinite: why a checkpoint with a non-finite value at body offset `off` is not intact.
+static void ckpt_describe_nonfinite(const CkptHeader* h, uint64_t off, char* why, size_t n) {
+    static const char* region[] = {"fp32 master weights", "AdamW m", "AdamW v", "bf16 weights"};
+    uint64_t fp32_end = 12 * h->numel;
+    int r = off < fp32_end ? (int)(off / (4 * h->numel)) : 3;
+    uint64_t i = off < fp32_end ? off / 4 - r * h->numel : (off - fp32_end) / 2;
+    snprintf(why, n, "its %s hold a value that is not finite (NaN or Inf) at element %llu of %llu: not intact",
+             region[r], (unsigned long long)i, (unsigned long long)h->numel);
+}
+
+// ckpt_verify: 1 when path is an intact checkpoint: a regular file, whole, whose CRC matches and whose
+// weights and AdamW state are all finite numbers (header in *h); else 0 and why.
 static int ckpt_verify(const char* path, CkptHeader* h, char* why, size_t n) {
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK);  // (a FIFO named like a checkpoint must not block: refused below)
     if (fd < 0) {
         snprintf(why, n, "cannot open: %s", strerror(errno));
         return 0;
@@ -637,22 +668,31 @@ static int ckpt_verify(const char* path, CkptHeader* h, char* why, size_t n) {
     else if (h->body_bytes != (uint64_t)st.st_size - sizeof *h - 8)
         snprintf(why, n, "truncated or trailing bytes: %lld bytes, the header says %llu", (long long)st.st_size,
                  (unsigned long long)(sizeof *h + h->body_bytes + 8));
+    else if ((h->x_bytes != 2 && h->x_bytes != 4) ||
+             h->body_bytes != h->numel * (12 + (h->x_bytes == 4 ? 0 : (uint64_t)h->x_bytes)))
+        snprintf(why, n, "its header is inconsistent: %llu body bytes for %llu parameters of %d-byte weights",
+                 (unsigned long long)h->body_bytes, (unsigned long long)h->numel, h->x_bytes);
     else if (!(buf = (unsigned char*)malloc(CKPT_CHUNK)))
         snprintf(why, n, "out of host memory");
     else {
         uint32_t crc = crc32_update(0, h, sizeof *h), trailer[2];
-        uint64_t left = h->body_bytes;
+        uint64_t left = h->body_bytes, bad = UINT64_MAX;  // bad: the body offset of the first non-finite value
         ok = 1;
         while (ok && left) {
             size_t k = left < CKPT_CHUNK ? (size_t)left : CKPT_CHUNK;
             ok = read_all(fd, buf, k);
             crc = crc32_update(crc, buf, k);
+            if (ok && bad == UINT64_MAX) bad = ckpt_first_nonfinite(h, buf, k, h->body_bytes - left);
             left -= k;
         }
         if (!ok || !read_all(fd, trailer, sizeof trailer))
             ok = 0, snprintf(why, n, "read error: %s", strerror(errno));
-        else if (trailer[0] != crc || trailer[1] != 0)
+        else if (trailer[0] != crc)
             ok = 0, snprintf(why, n, "checksum mismatch (stored %08x, computed %08x): corrupted", trailer[0], crc);
+        else if (trailer[1] != 0)
+            ok = 0, snprintf(why, n, "the 4 bytes after the CRC are %08x, not zero: corrupted", trailer[1]);
+        else if (bad != UINT64_MAX)
+            ok = 0, ckpt_describe_nonfinite(h, bad, why, n);
     }
     free(buf);
     close(fd);
@@ -686,7 +726,7 @@ static void ckpt_check_run(const char* path, const CkptHeader* h, const BertMode
 // ckpt_load: streams a verified checkpoint's body to the device (checking its CRC again on the way). Under
 // ZeRO-1 a full array goes through the gradient buffer, and this rank keeps its shard of it.
 static void ckpt_load(const char* path, BertModel* m, const GradReduce* gr, CkptHeader* h) {
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
     unsigned char* buf = (unsigned char*)malloc(CKPT_CHUNK);
     int ok = fd >= 0 && buf && read_all(fd, h, sizeof *h);
     uint32_t crc = crc32_update(0, h, sizeof *h), trailer[2] = {0, 1};
@@ -713,30 +753,37 @@ static void ckpt_load(const char* path, BertModel* m, const GradReduce* gr, Ckpt
     m->step = h->step;
 }
 
+// ckpt_candidates: the checkpoint files in dir, newest first, as --resume tries them: INT_MAX for
+// checkpoint.bin (always listed: it may be missing), then the STEP of each checkpoint-STEP.bin, highest first.
+// Gives their number (at most 1024).
+static int ckpt_candidates(const char* dir, int cand[1024]) {
+    int n = 0;
+    cand[n++] = INT_MAX;
+    DIR* d = opendir(dir);
+    struct dirent* e;
+    while (d && (e = readdir(d)) != NULL) {
+        int s, len = 0;  // (len stays 0 when the name does not match to its end: d_name[0] is not 0)
+        if (sscanf(e->d_name, "checkpoint-%d.bin%n", &s, &len) == 1 && len && e->d_name[len] == 0 && s >= 0 && n < 1024)
+            cand[n++] = s;
+    }
+    if (d) closedir(d);
+    for (int i = 1; i < n; i++)  // insertion sort, highest step first
+        for (int k = i; k > 1 && cand[k] > cand[k - 1]; k--) {
+            int t = cand[k];
+            cand[k] = cand[k - 1], cand[k - 1] = t;
+        }
+    return n;
+}
+
 // resume_checkpoint: loads the newest intact checkpoint in ck->dir (checkpoint.bin, then checkpoint-STEP.bin
 // from the highest STEP), saying which ones it skipped and why; restores the data position into train.
 static void resume_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, DataLoader* train, int steps,
                               int verbose) {
-    int cand[1024], n = 0;  // INT_MAX: checkpoint.bin; else the STEP of checkpoint-STEP.bin
-    cand[n++] = INT_MAX;
-    DIR* d = opendir(ck->dir);
-    struct dirent* e;
-    while (d && (e = readdir(d)) != NULL) {
-        int s, len;
-        if (sscanf(e->d_name, "checkpoint-%d.bin%n", &s, &len) == 1 && e->d_name[len] == 0 && s >= 0 && n < 1024)
-            cand[n++] = s;
-    }
-    if (d) closedir(d);
+    int cand[1024], n = ckpt_candidates(ck->dir, cand);
     char skipped[4096] = "", path[4400];
     for (int tried = 0; tried < n; tried++) {
-        int best = -1;  // the newest candidate not yet tried
-        for (int i = 0; i < n; i++)
-            if (cand[i] != INT_MIN && (best < 0 || cand[i] > cand[best])) best = i;
-        if (cand[best] == INT_MAX)
-            snprintf(path, sizeof path, "%s/checkpoint.bin", ck->dir);
-        else
-            snprintf(path, sizeof path, "%s/checkpoint-%d.bin", ck->dir, cand[best]);
-        cand[best] = INT_MIN;
+        snprintf(path, sizeof path, "%s/checkpoint.bin", ck->dir);
+        if (cand[tried] != INT_MAX) snprintf(path, sizeof path, "%s/checkpoint-%d.bin", ck->dir, cand[tried]);
         CkptHeader h;
         char why[256];
         if (!ckpt_verify(path, &h, why, sizeof why)) {
@@ -1526,12 +1573,61 @@ static void log_validation(const RunLog* lg, int step, int batches, const EvalRe
     fprintf(lg->f, ",\"val_masked\":%lld", e->masked);
     json_end(lg->f);
 }
-// diverged: --max-bad-steps steps in a row were skipped: says so, and what is on disk. Gives exit code 2.
-static int diverged(const Options* o, const Ckpts* ck, int bad_steps, int main_rank) {
-    char what[4600];
+// ckpt_set_aside: after a divergence whose streak of non-finite steps ran from first_bad to last, the
+// checkpoints of steps first_bad-1 .. last hold the weights that gave those steps (a skipped step changes
+// nothing, so every step of the streak ran on the weights of step first_bad-1): each is renamed
+// DIR/checkpoint-STEP.bin.diverged, out of --resume's way (kept to inspect). Writes into buf what was set aside
+// and the checkpoint --resume takes now: the newest intact one left, or that there is none.
+static const char* ckpt_set_aside(const Ckpts* ck, int first_bad, int last, char* buf, size_t n) {
+    int cand[1024], k = ckpt_candidates(ck->dir, cand), aside = 0;
+    char path[4400], to[4500], why[256];
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < k; i++) {
+        snprintf(path, sizeof path, "%s/checkpoint.bin", ck->dir);
+        if (cand[i] != INT_MAX) snprintf(path, sizeof path, "%s/checkpoint-%d.bin", ck->dir, cand[i]);
+        CkptHeader h;
+        int fd = open(path, O_RDONLY | O_NONBLOCK);
+        struct stat st;
+        int got = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && read_all(fd, &h, sizeof h) &&
+                  !memcmp(h.magic, CKPT_MAGIC, 8);
+        if (fd >= 0) close(fd);
+        if (!got || h.step < first_bad - 1 || h.step > last) continue;
+        snprintf(to, sizeof to, "%s/checkpoint-%d.bin.diverged", ck->dir, h.step);
+        if (rename(path, to) != 0) {
+            len += snprintf(buf + len, len < n ? n - len : 0, "%scannot set aside %s (step %d): %s", len ? "; " : "",
+                            path, h.step, strerror(errno));
+            continue;
+        }
+        aside++;
+        len += snprintf(buf + len, len < n ? n - len : 0, "%s%s (step %d) set aside as %s", len ? "; " : "", path,
+                        h.step, to);
+    }
+    if (aside) fsync_dir(ck->dir);
+    if (len) len += snprintf(buf + len, len < n ? n - len : 0, ", its weights gave step %d; ", first_bad);
+    k = ckpt_candidates(ck->dir, cand);
+    for (int i = 0; i < k; i++) {
+        snprintf(path, sizeof path, "%s/checkpoint.bin", ck->dir);
+        if (cand[i] != INT_MAX) snprintf(path, sizeof path, "%s/checkpoint-%d.bin", ck->dir, cand[i]);
+        CkptHeader h;
+        if (!ckpt_verify(path, &h, why, sizeof why)) continue;
+        snprintf(buf + len, len < n ? n - len : 0,
+                 "the newest intact checkpoint is %s (step %d): --resume continues from it (the same flags replay "
+                 "the same steps: lower --lr first)",
+                 path, h.step);
+        return buf;
+    }
+    snprintf(buf + len, len < n ? n - len : 0, "no intact checkpoint is left in %s", ck->dir);
+    return buf;
+}
+
+// diverged: --max-bad-steps steps in a row, the last of them `step`, were skipped: sets aside the checkpoints
+// holding the weights that gave them (ckpt_set_aside) and says what is left. Gives exit code 2.
+static int diverged(const Options* o, const Ckpts* ck, int step, int bad_steps, int main_rank) {
+    char what[9000];
     if (main_rank)
         fprintf(stderr, "trainer: diverged: %d steps in a row (--max-bad-steps %d); stopping, exit code 2: %s\n",
-                bad_steps, o->max_bad_steps, ckpt_whats_on_disk(ck, what, sizeof what));
+                bad_steps, o->max_bad_steps, ckpt_set_aside(ck, step - bad_steps + 1, step, what, sizeof what));
     return 2;
 }
 // print_weights_crc: "rank R weights: floatX crc32 X, fp32 master crc32 Y" for the weights this rank holds
@@ -1964,6 +2060,13 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
             rc = 1;
         }
     }
+    if (!isfinite(
+            e.loss)) {  // finite weights can still overflow (huge values): not a result (every rank: the same sum)
+        if (main_rank)
+            fprintf(stderr, "trainer: --eval %s: the loss is %s, not a finite number: these weights do not evaluate\n",
+                    o->eval, isnan(e.loss) ? "NaN" : "Inf");
+        rc = 1;
+    }
     validation_free(&v);
     grad_reduce_free(&gr);
     comm_free(comm);
@@ -2151,7 +2254,7 @@ int main(int argc, char** argv) {
         bad_steps = r.skipped ? bad_steps + 1 : 0;
         ck.tokens = lg.tokens += r.all_tokens;
         if (main_rank) log_step(&o, &r, step, bad_steps, now_s() - t0, comm.world, flops_token, peak_tflops, &bm, &lg);
-        if (bad_steps >= o.max_bad_steps) return diverged(&o, &ck, bad_steps, main_rank);
+        if (bad_steps >= o.max_bad_steps) return diverged(&o, &ck, step, bad_steps, main_rank);
         if (o.val && o.val_every && (step % o.val_every == 0 || step == o.steps)) {
             EvalResult e = evaluate(&model, &val, &bm, &comm);
             if (main_rank) log_validation(&lg, step, o.val_batches, &e);

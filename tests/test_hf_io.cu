@@ -2,12 +2,16 @@
 //   - config.json with everything transformers adds (lists, nested objects, null, true, empty {} and []):
 //     the sizes read back are the model's
 //   - model.safetensors in BF16 and in F16 (written here, byte by byte): every value loaded is the one the
-//     16-bit pattern means, computed here from the IEEE definition (normals, subnormals, -0, inf, NaN);
-//     tensors the model does not have are skipped, and cls.predictions.decoder.bias stands for
-//     cls.predictions.bias
+//     16-bit pattern means, computed here from the IEEE definition (normals, subnormals, -0; inf and NaN
+//     through the converters); tensors the model does not have are skipped, and
+//     cls.predictions.decoder.bias stands for cls.predictions.bias
 //   - refused, with a message naming the file and the tensor or key: a dtype that is not a float type, a
 //     wrong shape, data offsets outside the file, a malformed header, an unsupported activation, a config
 //     without vocab_size; an export into a directory that does not exist
+//   - refused too: weights that are not finite (F16, BF16 +Inf, NaN, F32 -Inf: the tensor and the element);
+//     overlapping data_offsets, a hole or bytes after the last tensor (the format's tiling rule), backwards or
+//     fractional offsets, an unknown dtype, a negative size; a config value that is a string or null, a bad
+//     layer_norm_eps; a directory or a FIFO named model.safetensors or config.json (at once, never blocking)
 //   - bert_alloc refuses T beyond max_position; the phase timer reports marks it had no room for
 #include "../model.h"
 #include "testing.h"
@@ -141,8 +145,9 @@ static uint16_t rand_finite(int bf) {
 }
 
 // The tensors of table p in dtype (BF16 or F16) with random patterns, the few special ones at the start of
-// the word embeddings; want receives the fp32 slab the load must give.
-static std::vector<StTensor> half_tensors(const BertParams* p, int bf, std::vector<double>& want) {
+// the word embeddings (+Inf, -Inf, NaN at 9, 10, 11 only with nonfinite); want receives the fp32 slab the load
+// must give.
+static std::vector<StTensor> half_tensors(const BertParams* p, int bf, std::vector<double>& want, int nonfinite = 0) {
     static const uint16_t f16_special[] = {0x3C00, 0xC000, 0x7BFF, 0x0001, 0x8001, 0x03FF, 0x0400,
                                            0x8000, 0x0000, 0x7C00, 0xFC00, 0x7E00, 0x3555};
     static const uint16_t bf16_special[] = {0x3F80, 0xC040, 0x7F7F, 0x0001, 0x8001, 0x007F, 0x0080,
@@ -158,7 +163,8 @@ static std::vector<StTensor> half_tensors(const BertParams* p, int bf, std::vect
         s.shape.push_back(t->shape[0]);
         if (t->rank == 2) s.shape.push_back(t->shape[1]);
         for (size_t k = 0; k < t->numel; k++) {
-            uint16_t h = (i == 0 && k < 13) ? special[k] : rand_finite(bf);
+            // (the non-finite specials 9..11 only with nonfinite: the loader refuses them)
+            uint16_t h = (i == 0 && k < 13 && (nonfinite || k < 9 || k > 11)) ? special[k] : rand_finite(bf);
             s.bytes.push_back((unsigned char)(h & 255));
             s.bytes.push_back((unsigned char)(h >> 8));
             want[t->offset + k] = bf ? bf16_value(h) : f16_value(h);
@@ -212,15 +218,19 @@ static void test_half_import(const BertConfig* c, int bf) {
               bf ? "BF16" : "F16", bad, p.numel, first, bad ? w[first] : 0.f, bad ? want[first] : 0.0);
         // the special patterns, spelled out
         if (bf)
-            CHECK(w[0] == 1.0f && w[1] == -3.0f && w[3] == ldexpf(1, -133) && w[6] == ldexpf(1, -126) && isinf(w[9]) &&
-                      w[9] > 0 && isinf(w[10]) && w[10] < 0 && isnan(w[11]) && signbit(w[7]),
-                  "BF16 specials: %g %g %g %g %g %g %g", w[0], w[1], w[3], w[6], w[9], w[10], w[11]);
+            CHECK(w[0] == 1.0f && w[1] == -3.0f && w[3] == ldexpf(1, -133) && w[6] == ldexpf(1, -126) && signbit(w[7]),
+                  "BF16 specials: %g %g %g %g", w[0], w[1], w[3], w[6]);
         else
             CHECK(w[0] == 1.0f && w[1] == -2.0f && w[2] == 65504.0f && w[3] == ldexpf(1, -24) &&
-                      w[4] == -ldexpf(1, -24) && w[5] == ldexpf(1023, -24) && w[6] == ldexpf(1, -14) && isinf(w[9]) &&
-                      w[9] > 0 && isinf(w[10]) && w[10] < 0 && isnan(w[11]) && signbit(w[7]) && !signbit(w[8]),
-                  "F16 specials: %g %g %g %g %g %g %g %g %g %g", w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[9], w[10],
-                  w[11]);
+                      w[4] == -ldexpf(1, -24) && w[5] == ldexpf(1023, -24) && w[6] == ldexpf(1, -14) && signbit(w[7]) &&
+                      !signbit(w[8]),
+                  "F16 specials: %g %g %g %g %g %g %g", w[0], w[1], w[2], w[3], w[4], w[5], w[6]);
+        // the non-finite patterns convert to what they mean (the loader then refuses them: test_nonfinite)
+        float pinf = bf ? bert_bf16_to_f32(0x7F80) : bert_f16_to_f32(0x7C00);
+        float ninf = bf ? bert_bf16_to_f32(0xFF80) : bert_f16_to_f32(0xFC00);
+        float qnan = bf ? bert_bf16_to_f32(0x7FC0) : bert_f16_to_f32(0x7E00);
+        CHECK(isinf(pinf) && pinf > 0 && isinf(ninf) && ninf < 0 && isnan(qnan), "%s +Inf, -Inf, NaN: %g %g %g",
+              bf ? "BF16" : "F16", pinf, ninf, qnan);
         // cls.predictions.bias came from cls.predictions.decoder.bias
         const BertTensor* db = &p.t[p.dec_b];
         CHECK(same_value(w[db->offset + 5], want[db->offset + 5]) && want[db->offset + 5] != 0,
@@ -254,6 +264,126 @@ static StTensor& by_name(std::vector<StTensor>& ts, const char* name) {
     exit(1);
 }
 
+// test_bad_layouts: headers whose byte ranges do not tile the data as the format requires, or whose entries
+// are malformed, over the bytes of the good tensors (D of them): each refused with the tensor's name.
+static void test_bad_layouts(const BertParams* p, const std::vector<StTensor>& good) {
+    size_t D = 0;
+    for (const StTensor& t : good) D += t.bytes.size();
+    std::string rest = ",\"c\":{\"dtype\":\"U8\",\"shape\":[" + std::to_string(D - 12) + "],\"data_offsets\":[12," +
+                       std::to_string(D) + "]}}";
+    std::string a8 = "{\"a\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[0,8]}";
+    std::string h;
+    char msg[256];
+    h = a8 + ",\"b\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[4,12]}" + rest;
+    write_safetensors(good, h.c_str());
+    expect_refused("overlapping data_offsets", "model.safetensors: b (data_offsets [4, 12]) overlaps a ([0, 8])");
+    h = a8 + ",\"b\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[0,8]}" + rest;  // the same bytes twice
+    write_safetensors(good, h.c_str());
+    expect_refused("two tensors on the same bytes", "overlaps a ([0, 8])");
+    h = a8 + rest;
+    write_safetensors(good, h.c_str());
+    expect_refused("a hole between tensors",
+                   "model.safetensors: data bytes [8, 12) belong to no tensor (a hole before c)");
+    h = a8 + "}";
+    write_safetensors(good, h.c_str());
+    snprintf(msg, sizeof msg, "model.safetensors: %zu data bytes after the last tensor's end (8) belong to no tensor",
+             D - 8);
+    expect_refused("bytes after the last tensor", msg);
+    h = "{\"a\":{\"dtype\":\"U8\",\"shape\":[" + std::to_string(D + 1) + "],\"data_offsets\":[0," +
+        std::to_string(D + 1) + "]}}";
+    write_safetensors(good, h.c_str());
+    snprintf(msg, sizeof msg, "model.safetensors: a has data_offsets [0, %zu] outside the file's %zu data bytes", D + 1,
+             D);
+    expect_refused("data_offsets beyond the file", msg);
+    h = "{\"a\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[8,0]}" + rest;
+    write_safetensors(good, h.c_str());
+    expect_refused("data_offsets backwards", "model.safetensors: a has data_offsets [8, 0] outside");
+    h = "{\"a\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[0.5,8]}" + rest;
+    write_safetensors(good, h.c_str());
+    expect_refused("a fractional offset", "model.safetensors: a has bad data_offsets (expected two whole");
+    h = "{\"a\":{\"dtype\":\"X99\",\"shape\":[" + std::to_string(D) + "],\"data_offsets\":[0," + std::to_string(D) +
+        "]}}";
+    write_safetensors(good, h.c_str());
+    expect_refused("an unknown dtype", "model.safetensors: a has dtype \"X99\", not a safetensors dtype");
+    h = "{\"a\":{\"dtype\":\"U8\",\"shape\":[-8],\"data_offsets\":[0,8]}" + rest;
+    write_safetensors(good, h.c_str());
+    expect_refused("a negative size", "model.safetensors: a has a bad shape");
+    (void)p;
+}
+
+// test_nonfinite: weights that are not finite numbers are refused at load, naming the tensor and the element;
+// config values of the wrong JSON type name the key; a directory or a FIFO named model.safetensors or
+// config.json is refused at once (alarm: a blocking open would hang the test, and fails it instead).
+static void test_nonfinite(const BertConfig* c) {
+    BertParams p;
+    bert_params_build(&p, c);
+    std::vector<double> want;
+    write_text("config.json", config_json(c));
+    for (int bf = 0; bf < 2; bf++) {
+        write_safetensors(half_tensors(&p, bf, want, 1));
+        expect_refused(bf ? "BF16 +Inf" : "F16 +Inf",
+                       "model.safetensors: bert.embeddings.word_embeddings.weight holds +Inf at element 9: weights "
+                       "must be finite numbers");
+    }
+    std::vector<StTensor> ts = half_tensors(&p, 1, want);
+    StTensor& t = by_name(ts, p.t[4].name);
+    t.bytes[10] = 0xC0, t.bytes[11] = 0x7F;  // element 5: a BF16 NaN
+    write_safetensors(ts);
+    char msg[256];
+    snprintf(msg, sizeof msg, "model.safetensors: %s holds NaN at element 5", p.t[4].name);
+    expect_refused("a BF16 NaN", msg);
+    ts = half_tensors(&p, 1, want);
+    StTensor& f = by_name(ts, p.t[5].name);  // the same tensor in F32 with a -Inf
+    std::vector<unsigned char> b32;
+    for (size_t k = 0; k < f.bytes.size() / 2; k++) {
+        float v = k == 3 ? -INFINITY : bert_bf16_to_f32((uint16_t)(f.bytes[2 * k] | f.bytes[2 * k + 1] << 8));
+        unsigned char q[4];
+        memcpy(q, &v, 4);
+        b32.insert(b32.end(), q, q + 4);
+    }
+    f.dtype = "F32", f.bytes = b32;
+    write_safetensors(ts);
+    snprintf(msg, sizeof msg, "model.safetensors: %s holds -Inf at element 3", p.t[5].name);
+    expect_refused("an F32 -Inf", msg);
+
+    write_safetensors(half_tensors(&p, 1, want));
+    std::string cfg = config_json(c), key = "\"hidden_size\": " + std::to_string(c->hidden);
+    std::string as_string = cfg;
+    as_string.replace(as_string.find(key), key.size(), "\"hidden_size\": \"" + std::to_string(c->hidden) + "\"");
+    write_text("config.json", as_string);
+    snprintf(msg, sizeof msg, "config.json: hidden_size \"%d\": expected a number, not a string", c->hidden);
+    expect_refused("a string hidden_size", msg);
+    std::string as_null = cfg;
+    as_null.replace(as_null.find(key), key.size(), "\"hidden_size\": null");
+    write_text("config.json", as_null);
+    expect_refused("a null hidden_size", "config.json: hidden_size null: expected a number");
+    std::string eps = cfg, ekey = "\"layer_norm_eps\": ";
+    size_t at = eps.find(ekey) + ekey.size();
+    eps.replace(at, eps.find(',', at) - at, "-1");
+    write_text("config.json", eps);
+    expect_refused("a negative layer_norm_eps", "config.json: layer_norm_eps -1: expected a number in (0, 1)");
+    write_text("config.json", cfg);
+
+    char path[300], cfgpath[300];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(cfgpath, sizeof cfgpath, "%s/config.json", dir);
+    alarm(20);
+    unlink(path);
+    mkdir(path, 0755);
+    expect_refused("a directory named model.safetensors",
+                   "model.safetensors: is a directory (expected a regular file)");
+    rmdir(path);
+    mkfifo(path, 0644);
+    expect_refused("a FIFO named model.safetensors", "model.safetensors: not a regular file (expected a regular file)");
+    unlink(path);
+    unlink(cfgpath);
+    mkfifo(cfgpath, 0644);
+    expect_refused("a FIFO named config.json", "config.json: not a regular file");
+    unlink(cfgpath);
+    alarm(0);
+    bert_params_free(&p);
+}
+
 static void test_refusals(const BertConfig* c) {
     BertParams p;
     bert_params_build(&p, c);
@@ -285,8 +415,11 @@ static void test_refusals(const BertConfig* c) {
     ts = good;  // one element more in the shape than in the bytes
     by_name(ts, p.t[1].name).shape[0] += 1;
     write_safetensors(ts);
-    snprintf(msg, sizeof msg, "model.safetensors: %s has a bad shape or bad data offsets", p.t[1].name);
+    snprintf(msg, sizeof msg, "model.safetensors: %s: its shape of %d BF16 elements needs %d bytes", p.t[1].name,
+             (p.t[1].shape[0] + 1) * p.t[1].shape[1], 2 * (p.t[1].shape[0] + 1) * p.t[1].shape[1]);
     expect_refused("a shape larger than the data", msg);
+
+    test_bad_layouts(&p, good);
 
     write_safetensors(good, "{\"bert.embeddings.word_embeddings.weight\" {\"dtype\":\"BF16\"}}");
     expect_refused("a header without its colon", "model.safetensors: malformed header");
@@ -347,6 +480,7 @@ int main(void) {
     test_half_import(&c, 1);
     test_half_import(&c, 0);
     test_refusals(&c);
+    test_nonfinite(&c);
     test_alloc_and_timer(&c);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
