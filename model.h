@@ -737,7 +737,7 @@ static inline int bert_read_config(const char* path, BertConfig* c) {
             target = &c->type_vocab_size;
         int c0 = bj_peek(&j);  // a number starts with a digit or '-' (a string, true, null, [...] are not numbers)
         int is_num = c0 == '-' || (c0 >= '0' && c0 <= '9');
-        if ((target || !strcmp(key, "layer_norm_eps")) && !is_num) {
+        if ((target || !strcmp(key, "layer_norm_eps")) && !is_num && c0 >= 0) {  // (the end: malformed JSON)
             int len = 0;  // the value as written, up to its end or 16 characters
             while (j.s + len < j.end && len < 16 && j.s[len] != ',' && j.s[len] != '}' && j.s[len] != '\n') len++;
             fprintf(stderr, "model: %s: %s %.*s: expected a number%s\n", path, key, len, j.s,

@@ -250,6 +250,82 @@ def test_check_and_errors():
 
 
 
+def test_failed_writes_and_other_kinds():
+    """A write that fails (a full disk: a 64 KiB tmpfs when root; a file size limit, EFBIG, always) names the file,
+    exits 1 and leaves no temporary file and no shard; byte shards never sit beside a text run's tokenizer.json;
+    inputs that are not files or directories (a device, a FIFO) are named at once, never read or waited on."""
+    import resource
+    import signal
+    tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "prepare.py")
+    with tempfile.TemporaryDirectory() as d:
+        corpus = os.path.join(d, "in")
+        os.makedirs(corpus)
+        with open(os.path.join(corpus, "a.bin"), "wb") as f:
+            f.write(bytes(random.Random(1).getrandbits(8) for _ in range(400000)))
+
+        def run(args, **kw):
+            r = subprocess.run([sys.executable, tool] + args, capture_output=True, text=True, timeout=60, **kw)
+            return r.returncode, r.stdout + r.stderr
+
+        def limit_file_size():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+            resource.setrlimit(resource.RLIMIT_FSIZE, (100000, 100000))
+
+        targets = [("a file size limit", os.path.join(d, "lim"), "File too large", dict(preexec_fn=limit_file_size))]
+        mnt = os.path.join(d, "mnt")
+        os.makedirs(mnt)
+        mounted = os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", mnt],
+                                                       capture_output=True).returncode == 0
+        if mounted:
+            targets.append(("a full disk", os.path.join(mnt, "out"), "No space left on device", {}))
+        else:
+            print("  (full disk: a tmpfs needs root; the file size limit case stands in)")
+        try:
+            for what, out, err, kw in targets:
+                rc, text = run(["bytes", "--input", corpus, "--out", out, "--seq-len", "64", "--val-fraction", "0.2",
+                                "--shard-tokens", "100000"], **kw)
+                assert rc == 1, f"{what}: exit {rc}: {text}"
+                assert re.search(r"prepare\.py: cannot write " + re.escape(out) + r"/(train|val)_\d+\.bin\.tmp: " + err +
+                                 r" \(removed this run's \d+ temporary and shard files\)", text), f"{what}: {text!r}"
+                assert "Traceback" not in text, f"{what}: {text}"
+                left = [n for n in os.listdir(out) if n.endswith(".tmp") or n.endswith(".bin")]
+                assert left == [], f"{what}: left {left}"
+        finally:
+            if mounted:
+                subprocess.run(["umount", mnt])
+
+        # a text run's tokenizer.json goes when byte shards replace its shards; another one is refused
+        text_in = os.path.join(d, "text")
+        os.makedirs(text_in)
+        with open(os.path.join(text_in, "a.txt"), "w") as f:
+            f.write("\n\n".join(" ".join(WORDS[(i * k) % len(WORDS)] for k in range(9)) for i in range(60)))
+        out = os.path.join(d, "kinds")
+        assert prepare.main(["text", "--input", text_in, "--train-vocab", "120", "--out", out, "--seq-len", "32"]) == 0
+        assert os.path.exists(os.path.join(out, "tokenizer.json"))
+        assert prepare.main(["bytes", "--input", text_in, "--out", out, "--seq-len", "32"]) == 0
+        assert not os.path.exists(os.path.join(out, "tokenizer.json")), "the text run's tokenizer.json was left"
+        assert json.load(open(os.path.join(out, "meta.json")))["kind"] == "bytes"
+        with open(os.path.join(out, "tokenizer.json"), "w") as f:
+            f.write("{}")  # someone else's
+        rc, text = run(["bytes", "--input", text_in, "--out", out, "--seq-len", "32"])
+        assert rc == 1 and f"--out {out}: holds a tokenizer.json that no text run of prepare.py wrote" in text, text
+        assert open(os.path.join(out, "tokenizer.json")).read() == "{}", "a tokenizer.json not ours was touched"
+
+        # not a file or a directory: named at once (a FIFO would block a reader forever)
+        fifo = os.path.join(d, "train_00000.bin")
+        os.mkfifo(fifo)
+        cases = [(["bytes", "--input", "/dev/zero", "--out", os.path.join(d, "z")],
+                  "--input /dev/zero: not a regular file or a directory"),
+                 (["bytes", "--input", fifo, "--out", os.path.join(d, "z")],
+                  f"--input {fifo}: not a regular file or a directory"),
+                 (["check", fifo], f"BAD  {fifo}: not a regular file"),
+                 (["bytes", "--input", corpus, "--out", os.path.join(d, "z"), "--seq-len", str(1 << 40)],
+                  f"--seq-len {1 << 40} (expected at most 16777216 = 2^24")]
+        for args, want in cases:
+            rc, text = run(args)
+            assert rc == 1 and want in text and "Traceback" not in text, f"{args}: exit {rc}: {text!r}"
+
+
 def test_bad_inputs_one_line():
     """Every bad input: a non-zero exit and one line naming the file or flag, never a traceback."""
     tool = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "prepare.py")

@@ -61,13 +61,61 @@ def first_line(e):
     return s[0] if s else type(e).__name__
 
 
+# ----------------------------------------------------------------------------
+# Writing. Every file goes through a temporary name; a write that fails (a full disk: ENOSPC carries no file
+# name) raises WriteError naming the file, and main() removes every temporary and every shard of the run
+# before its one-line message, so a failed run leaves no .tmp and no partial set of shards.
+class WriteError(Exception):
+    """A file that could not be written (not an OSError: the readers' `except OSError` must not swallow it)."""
+
+    def __init__(self, path, e):
+        super().__init__(f"cannot write {path}: {e.strerror or first_line(e)}")
+
+
+TEMPORARIES = {}  # temporary path -> its open file (or None), until renamed
+WRITTEN = []  # the shards this run completed (removed again if the run fails)
+
+
+def write_guard(path, fn, *a):
+    """fn(*a), with an OSError turned into a WriteError naming path."""
+    try:
+        return fn(*a)
+    except OSError as e:
+        raise WriteError(path, e) from None
+
+
+def remove_partial_output():
+    """After a failure: closes and removes every temporary file and the shards written so far. Gives their count."""
+    n = 0
+    for tmp, f in list(TEMPORARIES.items()) + [(p, None) for p in WRITTEN]:
+        try:
+            if f is not None:
+                f.close()
+        except OSError:
+            pass  # its buffer could not be written either: the file goes anyway
+        try:
+            os.remove(tmp)
+            n += 1
+        except OSError:
+            pass
+    TEMPORARIES.clear()
+    WRITTEN.clear()
+    return n
+
+
 def write_atomic(path, data):
     """Writes bytes to path through path.tmp: flushed to disk, then renamed (a crash leaves the old file or none)."""
-    with open(path + ".tmp", "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(path + ".tmp", path)
+    tmp = path + ".tmp"
+    TEMPORARIES[tmp] = None
+    f = write_guard(tmp, open, tmp, "wb")
+    TEMPORARIES[tmp] = f
+    write_guard(tmp, f.write, data)
+    write_guard(tmp, f.flush)
+    write_guard(tmp, os.fsync, f.fileno())
+    TEMPORARIES[tmp] = None
+    write_guard(tmp, f.close)
+    write_guard(path, os.replace, tmp, path)
+    del TEMPORARIES[tmp]
 
 
 # ----------------------------------------------------------------------------
@@ -86,8 +134,11 @@ class ShardWriter:
     def __init__(self, path, vocab_size, special, max_len):
         self.path, self.vocab_size, self.special, self.max_len = path, vocab_size, special, max_len
         self.dtype = np.dtype("<u2") if vocab_size <= 65536 else np.dtype("<u4")
-        self.f = open(path + ".tmp", "wb")
-        self.f.write(b"\0" * HEADER_BYTES)  # placeholder until the checksum is known
+        self.tmp = path + ".tmp"
+        TEMPORARIES[self.tmp] = None
+        self.f = write_guard(self.tmp, open, self.tmp, "wb")
+        TEMPORARIES[self.tmp] = self.f
+        write_guard(self.tmp, self.f.write, b"\0" * HEADER_BYTES)  # placeholder until the checksum is known
         self.crc, self.num_tokens, self.lengths, self.pending, self.pending_tokens = 0, 0, [], [], 0
 
     def add(self, ids):
@@ -107,7 +158,7 @@ class ShardWriter:
         if self.pending:
             data = np.concatenate(self.pending).tobytes()
             self.crc = zlib.crc32(data, self.crc)
-            self.f.write(data)
+            write_guard(self.tmp, self.f.write, data)
         self.pending, self.pending_tokens = [], 0
 
     def close(self):
@@ -117,14 +168,17 @@ class ShardWriter:
         np.cumsum(np.asarray(self.lengths, dtype=np.uint64), out=offsets[1:])
         tail = pad + offsets.tobytes()
         self.crc = zlib.crc32(tail, self.crc)
-        self.f.write(tail)
-        self.f.seek(0)
-        self.f.write(encode_header(self.vocab_size, self.dtype.itemsize, len(self.lengths), self.num_tokens,
-                                   self.max_len, self.special, self.crc))
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
-        os.replace(self.path + ".tmp", self.path)
+        write_guard(self.tmp, self.f.write, tail)
+        write_guard(self.tmp, self.f.seek, 0)
+        write_guard(self.tmp, self.f.write, encode_header(self.vocab_size, self.dtype.itemsize, len(self.lengths),
+                                                          self.num_tokens, self.max_len, self.special, self.crc))
+        write_guard(self.tmp, self.f.flush)
+        write_guard(self.tmp, os.fsync, self.f.fileno())
+        TEMPORARIES[self.tmp] = None
+        write_guard(self.tmp, self.f.close)
+        write_guard(self.path, os.replace, self.tmp, self.path)
+        del TEMPORARIES[self.tmp]
+        WRITTEN.append(self.path)
         return os.path.getsize(self.path)
 
 
@@ -233,6 +287,8 @@ class Output:
         make_out_dir(args.out)
         for old in glob.glob(os.path.join(args.out, "train_*.bin")) + glob.glob(os.path.join(args.out, "val_*.bin")):
             os.remove(old)  # a re-run must not leave shards of an earlier run behind
+        if os.path.exists(os.path.join(args.out, "meta.json")):
+            os.remove(os.path.join(args.out, "meta.json"))  # it described those shards
         self.splits = {n: Split(n, args.out, vocab_size, special, args.seq_len, args.shard_tokens) for n in ("train", "val")}
         self.rng = random.Random(args.seed)
         self.val_fraction, self.args, self.vocab_size, self.special = args.val_fraction, args, vocab_size, special
@@ -256,7 +312,7 @@ class Output:
         for s in self.splits.values():
             s.close_shard()
         rows = [s.summary() for s in self.splits.values()]
-        meta = dict(format_version=VERSION, vocab_size=self.vocab_size, seq_len=self.args.seq_len,
+        meta = dict(format_version=VERSION, kind=self.args.cmd, vocab_size=self.vocab_size, seq_len=self.args.seq_len,
                     special_ids=self.special, splits=rows, command=" ".join(sys.argv), **extra)
         write_atomic(os.path.join(self.args.out, "meta.json"), json.dumps(meta, indent=2).encode())
         print(f"\n{'split':6} {'documents':>10} {'samples':>11} {'tokens':>14} {'split docs':>10} "
@@ -302,6 +358,8 @@ def list_files(inputs):
     for inp in inputs:
         if not os.path.exists(inp):
             die(f"--input {inp}: no such file or directory")
+        if not os.path.isfile(inp) and not os.path.isdir(inp):
+            die(f"--input {inp}: not a regular file or a directory (a device, FIFO or socket is not a corpus)")
         walk = [(inp, [], [""])] if os.path.isfile(inp) else os.walk(inp)
         for root, _, names in walk:
             for n in sorted(names):
@@ -350,7 +408,8 @@ def load_tokenizer(args, files):
                     die(f"{path}: not UTF-8 text (byte {u.start}); --train-vocab reads UTF-8 files")
             die(f"--train-vocab: training the vocabulary failed: {first_line(e)}")
     path = os.path.join(args.out, "tokenizer.json")
-    tok.save(path + ".tmp")
+    TEMPORARIES[path + ".tmp"] = None
+    write_guard(path + ".tmp", tok.save, path + ".tmp")
     write_atomic(path, open(path + ".tmp", "rb").read())
     special = {}
     for key, name in zip(("pad", "unk", "cls", "sep", "mask"), SPECIAL_NAMES):
@@ -465,10 +524,32 @@ def elf_functions(path):
             return None
 
 
+def clear_other_kind(out):
+    """Byte shards go into a directory without a tokenizer.json (the trainer exports the tokenizer.json it finds
+    beside the shards, which would give the byte model a WordPiece tokenizer). One that an earlier text run of
+    prepare.py wrote (its meta.json says so) is removed, with a note; any other is refused."""
+    tok = os.path.join(out, "tokenizer.json")
+    if not os.path.lexists(tok):
+        return
+    try:
+        with open(os.path.join(out, "meta.json"), "rb") as f:
+            meta = json.loads(f.read())
+        ours = isinstance(meta, dict) and meta.get("tokenizer") == "tokenizer.json"
+    except (OSError, ValueError):
+        ours = False
+    if not ours:
+        die(f"--out {out}: holds a tokenizer.json that no text run of prepare.py wrote there; byte shards beside "
+            f"it would be exported with it: remove it or choose another --out")
+    os.remove(tok)
+    print(f"removed {tok}: an earlier text run's tokenizer, not for these byte shards")
+
+
 def prepare_bytes(args):
     files = bounded(list_files(args.input), args)
     if not files:
         die("--input: no input files")
+    make_out_dir(args.out)
+    clear_other_kind(args.out)
     out = Output(args, BYTE_VOCAB, dict(BYTE_SPECIAL))
     bar = progress(len(files), "file")
     skipped = unreadable = functions = read = 0
@@ -557,8 +638,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.cmd == "check":
         return check(args)
-    if args.seq_len < 3 or (args.cmd == "bytes" and args.seq_len > 1 << 24):
+    if args.seq_len < 3:
         die(f"--seq-len {args.seq_len} (expected at least 3: [CLS] a token [SEP])")
+    if args.seq_len > 1 << 24:
+        die(f"--seq-len {args.seq_len} (expected at most 16777216 = 2^24 tokens per sample)")
     if not 0 <= args.val_fraction < 1:
         die(f"--val-fraction {args.val_fraction} (expected 0 <= f < 1)")
     if args.shard_tokens < 1:
@@ -568,10 +651,16 @@ def main(argv=None):
             die(f"{flag} {v} (expected at least 1)")
     if args.cmd == "text" and args.train_vocab is not None and not len(SPECIAL_NAMES) < args.train_vocab <= 1 << 24:
         die(f"--train-vocab {args.train_vocab} (expected more than the {len(SPECIAL_NAMES)} special tokens, at most 2^24)")
+    TEMPORARIES.clear()  # (main may run more than once in a process: the tests)
+    WRITTEN.clear()
     try:
         (prepare_text if args.cmd == "text" else prepare_bytes)(args)
-    except OSError as e:  # a file that vanished or could not be read or written: name it, no traceback
-        die(f"{e.filename or ''}: {e.strerror or first_line(e)}")
+    except (WriteError, OSError) as e:  # a file that could not be written, or vanished, or could not be read
+        n = remove_partial_output()
+        what = f" (removed this run's {n} temporary and shard files)" if n else ""
+        if isinstance(e, WriteError):
+            die(f"{e}{what}")
+        die(f"{str(e.filename) + ': ' if e.filename else ''}{e.strerror or first_line(e)}{what}")
     return 0
 
 
