@@ -1617,7 +1617,10 @@ static const char* ckpt_set_aside(const Ckpts* ck, int first_bad, int last, char
                  path, h.step);
         return buf;
     }
-    snprintf(buf + len, len < n ? n - len : 0, "no intact checkpoint is left in %s", ck->dir);
+    if (!len && ck->step < 0)
+        snprintf(buf, n, "this run has written no checkpoint");
+    else
+        snprintf(buf + len, len < n ? n - len : 0, "no intact checkpoint is left in %s", ck->dir);
     return buf;
 }
 

@@ -7,8 +7,8 @@
 #     lengthened file: --resume skips it, says why, and takes the older checkpoint; intact checkpoints
 #     that do not fit the run (step beyond --steps, another --seq, a data row past its epoch) are refused;
 #   - divergence (the MLM_TEST_INF_GRAD / MLM_TEST_INF_LOSS hooks): a non-finite step is skipped with the
-#     weights and AdamW state untouched; --max-bad-steps in a row stop with exit code 2, the last
-#     checkpoint intact and the message true about it;
+#     weights and AdamW state untouched; --max-bad-steps in a row stop with exit code 2, the checkpoint whose
+#     weights gave them set aside (checkpoint-STEP.bin.diverged) and the message true about what is left;
 #   - a full disk (a small tmpfs, when run as root) during a checkpoint and during the export.
 # Run by tests/run.sh; needs tools/requirements.txt (python3 tools/prepare.py). TRAINER overrides ./trainer_cpu.
 cd "$(dirname "$0")/.."
@@ -124,14 +124,15 @@ check 'cmp -s <(ckpt_body "$W/d1_step4.bin") <(ckpt_body "$W/d1/checkpoint.bin")
 "$TRAINER" "${COMMON[@]}" --out "$W/d1" --steps 8 --resume >"$W/d1b.log" 2>&1; rc=$?
 check '[ $rc = 0 ] && [ -f "$W/d1/model.safetensors" ] && ! cmp -s <(ckpt_body "$W/d1_step4.bin") <(ckpt_body "$W/d1/checkpoint.bin")' \
   "after the skipped step the run did not go on to the end (exit $rc): $(tail -n 1 "$W/d1b.log")"
-# 3b. infinite from step 5 on: steps 5, 6, 7 skipped, then exit 2; checkpoint.bin (step 4) intact
+# 3b. infinite from step 5 on: steps 5, 6, 7 skipped, then exit 2; checkpoint.bin (step 4) holds the weights that
+# gave them: set aside as checkpoint-4.bin.diverged; checkpoint-2.bin is the intact one --resume takes
 MLM_TEST_INF_GRAD=5:0 "$TRAINER" "${COMMON[@]}" --out "$W/d2" --steps 20 --ckpt-every 2 >"$W/d2.log" 2>&1; rc=$?
-check '[ $rc = 2 ] && grep -q "update skipped (3 in a row)" "$W/d2.log" && grep -q "diverged: 3 steps in a row (--max-bad-steps 3); stopping, exit code 2: the last checkpoint, $W/d2/checkpoint.bin (step 4), is intact" "$W/d2.log"' \
+check '[ $rc = 2 ] && grep -q "update skipped (3 in a row)" "$W/d2.log" && grep -qF "diverged: 3 steps in a row (--max-bad-steps 3); stopping, exit code 2: $W/d2/checkpoint.bin (step 4) set aside as $W/d2/checkpoint-4.bin.diverged, its weights gave step 5; the newest intact checkpoint is $W/d2/checkpoint-2.bin (step 2)" "$W/d2.log"' \
   "a diverging run did not stop with exit 2 and the truth (exit $rc): $(tail -n 1 "$W/d2.log")"
-check '[ "$(ckpt_step "$W/d2/checkpoint.bin")" = 4 ] && [ ! -f "$W/d2/model.safetensors" ] && ! grep -qE "^step +8/" "$W/d2.log"' \
-  "after divergence: checkpoint.bin at step $(ckpt_step "$W/d2/checkpoint.bin"), files: $(ls "$W/d2" | tr '\n' ' ')"
+check '[ "$(ckpt_step "$W/d2/checkpoint-4.bin.diverged")" = 4 ] && [ ! -f "$W/d2/model.safetensors" ] && ! grep -qE "^step +8/" "$W/d2.log"' \
+  "after divergence: files: $(ls "$W/d2" | tr '\n' ' ')"
 "$TRAINER" "${COMMON[@]}" --out "$W/d2" --steps 20 --resume --run-steps 1 >"$W/d2r.log" 2>&1
-check 'grep -q "resumed from $W/d2/checkpoint.bin at step 4$" "$W/d2r.log"' "the checkpoint left by divergence does not resume: $(tail -n 1 "$W/d2r.log")"
+check 'grep -q "resumed from $W/d2/checkpoint-2.bin at step 2$" "$W/d2r.log"' "the checkpoint left by divergence does not resume: $(tail -n 1 "$W/d2r.log")"
 # 3c. a loss that is not finite, before any checkpoint, --max-bad-steps 2: the message says none was written
 MLM_TEST_INF_LOSS=2:0 "$TRAINER" "${COMMON[@]}" --out "$W/d3" --steps 20 --max-bad-steps 2 >"$W/d3.log" 2>&1; rc=$?
 check '[ $rc = 2 ] && grep -q "step 2: loss inf" "$W/d3.log" && grep -q "diverged: 2 steps in a row (--max-bad-steps 2); stopping, exit code 2: this run has written no checkpoint" "$W/d3.log" && [ ! -e "$W/d3/checkpoint.bin" ]' \
