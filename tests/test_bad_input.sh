@@ -31,6 +31,7 @@ hf many_params '{"vocab_size": 30522, "hidden_size": 4096, "num_hidden_layers": 
 hf negative '{"vocab_size": -5, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}'
 hf fraction '{"vocab_size": 260.5, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}'
 hf malformed '{"vocab_size": 260, "hidden_size": '
+hf string_hidden '{"vocab_size": 260, "hidden_size": "32", "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}'
 hf no_weights '{"vocab_size": 260, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 40}'
 hf bad_weights '{"vocab_size": 260, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 40}'
 printf '\377\377\377\377\377\377\377\377{}' >"$W/hf_bad_weights/model.safetensors"
@@ -68,6 +69,7 @@ more than 2e10 parameters|$TRAINER ${T[*]} --out $W/o --init-from $W/hf_many_par
 vocab_size -5: expected an integer|$TRAINER ${T[*]} --out $W/o --init-from $W/hf_negative
 vocab_size 260.5: expected an integer|$TRAINER ${T[*]} --out $W/o --init-from $W/hf_fraction
 hf_malformed/config.json: malformed JSON|$TRAINER ${T[*]} --out $W/o --init-from $W/hf_malformed
+hf_string_hidden/config.json: hidden_size "32": expected a number, not a string|$TRAINER ${T[*]} --out $W/o --init-from $W/hf_string_hidden
 cannot open $W/hf_no_weights/model.safetensors|$TRAINER ${T[*]} --out $W/o --init-from $W/hf_no_weights
 hf_bad_weights/model.safetensors: not a safetensors file|$TRAINER ${T[*]} --out $W/o --init-from $W/hf_bad_weights
 cannot open $W/no-hf/config.json|$TRAINER ${T[*]} --out $W/o --init-from $W/no-hf
@@ -75,6 +77,8 @@ cannot open $W/no-hf/config.json|$TRAINER ${T[*]} --out $W/o --init-from $W/no-h
 --out $W/file: exists and is not a directory|python3 tools/prepare.py bytes --input $W/in --out $W/file
 --out $W/file/x: cannot create or write|python3 tools/prepare.py bytes --input $W/in --out $W/file/x
 --seq-len 2 (expected at least 3|python3 tools/prepare.py bytes --input $W/in --out $W/p2 --seq-len 2
+--seq-len 1099511627776 (expected at most 16777216 = 2^24|python3 tools/prepare.py bytes --input $W/in --out $W/p2 --seq-len 1099511627776
+--input /dev/zero: not a regular file or a directory|python3 tools/prepare.py bytes --input /dev/zero --out $W/p9
 --val-fraction 1.0 (expected|python3 tools/prepare.py bytes --input $W/in --out $W/p3 --val-fraction 1
 --shard-tokens 0 (expected at least 1)|python3 tools/prepare.py bytes --input $W/in --out $W/p4 --shard-tokens 0
 --train-vocab 0 (expected more than the 5 special tokens|python3 tools/prepare.py text --input $W/in --out $W/p5 --train-vocab 0
