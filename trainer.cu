@@ -775,6 +775,26 @@ static int ckpt_candidates(const char* dir, int cand[1024]) {
     return n;
 }
 
+// ckpt_note_diverged: after a resume from step `from`, a note when DIR holds a checkpoint that a divergence set
+// aside at a later step (ckpt_set_aside): the run is about to replay the steps that led there.
+static void ckpt_note_diverged(const char* dir, int from) {
+    DIR* d = opendir(dir);
+    struct dirent* e;
+    int newest = -1;
+    while (d && (e = readdir(d)) != NULL) {
+        int s, len = 0;
+        if (sscanf(e->d_name, "checkpoint-%d.bin.diverged%n", &s, &len) == 1 && len && e->d_name[len] == 0 &&
+            s >= from && s > newest)
+            newest = s;
+    }
+    if (d) closedir(d);
+    if (newest >= 0)
+        printf(
+            "note: %s/checkpoint-%d.bin.diverged holds weights that diverged at step %d; from step %d the same "
+            "flags and data replay the same steps (lower --lr to get past it)\n",
+            dir, newest, newest + 1, from);
+}
+
 // resume_checkpoint: loads the newest intact checkpoint in ck->dir (checkpoint.bin, then checkpoint-STEP.bin
 // from the highest STEP), saying which ones it skipped and why; restores the data position into train.
 static void resume_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, DataLoader* train, int steps,
@@ -804,6 +824,7 @@ static void resume_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, Dat
         snprintf(ck->path, sizeof ck->path, "%s", path);
         if (verbose) {
             printf("resumed from %s at step %d\n", path, h.step);
+            ckpt_note_diverged(ck->dir, h.step);
             if (h.step == steps) printf("the checkpoint is at --steps %d: no step left, only the export\n", steps);
         }
         return;

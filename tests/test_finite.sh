@@ -105,7 +105,7 @@ check '[ $rc = 2 ] && grep -qF "diverged: 3 steps in a row (--max-bad-steps 3); 
 check '[ -f "$W/d/checkpoint-4.bin.diverged" ] && [ ! -e "$W/d/checkpoint.bin" ] && [ -f "$W/d/checkpoint-3.bin" ]' \
   "after divergence: $(ls "$W/d" | tr '\n' ' ')"
 out=$(run "${COMMON[@]}" --out "$W/d" --steps 20 --resume --run-steps 2 2>&1); rc=$?
-check '[ $rc = 0 ] && echo "$out" | grep -q "resumed from $W/d/checkpoint-3.bin at step 3$"' \
+check '[ $rc = 0 ] && echo "$out" | grep -q "resumed from $W/d/checkpoint-3.bin at step 3$" && echo "$out" | grep -qF "note: $W/d/checkpoint-4.bin.diverged holds weights that diverged at step 5; from step 3 the same flags and data replay the same steps (lower --lr to get past it)"' \
   "--resume after divergence did not take step 3's checkpoint: exit $rc, $(echo "$out" | grep -v '^step' | tail -n 2)"
 MLM_TEST_INF_LOSS=3:0 run "${COMMON[@]}" --out "$W/d1" --steps 20 --ckpt-every 1 --keep 1 >"$W/d1.log" 2>&1; rc=$?
 check '[ $rc = 2 ] && grep -qF "$W/d1/checkpoint.bin (step 2) set aside as $W/d1/checkpoint-2.bin.diverged, its weights gave step 3; no intact checkpoint is left in $W/d1" "$W/d1.log"' \
