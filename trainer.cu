@@ -1616,8 +1616,9 @@ static const char* ckpt_set_aside(const Ckpts* ck, int first_bad, int last, char
         if (!got || h.step < first_bad - 1 || h.step > last) continue;
         snprintf(to, sizeof to, "%s/checkpoint-%d.bin.diverged", ck->dir, h.step);
         if (rename(path, to) != 0) {
-            len += snprintf(buf + len, len < n ? n - len : 0, "%scannot set aside %s (step %d): %s", len ? "; " : "",
-                            path, h.step, strerror(errno));
+            len += snprintf(buf + len, len < n ? n - len : 0,
+                            "%scannot set aside %s (step %d): %s (move it away before --resume)", len ? "; " : "", path,
+                            h.step, strerror(errno));
             continue;
         }
         aside++;
@@ -1630,8 +1631,8 @@ static const char* ckpt_set_aside(const Ckpts* ck, int first_bad, int last, char
     for (int i = 0; i < k; i++) {
         snprintf(path, sizeof path, "%s/checkpoint.bin", ck->dir);
         if (cand[i] != INT_MAX) snprintf(path, sizeof path, "%s/checkpoint-%d.bin", ck->dir, cand[i]);
-        CkptHeader h;
-        if (!ckpt_verify(path, &h, why, sizeof why)) continue;
+        CkptHeader h;  // (one that could not be renamed is not named here either)
+        if (!ckpt_verify(path, &h, why, sizeof why) || (h.step >= first_bad - 1 && h.step <= last)) continue;
         snprintf(buf + len, len < n ? n - len : 0,
                  "the newest intact checkpoint is %s (step %d): --resume continues from it (the same flags replay "
                  "the same steps: lower --lr first)",
@@ -2084,8 +2085,9 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
             rc = 1;
         }
     }
-    if (!isfinite(
-            e.loss)) {  // finite weights can still overflow (huge values): not a result (every rank: the same sum)
+    // finite weights can still overflow (huge values): a loss that is not finite is not a result (the same on
+    // every rank: an all-reduced sum)
+    if (!isfinite(e.loss)) {
         if (main_rank)
             fprintf(stderr, "trainer: --eval %s: the loss is %s, not a finite number: these weights do not evaluate\n",
                     o->eval, isnan(e.loss) ? "NaN" : "Inf");
