@@ -676,6 +676,48 @@ typedef struct {
     int64_t min, max;  // over all ranks (comm_agree fills them)
 } CommValue;
 
+// An agreement table (comm_agree_flags): each entry a flag's name, how to show it, and this rank's value.
+enum { COMM_INT, COMM_REAL, COMM_FINGERPRINT, COMM_SMALLEST };  // COMM_SMALLEST: all take the minimum, no error
+typedef struct {
+    const char* name;
+    int kind;
+    int64_t value;  // COMM_REAL: the double's bits
+} CommFlag;
+static inline CommFlag comm_flag_int(const char* name, int64_t value) {
+    CommFlag f = {name, COMM_INT, value};
+    return f;
+}
+static inline CommFlag comm_flag_real(const char* name, double d) {
+    CommFlag f = {name, COMM_REAL, 0};
+    memcpy(&f.value, &d, sizeof d);
+    return f;
+}
+static inline CommFlag comm_flag_fingerprint(const char* name, uint64_t h) {
+    CommFlag f = {name, COMM_FINGERPRINT, (int64_t)h};
+    return f;
+}
+static inline CommFlag comm_flag_smallest(const char* name, int64_t value) {
+    CommFlag f = {name, COMM_SMALLEST, value};
+    return f;
+}
+static inline double comm_real_of(int64_t bits) {
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    return d;
+}
+
+// comm_fmt_real: d with the fewest digits that read back as d (as a float when d is one: --lr 5e-3 is
+// "0.005", not 0.00499999989).
+static inline const char* comm_fmt_real(char* buf, size_t n, double d) {
+    int is_float = (double)(float)d == d;
+    for (int p = 1; p <= 17; p++) {
+        snprintf(buf, n, "%.*g", p, d);
+        double back = strtod(buf, NULL);
+        if (is_float ? (float)back == (float)d : back == d) break;
+    }
+    return buf;
+}
+
 // comm_agree: the minimum and maximum over all ranks of each value, with one AllReduce (MAX of the
 // values and of their negations), waited for with the watchdog. With one rank, min = max = value.
 static inline void comm_agree(Comm* c, CommValue* v, int n) {
@@ -697,6 +739,36 @@ static inline void comm_agree(Comm* c, CommValue* v, int n) {
     cudaFree(d);
     cudaStreamDestroy(s);
     free(h);
+}
+
+// comm_agree_flags: comm_agree of the n flags of a table (v: n values, min and max filled), then one line
+// on stderr for each flag the ranks do not agree on, naming it with this rank's value and the others' (an
+// integer or a fingerprint: the range over the ranks; a real number: another rank's value). Gives how many
+// differ: the same on every rank, so that all stop together.
+static inline int comm_agree_flags(Comm* c, const CommFlag* f, int n, CommValue* v) {
+    for (int i = 0; i < n; i++) v[i].name = f[i].name, v[i].value = f[i].value;
+    comm_agree(c, v, n);
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        if (v[i].min == v[i].max || f[i].kind == COMM_SMALLEST) continue;
+        bad++;
+        fprintf(stderr, "trainer: rank %d of %d: the ranks disagree on %s: ", c->rank, c->world, f[i].name);
+        if (f[i].kind == COMM_REAL) {  // min and max are the bits of two ranks' values (not their numeric order)
+            int64_t other = v[i].value == v[i].min ? v[i].max : v[i].min;
+            char a[32], b[32];
+            fprintf(stderr, "%s here, %s on another rank\n", comm_fmt_real(a, sizeof a, comm_real_of(v[i].value)),
+                    comm_fmt_real(b, sizeof b, comm_real_of(other)));
+        } else if (f[i].kind == COMM_FINGERPRINT) {
+            fprintf(stderr,
+                    "fingerprint %016llx here, from %016llx to %016llx over the ranks: every rank must run the same "
+                    "command on the same files\n",
+                    (unsigned long long)v[i].value, (unsigned long long)v[i].min, (unsigned long long)v[i].max);
+        } else {
+            fprintf(stderr, "%lld here, from %lld to %lld over the ranks\n", (long long)v[i].value, (long long)v[i].min,
+                    (long long)v[i].max);
+        }
+    }
+    return bad;
 }
 
 // comm_free: a non-blocking communicator is finalized (ncclCommFinalize, polled to completion with the

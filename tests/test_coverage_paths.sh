@@ -42,7 +42,7 @@ LONG=$W/$(printf 'x%.0s' $(seq 1 4100))
 # truncated id file, and one of the right size that rank 0 never wrote
 mkdir -p "$W/c0/nccl_id.j0.0.0.tmp" "$W/c1" "$W/c2"
 head -c 10 /dev/zero >"$W/c1/nccl_id.j1.0.0"
-head -c 152 /dev/zero >"$W/c2/nccl_id.j2.0.0"
+head -c 160 /dev/zero >"$W/c2/nccl_id.j2.0.0"
 # staging: the shard's local name is a non-empty directory; the marker's temporary name is a directory
 mkdir -p "$W/st_ren/train_00000.bin/x" "$W/st_mark/.staged-train_00000.bin.tmp"  # (the table's commands expand --data's glob)
 
