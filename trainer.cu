@@ -1570,7 +1570,7 @@ static WriteWatch write_begin(Comm* comm, const Ckpts* ck, double bytes) {
 // writes take S seconds longer.
 static int write_end(Comm* comm, Ckpts* ck, WriteWatch w, int ok) {
     const char* slow = getenv("MLM_TEST_SLOW_WRITE_S");
-    if (comm->rank == 0 && slow) usleep((useconds_t)(atof(slow) * 1e6));
+    if (comm->rank == 0 && slow) comm_sleep_s(atof(slow));
     CommValue v[2] = {
         {"the write failed", comm->rank == 0 && !ok, 0, 0},
         {"milliseconds rank 0's write took", comm->rank == 0 ? (int64_t)((now_s() - w.t0) * 1e3) : 0, 0, 0}};

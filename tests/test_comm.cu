@@ -375,6 +375,18 @@ static void test_agree_one_rank(void) {
     CommValue v[2] = {{"a", 5, 0, 0}, {"b", -3, 0, 0}};
     comm_agree(&c, v, 2);
     CHECK(v[0].min == 5 && v[0].max == 5 && v[1].min == -3 && v[1].max == -3, "one rank: min = max = value");
+    // a table: one rank agrees with itself; the real numbers keep their bits
+    CommFlag f[3] = {comm_flag_int("--steps", 7), comm_flag_real("--lr", (float)5e-3),
+                     comm_flag_smallest("micro-batch", 12)};
+    CommValue w[3];
+    CHECK(comm_agree_flags(&c, f, 3, w) == 0 && w[2].min == 12 && comm_real_of(w[1].value) == (double)(float)5e-3,
+          "one rank's table must agree with itself");
+    // the messages show real numbers with the fewest digits that read back (as a float when they are one)
+    char b[32];
+    CHECK(!strcmp(comm_fmt_real(b, sizeof b, (double)(float)5e-3), "0.005"), "--lr 5e-3 (a float): '%s'", b);
+    CHECK(!strcmp(comm_fmt_real(b, sizeof b, 0.1), "0.1"), "0.1: '%s'", b);
+    CHECK(!strcmp(comm_fmt_real(b, sizeof b, 1.0 / 3.0), "0.3333333333333333"), "1/3 (a double): '%s'", b);
+    CHECK(!strcmp(comm_fmt_real(b, sizeof b, 1e-12), "1e-12"), "1e-12: '%s'", b);
 }
 
 int main(void) {
