@@ -15,6 +15,8 @@
 // 20000 + (a hash of the launch tag) % 20000, never one fixed port. The launch tag hashes the job id,
 // step id, restart count (a requeued job keeps its id) and --out: rank 0 refuses a connection that
 // does not say the same tag, so a stranger (another job on the node) never gets the id, nor gives one.
+// Each connect is bounded by the deadline (a black-holed address costs --nccl-timeout, not the kernel's
+// SYN retries), and rank 0's listen backlog is at least the world size (all ranks may connect at once).
 // With --bootstrap file rank 0 writes the id to DIR/nccl_id.JOB.STEP.RESTART (DIR: --out, on a shared
 // file system), which names the launch, and rewrites it every 0.1 s until every rank has joined; a rank
 // takes the id only once it has seen the file rewritten, so a stale file of an earlier run is never used.
