@@ -1639,7 +1639,7 @@ static uint64_t data_fingerprint(const char* flag, const char* pattern, ShardHea
 
 // agree: every rank runs the same model, flags and data, with the same micro-batch: one AllReduce
 // compares them (comm_agree). A value that differs stops every rank, each naming it with its value and
-// the others' (comm_disagreements). The automatic micro-batch is the smallest any rank can hold. Gives B.
+// the others' (comm_agree_flags). The automatic micro-batch is the smallest any rank can hold. Gives B.
 // The table holds every flag that changes the model, the data a rank reads, the arithmetic, or which
 // collectives run when (a rank that checkpoints, validates or stops at another step would desynchronise
 // them). Adding a flag is one line: comm_flag_int / comm_flag_real / comm_flag_fingerprint (name, value).
