@@ -46,7 +46,8 @@
 //   outermost ncclGroupEnd, which returns the first error. ncclCommInitRank inside a group runs at
 //   once. A thread can drive only one rank of a communicator: a group with calls for two ranks of
 //   the same communicator returns ncclInvalidUsage (real NCCL allows that).
-//   ncclAvg is the sum in rank order divided by nranks (integers: truncating division).
+//   ncclAvg is, as in NCCL, each term times 1/nranks summed around the ring (floating types), or the
+//   sum divided by nranks (integers: truncating division).
 //   Every collective first checks that all ranks called the same thing (kind, count, type, op,
 //   root); if not, every rank gets ncclInvalidUsage instead of garbage.
 //
@@ -483,8 +484,10 @@ static inline A mul(A a, A b) {
 // the sum rounded to bf16), so a bf16 sum is rounded at every hop, not accumulated in fp32. Here the
 // ring is the ranks in order 0, 1, ..., N-1 (NCCL orders it by topology); the piece a rank reduces (its
 // slice of the chunk, or its ReduceScatter block) is its ring piece, so piece r is summed
-// x_{r+1} + x_{r+2} + ... + x_r (indices mod N), rounding to T after every add. ncclAvg is that sum
-// divided by N (NCCL pre-multiplies each term by 1/N for floats: the same for 2 ranks, not bitwise for 3+).
+// x_{r+1} + x_{r+2} + ... + x_r (indices mod N), rounding to T after every add. ncclAvg follows NCCL's
+// enqueue.cc (hostToDevRedOp): for floating types it is a PreMulSum, each rank's term multiplied by the
+// scalar float(1.0 / N) stored in T (a double: 1.0 / N) and rounded to T, then summed as above; for
+// integers the sum divided by N (SumPostDiv).
 
 // narrow: a round trip through the datatype: the value a hop stores (bf16: rounded to nearest even).
 template <typename T, typename A>
@@ -501,17 +504,27 @@ template <typename T, typename A>
 static void reduce_typed(char* dst, const char* src, size_t stride, int nsrc, int first, size_t n, int op) {
     enum { BLOCK = 1024 };
     A acc[BLOCK];
+    // ncclAvg of floating types: each term times 1/N (float(1.0 / N) stored in T; a double's 1.0 / N), then
+    // summed; of integers: the sum divided by N (truncating)
+    const bool premul = op == ncclAvg && !std::is_integral<A>::value;
+    A scale = std::is_same<A, double>::value ? (A)(1.0 / nsrc) : narrow<T, A>((A)(float)(1.0 / nsrc));
     for (size_t i0 = 0; i0 < n; i0 += BLOCK) {
         size_t m = n - i0 < (size_t)BLOCK ? n - i0 : (size_t)BLOCK;
         const T* s = (const T*)(src + (size_t)first * stride) + i0;
-        for (size_t j = 0; j < m; j++) acc[j] = load_acc(s[j]);
+        for (size_t j = 0; j < m; j++) acc[j] = premul ? narrow<T, A>(load_acc(s[j]) * scale) : load_acc(s[j]);
         for (int hop = 1; hop < nsrc; hop++) {
             int q = (first + hop) % nsrc;
             s = (const T*)(src + (size_t)q * stride) + i0;
             switch (op) {
                 case ncclSum:
-                case ncclAvg:
                     for (size_t j = 0; j < m; j++) acc[j] = narrow<T, A>(add<A>(acc[j], load_acc(s[j])));
+                    break;
+                case ncclAvg:
+                    if (premul)
+                        for (size_t j = 0; j < m; j++)
+                            acc[j] = narrow<T, A>(acc[j] + narrow<T, A>(load_acc(s[j]) * scale));
+                    else
+                        for (size_t j = 0; j < m; j++) acc[j] = add<A>(acc[j], load_acc(s[j]));
                     break;
                 case ncclProd:
                     for (size_t j = 0; j < m; j++) acc[j] = narrow<T, A>(mul<A>(acc[j], load_acc(s[j])));
@@ -530,7 +543,7 @@ static void reduce_typed(char* dst, const char* src, size_t stride, int nsrc, in
                     break;
             }
         }
-        if (op == ncclAvg)
+        if (op == ncclAvg && !premul)
             for (size_t j = 0; j < m; j++) acc[j] = (A)(acc[j] / (A)nsrc);
         T* d = (T*)dst + i0;
         for (size_t j = 0; j < m; j++) store_acc(&d[j], acc[j]);

@@ -307,18 +307,24 @@ static int ring_piece(size_t i, size_t count, size_t per, int N) {
     return r;
 }
 
-// reduce_plain: want[i] = the ring's x_{f+1}[base + i] op ... op x_f[base + i] with f = piece[i] (-1: all
-// elements are ReduceScatter block `block`), rounded to the datatype at every hop when ring = 1; in rank
-// order 0..N-1 in fp32, rounded once, when ring = 0 (what the emulation did before it followed the ring).
-// Then divided by N for ncclAvg and rounded. For `count` elements; x_q is the q-th input of length `len`.
+// reduce_model: want[i] = the ring's x_{f+1}[base + i] op ... op x_f[base + i] where f is element i's ring
+// piece (block >= 0: all elements are ReduceScatter block `block`), rounded to the datatype at every hop,
+// ncclAvg's terms first multiplied by 1/N in the datatype, when ring = 1; in rank order 0..N-1 in fp32,
+// rounded once (ncclAvg: the sum / N), when ring = 0 (what the emulation did before it followed the ring).
+// For `count` elements; x_q is the q-th input of length `len`.
 static void reduce_model(const Case* k, const float* x, size_t len, size_t base, size_t count, ncclRedOp_t op,
                          int block, int ring, float* want) {
     int N = k->nranks;
     for (size_t i = 0; i < count; i++) {
         int f = !ring ? 0 : block >= 0 ? (block + 1) % N : (ring_piece(i, count, k->chunk_elems, N) + 1) % N;
+        // ncclAvg on the ring: NCCL's PreMulSum, each term times float(1.0 / N) stored in the datatype
+        float scale = round_to((float)(1.0 / N), k->dt);
+        int premul = ring && op == ncclAvg;
         float a = x[(size_t)f * len + base + i];
+        if (premul) a = round_to(a * scale, k->dt);
         for (int hop = 1; hop < N; hop++) {
             float b = x[(size_t)((f + hop) % N) * len + base + i];
+            if (premul) b = round_to(b * scale, k->dt);
             if (op == ncclMax)
                 a = b > a ? b : a;
             else if (op == ncclMin)
@@ -326,7 +332,7 @@ static void reduce_model(const Case* k, const float* x, size_t len, size_t base,
             else
                 a = ring ? round_to(a + b, k->dt) : a + b;
         }
-        if (op == ncclAvg) a = a / (float)N;
+        if (op == ncclAvg && !premul) a = a / (float)N;
         want[i] = round_to(a, k->dt);
     }
 }
