@@ -15,9 +15,11 @@
 // 20000 + (a hash of the launch tag) % 20000, never one fixed port. The launch tag hashes the job id,
 // step id, restart count (a requeued job keeps its id) and --out: rank 0 refuses a connection that
 // does not say the same tag, so a stranger (another job on the node) never gets the id, nor gives one.
+// Each connect is bounded by the deadline (a black-holed address costs --nccl-timeout, not the kernel's
+// SYN retries), and rank 0's listen backlog is at least the world size (all ranks may connect at once).
 // With --bootstrap file rank 0 writes the id to DIR/nccl_id.JOB.STEP.RESTART (DIR: --out, on a shared
-// file system), which names the launch; started by hand (no Slurm), the file must also be younger than
-// the reader's own start minus 60 s, so a stale file from an earlier run is never used.
+// file system), which names the launch, and rewrites it every 0.1 s until every rank has joined; a rank
+// takes the id only once it has seen the file rewritten, so a stale file of an earlier run is never used.
 //
 // No hangs: the communicator is non-blocking (ncclConfig_t.blocking = 0), and every wait (init, each
 // collective's enqueue, each host sync on a stream with collectives) polls ncclCommGetAsyncError and
@@ -36,6 +38,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -98,15 +101,31 @@ static inline int comm_env_int(const char* name, int dflt) {
     return (int)v;
 }
 
+static inline int comm_env_set(const char* name) { return getenv(name) && *getenv(name); }
+
+// comm_env_pair: a rank variable and its world-size variable come together: exits with one line naming
+// the one that is missing (WORLD_SIZE=2 without RANK must not quietly become rank 0 of 2).
+static inline void comm_env_pair(const char* rank_var, const char* world_var) {
+    if (comm_env_set(rank_var) && comm_env_set(world_var)) return;
+    const char* have = comm_env_set(rank_var) ? rank_var : world_var;
+    fprintf(stderr,
+            "comm: %s=%s is set but %s is not: a launcher sets both (srun: SLURM_PROCID and SLURM_NTASKS; "
+            "torchrun: RANK and WORLD_SIZE)\n",
+            have, getenv(have), have == rank_var ? world_var : rank_var);
+    exit(1);
+}
+
 // comm_from_env: rank, world and local rank of this process (see the top of this file). Exits with one
-// line on values that make no sense, and for a job script that forgot srun.
+// line on values that make no sense, when a rank or world-size variable comes without the other, and for
+// a job script that forgot srun.
 static inline Comm comm_from_env(void) {
     Comm c;
     memset(&c, 0, sizeof c);
     c.timeout_s = COMM_DEFAULT_TIMEOUT_S;
     const char *rank_var = "SLURM_PROCID", *world_var = "SLURM_NTASKS";
-    if (getenv("WORLD_SIZE") && *getenv("WORLD_SIZE")) {  // torchrun style
+    if (comm_env_set("WORLD_SIZE") || (comm_env_set("RANK") && !comm_env_set("SLURM_NTASKS"))) {  // torchrun style
         rank_var = "RANK", world_var = "WORLD_SIZE";
+        comm_env_pair("RANK", "WORLD_SIZE");
         c.world = comm_env_int("WORLD_SIZE", 1);
         c.rank = comm_env_int("RANK", 0);
         c.local_rank = comm_env_int("LOCAL_RANK", 0);
@@ -122,6 +141,7 @@ static inline Comm comm_from_env(void) {
                     getenv("SLURM_JOB_ID"), c.world);
             exit(1);
         }
+        if (c.world > 1) comm_env_pair("SLURM_PROCID", "SLURM_NTASKS");  // srun sets both
     }
     if (c.world < 1 || c.rank >= c.world) {
         fprintf(stderr, "comm: %s=%d is not below %s=%d\n", rank_var, c.rank, world_var, c.world);
@@ -255,6 +275,33 @@ static inline int comm_io(int fd, void* p, size_t n, int writing, double deadlin
     return 0;
 }
 
+// comm_backlog: the listen backlog of rank 0's socket: at least the world size, since all the other ranks
+// may connect at once (the kernel caps it at net.core.somaxconn, 4096 by default since Linux 5.4).
+static inline int comm_backlog(int world) { return world > 128 ? world : 128; }
+
+// comm_connect: connect fd to a, giving up at the deadline (a blocking connect to a black-holed address
+// waits for the kernel's SYN retries, minutes). 0, or -1 with errno set (ETIMEDOUT at the deadline).
+static inline int comm_connect(int fd, const struct sockaddr* a, socklen_t n, double deadline) {
+    int fl = fcntl(fd, F_GETFL, 0);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0) return -1;
+    if (connect(fd, a, n) == 0) return 0;
+    if (errno != EINPROGRESS) return -1;
+    for (;;) {
+        double left = deadline - comm_now_s();
+        if (left <= 0) return errno = ETIMEDOUT, -1;
+        struct pollfd pfd = {fd, POLLOUT, 0};
+        int pr = poll(&pfd, 1, (int)(left * 1000) + 1);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr < 0) return -1;
+        if (pr == 0) continue;
+        int e = 0;
+        socklen_t el = sizeof e;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) != 0) return -1;
+        if (e != 0) return errno = e, -1;
+        return 0;  // connected; fd stays non-blocking (comm_io polls)
+    }
+}
+
 // comm_serve_id: rank 0 listens on `port` and gives the id to world-1 distinct ranks that say the
 // same tag. 0, or -1 with a message in err.
 static inline int comm_serve_id(const Comm* c, int port, uint64_t tag, const ncclUniqueId* id, double deadline,
@@ -265,7 +312,7 @@ static inline int comm_serve_id(const Comm* c, int port, uint64_t tag, const ncc
     struct sockaddr_in a;
     memset(&a, 0, sizeof a);
     a.sin_family = AF_INET, a.sin_port = htons((uint16_t)port), a.sin_addr.s_addr = htonl(INADDR_ANY);
-    if (bind(ls, (struct sockaddr*)&a, sizeof a) != 0 || listen(ls, 128) != 0) {
+    if (bind(ls, (struct sockaddr*)&a, sizeof a) != 0 || listen(ls, comm_backlog(c->world)) != 0) {
         snprintf(err, en,
                  "rank 0 cannot listen on TCP port %d: %s (set MASTER_PORT to a free port, or use --bootstrap file)",
                  port, strerror(errno));
@@ -306,7 +353,8 @@ static inline int comm_serve_id(const Comm* c, int port, uint64_t tag, const ncc
 }
 
 // comm_fetch_id: a rank > 0 connects to rank 0 (retrying until the deadline: rank 0 may not listen
-// yet) and reads the id. 0, or -1 with a message in err.
+// yet; each connect is bounded by the deadline too) and reads the id. 0, or -1 with a message in err.
+// (getaddrinfo may still block on a slow DNS server: MASTER_ADDR as an IP address avoids it.)
 static inline int comm_fetch_id(const Comm* c, const char* host, int port, uint64_t tag, ncclUniqueId* id,
                                 double deadline, char* err, size_t en) {
     char ps[16];
@@ -327,7 +375,7 @@ static inline int comm_fetch_id(const Comm* c, const char* host, int port, uint6
         }
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         int got = -1;
-        if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+        if (fd >= 0 && comm_connect(fd, res->ai_addr, res->ai_addrlen, deadline) == 0) {
             CommHello h;
             memcpy(h.magic, COMM_HELLO_MAGIC, 8);
             h.tag = tag, h.rank = c->rank, h.world = c->world;
@@ -340,7 +388,10 @@ static inline int comm_fetch_id(const Comm* c, const char* host, int port, uint6
                 last = "connected, but no id came back", refused = 1;
             }
         } else if (fd >= 0) {
-            snprintf(why, sizeof why, "%s", strerror(errno));
+            snprintf(why, sizeof why, "%s%s", strerror(errno),
+                     errno == ETIMEDOUT ? ": no answer to the connection (a wrong or unreachable MASTER_ADDR, or a "
+                                          "firewall dropping the port?)"
+                                        : "");
             last = why;
         }
         if (fd >= 0) close(fd);
@@ -356,12 +407,18 @@ static inline int comm_fetch_id(const Comm* c, const char* host, int port, uint6
     return -1;
 }
 
-// The id file of --bootstrap file.
-#define COMM_FILE_MAGIC "MLMNCID1"
+// The id file of --bootstrap file. A stale file (an earlier launch with the same tag that died before every
+// rank joined) must never cost a timeout: rank 0 keeps its file alive, rewriting it every COMM_BEAT_S with
+// the next `beat` until every rank has joined, and a reader takes an id only once it has seen that id's
+// file rewritten (its beat change). A dead launch's file never changes, so a reader waits for the live
+// rank 0's file, whatever the clocks, and without Slurm as with it.
+#define COMM_FILE_MAGIC "MLMNCID2"
+#define COMM_BEAT_S 0.1
 typedef struct {
     char magic[8];
     uint64_t tag;
-    double created;  // CLOCK_REALTIME seconds when rank 0 wrote it
+    double created;  // CLOCK_REALTIME seconds when rank 0 wrote it first (for messages)
+    uint64_t beat;   // 0, 1, 2, ...: rank 0 rewrites the file with the next one every COMM_BEAT_S
     ncclUniqueId id;
 } CommIdFile;
 
@@ -378,29 +435,79 @@ static inline void comm_id_path(char* path, size_t n, const char* dir) {
              rs && *rs ? rs : "0");
 }
 
-// comm_file_id: --bootstrap file. Rank 0 removes a stale file and writes the id (atomically); the others
-// wait for a file of this launch (its tag, and without Slurm a creation time after their own start
-// minus 60 s). 0, or -1 with a message in err.
-static inline int comm_file_id(const Comm* c, const char* dir, uint64_t tag, double started, ncclUniqueId* id,
-                               double deadline, char* err, size_t en) {
-    char path[4096], tmp[4200];
+// comm_write_id_file: f to path, atomically (path.tmp, then rename). 0, or -1.
+static inline int comm_write_id_file(const char* path, const CommIdFile* f) {
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE* fp = fopen(tmp, "wb");
+    if (!fp) return -1;
+    int ok = fwrite(f, sizeof *f, 1, fp) == 1;
+    if (fclose(fp) != 0) ok = 0;
+    if (ok && rename(tmp, path) == 0) return 0;
+    unlink(tmp);
+    return -1;
+}
+
+// Rank 0's heartbeat: a thread that rewrites the id file with beat + 1 every COMM_BEAT_S until stopped.
+typedef struct {
+    char path[4096];
+    CommIdFile f;
+    volatile int stop;
+    int running;
+    pthread_t thread;
+} CommBeat;
+static CommBeat comm_beat;
+
+static inline void* comm_beat_main(void* arg) {
+    CommBeat* b = (CommBeat*)arg;
+    while (!b->stop) {
+        comm_sleep_s(COMM_BEAT_S);
+        b->f.beat++;
+        if (!b->stop) comm_write_id_file(b->path, &b->f);  // a failed rewrite: the next one tries again
+    }
+    return NULL;
+}
+
+// comm_beat_stop: every rank has joined (or the bootstrap is over): stop rewriting and remove the file.
+static inline void comm_beat_stop(void) {
+    if (!comm_beat.running) return;
+    comm_beat.stop = 1;
+    pthread_join(comm_beat.thread, NULL);
+    comm_beat.running = 0;
+    unlink(comm_beat.path);
+}
+
+// comm_file_id: --bootstrap file. Rank 0 writes the id (atomically, over any stale file) and keeps it
+// beating (comm_beat_stop ends that); the others wait for a file of this launch (its tag) whose beat they
+// see change. 0, or -1 with a message in err.
+static inline int comm_file_id(const Comm* c, const char* dir, uint64_t tag, ncclUniqueId* id, double deadline,
+                               char* err, size_t en) {
+    char path[4096];
     comm_id_path(path, sizeof path, dir);
     CommIdFile f;
     if (c->rank == 0) {
-        memset(&f, 0, sizeof f);
-        memcpy(f.magic, COMM_FILE_MAGIC, 8);
-        f.tag = tag, f.created = comm_realtime_s(), f.id = *id;
-        snprintf(tmp, sizeof tmp, "%s.tmp", path);
-        unlink(path);
-        FILE* fp = fopen(tmp, "wb");
-        if (!fp || fwrite(&f, sizeof f, 1, fp) != 1 || fclose(fp) != 0 || rename(tmp, path) != 0) {
+        comm_beat_stop();
+        memset(&comm_beat, 0, sizeof comm_beat);
+        snprintf(comm_beat.path, sizeof comm_beat.path, "%s", path);
+        memcpy(comm_beat.f.magic, COMM_FILE_MAGIC, 8);
+        comm_beat.f.tag = tag, comm_beat.f.created = comm_realtime_s(), comm_beat.f.id = *id;
+        if (comm_write_id_file(path, &comm_beat.f) != 0) {
             snprintf(err, en, "cannot write the NCCL id to %.3000s (is --out a directory every rank can write?)", path);
             return -1;
         }
+        if (pthread_create(&comm_beat.thread, NULL, comm_beat_main, &comm_beat) != 0) {
+            unlink(path);
+            snprintf(err, en, "cannot start the thread that keeps %.3000s fresh", path);
+            return -1;
+        }
+        comm_beat.running = 1;
         return 0;
     }
-    int with_slurm = getenv("SLURM_JOB_ID") != NULL;
     const char* last = "no such file";
+    int seen = 0;  // a file of this launch's tag was read: its id and beat
+    uint64_t seen_beat = 0;
+    ncclUniqueId seen_id;
+    memset(&seen_id, 0, sizeof seen_id);
     while (comm_now_s() < deadline) {
         FILE* fp = fopen(path, "rb");
         if (fp) {
@@ -412,9 +519,10 @@ static inline int comm_file_id(const Comm* c, const char* dir, uint64_t tag, dou
                 last = "not an NCCL id file";
             else if (f.tag != tag)
                 last = "from another launch (other --out, world size or MASTER_PORT)";
-            else if (!with_slurm && f.created < started - 60)
-                last = "stale: written before this run started";
-            else {
+            else if (!seen || memcmp(&f.id, &seen_id, sizeof f.id) != 0) {
+                seen = 1, seen_id = f.id, seen_beat = f.beat;
+                last = "stale: never rewritten, so its rank 0 is gone (an earlier run that died?)";
+            } else if (f.beat != seen_beat) {
                 *id = f.id;
                 return 0;
             }
@@ -518,7 +626,7 @@ typedef struct {
     const char* bootstrap;  // "tcp" or "file"
     const char* dir;        // --bootstrap file: where the id file goes (--out)
     const char* out;        // --out (part of the launch tag; may be NULL)
-    double started;         // CLOCK_REALTIME when this process started (the file method's stale check)
+    double started;         // CLOCK_REALTIME when this process started
 } CommBootstrap;
 
 // comm_init: rank 0's ncclUniqueId to every rank (comm_bootstrap), then a non-blocking communicator of
@@ -533,7 +641,7 @@ static inline void comm_init(Comm* c, const CommBootstrap* b) {
     if (c->rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     int rc;
     if (!strcmp(b->bootstrap, "file")) {
-        rc = comm_file_id(c, b->dir, tag, b->started, &id, deadline, err, sizeof err);
+        rc = comm_file_id(c, b->dir, tag, &id, deadline, err, sizeof err);
     } else {
         int port = comm_port(tag, err, sizeof err);
         rc = port < 0 || comm_master_addr(host, sizeof host, err, sizeof err) ? -1 : 0;
@@ -552,11 +660,7 @@ static inline void comm_init(Comm* c, const CommBootstrap* b) {
         comm_die(c, "ncclCommInitRankConfig", "NCCL error: %s (%s)", ncclGetErrorString(r), ncclGetLastError(NULL));
     }
     comm_poll(c, NULL, "ncclCommInitRankConfig", deadline - comm_now_s() + 1e-3);
-    if (c->rank == 0 && !strcmp(b->bootstrap, "file")) {  // every rank has joined: the id is no longer needed
-        char path[4096];
-        comm_id_path(path, sizeof path, b->dir);
-        unlink(path);
-    }
+    comm_beat_stop();  // --bootstrap file, rank 0: every rank has joined; the id file is no longer needed
 }
 
 // comm_sum: in-place sum over all ranks of n floats on the device (nothing when world == 1).
@@ -573,6 +677,48 @@ typedef struct {
     int64_t value;     // this rank's
     int64_t min, max;  // over all ranks (comm_agree fills them)
 } CommValue;
+
+// An agreement table (comm_agree_flags): each entry a flag's name, how to show it, and this rank's value.
+enum { COMM_INT, COMM_REAL, COMM_FINGERPRINT, COMM_SMALLEST };  // COMM_SMALLEST: all take the minimum, no error
+typedef struct {
+    const char* name;
+    int kind;
+    int64_t value;  // COMM_REAL: the double's bits
+} CommFlag;
+static inline CommFlag comm_flag_int(const char* name, int64_t value) {
+    CommFlag f = {name, COMM_INT, value};
+    return f;
+}
+static inline CommFlag comm_flag_real(const char* name, double d) {
+    CommFlag f = {name, COMM_REAL, 0};
+    memcpy(&f.value, &d, sizeof d);
+    return f;
+}
+static inline CommFlag comm_flag_fingerprint(const char* name, uint64_t h) {
+    CommFlag f = {name, COMM_FINGERPRINT, (int64_t)h};
+    return f;
+}
+static inline CommFlag comm_flag_smallest(const char* name, int64_t value) {
+    CommFlag f = {name, COMM_SMALLEST, value};
+    return f;
+}
+static inline double comm_real_of(int64_t bits) {
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    return d;
+}
+
+// comm_fmt_real: d with the fewest digits that read back as d (as a float when d is one: --lr 5e-3 is
+// "0.005", not 0.00499999989).
+static inline const char* comm_fmt_real(char* buf, size_t n, double d) {
+    int is_float = (double)(float)d == d;
+    for (int p = 1; p <= 17; p++) {
+        snprintf(buf, n, "%.*g", p, d);
+        double back = strtod(buf, NULL);
+        if (is_float ? (float)back == (float)d : back == d) break;
+    }
+    return buf;
+}
 
 // comm_agree: the minimum and maximum over all ranks of each value, with one AllReduce (MAX of the
 // values and of their negations), waited for with the watchdog. With one rank, min = max = value.
@@ -595,6 +741,36 @@ static inline void comm_agree(Comm* c, CommValue* v, int n) {
     cudaFree(d);
     cudaStreamDestroy(s);
     free(h);
+}
+
+// comm_agree_flags: comm_agree of the n flags of a table (v: n values, min and max filled), then one line
+// on stderr for each flag the ranks do not agree on, naming it with this rank's value and the others' (an
+// integer or a fingerprint: the range over the ranks; a real number: another rank's value). Gives how many
+// differ: the same on every rank, so that all stop together.
+static inline int comm_agree_flags(Comm* c, const CommFlag* f, int n, CommValue* v) {
+    for (int i = 0; i < n; i++) v[i].name = f[i].name, v[i].value = f[i].value;
+    comm_agree(c, v, n);
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        if (v[i].min == v[i].max || f[i].kind == COMM_SMALLEST) continue;
+        bad++;
+        fprintf(stderr, "trainer: rank %d of %d: the ranks disagree on %s: ", c->rank, c->world, f[i].name);
+        if (f[i].kind == COMM_REAL) {  // min and max are the bits of two ranks' values (not their numeric order)
+            int64_t other = v[i].value == v[i].min ? v[i].max : v[i].min;
+            char a[32], b[32];
+            fprintf(stderr, "%s here, %s on another rank\n", comm_fmt_real(a, sizeof a, comm_real_of(v[i].value)),
+                    comm_fmt_real(b, sizeof b, comm_real_of(other)));
+        } else if (f[i].kind == COMM_FINGERPRINT) {
+            fprintf(stderr,
+                    "fingerprint %016llx here, from %016llx to %016llx over the ranks: every rank must run the same "
+                    "command on the same files\n",
+                    (unsigned long long)v[i].value, (unsigned long long)v[i].min, (unsigned long long)v[i].max);
+        } else {
+            fprintf(stderr, "%lld here, from %lld to %lld over the ranks\n", (long long)v[i].value, (long long)v[i].min,
+                    (long long)v[i].max);
+        }
+    }
+    return bad;
 }
 
 // comm_free: a non-blocking communicator is finalized (ncclCommFinalize, polled to completion with the

@@ -123,7 +123,8 @@ static void usage(void) {
         "                      by default the first host of the Slurm node list and a port from the job and step\n"
         "                      id; file: through --out, which must be on a file system every rank sees\n"
         "  --nccl-timeout S    a rank that waits S seconds for the others (start-up, a collective) aborts the\n"
-        "                      communicator and exits 1 naming the step and collective (default 120)\n"
+        "                      communicator and exits 1 naming the step and collective (default 120); while\n"
+        "                      rank 0 writes a checkpoint or the export, 60 s + its size at 20 MB/s more\n"
         "exit codes: 0 done or stopped by a signal with a checkpoint; 1 bad input or an error; 2 diverged;\n"
         "  128+N a signal N (SIGTERM, SIGUSR1) before step 1: no checkpoint or export was written\n"
         "\n"
@@ -470,6 +471,7 @@ typedef struct {
     int step;         // the step of the newest good checkpoint this process wrote or loaded; -1: none
     char path[4400];  // its file
     uint64_t tokens;  // real tokens trained on up to the model's step: the trainer keeps it current, saves, loads
+    double slowest_write_s;  // the slowest of rank 0's writes so far (every rank knows it: write_end)
 } Ckpts;
 
 // ckpt_regions: the device buffers a checkpoint holds, in file order, each whole in the file. Gives their
@@ -1668,12 +1670,47 @@ static void print_weights_crc(BertModel* m, const float* master, int rank) {
     free(x);
 }
 
-// checkpoint_now: saves the model and the loader's position after `step`. 0 (with the reason) on failure.
-// Every rank calls it (under ZeRO-1 they gather the shards); rank 0 writes.
+// Rank 0's writes and the others' deadline. Rank 0 alone writes the checkpoints and the export while the
+// other ranks wait for it in a collective; their watchdog must not take a slow file system for a dead rank.
+// So around a write every rank's deadline is --nccl-timeout plus the write's allowance (write_begin), and
+// after it the ranks meet in an agreement under that deadline (write_end), which also tells every rank
+// whether the write succeeded (if not, all stop together) and how long it took. The allowance: 60 s, plus
+// the bytes at 20 MB/s (a slow shared file system), plus 4 times the slowest write so far.
+typedef struct {
+    double t0;         // when the write began
+    double timeout_s;  // the deadline to restore (--nccl-timeout)
+} WriteWatch;
+
+static WriteWatch write_begin(Comm* comm, const Ckpts* ck, double bytes) {
+    WriteWatch w = {now_s(), comm->timeout_s};
+    comm->timeout_s += 60.0 + bytes / 20e6 + 4.0 * ck->slowest_write_s;
+    return w;
+}
+
+// write_end: every rank, after rank 0's write (ok: its result there; any value elsewhere). Gives 1 when
+// rank 0's write succeeded. Test hook (tests/test_launch.sh): MLM_TEST_SLOW_WRITE_S=S makes rank 0's
+// writes take S seconds longer.
+static int write_end(Comm* comm, Ckpts* ck, WriteWatch w, int ok) {
+    const char* slow = getenv("MLM_TEST_SLOW_WRITE_S");
+    if (comm->rank == 0 && slow) comm_sleep_s(atof(slow));
+    CommValue v[2] = {
+        {"the write failed", comm->rank == 0 && !ok, 0, 0},
+        {"milliseconds rank 0's write took", comm->rank == 0 ? (int64_t)((now_s() - w.t0) * 1e3) : 0, 0, 0}};
+    comm_agree(comm, v, 2);
+    comm->timeout_s = w.timeout_s;
+    if (v[1].max / 1e3 > ck->slowest_write_s) ck->slowest_write_s = v[1].max / 1e3;
+    return v[0].max == 0;
+}
+
+// checkpoint_now: saves the model and the loader's position after `step`. 0 (with the reason) on failure,
+// on every rank. Every rank calls it (under ZeRO-1 they gather the shards); rank 0 writes.
 static int checkpoint_now(Ckpts* ck, BertModel* m, const GradReduce* gr, DataLoader* train, int step) {
     DataLoaderState pos = dataloader_state(train);
     char why[4600], what[4600];
-    if (save_checkpoint(ck, m, gr, &pos, why, sizeof why)) return 1;
+    WriteWatch w = write_begin(gr->comm, ck, (double)ckpt_body_bytes(m));
+    int ok = save_checkpoint(ck, m, gr, &pos, why, sizeof why);
+    if (write_end(gr->comm, ck, w, ok)) return 1;
+    if (gr->comm->rank != 0) snprintf(why, sizeof why, "rank 0 could not write the checkpoint (see its log)");
     fprintf(stderr, "trainer: step %d: %s; stopping: %s\n", step, why, ckpt_whats_on_disk(ck, what, sizeof what));
     return 0;
 }
@@ -1723,63 +1760,53 @@ static uint64_t data_fingerprint(const char* flag, const char* pattern, ShardHea
 }
 
 // agree: every rank runs the same model, flags and data, with the same micro-batch: one AllReduce
-// compares them (comm_agree). A value that differs stops every rank, each saying what differs. The
-// automatic micro-batch is the smallest any rank can hold. Gives B.
+// compares them (comm_agree). A value that differs stops every rank, each naming it with its value and
+// the others' (comm_agree_flags). The automatic micro-batch is the smallest any rank can hold. Gives B.
+// The table holds every flag that changes the model, the data a rank reads, the arithmetic, or which
+// collectives run when (a rank that checkpoints, validates or stops at another step would desynchronise
+// them). Adding a flag is one line: comm_flag_int / comm_flag_real / comm_flag_fingerprint (name, value).
 static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uint64_t data_fp, uint64_t val_fp) {
-    double flags[] = {(double)o->warmup,
-                      o->lr,
-                      o->wd,
-                      o->beta1,
-                      o->beta2,
-                      o->eps,
-                      o->clip,
-                      (double)o->seed,
-                      (double)o->resume,
-                      (double)o->run_steps,
-                      (double)o->val_every,
-                      (double)o->val_batches,
-                      (double)o->max_bad_steps,
-                      (double)sizeof(floatX),
-                      (double)o->zero,
-                      (double)o->bucket_mb,
-                      (double)o->grad_reduce_bf16,
-                      (double)o->tokens,
-                      o->epochs};
     const uint64_t h0 = 0xcbf29ce484222325ull;
-    // The first four are numbers (the message shows them); the next four fingerprints; the last the micro-batch.
-    CommValue v[] = {
-        {"--seq", o->T, 0, 0},
-        {"--batch (0: the largest that fits)", o->B, 0, 0},
-        {"--grad-accum", o->grad_accum, 0, 0},
-        {"--steps", o->steps, 0, 0},
-        {"model configuration (--preset or --init-from, the shards' vocabulary)",
-         (int64_t)fingerprint(h0, cfg, sizeof *cfg), 0, 0},
-        {"other training flags (--lr --warmup --wd --beta1 --beta2 --eps --clip --seed --resume --run-steps "
-         "--val-every "
-         "--val-batches --max-bad-steps --zero --bucket-mb --grad-reduce --tokens --epochs)",
-         (int64_t)fingerprint(h0, flags, sizeof flags), 0, 0},
-        {"training data (the --data shards: names in order, sizes, checksums)", (int64_t)data_fp, 0, 0},
-        {"validation data (the --val shards)", (int64_t)val_fp, 0, 0},
-        {"micro-batch", B, 0, 0},
+    CommFlag f[] = {
+        comm_flag_int("--seq", o->T),
+        comm_flag_int("--batch (0: the largest that fits)", o->B),
+        comm_flag_int("--grad-accum", o->grad_accum),
+        comm_flag_int("--steps", o->steps),
+        comm_flag_int("--warmup", o->warmup),
+        comm_flag_real("--lr", o->lr),
+        comm_flag_real("--wd", o->wd),
+        comm_flag_real("--beta1", o->beta1),
+        comm_flag_real("--beta2", o->beta2),
+        comm_flag_real("--eps", o->eps),
+        comm_flag_real("--clip", o->clip),
+        comm_flag_int("--seed", o->seed),
+        comm_flag_int("--resume (1: given)", o->resume),
+        comm_flag_int("--run-steps", o->run_steps),
+        comm_flag_int("--val-every", o->val_every),
+        comm_flag_int("--val-batches", o->val_batches),
+        comm_flag_int("--ckpt-every", o->ckpt_every),
+        comm_flag_int("--max-bad-steps", o->max_bad_steps),
+        comm_flag_int("--zero", o->zero),
+        comm_flag_real("--bucket-mb", o->bucket_mb),
+        comm_flag_int("--grad-reduce (1: bf16)", o->grad_reduce_bf16),
+        comm_flag_int("--tokens", o->tokens),
+        comm_flag_real("--epochs", o->epochs),
+        comm_flag_int("--stage-dir (1: given)", o->stage_dir != NULL),
+        comm_flag_int("the floating-point type of the weights (bytes; the build)", (int64_t)sizeof(floatX)),
+        comm_flag_int("the model's layers (--preset, --init-from)", cfg->layers),
+        comm_flag_int("the model's hidden size (--preset, --init-from)", cfg->hidden),
+        comm_flag_int("the model's heads (--preset, --init-from)", cfg->heads),
+        comm_flag_int("the model's FFN size (--preset, --init-from)", cfg->intermediate),
+        comm_flag_int("the model's positions (--preset, --init-from)", cfg->max_position),
+        comm_flag_int("the model's vocabulary (--init-from, the shards' vocabulary)", cfg->vocab_size),
+        comm_flag_fingerprint("the model configuration (--preset or --init-from)", fingerprint(h0, cfg, sizeof *cfg)),
+        comm_flag_fingerprint("the training data (the --data shards: names in order, sizes, checksums)", data_fp),
+        comm_flag_fingerprint("the validation data (the --val shards)", val_fp),
+        comm_flag_smallest("micro-batch", B),  // last: every rank takes the smallest
     };
-    int n = (int)(sizeof v / sizeof v[0]), bad = 0;
-    comm_agree(comm, v, n);
-    for (int i = 0; i < n - 1; i++) {
-        if (v[i].min == v[i].max) continue;
-        if (i < 4)
-            fprintf(stderr,
-                    "trainer: rank %d of %d: the ranks disagree on %s: %lld here, from %lld to %lld over the ranks\n",
-                    comm->rank, comm->world, v[i].name, (long long)v[i].value, (long long)v[i].min,
-                    (long long)v[i].max);
-        else
-            fprintf(stderr,
-                    "trainer: rank %d of %d: the ranks disagree on the %s: fingerprint %016llx here, from %016llx to "
-                    "%016llx over the ranks: every rank must run the same command on the same files\n",
-                    comm->rank, comm->world, v[i].name, (unsigned long long)v[i].value, (unsigned long long)v[i].min,
-                    (unsigned long long)v[i].max);
-        bad = 1;
-    }
-    if (bad) exit(1);  // every rank sees the same min and max, so every rank stops here
+    enum { n = sizeof f / sizeof f[0] };
+    CommValue v[n];
+    if (comm_agree_flags(comm, f, n, v)) exit(1);  // every rank sees the same min and max: all stop here
     if (comm->rank == 0 && v[n - 1].min != v[n - 1].max)
         printf("micro-batch: B=%lld, the smallest any rank can hold (the ranks' largest: %lld to %lld)\n",
                (long long)v[n - 1].min, (long long)v[n - 1].min, (long long)v[n - 1].max);
@@ -1982,6 +2009,36 @@ static int export_tokenizer(const char* out, const char* data_glob, const ShardH
     printf("note: no tokenizer.json beside the shards (%s) and not a byte vocabulary: the export has no tokenizer\n",
            src);
     return 1;
+}
+
+// export_now: rank 0 writes the final weights w (host, fp32) as a Hugging Face BertForMaskedLM with its
+// tokenizer; every rank calls it and waits for that (write_begin, write_end). 1, or 0 on every rank when the
+// export failed (rank 0 said why).
+static int export_now(const Options* o, Comm* comm, Ckpts* ck, BertModel* model, const float* w,
+                      const ShardHeader* data_h, const BertConfig* cfg) {
+    char what[4600];
+    WriteWatch ww = write_begin(comm, ck, (double)model->p.numel * sizeof(float));
+    int ok = 1;
+    if (comm->rank == 0) {
+        if (!w) {
+            fprintf(stderr, "trainer: out of host memory for the export; %s\n",
+                    ckpt_whats_on_disk(ck, what, sizeof what));
+            ok = 0;
+        } else if (!bert_save_hf(o->out, &model->p, w, data_h->pad_id)) {
+            fprintf(stderr,
+                    "trainer: cannot write the Hugging Face export to %s (any earlier export is untouched); %s\n",
+                    o->out, ckpt_whats_on_disk(ck, what, sizeof what));
+            ok = 0;
+        } else if (!export_tokenizer(o->out, o->data, data_h, cfg->max_position)) {
+            fprintf(stderr, "trainer: the export in %s lacks its tokenizer (see above); %s\n", o->out,
+                    ckpt_whats_on_disk(ck, what, sizeof what));
+            ok = 0;
+        } else {
+            printf("saved %s and the Hugging Face export %s/model.safetensors + config.json + the tokenizer\n",
+                   ck->path, o->out);
+        }
+    }
+    return write_end(comm, ck, ww, ok);
 }
 
 // run_eval: ./trainer --eval SRC: a checkpoint's or an export's weights on the validation shards, exactly as
@@ -2267,7 +2324,6 @@ int main(int argc, char** argv) {
     if (main_rank && !(lg.f = metrics_open(o.out, 1, o.resume ? model.step : -1, &lg.elapsed0))) return 1;
     int bad_steps = 0;  // consecutive steps skipped for a loss or gradient norm that was not finite
     double last_ckpt = now_s();
-    char what[4600];
     training = 1;  // from here a signal finishes the step and saves a checkpoint
     lg.t_loop = now_s();
     while (model.step < last_step) {
@@ -2310,26 +2366,7 @@ int main(int argc, char** argv) {
     // test hook (tests/test_data_parallel.sh): MLM_TEST_WEIGHTS_CRC=1 makes every rank print checksums of the
     // weights it holds, which must be the same on all ranks
     if (w && getenv("MLM_TEST_WEIGHTS_CRC")) print_weights_crc(&model, w, comm.rank);
-    if (main_rank && model.step == o.steps) {
-        if (!w) {
-            fprintf(stderr, "trainer: out of host memory for the export; %s\n",
-                    ckpt_whats_on_disk(&ck, what, sizeof what));
-            return 1;
-        }
-        if (!bert_save_hf(o.out, &model.p, w, pad_id)) {
-            fprintf(stderr,
-                    "trainer: cannot write the Hugging Face export to %s (any earlier export is untouched); %s\n",
-                    o.out, ckpt_whats_on_disk(&ck, what, sizeof what));
-            return 1;
-        }
-        if (!export_tokenizer(o.out, o.data, &data_h, cfg.max_position)) {
-            fprintf(stderr, "trainer: the export in %s lacks its tokenizer (see above); %s\n", o.out,
-                    ckpt_whats_on_disk(&ck, what, sizeof what));
-            return 1;
-        }
-        printf("saved %s and the Hugging Face export %s/model.safetensors + config.json + the tokenizer\n", ck.path,
-               o.out);
-    }
+    if (model.step == o.steps && !export_now(&o, &comm, &ck, &model, w, &data_h, &cfg)) return 1;
     free(w);
     dataloader_free(&train);
     if (o.val) validation_free(&val);

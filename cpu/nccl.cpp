@@ -13,7 +13,8 @@
 //   ranks meet in a barrier: barrier number k means "rank r stores k in its slot's seq, then waits
 //   until every slot's seq >= k". The barrier numbers are counted by every rank the same way, so
 //   no reset is ever needed.
-//   Reductions are done in rank order 0..N-1 (bf16 is accumulated in fp32 and rounded once), and
+//   Reductions follow NCCL's ring (see "The ring's order and rounding" below): each piece is summed
+//   rank after rank around the ring, rounded to the datatype at every hop (bf16 included), and
 //   every rank copies the same result bytes, so all ranks get bitwise the same answer, whatever
 //   the order in which they arrived.
 //
@@ -45,7 +46,8 @@
 //   outermost ncclGroupEnd, which returns the first error. ncclCommInitRank inside a group runs at
 //   once. A thread can drive only one rank of a communicator: a group with calls for two ranks of
 //   the same communicator returns ncclInvalidUsage (real NCCL allows that).
-//   ncclAvg is the sum in rank order divided by nranks (integers: truncating division).
+//   ncclAvg is, as in NCCL, each term times 1/nranks summed around the ring (floating types), or the
+//   sum divided by nranks (integers: truncating division).
 //   Every collective first checks that all ranks called the same thing (kind, count, type, op,
 //   root); if not, every rank gets ncclInvalidUsage instead of garbage.
 //
@@ -233,13 +235,15 @@ static ncclResult_t record_error(ncclComm* c, ncclResult_t code, const char* fmt
 // comm_fail: the communicator is broken for good: keep its first error (sticky); returns code.
 static ncclResult_t comm_fail(ncclComm* c, ncclResult_t code, const char* fmt, ...)
     __attribute__((format(printf, 3, 4)));
+// The message is written before the error is published: a thread that polls ncclCommGetAsyncError and
+// then ncclGetLastError (the trainer's watchdog) must never see the error without its message.
 static ncclResult_t comm_fail(ncclComm* c, ncclResult_t code, const char* fmt, ...) {
-    int none = 0;
-    __atomic_compare_exchange_n(&c->error, &none, (int)code, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
     va_list ap;
     va_start(ap, fmt);
     vrecord_error(c, code, fmt, ap);
     va_end(ap);
+    int none = 0;
+    __atomic_compare_exchange_n(&c->error, &none, (int)code, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
     return code;
 }
 
@@ -470,25 +474,60 @@ static inline A mul(A a, A b) {
     }
 }
 
-// reduce_typed: dst[i] = src_0[i] op src_1[i] op ... op src_{nsrc-1}[i], for i < n, where
-// src_q = src + q * stride (bytes). Folds left in source order, accumulating in A; dst may be src_0.
+// The ring's order and rounding. NCCL's ring AllReduce (src/device/all_reduce.h, runRing) cuts the
+// data into nranks pieces; piece c is sent first by the rank after c in the ring (step 0: "push data to
+// next GPU", chunk ringIx - 1), then each next rank adds its own piece c to what it received and sends
+// the sum on (recvReduceSend, nranks - 2 steps), and rank c adds the last term (recvReduceCopySend); the
+// ReduceScatter ring (src/device/reduce_scatter.h) sums rank r's block in the same order, ending at r.
+// Every hop's add is one FuncSum<T> of two values of the datatype, whose result is stored in the
+// datatype (src/device/reduce_kernel.h: Apply_Reduce<FuncSum<T>> is T(a + b), for bf16 __hadd2 on sm_80+:
+// the sum rounded to bf16), so a bf16 sum is rounded at every hop, not accumulated in fp32. Here the
+// ring is the ranks in order 0, 1, ..., N-1 (NCCL orders it by topology); the piece a rank reduces (its
+// slice of the chunk, or its ReduceScatter block) is its ring piece, so piece r is summed
+// x_{r+1} + x_{r+2} + ... + x_r (indices mod N), rounding to T after every add. ncclAvg follows NCCL's
+// enqueue.cc (hostToDevRedOp): for floating types it is a PreMulSum, each rank's term multiplied by the
+// scalar float(1.0 / N) stored in T (a double: 1.0 / N) and rounded to T, then summed as above; for
+// integers the sum divided by N (SumPostDiv).
+
+// narrow: a round trip through the datatype: the value a hop stores (bf16: rounded to nearest even).
 template <typename T, typename A>
-static void reduce_typed(char* dst, const char* src, size_t stride, int nsrc, size_t n, int op) {
+static inline A narrow(A a) {
+    T t;
+    store_acc(&t, a);
+    return load_acc(t);
+}
+
+// reduce_typed: dst[i] = src_f[i] op src_{f+1}[i] op ... op src_{f-1}[i] (indices mod nsrc), for i < n,
+// where src_q = src + q * stride (bytes) and f = first: folds left in ring order from `first`, rounding
+// each partial sum or product to T (the ring's hops; see above); dst may be src_0.
+template <typename T, typename A>
+static void reduce_typed(char* dst, const char* src, size_t stride, int nsrc, int first, size_t n, int op) {
     enum { BLOCK = 1024 };
     A acc[BLOCK];
+    // ncclAvg of floating types: each term times 1/N (float(1.0 / N) stored in T; a double's 1.0 / N), then
+    // summed; of integers: the sum divided by N (truncating)
+    const bool premul = op == ncclAvg && !std::is_integral<A>::value;
+    A scale = std::is_same<A, double>::value ? (A)(1.0 / nsrc) : narrow<T, A>((A)(float)(1.0 / nsrc));
     for (size_t i0 = 0; i0 < n; i0 += BLOCK) {
         size_t m = n - i0 < (size_t)BLOCK ? n - i0 : (size_t)BLOCK;
-        const T* s = (const T*)src + i0;
-        for (size_t j = 0; j < m; j++) acc[j] = load_acc(s[j]);
-        for (int q = 1; q < nsrc; q++) {
+        const T* s = (const T*)(src + (size_t)first * stride) + i0;
+        for (size_t j = 0; j < m; j++) acc[j] = premul ? narrow<T, A>(load_acc(s[j]) * scale) : load_acc(s[j]);
+        for (int hop = 1; hop < nsrc; hop++) {
+            int q = (first + hop) % nsrc;
             s = (const T*)(src + (size_t)q * stride) + i0;
             switch (op) {
                 case ncclSum:
+                    for (size_t j = 0; j < m; j++) acc[j] = narrow<T, A>(add<A>(acc[j], load_acc(s[j])));
+                    break;
                 case ncclAvg:
-                    for (size_t j = 0; j < m; j++) acc[j] = add<A>(acc[j], load_acc(s[j]));
+                    if (premul)
+                        for (size_t j = 0; j < m; j++)
+                            acc[j] = narrow<T, A>(acc[j] + narrow<T, A>(load_acc(s[j]) * scale));
+                    else
+                        for (size_t j = 0; j < m; j++) acc[j] = add<A>(acc[j], load_acc(s[j]));
                     break;
                 case ncclProd:
-                    for (size_t j = 0; j < m; j++) acc[j] = mul<A>(acc[j], load_acc(s[j]));
+                    for (size_t j = 0; j < m; j++) acc[j] = narrow<T, A>(mul<A>(acc[j], load_acc(s[j])));
                     break;
                 case ncclMax:
                     for (size_t j = 0; j < m; j++) {
@@ -504,7 +543,7 @@ static void reduce_typed(char* dst, const char* src, size_t stride, int nsrc, si
                     break;
             }
         }
-        if (op == ncclAvg)
+        if (op == ncclAvg && !premul)
             for (size_t j = 0; j < m; j++) acc[j] = (A)(acc[j] / (A)nsrc);
         T* d = (T*)dst + i0;
         for (size_t j = 0; j < m; j++) store_acc(&d[j], acc[j]);
@@ -540,34 +579,35 @@ static int can_reduce(int dt) {
     return dtype_size(dt) != 0 && dt != ncclFloat16 && dt != ncclFloat8e4m3 && dt != ncclFloat8e5m2;
 }
 
-static void reduce(int dt, int op, char* dst, const char* src, size_t stride, int nsrc, size_t n) {
+// reduce: reduce_typed for datatype dt, in ring order from source `first`.
+static void reduce(int dt, int op, char* dst, const char* src, size_t stride, int nsrc, int first, size_t n) {
     switch (dt) {
         case ncclInt8:
-            reduce_typed<int8_t, int8_t>(dst, src, stride, nsrc, n, op);
+            reduce_typed<int8_t, int8_t>(dst, src, stride, nsrc, first, n, op);
             break;
         case ncclUint8:
-            reduce_typed<uint8_t, uint8_t>(dst, src, stride, nsrc, n, op);
+            reduce_typed<uint8_t, uint8_t>(dst, src, stride, nsrc, first, n, op);
             break;
         case ncclInt32:
-            reduce_typed<int32_t, int32_t>(dst, src, stride, nsrc, n, op);
+            reduce_typed<int32_t, int32_t>(dst, src, stride, nsrc, first, n, op);
             break;
         case ncclUint32:
-            reduce_typed<uint32_t, uint32_t>(dst, src, stride, nsrc, n, op);
+            reduce_typed<uint32_t, uint32_t>(dst, src, stride, nsrc, first, n, op);
             break;
         case ncclInt64:
-            reduce_typed<int64_t, int64_t>(dst, src, stride, nsrc, n, op);
+            reduce_typed<int64_t, int64_t>(dst, src, stride, nsrc, first, n, op);
             break;
         case ncclUint64:
-            reduce_typed<uint64_t, uint64_t>(dst, src, stride, nsrc, n, op);
+            reduce_typed<uint64_t, uint64_t>(dst, src, stride, nsrc, first, n, op);
             break;
         case ncclFloat32:
-            reduce_typed<float, float>(dst, src, stride, nsrc, n, op);
+            reduce_typed<float, float>(dst, src, stride, nsrc, first, n, op);
             break;
         case ncclFloat64:
-            reduce_typed<double, double>(dst, src, stride, nsrc, n, op);
+            reduce_typed<double, double>(dst, src, stride, nsrc, first, n, op);
             break;
         case ncclBfloat16:
-            reduce_typed<bf16_t, float>(dst, src, stride, nsrc, n, op);
+            reduce_typed<bf16_t, float>(dst, src, stride, nsrc, first, n, op);
             break;
     }
 }
@@ -611,7 +651,8 @@ static ncclResult_t run_allreduce(ncclComm* c, const Call* k) {
         TRY(barrier(c));
         size_t lo = n * me / n_ranks, hi = n * (me + 1) / n_ranks;
         if (hi > lo)
-            reduce(k->dtype, k->op, buf(c, 0) + lo * es, buf(c, 0) + lo * es, c->chunk_bytes, n_ranks, hi - lo);
+            reduce(k->dtype, k->op, buf(c, 0) + lo * es, buf(c, 0) + lo * es, c->chunk_bytes, n_ranks,
+                   (me + 1) % n_ranks, hi - lo);  // slice `me` is ring piece `me`: from rank me + 1 to rank me
         TRY(barrier(c));
         if (k->root < 0 || k->root == me) memcpy(k->recv + off * es, buf(c, 0), n * es);
         TRY(barrier(c));  // buffer 0 is read by all before the next chunk overwrites it
@@ -631,7 +672,8 @@ static ncclResult_t run_reducescatter(ncclComm* c, const Call* k) {
         for (int b = 0; b < c->nranks; b++)
             memcpy(buf(c, me) + b * per * es, k->send + ((size_t)b * k->count + off) * es, n * es);
         TRY(barrier(c));
-        reduce(k->dtype, k->op, k->recv + off * es, buf(c, 0) + me * per * es, c->chunk_bytes, c->nranks, n);
+        reduce(k->dtype, k->op, k->recv + off * es, buf(c, 0) + me * per * es, c->chunk_bytes, c->nranks,
+               (me + 1) % c->nranks, n);  // block `me`: from rank me + 1 around the ring to rank me
         TRY(barrier(c));
     }
     return ncclSuccess;
@@ -916,7 +958,7 @@ static double env_timeout_s(void) {
     double v = strtod(s, &end);
     if (end == s || *end) {
         fprintf(stderr, "cpu nccl: NCCL_EMU_TIMEOUT_S=%s is not a number of seconds\n", s);
-        exit(2);
+        exit(1);  // a configuration error (exit code 2 is the trainer's divergence)
     }
     return v;
 }
@@ -927,7 +969,11 @@ static size_t env_chunk_bytes(int nranks) {
     if (s && *s) {
         char* end;
         unsigned long long v = strtoull(s, &end, 10);
-        if (end != s && v > 0) chunk = (size_t)v;
+        if (end == s || *end || v == 0 || s[0] == '-') {
+            fprintf(stderr, "cpu nccl: NCCL_EMU_CHUNK_BYTES=%s is not a positive number of bytes\n", s);
+            exit(1);
+        }
+        chunk = (size_t)v;
     }
     size_t min_chunk =
         8 * (size_t)nranks > 1024 ? 8 * (size_t)nranks : 1024;  // ReduceScatter needs >= 1 element of each block

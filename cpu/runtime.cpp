@@ -75,7 +75,7 @@ static long long env_ll(const char* name, long long dflt) {
     double v = strtod(s, &end);  // accepts 94e9 as well as 1024
     if (*end || v < 0) {
         fprintf(stderr, "cpu runtime: %s=%s is not a non-negative number\n", name, s);
-        exit(2);
+        exit(1);  // a configuration error (exit code 2 is the trainer's divergence)
     }
     return (long long)v;
 }

@@ -87,7 +87,7 @@ expect_error "--bench-warmup x: expected an integer" ./trainer_cpu --bench --pre
 expect_error "unknown preset nope" ./trainer_cpu --bench --preset tiny,nope --seq 32
 check '! echo "$out" | grep -q "^bench tiny"' "--preset tiny,nope ran tiny before rejecting nope"
 expect_error "--seq 512 is longer than tiny's 40 positions" ./trainer_cpu --bench --preset tiny
-SLURM_NTASKS=2 expect_error "and --bootstrap file needs --out DIR" ./trainer_cpu --bench --bootstrap file --preset tiny --seq 32
+SLURM_NTASKS=2 SLURM_PROCID=0 expect_error "and --bootstrap file needs --out DIR" ./trainer_cpu --bench --bootstrap file --preset tiny --seq 32
 
 # 6. the peer's search for its largest micro-batch, and the micro-batches it times (no torch needed)
 out=$(cd tools && python3 -c '

@@ -4,8 +4,10 @@
 // the port (MASTER_PORT, else from the launch tag, in [20000, 40000)); the launch tag (job, step,
 // restart count, --out); the TCP bootstrap between processes: rank 0 serves the id to the other ranks,
 // refuses a stranger (another launch's tag), a rank whose rank 0 never comes gives up at its deadline
-// naming the address; the file bootstrap: a file of another launch or an old one (no Slurm) is never
-// used, a fresh one is; comm_agree's minimum and maximum over ranks (one rank).
+// naming the address, and one whose rank 0 is black-holed (SYNs dropped) gives up at its deadline too;
+// the listen backlog holds world-1 simultaneous connections; the file bootstrap: a file of another launch
+// or a stale one of this launch (never rewritten, however young) is never used, rank 0's live one is,
+// at once; comm_agree's minimum and maximum over ranks (one rank); the agreement's messages.
 #include <cuda_runtime.h>
 
 #include "../comm.h"
@@ -201,14 +203,12 @@ static void test_tcp(void) {
 // ---------------------------------------------------------------------------------------------
 // The file bootstrap
 
-static void write_id_file(const char* path, uint64_t tag, double created, ncclUniqueId id) {
+static void write_id_file(const char* path, uint64_t tag, double created, uint64_t beat, ncclUniqueId id) {
     CommIdFile f;
     memset(&f, 0, sizeof f);
     memcpy(f.magic, COMM_FILE_MAGIC, 8);
-    f.tag = tag, f.created = created, f.id = id;
-    FILE* fp = fopen(path, "wb");
-    fwrite(&f, sizeof f, 1, fp);
-    fclose(fp);
+    f.tag = tag, f.created = created, f.beat = beat, f.id = id;
+    CHECK(comm_write_id_file(path, &f) == 0, "cannot write %s", path);
 }
 
 static void test_file(void) {
@@ -235,30 +235,137 @@ static void test_file(void) {
 
     Comm c;
     memset(&c, 0, sizeof c);
-    c.rank = 1, c.world = 2, c.timeout_s = 0.3;
+    c.rank = 1, c.world = 2, c.timeout_s = 0.5;
     uint64_t tag = 99;
-    double started = comm_realtime_s();
+    double now = comm_realtime_s();
     char err[4096] = "";
-    ncclUniqueId got, id = some_id(5);
+    ncclUniqueId got, id = some_id(5), old_id = some_id(6);
     // another launch's file
-    write_id_file(path, 98, started, id);
-    CHECK(comm_file_id(&c, dir, tag, started, &got, comm_now_s() + 0.3, err, sizeof err) == -1 &&
+    write_id_file(path, 98, now, 0, id);
+    CHECK(comm_file_id(&c, dir, tag, &got, comm_now_s() + 0.5, err, sizeof err) == -1 &&
               strstr(err, "from another launch") && strstr(err, path),
           "a file with another launch's tag must not be used: %s", err);
-    // an old file of this launch's tag (an earlier run by hand)
-    write_id_file(path, tag, started - 3600, id);
-    CHECK(comm_file_id(&c, dir, tag, started, &got, comm_now_s() + 0.3, err, sizeof err) == -1 && strstr(err, "stale"),
-          "a file from an hour before this run must not be used: %s", err);
-    // rank 0 replaces it with a fresh one, which rank 1 reads
-    Comm c0 = c;
-    c0.rank = 0;
-    CHECK(comm_file_id(&c0, dir, tag, started, &id, comm_now_s() + 1, err, sizeof err) == 0, "rank 0 writes: %s", err);
+    // a stale file of this launch's tag, written just now (an earlier run by hand that died at once): its
+    // beat never changes, so it is never used, however young
+    write_id_file(path, tag, now, 3, old_id);
+    CHECK(comm_file_id(&c, dir, tag, &got, comm_now_s() + 0.5, err, sizeof err) == -1 && strstr(err, "stale"),
+          "a stale file of this launch's tag, written just now, must not be used: %s", err);
+    // rank 0 comes 0.3 s after rank 1 started waiting over the stale file: rank 1 takes rank 0's id as soon
+    // as it has seen it beat, long before its deadline
+    pid_t pid = fork();
+    if (pid == 0) {
+        comm_sleep_s(0.3);
+        Comm c0 = c;
+        c0.rank = 0;
+        char e0[4096] = "";
+        int ok = comm_file_id(&c0, dir, tag, &id, comm_now_s() + 5, e0, sizeof e0) == 0;
+        if (!ok) fprintf(stderr, "rank 0: %s\n", e0);
+        comm_sleep_s(1.5);  // until rank 1 has read it
+        comm_beat_stop();
+        struct stat st;
+        if (stat(path, &st) == 0) ok = 0, fprintf(stderr, "rank 0: comm_beat_stop left %s\n", path);
+        child_exit(ok);
+    }
     memset(&got, 0, sizeof got);
-    CHECK(comm_file_id(&c, dir, tag, started, &got, comm_now_s() + 1, err, sizeof err) == 0 &&
-              !memcmp(&got, &id, sizeof id),
-          "rank 1 must read rank 0's fresh id: %s", err);
+    double t0 = comm_now_s();
+    int r = comm_file_id(&c, dir, tag, &got, t0 + 10, err, sizeof err);
+    double took = comm_now_s() - t0;
+    CHECK(r == 0 && !memcmp(&got, &id, sizeof id) && took < 1.5,
+          "rank 1 over a stale file must read rank 0's fresh id soon after rank 0 writes it: %d after %.2f s: %s", r,
+          took, err);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "file bootstrap: rank 0 failed (status 0x%x)", st);
+    printf(
+        "file bootstrap over a stale id file: rank 1 had the fresh id %.2f s after it began (rank 0 came at "
+        "0.3 s)\n",
+        took);
     unlink(path);
     rmdir(dir);
+}
+
+// A black-holed rank 0: a listening socket on 127.0.0.1 whose accept queue is full (nobody accepts), so
+// the kernel drops further SYNs and a blocking connect would wait for its SYN retries (minutes). The
+// fetch must give up at its deadline, saying the connection got no answer.
+static void test_black_hole(void) {
+    int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET, a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    CHECK(ls >= 0 && bind(ls, (struct sockaddr*)&a, sizeof a) == 0 && listen(ls, 0) == 0 &&
+              getsockname(ls, (struct sockaddr*)&a, &len) == 0,
+          "black hole: cannot listen on 127.0.0.1");
+    int fill[4], nfill = 0;
+    for (int i = 0; i < 4; i++) {  // fill the accept queue (backlog 0 holds one or two)
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        connect(fd, (struct sockaddr*)&a, sizeof a);
+        fill[nfill++] = fd;
+        comm_sleep_s(0.05);
+    }
+    Comm c;
+    memset(&c, 0, sizeof c);
+    c.rank = 1, c.world = 2, c.timeout_s = 1;
+    char err[4096] = "";
+    ncclUniqueId got;
+    double t0 = comm_now_s();
+    int r = comm_fetch_id(&c, "127.0.0.1", ntohs(a.sin_port), 1, &got, t0 + 1, err, sizeof err);
+    double took = comm_now_s() - t0;
+    CHECK(r == -1 && took < 2.5 && strstr(err, "no answer to the connection"),
+          "a black-holed rank 0 with a 1 s deadline: %d after %.2f s: %s", r, took, err);
+    printf("black-holed rank 0, deadline 1 s: gave up after %.2f s\n", took);
+    for (int i = 0; i < nfill; i++) close(fill[i]);
+    close(ls);
+}
+
+// connected_by: did the non-blocking connect of fd complete (writable, no error) before the deadline?
+static int connected_by(int fd, double deadline) {
+    for (;;) {
+        double left = deadline - comm_now_s();
+        struct pollfd p = {fd, POLLOUT, 0};
+        int pr = poll(&p, 1, left > 0 ? (int)(left * 1000) + 1 : 0);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr <= 0) return 0;
+        int e = 0;
+        socklen_t el = sizeof e;
+        return getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) == 0 && e == 0;
+    }
+}
+
+// The backlog: world-1 ranks connecting at once all complete their connection before rank 0 accepts
+// any (with a backlog of 128, only 129 would: the others' SYNs are dropped and retried a second later).
+static void test_backlog(void) {
+    const int world = 300;
+    int somaxconn = 0;
+    FILE* f = fopen("/proc/sys/net/core/somaxconn", "r");
+    if (f) {
+        if (fscanf(f, "%d", &somaxconn) != 1) somaxconn = 0;
+        fclose(f);
+    }
+    CHECK(comm_backlog(world) >= world && comm_backlog(2) >= 128, "comm_backlog(%d) = %d", world, comm_backlog(world));
+    if (somaxconn < world) {
+        printf("skipped: the backlog of %d connections (net.core.somaxconn is %d here)\n", world, somaxconn);
+        return;
+    }
+    int ls = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET, a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    CHECK(ls >= 0 && bind(ls, (struct sockaddr*)&a, sizeof a) == 0 && listen(ls, comm_backlog(world)) == 0 &&
+              getsockname(ls, (struct sockaddr*)&a, &len) == 0,
+          "backlog: cannot listen");
+    int fds[world], done = 0;
+    double deadline = comm_now_s() + 0.7;  // before the kernel's first SYN retry (1 s)
+    for (int i = 0; i < world - 1; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fds[i] >= 0 && fcntl(fds[i], F_SETFL, O_NONBLOCK) == 0) connect(fds[i], (struct sockaddr*)&a, sizeof a);
+    }
+    for (int i = 0; i < world - 1; i++) done += fds[i] >= 0 && connected_by(fds[i], deadline);
+    CHECK(done == world - 1, "backlog: %d of %d connections completed before rank 0 accepted any", done, world - 1);
+    for (int i = 0; i < world - 1; i++)
+        if (fds[i] >= 0) close(fds[i]);
+    close(ls);
 }
 
 static void test_agree_one_rank(void) {
@@ -268,6 +375,18 @@ static void test_agree_one_rank(void) {
     CommValue v[2] = {{"a", 5, 0, 0}, {"b", -3, 0, 0}};
     comm_agree(&c, v, 2);
     CHECK(v[0].min == 5 && v[0].max == 5 && v[1].min == -3 && v[1].max == -3, "one rank: min = max = value");
+    // a table: one rank agrees with itself; the real numbers keep their bits
+    CommFlag f[3] = {comm_flag_int("--steps", 7), comm_flag_real("--lr", (float)5e-3),
+                     comm_flag_smallest("micro-batch", 12)};
+    CommValue w[3];
+    CHECK(comm_agree_flags(&c, f, 3, w) == 0 && w[2].min == 12 && comm_real_of(w[1].value) == (double)(float)5e-3,
+          "one rank's table must agree with itself");
+    // the messages show real numbers with the fewest digits that read back (as a float when they are one)
+    char b[32];
+    CHECK(!strcmp(comm_fmt_real(b, sizeof b, (double)(float)5e-3), "0.005"), "--lr 5e-3 (a float): '%s'", b);
+    CHECK(!strcmp(comm_fmt_real(b, sizeof b, 0.1), "0.1"), "0.1: '%s'", b);
+    CHECK(!strcmp(comm_fmt_real(b, sizeof b, 1.0 / 3.0), "0.3333333333333333"), "1/3 (a double): '%s'", b);
+    CHECK(!strcmp(comm_fmt_real(b, sizeof b, 1e-12), "1e-12"), "1e-12: '%s'", b);
 }
 
 int main(void) {
@@ -277,6 +396,8 @@ int main(void) {
     test_ports_and_tags();
     test_tcp();
     test_file();
+    test_black_hole();
+    test_backlog();
     test_agree_one_rank();
     return test_summary();
 }

@@ -42,7 +42,7 @@ LONG=$W/$(printf 'x%.0s' $(seq 1 4100))
 # truncated id file, and one of the right size that rank 0 never wrote
 mkdir -p "$W/c0/nccl_id.j0.0.0.tmp" "$W/c1" "$W/c2"
 head -c 10 /dev/zero >"$W/c1/nccl_id.j1.0.0"
-head -c 152 /dev/zero >"$W/c2/nccl_id.j2.0.0"
+head -c 160 /dev/zero >"$W/c2/nccl_id.j2.0.0"
 # staging: the shard's local name is a non-empty directory; the marker's temporary name is a directory
 mkdir -p "$W/st_ren/train_00000.bin/x" "$W/st_mark/.staged-train_00000.bin.tmp"  # (the table's commands expand --data's glob)
 
@@ -81,14 +81,14 @@ started by a Slurm job script (SLURM_JOB_ID=7, SLURM_NTASKS=2) but not by srun|S
 RANK=3 is not below WORLD_SIZE=2|WORLD_SIZE=2 RANK=3 $TRAINER ${T[*]} --out $W/o
 --bootstrap udp: expected tcp or file|$TRAINER ${T[*]} --out $W/o --bootstrap udp
 --nccl-timeout 0: expected a number in \[0.1,|$TRAINER ${T[*]} --out $W/o --nccl-timeout 0
-MASTER_PORT=99999: expected a TCP port in \[1, 65535\]|MASTER_PORT=99999 SLURM_NTASKS=2 $TRAINER ${T[*]} --out $W/o
+MASTER_PORT=99999: expected a TCP port in \[1, 65535\]|MASTER_PORT=99999 SLURM_NTASKS=2 SLURM_PROCID=0 $TRAINER ${T[*]} --out $W/o
 SLURM_JOB_NODELIST=node\[01-: not a Slurm host list (set MASTER_ADDR)|SLURM_JOB_NODELIST='node[01-' SLURM_NTASKS=2 SLURM_PROCID=1 $TRAINER ${T[*]} --out $W/o
 rank 1 got no NCCL id from rank 0 at 127.0.0.1:[0-9]* in 1 s|SLURM_NTASKS=2 SLURM_PROCID=1 $TRAINER ${T[*]} --out $W/o --nccl-timeout 1
 rank 0 (TCP port [0-9]*) heard from 0 of the 1 other ranks in 1 s|SLURM_NTASKS=2 SLURM_PROCID=0 $TRAINER ${T[*]} --out $W/o --nccl-timeout 1
 environment variable SLURM_NTASKS=two is not a non-negative integer|SLURM_NTASKS=two $TRAINER ${T[*]} --out $W/o
 SLURM_PROCID=2 is not below SLURM_NTASKS=2|SLURM_NTASKS=2 SLURM_PROCID=2 $TRAINER ${T[*]} --out $W/o
 --bench: cannot create a temporary directory $W/no-tmp/mlm_bench_|TMPDIR=$W/no-tmp $TRAINER --bench --preset tiny --seq 32 --batch 2 --bench-steps 1
---out $W/file/sub: cannot create the directory|SLURM_NTASKS=2 $TRAINER --bench --bootstrap file --preset tiny --seq 32 --out $W/file/sub
+--out $W/file/sub: cannot create the directory|SLURM_NTASKS=2 SLURM_PROCID=0 $TRAINER --bench --bootstrap file --preset tiny --seq 32 --out $W/file/sub
 bootstrap (the NCCL id): cannot write the NCCL id to $W/c0/nccl_id.j0.0.0 |SLURM_JOB_ID=j0 SLURM_STEP_ID=0 SLURM_NTASKS=2 SLURM_PROCID=0 $TRAINER ${T[*]} --out $W/c0 --bootstrap file
 rank 1 waited 1 s for the NCCL id in $W/c1/nccl_id.j1.0.0 (truncated;|SLURM_JOB_ID=j1 SLURM_STEP_ID=0 SLURM_NTASKS=2 SLURM_PROCID=1 $TRAINER ${T[*]} --out $W/c1 --bootstrap file --nccl-timeout 1
 rank 1 waited 1 s for the NCCL id in $W/c2/nccl_id.j2.0.0 (not an NCCL id file;|SLURM_JOB_ID=j2 SLURM_STEP_ID=0 SLURM_NTASKS=2 SLURM_PROCID=1 $TRAINER ${T[*]} --out $W/c2 --bootstrap file --nccl-timeout 1

@@ -7,7 +7,12 @@
 #     different free memory all take the smallest automatic micro-batch;
 #   - launch: inside a Slurm step (SLURM_STEP_ID set), torchrun-style RANK/WORLD_SIZE/LOCAL_RANK;
 #   - bootstrap: --bootstrap file with a stale id file in --out; two launches at once on one node (TCP);
-#     a stranger on the same MASTER_PORT is refused and the launch it tried to join goes on.
+#     a stranger on the same MASTER_PORT is refused and the launch it tried to join goes on; a black-holed
+#     MASTER_ADDR costs --nccl-timeout, not the kernel's SYN retries;
+#   - agreement messages name the flag and both values (--lr, --steps, --ckpt-every under --zero 1);
+#   - the environment: RANK without WORLD_SIZE (and the reverse, and SLURM_NTASKS > 1 without SLURM_PROCID)
+#     is an error; bad EMU_DEVICE_BYTES / NCCL_EMU_TIMEOUT_S exit 1;
+#   - rank 0's checkpoint and export writes may outlast --nccl-timeout (MLM_TEST_SLOW_WRITE_S).
 # Run by tests/run.sh; needs tools/requirements.txt (tools/prepare.py).
 cd "$(dirname "$0")/.."
 pass=0; fail=0
@@ -84,9 +89,17 @@ check '[ "$rc" != running ] && [ "$rc" != 0 ] && grep -qE "rank 1 of 2: step [0-
 rank 0 2 "$W/a" "$W/a0.log" --steps 5
 rank 1 2 "$W/a" "$W/a1.log" --steps 7 --lr 1e-3
 wait "${PIDS[-2]}"; rc0=$?; wait "${PIDS[-1]}"; rc1=$?
-check '[ $rc0 = 1 ] && [ $rc1 = 1 ] && grep -q "rank 0 of 2: the ranks disagree on the other training flags (--lr" "$W/a0.log" &&
+check '[ $rc0 = 1 ] && [ $rc1 = 1 ] && grep -q "rank 0 of 2: the ranks disagree on --lr: 0.005 here, 0.001 on another rank" "$W/a0.log" &&
+  grep -q "rank 1 of 2: the ranks disagree on --lr: 0.001 here, 0.005 on another rank" "$W/a1.log" &&
   grep -q "rank 1 of 2: the ranks disagree on --steps: 7 here, from 5 to 7 over the ranks" "$W/a1.log"' \
   "different --lr and --steps: exits $rc0 $rc1: $(tail -n 2 "$W/a0.log" "$W/a1.log")"
+# --ckpt-every changes the collectives (under --zero 1 every rank gathers the shards for rank 0 to write)
+rank 0 2 "$W/ce" "$W/ce0.log" --steps 5 --zero 1 --ckpt-every 2
+rank 1 2 "$W/ce" "$W/ce1.log" --steps 5 --zero 1 --ckpt-every 3
+wait "${PIDS[-2]}"; rc0=$?; wait "${PIDS[-1]}"; rc1=$?
+check '[ $rc0 = 1 ] && [ $rc1 = 1 ] && grep -q "rank 0 of 2: the ranks disagree on --ckpt-every: 2 here, from 2 to 3 over the ranks" "$W/ce0.log" &&
+  grep -q "rank 1 of 2: the ranks disagree on --ckpt-every: 3 here" "$W/ce1.log"' \
+  "different --ckpt-every under --zero 1: exits $rc0 $rc1: $(tail -n 1 "$W/ce0.log" "$W/ce1.log")"
 rank 0 2 "$W/b" "$W/b0.log" --steps 5
 SLURM_NTASKS=2 SLURM_PROCID=1 ./trainer_cpu --data "$W/data/val_*.bin" --preset tiny --seq 32 --batch 8 --lr 5e-3 \
   --warmup 2 --seed 7 --out "$W/b" --steps 5 >"$W/b1.log" 2>&1
@@ -120,7 +133,7 @@ check 'grep -q "2 process(es)" "$W/t0.log" && [ -f "$W/t/model.safetensors" ]' "
 
 # 5. bootstrap: --bootstrap file over a stale id file (rank 1 first); two launches at once (TCP)
 mkdir -p "$W/f"
-head -c 152 /dev/urandom >"$W/f/nccl_id.local.0.0"
+head -c 160 /dev/urandom >"$W/f/nccl_id.local.0.0"
 rank 1 2 "$W/f" "$W/f1.log" --steps 2 --bootstrap file
 sleep 0.5
 rank 0 2 "$W/f" "$W/f0.log" --steps 2 --bootstrap file
@@ -140,6 +153,63 @@ wait
 check '[ $rc = 1 ] && echo "$out" | grep -q "got no NCCL id from rank 0 at 127.0.0.1:$port .*refused this launch"' \
   "a stranger on port $port: exit $rc: $(echo "$out" | tail -n 1)"
 check '[ -f "$W/m/model.safetensors" ]' "the launch the stranger tried to join: $(tail -n 1 "$W/m0.log" "$W/m1.log")"
+
+# 6. the environment: a rank or world-size variable without the other is an error (never a silent rank 0);
+#    a bad variable of the CPU runtime or NCCL exits 1 (exit code 2 means divergence)
+expect_env() {  # expect_env MESSAGE VAR=VALUE...: the trainer exits 1 saying MESSAGE
+  local want=$1; shift
+  out=$(env "$@" ./trainer_cpu "${COMMON[@]}" --out "$W/e" --steps 2 --nccl-timeout 5 2>&1); rc=$?
+  check '[ $rc = 1 ] && echo "$out" | grep -qF "$want"' "$* : exit $rc, want 1 and '$want': $(echo "$out" | tail -n 1)"
+}
+expect_env "WORLD_SIZE=2 is set but RANK is not" WORLD_SIZE=2
+expect_env "RANK=1 is set but WORLD_SIZE is not" RANK=1
+expect_env "SLURM_NTASKS=2 is set but SLURM_PROCID is not" SLURM_NTASKS=2 SLURM_LOCALID=0
+expect_env "EMU_DEVICE_BYTES=lots is not a non-negative number" EMU_DEVICE_BYTES=lots
+for r in 0 1; do
+  SLURM_NTASKS=2 SLURM_PROCID=$r SLURM_LOCALID=$r NCCL_EMU_TIMEOUT_S=soon ./trainer_cpu "${COMMON[@]}" --out "$W/nt" \
+    --steps 2 --nccl-timeout 20 >"$W/nt$r.log" 2>&1 &
+  PIDS+=($!)
+done
+wait "${PIDS[-2]}"; rc0=$?; wait "${PIDS[-1]}"; rc1=$?
+check '[ $rc0 = 1 ] && [ $rc1 = 1 ] && grep -q "NCCL_EMU_TIMEOUT_S=soon is not a number of seconds" "$W/nt0.log"' \
+  "NCCL_EMU_TIMEOUT_S=soon: exits $rc0 $rc1 (want 1 1): $(tail -n 1 "$W/nt0.log")"
+
+# 7. a black-holed MASTER_ADDR: rank 0's address drops the connection (here a socket on 127.0.0.1 whose accept
+#    queue is full, so the kernel drops the SYNs, as a firewall would); rank 1 gives up at --nccl-timeout 2,
+#    not after the kernel's SYN retries (over two minutes)
+python3 -c '
+import socket, sys, time
+ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(0)
+fill = []
+for i in range(4):
+    s = socket.socket(); s.setblocking(False); s.connect_ex(ls.getsockname()); fill.append(s); time.sleep(0.05)
+print(ls.getsockname()[1], flush=True)
+time.sleep(120)' >"$W/bh.port" &
+PIDS+=($!); bh=$!
+for i in $(seq 1 100); do [ -s "$W/bh.port" ] && break; sleep 0.05; done
+port=$(cat "$W/bh.port")
+t0=$(date +%s.%N)
+out=$(SLURM_NTASKS=2 SLURM_PROCID=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port ./trainer_cpu "${COMMON[@]}" --out "$W/bh" \
+  --steps 2 --nccl-timeout 2 2>&1); rc=$?
+secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+kill "$bh" 2>/dev/null
+check '[ -n "$port" ] && [ $rc = 1 ] && awk -v s="$secs" "BEGIN { exit !(s < 10) }" &&
+  echo "$out" | grep -q "got no NCCL id from rank 0 at 127.0.0.1:$port in 2 s (last: .*no answer to the connection"' \
+  "black-holed MASTER_ADDR (port $port), --nccl-timeout 2: exit $rc after ${secs}s: $(echo "$out" | tail -n 1)"
+echo "  (black-holed MASTER_ADDR, --nccl-timeout 2: rank 1 gave up after ${secs} s)"
+
+# 8. rank 0's writes may outlast --nccl-timeout: the others' deadline covers them. Rank 0 takes 2 s more for
+#    each checkpoint (steps 2 and 4) and the export, with --nccl-timeout 1 and --zero 1; both ranks finish.
+t0=$(date +%s.%N)
+for r in 0 1; do
+  MLM_TEST_SLOW_WRITE_S=2 rank $r 2 "$W/sw" "$W/sw$r.log" --steps 4 --ckpt-every 2 --zero 1 --nccl-timeout 1
+done
+wait "${PIDS[-2]}"; rc0=$?; wait "${PIDS[-1]}"; rc1=$?
+secs=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+check '[ $rc0 = 0 ] && [ $rc1 = 0 ] && [ -f "$W/sw/model.safetensors" ] && [ -f "$W/sw/checkpoint-2.bin" ] &&
+  awk -v s="$secs" "BEGIN { exit !(s >= 6) }"' \
+  "slow writes of rank 0 (2 s each, --nccl-timeout 1): exits $rc0 $rc1 after ${secs}s: $(tail -n 1 "$W/sw0.log" "$W/sw1.log")"
+echo "  (rank 0 writing 2 s longer each time, --nccl-timeout 1: both ranks finished in ${secs} s)"
 
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]

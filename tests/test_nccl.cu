@@ -10,10 +10,13 @@
 // the CPU emulation also the failures:
 // a rank killed with SIGKILL in the middle, a rank that exits without ncclCommDestroy, a rank that
 // stays away (timeout), a rank that never joins, ncclCommAbort from another thread, and ranks
-// that call mismatched collectives. Non-blocking communicators (config.blocking = 0): init and
-// calls that return ncclInProgress and complete as ncclCommGetAsyncError polls them (both builds);
-// on the emulation also a peer stopped with SIGSTOP (the call stays in progress; ncclCommAbort ends
-// it), a rank that never joins a non-blocking init (abort ends it), and a killed peer.
+// that call mismatched collectives (the error after a peer's exit or death names that peer). The
+// emulation's sums are checked bitwise against a plain-C model of NCCL's ring (each piece summed around
+// the ring, rounded to the datatype at every hop: bf16 too), and for bf16 with 3+ ranks the model must
+// differ from a sum rounded once, so that the per-hop rounding is really checked. Non-blocking communicators
+// (config.blocking = 0): init and calls that return ncclInProgress and complete as ncclCommGetAsyncError polls them
+// (both builds); on the emulation also a peer stopped with SIGSTOP (the call stays in progress; ncclCommAbort ends it),
+// a rank that never joins a non-blocking init (abort ends it), and a killed peer.
 //
 // It also builds with nvcc against the real NCCL (nvcc -std=c++17 -arch=sm_90 tests/test_nccl.cu
 // -lnccl). There the results are compared with a tolerance (NCCL sums in ring order, not rank
@@ -42,7 +45,7 @@
 #ifdef __CUDACC__
 #define EMULATION 0  // the real NCCL
 #else
-#define EMULATION 1  // the CPU build (cpu/nccl.cpp): sums in rank order, so results are exact
+#define EMULATION 1  // the CPU build (cpu/nccl.cpp): sums in a known ring order, so results are exact
 #endif
 
 static double now_s(void) {
@@ -240,7 +243,7 @@ static uint64_t fnv(uint64_t h, const void* p, size_t n) {
     return h;
 }
 
-// check_result: exact on the emulation (rank-order fp32 sums, one rounding), a tolerance on real NCCL.
+// check_result: exact on the emulation (the ring model below), a tolerance on real NCCL.
 static void check_result(const char* what, int rank, ncclDataType_t dt, const float* got, const float* want, size_t n) {
     char name[200];
     snprintf(name, sizeof name, "%s %s n=%zu rank %d", what, dt_name(dt), n, rank);
@@ -276,30 +279,77 @@ struct Case {
     int rank, nranks;
     size_t n;
     ncclDataType_t dt;
-    float* x;           // x[q * n + i]: rank q's i-th input
-    float *want, *got;  // scratch, nranks * n each
-    uint64_t hash;      // of everything that must be the same on all ranks
+    size_t chunk_elems;  // elements of dt in one chunk of the emulation (the ring model's pieces)
+    float* x;            // x[q * n + i]: rank q's i-th input
+    float *want, *got;   // scratch, nranks * n each
+    uint64_t hash;       // of everything that must be the same on all ranks
 };
 
-// reduce_plain: want[i] = x_0[base + i] op ... op x_{N-1}[base + i], in rank order in fp32,
-// then divided by N for ncclAvg and rounded once to the datatype; for `count` elements, where
-// x_q is the q-th input of length `len`.
-static void reduce_plain(const Case* k, const float* x, size_t len, size_t base, size_t count, ncclRedOp_t op,
-                         float* want) {
+// A plain-C model of NCCL's ring (cpu/nccl.cpp, "The ring's order and rounding"): ring piece r is summed
+// x_{r+1} + x_{r+2} + ... + x_r (ranks mod N), each partial sum rounded to the datatype (bf16 at every hop).
+// Which piece an element is in: AllReduce cuts each chunk of the emulation (NCCL_EMU_CHUNK_BYTES per rank,
+// rounded as emu_chunk_elems does) into N slices, slice r being piece r; ReduceScatter's block r is piece r.
+
+// emu_chunk_elems: elements of datatype dt in one chunk of the emulation (its env_chunk_bytes rule).
+static size_t emu_chunk_elems(const char* chunk_env, int nranks, ncclDataType_t dt) {
+    size_t chunk = chunk_env ? (size_t)strtoull(chunk_env, NULL, 10) : ((size_t)4 << 20);
+    size_t min_chunk = 8 * (size_t)nranks > 1024 ? 8 * (size_t)nranks : 1024;
+    if (chunk < min_chunk) chunk = min_chunk;
+    return ((chunk + 63) & ~(size_t)63) / dt_size(dt);
+}
+
+// ring_piece: the ring piece of element i of an AllReduce of `count` elements (chunks of `per`).
+static int ring_piece(size_t i, size_t count, size_t per, int N) {
+    size_t off = i / per * per, n = count - off < per ? count - off : per, j = i - off;
+    int r = (int)(j * N / n);
+    while (r + 1 < N && n * (r + 1) / N <= j) r++;
+    while (r > 0 && n * r / N > j) r--;
+    return r;
+}
+
+// reduce_model: want[i] = the ring's x_{f+1}[base + i] op ... op x_f[base + i] where f is element i's ring
+// piece (block >= 0: all elements are ReduceScatter block `block`), rounded to the datatype at every hop,
+// ncclAvg's terms first multiplied by 1/N in the datatype, when ring = 1; in rank order 0..N-1 in fp32,
+// rounded once (ncclAvg: the sum / N), when ring = 0 (what the emulation did before it followed the ring).
+// For `count` elements; x_q is the q-th input of length `len`.
+static void reduce_model(const Case* k, const float* x, size_t len, size_t base, size_t count, ncclRedOp_t op,
+                         int block, int ring, float* want) {
+    int N = k->nranks;
     for (size_t i = 0; i < count; i++) {
-        float a = x[base + i];
-        for (int q = 1; q < k->nranks; q++) {
-            float b = x[(size_t)q * len + base + i];
+        int f = !ring ? 0 : block >= 0 ? (block + 1) % N : (ring_piece(i, count, k->chunk_elems, N) + 1) % N;
+        // ncclAvg on the ring: NCCL's PreMulSum, each term times float(1.0 / N) stored in the datatype
+        float scale = round_to((float)(1.0 / N), k->dt);
+        int premul = ring && op == ncclAvg;
+        float a = x[(size_t)f * len + base + i];
+        if (premul) a = round_to(a * scale, k->dt);
+        for (int hop = 1; hop < N; hop++) {
+            float b = x[(size_t)((f + hop) % N) * len + base + i];
+            if (premul) b = round_to(b * scale, k->dt);
             if (op == ncclMax)
                 a = b > a ? b : a;
             else if (op == ncclMin)
                 a = b < a ? b : a;
             else
-                a = a + b;
+                a = ring ? round_to(a + b, k->dt) : a + b;
         }
-        if (op == ncclAvg) a = a / (float)k->nranks;
+        if (op == ncclAvg && !premul) a = a / (float)N;
         want[i] = round_to(a, k->dt);
     }
+}
+static void reduce_plain(const Case* k, const float* x, size_t len, size_t base, size_t count, ncclRedOp_t op,
+                         float* want) {
+    reduce_model(k, x, len, base, count, op, -1, 1, want);
+}
+
+// ring_matters: for a bf16 sum of 3+ ranks, some elements of the ring's answer must differ from a sum
+// rounded once (else the check of the per-hop rounding could not fail). The count of such elements.
+static size_t ring_matters(const Case* k, const float* x, size_t len, size_t count, int block, const float* ring) {
+    float* once = (float*)malloc(count * sizeof(float));
+    reduce_model(k, x, len, 0, count, ncclSum, block, 0, once);
+    size_t differ = 0;
+    for (size_t i = 0; i < count; i++) differ += once[i] != ring[i];
+    free(once);
+    return differ;
 }
 
 static void test_allreduce(Case* k, ncclRedOp_t op, int in_place, const char* what) {
@@ -312,6 +362,9 @@ static void test_allreduce(Case* k, ncclRedOp_t op, int in_place, const char* wh
     download(k->got, recv, n, k->dt);
     reduce_plain(k, k->x, n, 0, n, op, k->want);
     check_result(what, rank, k->dt, k->got, k->want, n);
+    if (EMULATION && k->dt == ncclBfloat16 && op == ncclSum && k->nranks >= 3 && n >= 999)
+        CHECK(ring_matters(k, k->x, n, n, -1, k->want) > 0,
+              "%s bf16 n=%zu: the ring model never differs from one rounding: the check cannot fail", what, n);
     k->hash = fnv(k->hash, k->got, n * sizeof(float));
     if (!in_place) {  // the input must be untouched
         download(k->want, send, n, k->dt);
@@ -336,8 +389,11 @@ static void test_reducescatter(Case* k, int in_place) {
     void* recv = in_place ? (char*)send + (size_t)rank * rc * es : dev_alloc(rc * es);
     NCCL_OK(ncclReduceScatter(send, recv, rc, k->dt, ncclSum, k->comm, 0));
     download(k->got, recv, rc, k->dt);
-    reduce_plain(k, block, rc, 0, rc, ncclSum, k->want);
+    reduce_model(k, block, rc, 0, rc, ncclSum, rank, 1, k->want);
     check_result(in_place ? "ReduceScatter in-place" : "ReduceScatter", rank, k->dt, k->got, k->want, rc);
+    if (EMULATION && k->dt == ncclBfloat16 && N >= 3 && rc >= 333)
+        CHECK(ring_matters(k, block, rc, rc, rank, k->want) > 0,
+              "ReduceScatter bf16 rc=%zu: the ring model never differs from one rounding", rc);
     if (!in_place) cudaFree(recv);
     cudaFree(send);
     free(mine);
@@ -481,6 +537,7 @@ static void collectives_child(int rank, int nranks, const ncclUniqueId* id, cons
             k.nranks = nranks;
             k.n = a->sizes[si];
             k.dt = d ? ncclBfloat16 : ncclFloat32;
+            k.chunk_elems = emu_chunk_elems(a->chunk_bytes, nranks, k.dt);
             size_t len = (size_t)nranks * k.n;
             k.x = (float*)malloc(len * sizeof(float));
             k.want = (float*)malloc(len * sizeof(float));
@@ -768,6 +825,8 @@ static void exit_child(int rank, int nranks, const ncclUniqueId* id, const void*
     rep->seconds = now_s() - t0;
     CHECK(is_remote_failure(r), "rank 0: AllReduce after the peer exited gave %s", ncclGetErrorString(r));
     CHECK(rep->seconds < 2.0, "rank 0: took %.3f s to notice the exited peer (want < 2 s)", rep->seconds);
+    CHECK(strstr(ncclGetLastError(comm), "rank 1 (pid ") && strstr(ncclGetLastError(comm), "died"),
+          "rank 0: the error after the peer's exit must name it, got '%s'", ncclGetLastError(comm));
     ncclResult_t ae = ncclSuccess;
     NCCL_OK(ncclCommGetAsyncError(comm, &ae));
     CHECK(is_remote_failure(ae), "rank 0: async error %s", ncclGetErrorString(ae));
@@ -919,6 +978,10 @@ static void nb_killed_child(int rank, int nranks, const ncclUniqueId* id, const 
     rep->seconds = now_s() - t0;
     CHECK(is_remote_failure(r) && rep->seconds < 2,
           "rank 0: non-blocking AllReduce with a killed peer: %s after %.3f s", ncclGetErrorString(r), rep->seconds);
+    // the message, read right after the poll saw the error (the trainer's watchdog does so), names the peer
+    const char* msg = ncclGetLastError(comm);
+    CHECK(strstr(msg, "rank 1 (pid ") && strstr(msg, "died"),
+          "rank 0: the error after the peer's death must name it, got '%s'", msg);
     NCCL_OK(ncclCommAbort(comm));
     cudaFree(b);
 }
