@@ -212,14 +212,27 @@ static void check_flag_combinations(const Options* o) {
         why = "--val-every: needs --val GLOB (the validation shards)";
     else if (o->init_from && o->resume)
         why = "--init-from: not with --resume (the checkpoint holds the weights; drop --init-from)";
-    else if (o->preset_given && o->init_from)
-        why = "--preset: not with --init-from (the model's shape comes from its config.json; drop --preset)";
     else if (o->overwrite && o->resume)
         why = "--overwrite: not with --resume (--resume continues the run in --out, --overwrite replaces it)";
     if (why) {
         fprintf(stderr, "trainer: %s\n", why);
         exit(1);
     }
+}
+
+// init_matches_preset: --preset beside --init-from must name the shape the checkpoint has (the weights decide
+// it); a different one is an error instead of being ignored. 1 when it matches or was not given.
+static int init_matches_preset(const Options* o, const BertConfig* c) {
+    BertConfig p;
+    if (!o->preset_given) return 1;
+    if (bert_preset(o->preset, &p) && p.layers == c->layers && p.hidden == c->hidden && p.heads == c->heads &&
+        p.intermediate == c->intermediate)
+        return 1;
+    fprintf(stderr,
+            "trainer: --preset %s: --init-from %s holds another model (%d layers x %d, %d heads, FFN %d), whose shape "
+            "is used; drop --preset\n",
+            o->preset, o->init_from, c->layers, c->hidden, c->heads, c->intermediate);
+    return 0;
 }
 
 static Options parse_options(int argc, char** argv) {
@@ -2389,6 +2402,7 @@ int main(int argc, char** argv) {
             fprintf(stderr, "trainer: --init-from %s: cannot load config.json + model.safetensors\n", o.init_from);
             return 1;
         }
+        if (!init_matches_preset(&o, &cfg)) return 1;
     } else {
         if (!bert_preset(o.preset, &cfg)) {
             fprintf(stderr, "trainer: --preset %s: unknown; one of:", o.preset);

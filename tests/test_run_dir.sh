@@ -7,7 +7,7 @@
 #     --out there is not refused; a dead holder blocks nothing; a second trainer beside a running one is
 #     refused naming it; two 2-rank hand launches at once into one --out: one run forms, the other processes
 #     are refused, nothing hangs;
-#   - flags that were silently ignored are errors; an --out too long or a checkpoint.bin that is a directory
+#   - flags that were silently ignored are errors (--preset beside --init-from when it names another shape); an --out too long or a checkpoint.bin that is a directory
 #     fails at the start; a resume that changes --steps or the global batch says so in one line;
 #   - SIGINT and SIGHUP stop like SIGTERM (a checkpoint, exit 0); with --grad-accum the stop comes between
 #     micro-batches: the step cut short is dropped, the checkpoint is the last complete step, and the resumed
@@ -19,6 +19,7 @@
 # Run by tests/run.sh; needs tools/requirements.txt (python3 tools/prepare.py). TRAINER overrides ./trainer_cpu.
 cd "$(dirname "$0")/.."
 TRAINER=${TRAINER:-./trainer_cpu}
+TRAINER=$(cd "$(dirname "$TRAINER")" && pwd)/$(basename "$TRAINER")  # absolute: one case runs from another directory
 pass=0; fail=0
 ok()  { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL test_run_dir: $*"; }
@@ -46,7 +47,7 @@ wait_gone() {  # wait_gone PID LIMIT_S: sets rc (or "running") and secs
 }
 expect_error() {  # expect_error PATTERN CMD...: exit 1 and PATTERN in the output, no training step
   local want=$1; shift
-  local out; out=$("$@" 2>&1); local rc=$?
+  local out; out=$(timeout 120 "$@" 2>&1); local rc=$?  # (a trainer that should have refused might train on)
   if [ $rc = 1 ] && echo "$out" | grep -q -- "$want" && ! echo "$out" | grep -q "^step "; then ok; else
     bad "expected exit 1 and '$want', got exit $rc: $(echo "$out" | tail -n 2)"
   fi
@@ -115,9 +116,11 @@ check '[ $done0 = 2 ] && [ $refused = 2 ] && [ -z "$other" ] && [ "$(grep -l "an
 # 3. flags that were ignored, an --out too long, a checkpoint.bin that is a directory
 expect_error "trainer: --val-every: needs --val GLOB" "$TRAINER" "${COMMON[@]}" --out "$W/f" --steps 2 --val-every 1
 expect_error "trainer: --init-from: not with --resume" "$TRAINER" "${COMMON[@]}" --out "$W/a" --steps 4 --resume --init-from "$W/a"
-expect_error "trainer: --preset: not with --init-from" "$TRAINER" "${COMMON[@]}" --out "$W/f" --steps 2 --init-from "$W/a"
+expect_error "trainer: --preset mini: --init-from $W/a holds another model (2 layers x 32, 2 heads, FFN 64), whose shape is used; drop --preset" \
+  "$TRAINER" "${COMMON[@]}" --preset mini --out "$W/f" --steps 2 --init-from "$W/a"
 expect_error "trainer: --overwrite: not with --resume" "$TRAINER" "${COMMON[@]}" --out "$W/a" --steps 4 --resume --overwrite
-(cd "$W" && expect_error "trainer: --out: missing its value (got the flag --resume" "$OLDPWD/$TRAINER" "${COMMON[@]}" --out --resume --steps 2)
+cd "$W" && expect_error "trainer: --out: missing its value (got the flag --resume" "$TRAINER" "${COMMON[@]}" --out --resume --steps 2
+cd "$OLDPWD" || exit 1
 check '[ ! -e "$W/--resume" ]' "--out --resume created a directory named --resume"
 cp -r "$W/a" "$W/seed"
 expect_error "trainer: --seed 8: the run in $W/seed was started with --seed 7; drop --seed to resume" \

@@ -95,9 +95,7 @@ check 'grep -qE "^step +4/4" "$W/g0.log" && awk -v n="$norms" "BEGIN { k = split
   "an empty micro-batch at the epoch's end gave gradient norms: $norms $(tail -n 2 "$W/g0.log" "$W/g1.log")"
 
 # 4. starting from a Hugging Face export (run 1's), from node-local copies of the shards
-# (COMMON without --preset: the model's shape comes from the export, and --preset beside --init-from is refused)
-./trainer_cpu --data "$W/data/train_*.bin" --seq 32 --batch 8 --lr 5e-3 --warmup 2 --seed 7 --out "$W/f" --steps 2 \
-  --init-from "$W/a" --stage-dir "$W/local" >"$W/f.log" 2>&1
+./trainer_cpu "${COMMON[@]}" --out "$W/f" --steps 2 --init-from "$W/a" --stage-dir "$W/local" >"$W/f.log" 2>&1
 lf=$(loss_at 1 "$W/f.log")
 echo "  (loss: step 1 $l1, step 20 $l20; from the export, step 1 $lf)"
 # (compared with the untrained start: the step-20 loss is one batch's, and batches differ by more than 0.3)
@@ -129,7 +127,7 @@ expect_error "unknown; one of: tiny mini bert-base" ./trainer_cpu --data "$W/dat
 expect_error "checkpoint.bin" ./trainer_cpu "${COMMON[@]}" --out "$W/e" --steps 5 --resume
 head -c 1000 "$W/a/checkpoint.bin" >"$W/e/checkpoint.bin"
 expect_error "truncated" ./trainer_cpu "${COMMON[@]}" --out "$W/e" --steps 5 --resume
-expect_error "needs .* GiB at B=" env EMU_DEVICE_BYTES=1e8 ./trainer_cpu --data "$W/data/train_*.bin" --out "$W/e" --steps 5 --preset bert-base --seq 512
+expect_error "needs .* GiB at B=" env EMU_DEVICE_BYTES=1e8 ./trainer_cpu --data "$W/data/train_*.bin" --out "$W/e2" --steps 5 --preset bert-base --seq 512
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
