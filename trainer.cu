@@ -2217,7 +2217,7 @@ static int export_tokenizer(const char* out, const char* data_glob, const ShardH
 // disk) leaves the earlier export as it was, never a config.json without its weights. 1, or 0 after a message.
 static int export_run(const char* out, const BertParams* p, const float* w, int pad_id, const char* data_glob,
                       const ShardHeader* h, int max_position) {
-    char stage[4096], from[4400], to[4400];
+    char stage[4064], from[4400], to[4400];  // (stage: room for bert_save_hf's names within PATH_MAX)
     snprintf(stage, sizeof stage, "%s/%s", out, EXPORT_STAGING);
     remove_staging(stage);  // what a crash in an earlier export left
     if (mkdir(stage, 0755) != 0) {
