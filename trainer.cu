@@ -1705,6 +1705,26 @@ static void json_end(FILE* f) {
     fflush(f);
 }
 
+// metrics_cut_partial: a last line without its newline (a writer killed in the middle of a record) is cut off,
+// so that the next record does not continue it: the file holds whole lines only.
+static void metrics_cut_partial(const MetricsFile* mf) {
+    struct stat st;
+    char buf[4096];
+    if (fstat(mf->fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return;
+    off_t at = st.st_size, keep = 0;  // keep: the length up to and with the last newline
+    while (at > 0 && keep == 0) {
+        size_t n = at < (off_t)sizeof buf ? (size_t)at : sizeof buf;
+        at -= (off_t)n;
+        if (pread(mf->fd, buf, n, at) != (ssize_t)n) return;
+        for (size_t i = n; i-- > 0 && keep == 0;)
+            if (buf[i] == '\n') keep = at + (off_t)i + 1;
+    }
+    if (keep == st.st_size) return;
+    if (ftruncate(mf->fd, keep) == 0)
+        printf("note: %s ended in a partial record (%lld bytes: its writer stopped in the middle): cut off\n", mf->path,
+               (long long)(st.st_size - keep));
+}
+
 // metrics_open: opens DIR/metrics.jsonl for appending. With rewrite, first rewrites the file (a temporary
 // file, flushed, renamed) without the records of steps after keep_step and without a partial last line:
 // a resumed run (keep_step = its checkpoint's step) never repeats a step, and a new run (-1) starts a new
@@ -1740,8 +1760,9 @@ static int metrics_open(MetricsFile* mf, const char* dir, int rewrite, int keep_
     memset(mf, 0, sizeof *mf);
     snprintf(mf->path, sizeof mf->path, "%s", path);
     test_hook_env("MLM_TEST_METRICS_FAIL", mf->fail_hook);
-    mf->fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    mf->fd = open(path, O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
     if (mf->fd < 0) fprintf(stderr, "trainer: cannot append to %s: %s\n", path, strerror(errno));
+    if (mf->fd >= 0) metrics_cut_partial(mf);
     return mf->fd >= 0;
 }
 
@@ -2213,8 +2234,9 @@ static int export_tokenizer(const char* out, const char* data_glob, const ShardH
 }
 
 // export_run: the Hugging Face export as one set: model.safetensors, config.json and the tokenizer files are
-// written whole (each flushed) into DIR/.export.tmp/, then renamed into DIR, the weights last. A failure (a full
-// disk) leaves the earlier export as it was, never a config.json without its weights. 1, or 0 after a message.
+// written whole (each flushed) into DIR/.export.tmp/, then every file there renamed into DIR, the weights last. A
+// failure (a full disk) leaves the earlier export as it was, never a config.json without its weights. 1, or 0 after a
+// message.
 static int export_run(const char* out, const BertParams* p, const float* w, int pad_id, const char* data_glob,
                       const ShardHeader* h, int max_position) {
     char stage[4064], from[4400], to[4400];  // (stage: room for bert_save_hf's names within PATH_MAX)
@@ -2225,15 +2247,20 @@ static int export_run(const char* out, const BertParams* p, const float* w, int 
         return 0;
     }
     int ok = bert_save_hf(stage, p, w, pad_id) && export_tokenizer(stage, data_glob, h, max_position);
-    static const char* const order[] = {"tokenizer.json",      "tokenizer_config.json", "special_tokens_map.json",
-                                        "byte_tokenizer.json", "config.json",           "model.safetensors"};
-    for (int i = 0; ok && i < 6; i++) {
-        snprintf(from, sizeof from, "%s/%s", stage, order[i]);
-        snprintf(to, sizeof to, "%s/%s", out, order[i]);
-        if (access(from, F_OK) == 0 && rename(from, to) != 0) {
-            fprintf(stderr, "trainer: cannot rename %s to %s: %s\n", from, to, strerror(errno));
-            ok = 0;
+    for (int last = 0; ok && last < 2; last++) {  // every file staged, model.safetensors in the second pass
+        DIR* d = opendir(stage);
+        struct dirent* e;
+        while (ok && d && (e = readdir(d)) != NULL) {
+            int weights = strcmp(e->d_name, "model.safetensors") == 0;
+            if (e->d_name[0] == '.' || weights != last) continue;
+            snprintf(from, sizeof from, "%s/%s", stage, e->d_name);
+            snprintf(to, sizeof to, "%s/%s", out, e->d_name);
+            if (rename(from, to) != 0) {
+                fprintf(stderr, "trainer: cannot rename %s to %s: %s\n", from, to, strerror(errno));
+                ok = 0;
+            }
         }
+        if (d) closedir(d);
     }
     remove_staging(stage);
     fsync_dir(out);

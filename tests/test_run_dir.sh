@@ -14,7 +14,8 @@
 #     run ends byte-identical to an uninterrupted one (also 2 ranks with the signal on one); a stop with
 #     --grad-accum 100000 is answered within seconds;
 #   - metrics.jsonl writes that fail (MLM_TEST_METRICS_FAIL: half a record, then ENOSPC) are reported once,
-#     leave no torn line, and the run goes on; the export under a file-size limit (ulimit -f) appears whole or
+#     leave no torn line, and the run goes on; a partial last record left by a killed writer is cut off before
+#     --eval --out appends; the export under a file-size limit (ulimit -f) appears whole or
 #     not at all.
 # Run by tests/run.sh; needs tools/requirements.txt (python3 tools/prepare.py). TRAINER overrides ./trainer_cpu.
 cd "$(dirname "$0")/.."
@@ -194,6 +195,12 @@ if python3 -c "import matplotlib" 2>/dev/null; then
   python3 tools/plot.py "$W/m" >"$W/plot.log" 2>&1; rc=$?
   check '[ $rc = 0 ] && [ -s "$W/m/metrics.png" ]' "plot.py on a log with missing records: exit $rc: $(tail -n 1 "$W/plot.log")"
 fi
+# a partial last record (its writer killed mid-line) is cut off before --eval --out appends, not continued
+mkdir -p "$W/pe" && printf '{"kind":"train","step":1,"loss":5}\n{"kind":"train","st' >"$W/pe/metrics.jsonl"
+"$TRAINER" --eval "$W/a/checkpoint.bin" "${VAL[@]}" --batch 8 --val-batches 2 --out "$W/pe" >"$W/pe.log" 2>&1; rc=$?
+kinds=$(python3 -c 'import json, sys; print(" ".join(json.loads(l)["kind"] for l in open(sys.argv[1])))' "$W/pe/metrics.jsonl" 2>&1)
+check '[ $rc = 0 ] && [ "$kinds" = "train eval" ] && grep -q "ended in a partial record (19 bytes: its writer stopped in the middle): cut off" "$W/pe.log"' \
+  "--eval --out after a partial last record (exit $rc): records: $kinds: $(tail -n 1 "$W/pe.log")"
 # the export under a file-size limit (a resume at --steps: only the export is left): all of it or none
 mkdir -p "$W/x" && cp "$W/a/checkpoint.bin" "$W/x/"
 (ulimit -f 60; exec "$TRAINER" "${COMMON[@]}" --out "$W/x" --steps 4 --resume) >"$W/x.log" 2>&1; rc=$?
@@ -201,7 +208,8 @@ check '[ $rc = 1 ] && grep -q "cannot write the Hugging Face export to $W/x (see
   [ ! -e "$W/x/config.json" ] && [ ! -e "$W/x/model.safetensors" ] && [ ! -e "$W/x/byte_tokenizer.json" ] && [ -z "$(ls -a "$W/x" | grep tmp)" ]' \
   "an export that fails (ulimit -f): exit $rc, left $(ls -a "$W/x" | tr '\n' ' '): $(tail -n 1 "$W/x.log")"
 "$TRAINER" "${COMMON[@]}" --out "$W/x" --steps 4 --resume >"$W/x2.log" 2>&1; rc=$?
-check '[ $rc = 0 ] && cmp -s "$W/x/model.safetensors" "$W/a/model.safetensors" && cmp -s "$W/x/config.json" "$W/a/config.json"' \
+check '[ $rc = 0 ] && cmp -s "$W/x/model.safetensors" "$W/a/model.safetensors" && cmp -s "$W/x/config.json" "$W/a/config.json" &&
+  cmp -s "$W/x/byte_tokenizer.json" "$W/a/byte_tokenizer.json" && [ -z "$(ls -a "$W/x" | grep tmp)" ]' \
   "the export written again after the limit: exit $rc: $(tail -n 1 "$W/x2.log")"
 
 echo "$pass passed, $fail failed"
