@@ -82,8 +82,8 @@ static void usage(void) {
     printf(
         "  --init-from DIR     start from a Hugging Face BertForMaskedLM checkpoint instead\n"
         "  --resume            continue from DIR/checkpoint.bin (weights, optimizer, data position)\n"
-        "  --overwrite         start a new run in an --out that holds another run's checkpoints, metrics or\n"
-        "                      export, deleting them first (without it, or --resume, such an --out is refused)\n"
+        "  --overwrite         start a new run in an --out that holds another run's checkpoints or export,\n"
+        "                      deleting them and its metrics first (without it, or --resume, it is refused)\n"
         "  --seq T             tokens per row (default 512)\n"
         "  --batch B           rows per micro-batch per GPU (default 0: the largest that fits in GPU memory)\n"
         "  --grad-accum N      micro-batches per optimizer step (default 1); auto: the fewest that hide the\n"
@@ -1039,27 +1039,24 @@ static int make_out_dir(const char* dir) {
 //   their process, so a lock left by a dead run blocks nothing. (The one file written in place: replacing
 //   it would lose the lock.) --eval, --bench and --plan-only take no lock: they do not write a run's files
 //   (--eval --out appends one whole record to metrics.jsonl).
-// - A new run (no --resume) into a directory that holds another run's checkpoints, metrics or export is
-//   refused unless --overwrite, which deletes them once the new run is ready to write (run_dir_clear).
+// - A new run (no --resume) into a directory that holds another run's checkpoints or export is refused unless
+//   --overwrite, which deletes them once the new run is ready to write (run_dir_clear); the records of a run
+//   that left no checkpoint are kept as metrics.jsonl.prev (run_dir_keep_metrics).
 // - Every file the run will write must be a regular file or absent: a directory named checkpoint.bin fails at
 //   the start, not after training.
 // - DIR/run.json records the run's schedule; a resume that changes it says so in one line (run_schedule).
 #define EXPORT_STAGING ".export.tmp"  // the export is written here whole, then renamed into --out (export_run)
-static const char* const run_files[] = {"checkpoint.bin",
-                                        "checkpoint.bin.tmp",
-                                        "metrics.jsonl",
-                                        "metrics.jsonl.tmp",
-                                        "model.safetensors",
-                                        "config.json",
-                                        "tokenizer.json",
-                                        "tokenizer_config.json",
-                                        "special_tokens_map.json",
-                                        "byte_tokenizer.json",
-                                        "run.json",
-                                        "run.json.tmp",
-                                        "lock"};
+static const char* const run_files[] = {"checkpoint.bin",        "checkpoint.bin.tmp",
+                                        "metrics.jsonl",         "metrics.jsonl.tmp",
+                                        "metrics.jsonl.prev",    "model.safetensors",
+                                        "config.json",           "tokenizer.json",
+                                        "tokenizer_config.json", "special_tokens_map.json",
+                                        "byte_tokenizer.json",   "run.json",
+                                        "run.json.tmp",          "lock"};
 #define RUN_NUM_FILES ((int)(sizeof run_files / sizeof run_files[0]))
-#define RUN_NUM_RESULTS 6  // run_files[0..5] but the .tmp ones: checkpoint.bin, metrics.jsonl, the export
+// A run's results: a new run is refused where any is (or a checkpoint-STEP.bin). A metrics.jsonl alone (a run
+// that never made a checkpoint: a requeued job starts again without --resume) is kept as metrics.jsonl.prev.
+static const char* const run_results[] = {"checkpoint.bin", "model.safetensors", "config.json"};
 
 // run_lock: this rank's byte of DIR/lock (see above). Gives the open descriptor (kept open: closing any
 // descriptor of the file would drop the lock), or -1 after a message naming the holder.
@@ -1075,7 +1072,7 @@ static int run_lock(const char* dir, int rank) {
     memset(&fl, 0, sizeof fl);
     fl.l_type = F_WRLCK, fl.l_whence = SEEK_SET, fl.l_start = rank, fl.l_len = 1;
     if (fcntl(fd, F_SETLK, &fl) != 0) {
-        if (errno == ENOLCK || errno == EOPNOTSUPP || errno == EINVAL) {  // a file system without locks
+        if (errno == ENOLCK || errno == EOPNOTSUPP || errno == EINVAL || errno == ENOSYS) {  // no locks there
             if (rank == 0)
                 printf("note: cannot lock %s (%s): a second run into this --out would not be stopped\n", path,
                        strerror(errno));
@@ -1122,9 +1119,11 @@ static int run_dir_check(const char* dir, const Options* o) {
                     path, S_ISDIR(st.st_mode) ? "a directory" : "a special file");
             return 0;
         }
-        int result = i < RUN_NUM_RESULTS && !strstr(run_files[i], ".tmp");
-        if (result && stat(path, &st) == 0 && st.st_size > 0 && strlen(found) < 900)
-            snprintf(found + strlen(found), sizeof found - strlen(found), "%s%s", *found ? ", " : "", run_files[i]);
+    }
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, run_results[i]);
+        if (stat(path, &st) == 0)
+            snprintf(found + strlen(found), sizeof found - strlen(found), "%s%s", *found ? ", " : "", run_results[i]);
     }
     int numbered = 0;
     DIR* d = opendir(dir);
@@ -1159,6 +1158,21 @@ static void remove_staging(const char* dir) {
     }
     if (d) closedir(d);
     rmdir(dir);
+}
+
+// run_dir_keep_metrics: a new run (no --resume, no --overwrite) in a directory whose metrics.jsonl holds records
+// of a run that left no checkpoint keeps them as metrics.jsonl.prev (replacing an older one), and says so.
+static void run_dir_keep_metrics(const char* dir) {
+    char path[4200], prev[4300];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    snprintf(prev, sizeof prev, "%s.prev", path);
+    if (stat(path, &st) != 0 || st.st_size == 0) return;
+    if (rename(path, prev) == 0)
+        printf("note: %s held %lld bytes of records of an earlier run without a checkpoint: kept as %s\n", path,
+               (long long)st.st_size, prev);
+    else
+        printf("note: cannot keep %s as %s (%s): a new log starts there\n", path, prev, strerror(errno));
 }
 
 // run_dir_clear: --overwrite: the earlier run's files deleted (rank 0, once the new run is ready to write).
@@ -2556,6 +2570,7 @@ int main(int argc, char** argv) {
     lg.t_start = t_start, lg.first_step = model.step + 1, lg.last_step = last_step;
     lg.tokens = (long long)ck.tokens, lg.epoch_tokens = epoch_tokens;
     if (main_rank && o.overwrite) run_dir_clear(o.out);  // the new run is ready: the earlier one's files go
+    if (main_rank && !o.resume && !o.overwrite) run_dir_keep_metrics(o.out);
     if (main_rank) run_schedule(o.out, &o, comm.world, B, model.step);
     MetricsFile metrics;
     if (main_rank && !metrics_open(&metrics, o.out, 1, o.resume ? model.step : -1, &lg.elapsed0)) return 1;

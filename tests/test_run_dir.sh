@@ -2,7 +2,8 @@
 # test_run_dir.sh: one run per --out, every file whole, and the signals that stop a run, on the CPU build
 # (./trainer_cpu), tiny model:
 #   - a finished run's --out: a new run there without --resume is refused and every file stays as it was;
-#     --overwrite replaces it (its numbered checkpoints, metrics and export deleted first);
+#     --overwrite replaces it (its numbered checkpoints, metrics and export deleted first); the records of a
+#     run without a checkpoint are kept as metrics.jsonl.prev by a new run;
 #   - DIR/lock: a holder (another process's fcntl lock) refuses a run, naming its host, pid and job; --eval
 #     --out there is not refused; a dead holder blocks nothing; a second trainer beside a running one is
 #     refused naming it; two 2-rank hand launches at once into one --out: one run forms, the other processes
@@ -59,7 +60,7 @@ expect_error() {  # expect_error PATTERN CMD...: exit 1 and PATTERN in the outpu
 check '[ -f "$W/a/model.safetensors" ] && [ -f "$W/a/checkpoint-3.bin" ] && [ "$(ckpt_step "$W/a/checkpoint.bin")" = 4 ]' \
   "the first run failed: $(tail -n 2 "$W/a.log")"
 before=$(sums "$W/a")
-expect_error "trainer: --out $W/a holds another run (checkpoint.bin, metrics.jsonl, model.safetensors, config.json, 2 checkpoint-STEP.bin): --resume continues it, --overwrite replaces it" \
+expect_error "trainer: --out $W/a holds another run (checkpoint.bin, model.safetensors, config.json, 2 checkpoint-STEP.bin): --resume continues it, --overwrite replaces it" \
   "$TRAINER" "${COMMON[@]}" --out "$W/a" --steps 4
 check '[ "$(sums "$W/a")" = "$before" ]' "a refused run changed the finished run's files"
 cp -r "$W/a" "$W/a2"
@@ -82,10 +83,13 @@ check '[ "$(ls "$W/l")" = lock ]' "a refused run wrote into the locked --out: $(
 "$TRAINER" --eval "$W/a/checkpoint.bin" "${VAL[@]}" --batch 8 --val-batches 2 --out "$W/l" >"$W/ev.log" 2>&1; rc=$?
 check '[ $rc = 0 ] && grep -q "\"kind\":\"eval\"" "$W/l/metrics.jsonl"' "--eval --out into a locked --out (it only appends a record): exit $rc: $(tail -n 1 "$W/ev.log")"
 kill -KILL $holder; wait $holder 2>/dev/null
-rm -f "$W/l/metrics.jsonl"
 "$TRAINER" "${COMMON[@]}" --out "$W/l" --steps 2 >"$W/l.log" 2>&1; rc=$?
 check '[ $rc = 0 ] && [ -f "$W/l/model.safetensors" ] && grep -q "^$(hostname) [0-9]* -$" "$W/l/lock"' \
   "a dead holder's lock blocked a run, or the lock does not name this host (exit $rc): $(tail -n 1 "$W/l.log") / $(cat "$W/l/lock")"
+# (the --eval record there, of no run with a checkpoint, is kept as metrics.jsonl.prev; the new log has 2 steps)
+check 'grep -q "^note: $W/l/metrics.jsonl held [0-9]* bytes of records of an earlier run without a checkpoint: kept as $W/l/metrics.jsonl.prev$" "$W/l.log" &&
+  grep -q "\"kind\":\"eval\"" "$W/l/metrics.jsonl.prev" && [ "$(grep -c . "$W/l/metrics.jsonl")" = 2 ]' \
+  "the records of a run without a checkpoint were not kept: $(grep note "$W/l.log")"
 # a second trainer beside a running one, then SIGINT (Ctrl-C) stops the first with a checkpoint
 "$TRAINER" "${COMMON[@]}" --out "$W/r" --steps 100000 >"$W/r.log" 2>&1 &
 first=$!; PIDS+=($first)
