@@ -14,7 +14,8 @@
 #     micro-batches: the step cut short is dropped, the checkpoint is the last complete step, and the resumed
 #     run ends byte-identical to an uninterrupted one (also 2 ranks with the signal on one); a stop with
 #     --grad-accum 100000 is answered within seconds;
-#   - metrics.jsonl writes that fail (MLM_TEST_METRICS_FAIL: half a record, then ENOSPC) are reported once,
+#   - metrics.jsonl writes that fail (MLM_TEST_METRICS_FAIL: half a record, then ENOSPC; as root also a tmpfs
+#     that fills for a few seconds mid-run) are reported once,
 #     leave no torn line, and the run goes on; a partial last record left by a killed writer is cut off before
 #     --eval --out appends; the export under a file-size limit (ulimit -f) appears whole or
 #     not at all.
@@ -27,8 +28,12 @@ ok()  { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL test_run_dir: $*"; }
 check() { if eval "$1"; then ok; else bad "$2"; fi; }
 W=$(mktemp -d /tmp/mlm_rundir_XXXXXX)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done; rm -rf "$W"; }
+PIDS=(); MOUNTS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  for m in "${MOUNTS[@]}"; do umount "$m" 2>/dev/null; done
+  rm -rf "$W"
+}
 trap cleanup EXIT
 export EMU_THREADS=1  # one OS thread: runs are bitwise repeatable
 unset MLM_TEST_INF_GRAD MLM_TEST_INF_LOSS MLM_TEST_METRICS_FAIL
@@ -39,7 +44,7 @@ COMMON=(--data "$W/data/train_*.bin" --preset tiny --seq 32 --batch 8 --lr 5e-3 
 VAL=(--val "$W/data/val_*.bin")
 ckpt_step() { python3 -c 'import struct,sys; d=open(sys.argv[1],"rb").read(56); print(struct.unpack_from("<i", d, 52)[0])' "$1" 2>/dev/null; }
 sums() { (cd "$1" && find . -type f ! -name lock | sort | xargs md5sum); }
-wait_step() { for i in $(seq 1 1200); do grep -qE "^step +$1/" "$2" && return 0; sleep 0.05; done; return 1; }
+wait_step() { for i in $(seq 1 1200); do grep -qsE "^step +$1/" "$2" && return 0; sleep 0.05; done; return 1; }
 wait_gone() {  # wait_gone PID LIMIT_S: sets rc (or "running") and secs
   local t0; t0=$(date +%s.%N)
   for i in $(seq 1 $(($2 * 20))); do kill -0 "$1" 2>/dev/null || break; sleep 0.05; done
@@ -198,6 +203,32 @@ check '[ $rc = 0 ] && [ "$steps" = "t1 t2 t5 t6 t7 t8 v8" ] && [ "$(grep -c "can
 if python3 -c "import matplotlib" 2>/dev/null; then
   python3 tools/plot.py "$W/m" >"$W/plot.log" 2>&1; rc=$?
   check '[ $rc = 0 ] && [ -s "$W/m/metrics.png" ]' "plot.py on a log with missing records: exit $rc: $(tail -n 1 "$W/plot.log")"
+fi
+# a disk that fills for a few seconds mid-run (a small tmpfs filled, then emptied; root only): the records of
+# those steps are missing, reported once, the file has whole lines only, the run ends with its checkpoint
+if [ "$(id -u)" = 0 ] && mkdir -p "$W/full" && mount -t tmpfs -o size=2m tmpfs "$W/full" 2>/dev/null; then
+  MOUNTS+=("$W/full")
+  "$TRAINER" "${COMMON[@]}" --out "$W/full/run" --steps 60 --ckpt-minutes 0 >"$W/full.log" 2>&1 &
+  p=$!; PIDS+=($p)
+  wait_step 4 "$W/full.log"
+  dd if=/dev/zero of="$W/full/filler" bs=4k 2>/dev/null  # until the disk is full
+  # (the file's last page may still take a few records: wait for the first failure, then two more steps)
+  for i in $(seq 1 1200); do grep -q "cannot append" "$W/full.log" && break; sleep 0.05; done
+  n=$(grep -cE "^step " "$W/full.log")
+  for i in $(seq 1 600); do [ "$(grep -cE "^step " "$W/full.log")" -ge $((n + 2)) ] && break; sleep 0.05; done
+  rm -f "$W/full/filler"
+  wait_gone $p 120
+  lines=$(python3 -c 'import json, sys
+d = open(sys.argv[1]).read(); assert d.endswith("\n")
+print(" ".join(str(json.loads(l)["step"]) for l in d.splitlines()))' "$W/full/run/metrics.jsonl" 2>&1)
+  check '[ "$rc" = 0 ] && [ "$(grep -c "cannot append to $W/full/run/metrics.jsonl: No space left on device" "$W/full.log")" = 1 ] &&
+    grep -q "is written again; the records of steps [0-9]* to [0-9]* are missing from it" "$W/full.log" &&
+    python3 -c "import sys; s = [int(x) for x in sys.argv[1:]]; assert s == sorted(s) and 0 < len(s) < 60 and s[-1] == 60" $lines &&
+    [ "$(ckpt_step "$W/full/run/checkpoint.bin")" = 60 ]' \
+    "a disk full for a while (exit $rc; records: $lines): $(grep trainer: "$W/full.log" | head -n 3)"
+  echo "  (full disk mid-run: $(grep -o "the records of steps [0-9]* to [0-9]* are missing" "$W/full.log"))"
+else
+  echo "  (a disk full for a while: skipped, it needs root to mount a small tmpfs)"
 fi
 # a partial last record (its writer killed mid-line) is cut off before --eval --out appends, not continued
 mkdir -p "$W/pe" && printf '{"kind":"train","step":1,"loss":5}\n{"kind":"train","st' >"$W/pe/metrics.jsonl"
