@@ -1323,6 +1323,8 @@ static void zero_adamw_step(BertModel* m, const GradReduce* gr, const Options* o
 // requests, [3] ZeRO-1: the gradients' sum of squares, [4] checkpoint requests, [5..6] real tokens / 4096
 // and % 4096 (validation has its own sums: Validation).
 enum { S_LOSS, S_COUNT, S_STOP, S_SUMSQ, S_CKPT, S_TOK_HI, S_TOK_LO, S_STEP_N };
+// scratch[S_STEP_N]: the stop agreement between micro-batches (stop_agreed), the last of the 8 floats
+static_assert(S_STEP_N < 8, "batch_maker_alloc gives 8 floats of step sums; stop_agreed uses scratch[S_STEP_N]");
 
 // stop_agreed: between two micro-batches of a step: whether any rank was asked to stop. One float summed over
 // the ranks (slot: scratch[S_STEP_N], the last of batch_maker_alloc's 8), waited for with the watchdog, so every
