@@ -53,6 +53,8 @@ typedef struct {
     double epochs;                     // --epochs E: E passes over the training shards, as steps
     const char* eval;                  // --eval SRC: evaluate a checkpoint or an export on --val; no training
     int seq_given;                     // --seq was given (--eval otherwise takes the source's)
+    int overwrite;                     // --overwrite: a new run may replace the run already in --out
+    int seed_given, preset_given;      // --seed, --preset were given (checked against --resume, --init-from)
 } Options;
 
 static void usage(void) {
@@ -80,6 +82,8 @@ static void usage(void) {
     printf(
         "  --init-from DIR     start from a Hugging Face BertForMaskedLM checkpoint instead\n"
         "  --resume            continue from DIR/checkpoint.bin (weights, optimizer, data position)\n"
+        "  --overwrite         start a new run in an --out that holds another run's checkpoints or export,\n"
+        "                      deleting them and its metrics first (without it, or --resume, it is refused)\n"
         "  --seq T             tokens per row (default 512)\n"
         "  --batch B           rows per micro-batch per GPU (default 0: the largest that fits in GPU memory)\n"
         "  --grad-accum N      micro-batches per optimizer step (default 1); auto: the fewest that hide the\n"
@@ -125,8 +129,10 @@ static void usage(void) {
         "  --nccl-timeout S    a rank that waits S seconds for the others (start-up, a collective) aborts the\n"
         "                      communicator and exits 1 naming the step and collective (default 120); while\n"
         "                      rank 0 writes a checkpoint or the export, 60 s + its size at 20 MB/s more\n"
+        "signals: SIGTERM, SIGINT (Ctrl-C), SIGHUP, SIGUSR1 stop the run after the current micro-batch with a\n"
+        "  checkpoint of the last complete step; one run per --out at a time (DIR/lock names the holder)\n"
         "exit codes: 0 done or stopped by a signal with a checkpoint; 1 bad input or an error; 2 diverged;\n"
-        "  128+N a signal N (SIGTERM, SIGUSR1) before step 1: no checkpoint or export was written\n"
+        "  128+N a signal N (SIGTERM, SIGINT, SIGHUP, SIGUSR1) before step 1: no checkpoint or export was written\n"
         "\n"
         "usage: trainer --bench [--preset A,B,..] [--seq T] [--batch B] [options]   (no shards needed)\n"
         "  times the training step on synthetic packed batches and prints, for each preset (default\n"
@@ -200,6 +206,36 @@ static int test_hook_on(const int h[2], int step) {
     return h[0] > 0 && step >= h[0] && (h[1] == 0 || step < h[0] + h[1]);
 }
 
+// check_flag_combinations: flags that would be silently ignored (or undo each other) are an error instead.
+static void check_flag_combinations(const Options* o) {
+    const char* why = NULL;
+    if (o->val_every && !o->val)
+        why = "--val-every: needs --val GLOB (the validation shards)";
+    else if (o->init_from && o->resume)
+        why = "--init-from: not with --resume (the checkpoint holds the weights; drop --init-from)";
+    else if (o->overwrite && o->resume)
+        why = "--overwrite: not with --resume (--resume continues the run in --out, --overwrite replaces it)";
+    if (why) {
+        fprintf(stderr, "trainer: %s\n", why);
+        exit(1);
+    }
+}
+
+// init_matches_preset: --preset beside --init-from must name the shape the checkpoint has (the weights decide
+// it); a different one is an error instead of being ignored. 1 when it matches or was not given.
+static int init_matches_preset(const Options* o, const BertConfig* c) {
+    BertConfig p;
+    if (!o->preset_given) return 1;
+    if (bert_preset(o->preset, &p) && p.layers == c->layers && p.hidden == c->hidden && p.heads == c->heads &&
+        p.intermediate == c->intermediate)
+        return 1;
+    fprintf(stderr,
+            "trainer: --preset %s: --init-from %s holds another model (%d layers x %d, %d heads, FFN %d), whose shape "
+            "is used; drop --preset\n",
+            o->preset, o->init_from, c->layers, c->hidden, c->heads, c->intermediate);
+    return 0;
+}
+
 static Options parse_options(int argc, char** argv) {
     Options o;
     memset(&o, 0, sizeof o);
@@ -225,11 +261,19 @@ static Options parse_options(int argc, char** argv) {
             o.bench = 1;
             continue;
         }
+        if (!strcmp(a, "--overwrite")) {
+            o.overwrite = 1;
+            continue;
+        }
         if (i + 1 >= argc) {
             fprintf(stderr, "trainer: %s: unknown flag, or missing its value (see --help)\n", a);
             exit(1);
         }
         const char* v = argv[++i];
+        if (v[0] == '-' && v[1] == '-') {  // `--out --resume`: a flag where the value should be
+            fprintf(stderr, "trainer: %s: missing its value (got the flag %s; see --help)\n", a, v);
+            exit(1);
+        }
         if (!strcmp(a, "--data"))
             o.data = v;
         else if (!strcmp(a, "--eval"))
@@ -243,7 +287,7 @@ static Options parse_options(int argc, char** argv) {
         else if (!strcmp(a, "--out"))
             o.out = v;
         else if (!strcmp(a, "--preset"))
-            o.preset = v;
+            o.preset = v, o.preset_given = 1;
         else if (!strcmp(a, "--init-from"))
             o.init_from = v;
         else if (!strcmp(a, "--stage-dir"))
@@ -285,7 +329,7 @@ static Options parse_options(int argc, char** argv) {
         else if (!strcmp(a, "--clip"))
             o.clip = parse_float(a, v, 0, 1e30);
         else if (!strcmp(a, "--seed"))
-            o.seed = parse_int(a, v, 0, (1LL << 62));
+            o.seed = parse_int(a, v, 0, (1LL << 62)), o.seed_given = 1;
         else if (!strcmp(a, "--loader-threads"))
             o.loader_threads = (int)parse_int(a, v, 1, 256);
         else if (!strcmp(a, "--ring"))
@@ -362,6 +406,7 @@ static Options parse_options(int argc, char** argv) {
         fprintf(stderr, "trainer: --data, --out and --steps (or --tokens, or --epochs) are required (see --help)\n");
         exit(1);
     }
+    check_flag_combinations(&o);
     test_hook_env("MLM_TEST_INF_GRAD", o.inf_grad);
     test_hook_env("MLM_TEST_INF_LOSS", o.inf_loss);
     return o;
@@ -981,19 +1026,24 @@ static EvalResult evaluate(BertModel* m, Validation* v, BatchMaker* bm, Comm* co
 }
 
 // A signal asks the run to stop cleanly: Slurm sends SIGTERM before it kills a job (scancel,
-// preemption), and `sbatch --signal=USR1@300` sends SIGUSR1 300 s before the time limit. The step
-// in progress finishes, all ranks agree on it through the step's AllReduce, and the run saves a
-// checkpoint and exits 0; --resume continues. The handlers are installed first thing in main: a signal
-// before step 1 (during shard checks, loading, the NCCL rendezvous: minutes on a big job) has nothing to
-// save, and ends the process at once with exit code 128 + the signal's number, saying so.
+// preemption), `sbatch --signal=USR1@300` sends SIGUSR1 300 s before the time limit, Ctrl-C sends SIGINT
+// and a closed terminal SIGHUP. All four do the same: the ranks agree on the stop after the current
+// micro-batch (train_step: with --grad-accum N > 1 after each micro-batch, else in the step's AllReduce);
+// a step cut short is dropped, and the run saves a checkpoint of the last complete step and exits 0;
+// --resume continues. The handlers are installed first thing in main: a signal before step 1 (during
+// shard checks, loading, the NCCL rendezvous: minutes on a big job) has nothing to save, and ends the
+// process at once with exit code 128 + the signal's number, saying so. SIGXFSZ is ignored, so a file
+// size limit (ulimit -f) fails a write with EFBIG, handled as a full disk, instead of killing the run.
 static volatile sig_atomic_t stop_requested = 0, training = 0;
 static void request_stop(int sig) {
     if (!training) {
-        static const char term[] =
-            "trainer: SIGTERM before step 1: stopping; no checkpoint or export was written (exit code 143)\n";
-        static const char usr1[] =
-            "trainer: SIGUSR1 before step 1: stopping; no checkpoint or export was written (exit code 138)\n";
-        ssize_t w = sig == SIGTERM ? write(2, term, sizeof term - 1) : write(2, usr1, sizeof usr1 - 1);
+        static const char* const msg[] = {
+            "trainer: SIGTERM before step 1: stopping; no checkpoint or export was written (exit code 143)\n",
+            "trainer: SIGINT before step 1: stopping; no checkpoint or export was written (exit code 130)\n",
+            "trainer: SIGHUP before step 1: stopping; no checkpoint or export was written (exit code 129)\n",
+            "trainer: SIGUSR1 before step 1: stopping; no checkpoint or export was written (exit code 138)\n"};
+        const char* m = msg[sig == SIGTERM ? 0 : sig == SIGINT ? 1 : sig == SIGHUP ? 2 : 3];
+        ssize_t w = write(2, m, strlen(m));
         (void)w;
         _exit(128 + sig);
     }
@@ -1006,17 +1056,24 @@ static void install_stop_handlers(void) {
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;  // a stop must not fail a read or write in progress
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
+    signal(SIGXFSZ, SIG_IGN);
 }
 
 // make_out_dir: --out and its missing parents created, and a file written and removed there, so a
 // directory the run could not write fails now, not at the first checkpoint. Gives 1, or 0 after an error.
+#define OUT_MAX_LEN 4000  // --out's length: the run's file names (at most 64 characters) go under it, within PATH_MAX
 static int make_out_dir(const char* dir) {
     char p[4096];
-    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p || !*p) {
-        fprintf(stderr, "trainer: --out '%s': expected a directory path (at most 4095 characters)\n", dir);
+    if (strlen(dir) > OUT_MAX_LEN || !*dir) {
+        fprintf(stderr,
+                "trainer: --out '%.64s%s': expected a directory path of 1 to %d characters (this one has %zu)\n", dir,
+                strlen(dir) > 64 ? "..." : "", OUT_MAX_LEN, strlen(dir));
         return 0;
     }
+    snprintf(p, sizeof p, "%s", dir);
     for (char* s = p + 1;; s++) {  // mkdir -p
         if (*s != '/' && *s) continue;
         char c = *s;
@@ -1033,12 +1090,217 @@ static int make_out_dir(const char* dir) {
         fprintf(stderr, "trainer: --out %s: exists and is not a directory\n", dir);
         return 0;
     }
-    snprintf(p, sizeof p, "%s/.write_test.%d", dir, (int)getpid());
+    // the test file's name is as long as the longest the run writes (64 characters), so a path too long fails now
+    snprintf(p, sizeof p, "%s/.write_test.%010d.%.41s", dir, (int)getpid(),
+             "0123456789012345678901234567890123456789x");
     int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     int ok = fd >= 0 && write_all(fd, "ok\n", 3) && fsync(fd) == 0, why = errno;
     if (fd >= 0) close(fd), unlink(p);
     if (!ok) fprintf(stderr, "trainer: --out %s: cannot write there: %s\n", dir, strerror(why));
     return ok;
+}
+
+// ----------------------------------------------------------------------------
+// The run directory: one run per --out, and nothing of a finished run lost by a new one.
+// - DIR/lock: every rank of a training run holds an fcntl write lock on one byte of it (rank r: byte r)
+//   for the process's life, taken before the NCCL bootstrap; rank 0 writes "HOST PID JOB" into it. A second
+//   launch into the same --out finds its bytes taken and stops with one line naming the holder, before it
+//   could join the first launch's communicator (its ranks see the same launch tag). fcntl locks end with
+//   their process, so a lock left by a dead run blocks nothing. (The one file written in place: replacing
+//   it would lose the lock.) --eval, --bench and --plan-only take no lock: they do not write a run's files
+//   (--eval --out appends one whole record to metrics.jsonl).
+// - A new run (no --resume) into a directory that holds another run's checkpoints or export is refused unless
+//   --overwrite, which deletes them once the new run is ready to write (run_dir_clear); the records of a run
+//   that left no checkpoint are kept as metrics.jsonl.prev (run_dir_keep_metrics).
+// - Every file the run will write must be a regular file or absent: a directory named checkpoint.bin fails at
+//   the start, not after training.
+// - DIR/run.json records the run's schedule; a resume that changes it says so in one line (run_schedule).
+#define EXPORT_STAGING ".export.tmp"  // the export is written here whole, then renamed into --out (export_run)
+static const char* const run_files[] = {"checkpoint.bin",        "checkpoint.bin.tmp",
+                                        "metrics.jsonl",         "metrics.jsonl.tmp",
+                                        "metrics.jsonl.prev",    "model.safetensors",
+                                        "config.json",           "tokenizer.json",
+                                        "tokenizer_config.json", "special_tokens_map.json",
+                                        "byte_tokenizer.json",   "run.json",
+                                        "run.json.tmp",          "lock"};
+#define RUN_NUM_FILES ((int)(sizeof run_files / sizeof run_files[0]))
+// A run's results: a new run is refused where any is (or a checkpoint-STEP.bin). A metrics.jsonl alone (a run
+// that never made a checkpoint: a requeued job starts again without --resume) is kept as metrics.jsonl.prev.
+static const char* const run_results[] = {"checkpoint.bin", "model.safetensors", "config.json"};
+
+// run_lock: this rank's byte of DIR/lock (see above). Gives the open descriptor (kept open: closing any
+// descriptor of the file would drop the lock), or -1 after a message naming the holder.
+static int run_lock(const char* dir, int rank) {
+    char path[4200], line[512] = "";
+    snprintf(path, sizeof path, "%s/lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "trainer: --out %s: cannot open %s: %s\n", dir, path, strerror(errno));
+        return -1;
+    }
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK, fl.l_whence = SEEK_SET, fl.l_start = rank, fl.l_len = 1;
+    if (fcntl(fd, F_SETLK, &fl) != 0) {
+        if (errno == ENOLCK || errno == EOPNOTSUPP || errno == EINVAL || errno == ENOSYS) {  // no locks there
+            if (rank == 0)
+                printf("note: cannot lock %s (%s): a second run into this --out would not be stopped\n", path,
+                       strerror(errno));
+            return fd;
+        }
+        struct flock who = fl;
+        int pid = fcntl(fd, F_GETLK, &who) == 0 && who.l_type != F_UNLCK ? (int)who.l_pid : 0;
+        ssize_t n = pread(fd, line, sizeof line - 1, 0);
+        line[n > 0 ? n : 0] = 0;
+        line[strcspn(line, "\n")] = 0;
+        char host[256] = "?", job[128] = "?";
+        int hpid = 0;
+        if (sscanf(line, "%255s %d %127s", host, &hpid, job) != 3) snprintf(host, sizeof host, "?"), hpid = pid;
+        fprintf(stderr,
+                "trainer: --out %s: another run is using it: %s is held by pid %d on host %s (job %s); wait for it "
+                "to end or stop it, or give another --out\n",
+                dir, path, hpid, host, job);
+        close(fd);
+        return -1;
+    }
+    if (rank == 0) {
+        char host[256] = "?", job[128] = "-";
+        gethostname(host, sizeof host - 1);
+        host[strcspn(host, " \n")] = 0;
+        const char *id = getenv("SLURM_JOB_ID"), *step = getenv("SLURM_STEP_ID");
+        if (id && *id) snprintf(job, sizeof job, "%.60s%s%.60s", id, step && *step ? "." : "", step ? step : "");
+        int k = snprintf(line, sizeof line, "%s %d %s\n", host, (int)getpid(), job);
+        if (ftruncate(fd, 0) != 0 || pwrite(fd, line, (size_t)k, 0) != k)
+            printf("note: cannot write the holder into %s: %s\n", path, strerror(errno));
+    }
+    return fd;
+}
+
+// run_dir_check: every file the run writes is a regular file or absent, and (without --resume or --overwrite)
+// no other run's results are there. Every rank checks (they see the same directory). 1, or 0 after a message.
+static int run_dir_check(const char* dir, const Options* o) {
+    char path[4200], found[1024] = "";
+    struct stat st;
+    for (int i = 0; i < RUN_NUM_FILES; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, run_files[i]);
+        if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+            fprintf(stderr,
+                    "trainer: --out %s: %s is %s, not a file: the run could not write it (remove or rename it)\n", dir,
+                    path, S_ISDIR(st.st_mode) ? "a directory" : "a special file");
+            return 0;
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, run_results[i]);
+        if (stat(path, &st) == 0)
+            snprintf(found + strlen(found), sizeof found - strlen(found), "%s%s", *found ? ", " : "", run_results[i]);
+    }
+    int numbered = 0;
+    DIR* d = opendir(dir);
+    struct dirent* e;
+    while (d && (e = readdir(d)) != NULL) {
+        int s, len;
+        numbered += sscanf(e->d_name, "checkpoint-%d.bin%n", &s, &len) == 1 && e->d_name[len] == 0;
+    }
+    if (d) closedir(d);
+    if (numbered && strlen(found) < 900)
+        snprintf(found + strlen(found), sizeof found - strlen(found), "%s%d checkpoint-STEP.bin", *found ? ", " : "",
+                 numbered);
+    if (*found && !o->resume && !o->overwrite) {
+        fprintf(stderr,
+                "trainer: --out %s holds another run (%s): --resume continues it, --overwrite replaces it (deleting "
+                "those files), or give another --out\n",
+                dir, found);
+        return 0;
+    }
+    return 1;
+}
+
+// remove_staging: the files in dir, then dir itself (the export's staging directory holds files only).
+static void remove_staging(const char* dir) {
+    DIR* d = opendir(dir);
+    struct dirent* e;
+    char p[4608];
+    while (d && (e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+// run_dir_keep_metrics: a new run (no --resume, no --overwrite) in a directory whose metrics.jsonl holds records
+// of a run that left no checkpoint keeps them as metrics.jsonl.prev (replacing an older one), and says so.
+static void run_dir_keep_metrics(const char* dir) {
+    char path[4200], prev[4300];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+    snprintf(prev, sizeof prev, "%s.prev", path);
+    if (stat(path, &st) != 0 || st.st_size == 0) return;
+    if (rename(path, prev) == 0)
+        printf("note: %s held %lld bytes of records of an earlier run without a checkpoint: kept as %s\n", path,
+               (long long)st.st_size, prev);
+    else
+        printf("note: cannot keep %s as %s (%s): a new log starts there\n", path, prev, strerror(errno));
+}
+
+// run_dir_clear: --overwrite: the earlier run's files deleted (rank 0, once the new run is ready to write).
+static void run_dir_clear(const char* dir) {
+    char path[4300];
+    int n = 0;
+    for (int i = 0; i < RUN_NUM_FILES; i++) {
+        if (!strcmp(run_files[i], "lock")) continue;  // ours now
+        snprintf(path, sizeof path, "%s/%s", dir, run_files[i]);
+        n += unlink(path) == 0;
+    }
+    DIR* d = opendir(dir);
+    struct dirent* e;
+    while (d && (e = readdir(d)) != NULL) {
+        int s, len;
+        if (sscanf(e->d_name, "checkpoint-%d.bin%n", &s, &len) == 1 && e->d_name[len] == 0) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            n += unlink(path) == 0;
+        }
+    }
+    if (d) closedir(d);
+    snprintf(path, sizeof path, "%s/%s", dir, EXPORT_STAGING);
+    remove_staging(path);
+    fsync_dir(dir);
+    if (n) printf("--overwrite: removed %d file(s) of the earlier run in %s\n", n, dir);
+}
+
+// run_schedule: writes DIR/run.json (atomically) with this run's schedule; on --resume first compares it with
+// the one there and says in one line what this resume changes (the learning rate follows the new schedule).
+// Rank 0.
+static void run_schedule(const char* dir, const Options* o, int world, int B, int from_step) {
+    char path[4200], buf[512];
+    snprintf(path, sizeof path, "%s/run.json", dir);
+    long long gb = (long long)world * o->grad_accum * B;
+    if (o->resume) {
+        size_t n = 0;
+        char* old = bert_read_file(path, &n);
+        const char* keys[] = {"steps", "warmup", "lr", "global_batch"};
+        double now[] = {(double)o->steps, (double)o->warmup, (double)o->lr, (double)gb};
+        const char* names[] = {"--steps", "--warmup", "--lr", "the global batch (sequences)"};
+        char what[512] = "";
+        for (int i = 0; old && i < 4; i++) {
+            char key[64];
+            snprintf(key, sizeof key, "\"%s\": ", keys[i]);
+            const char* at = strstr(old, key);
+            double was = at ? atof(at + strlen(key)) : now[i];
+            if (fabs(was - now[i]) > 1e-6 * fabs(now[i]) && strlen(what) < 400)
+                snprintf(what + strlen(what), sizeof what - strlen(what), "%s%s %g -> %g", *what ? ", " : "", names[i],
+                         was, now[i]);
+        }
+        if (*what) printf("note: this resume changes the schedule from step %d on: %s\n", from_step + 1, what);
+        free(old);
+    }
+    int k = snprintf(buf, sizeof buf,
+                     "{\"steps\": %d, \"warmup\": %d, \"lr\": %.9g, \"global_batch\": %lld, \"world\": %d, "
+                     "\"grad_accum\": %d, \"batch\": %d, \"seq\": %d}\n",
+                     o->steps, o->warmup, o->lr, gb, world, o->grad_accum, B, o->T);
+    if (!bert_write_file(path, buf, (size_t)k, NULL, 0)) printf("note: %s not written (see above)\n", path);
 }
 
 static float lr_at(const Options* o, int step) {  // step counts from 1
@@ -1089,6 +1351,7 @@ typedef struct {
     int stop;              // some rank was asked to stop (a signal): every rank stops after this step
     int ckpt;              // rank 0 asked for a checkpoint after this step (--ckpt-minutes): every rank knows
     int skipped;           // the loss or the gradient norm was not finite: no update was made
+    int dropped;           // a stop between micro-batches: the step was abandoned (no update, gradients cleared)
 } StepResult;
 
 // model_set_params: a host fp32 slab (numel floats) as the weights; under ZeRO-1 this rank keeps its shard of
@@ -1130,6 +1393,19 @@ static void zero_adamw_step(BertModel* m, const GradReduce* gr, const Options* o
 // requests, [3] ZeRO-1: the gradients' sum of squares, [4] checkpoint requests, [5..6] real tokens / 4096
 // and % 4096 (validation has its own sums: Validation).
 enum { S_LOSS, S_COUNT, S_STOP, S_SUMSQ, S_CKPT, S_TOK_HI, S_TOK_LO, S_STEP_N };
+// scratch[S_STEP_N]: the stop agreement between micro-batches (stop_agreed), the last of the 8 floats
+static_assert(S_STEP_N < 8, "batch_maker_alloc gives 8 floats of step sums; stop_agreed uses scratch[S_STEP_N]");
+
+// stop_agreed: between two micro-batches of a step: whether any rank was asked to stop. One float summed over
+// the ranks (slot: scratch[S_STEP_N], the last of batch_maker_alloc's 8), waited for with the watchdog, so every
+// rank decides the same after the same micro-batch; with one rank, the flag itself (no sync).
+static int stop_agreed(Comm* comm, float* slot, cudaStream_t s) {
+    if (comm->world == 1) return stop_requested != 0;
+    float stop = stop_requested ? 1.f : 0.f, all = 0.f;
+    CUDA_CHECK(cudaMemcpyAsync(slot, &stop, sizeof stop, cudaMemcpyHostToDevice, s));
+    all_ranks_sum(comm, slot, 1, &all, s, "stop AllReduce (between micro-batches)");
+    return all > 0.f;
+}
 
 static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, GradReduce* gr, float* scratch,
                              const Options* o, float lr, int want_ckpt) {
@@ -1158,6 +1434,16 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
         bert_backward(m, &bt);
         m->grad_ready = NULL;
         add_loss(scratch, m, n_masked);
+        // A stop is honoured between micro-batches, so a long accumulation answers a signal within one of them:
+        // the partial step is abandoned (its gradients and loss sums cleared; the caller saves the last complete
+        // step, with the data position from before this one).
+        if (micro < o->grad_accum - 1 && stop_agreed(comm, scratch + S_STEP_N, m->stream)) {
+            bert_zero_grad(m);
+            CUDA_CHECK(cudaMemsetAsync(scratch, 0, S_STEP_N * sizeof(float), m->stream));
+            CUDA_CHECK(cudaStreamSynchronize(m->stream));
+            r.stop = r.dropped = 1;
+            return r;
+        }
     }
     // The buckets' reductions wait on the communication stream for the events of that backward, which the GPU
     // is still running: they overlap it. The phase is what is left of them when it ends (on the CPU build,
@@ -1463,8 +1749,18 @@ static int run_bench(const Options* o, Comm* comm, const cudaDeviceProp* prop, d
 // tokens: real tokens trained on by all ranks so far (the checkpoint keeps the count); epoch: tokens /
 // the tokens in the training shards; elapsed_s: wall clock since the run started, continued across
 // resumes; mfu: a fraction, null when the device's peak is unknown (the CPU).
+// DIR/metrics.jsonl, appended one whole record at a time (metrics_append).
 typedef struct {
-    FILE* f;                    // DIR/metrics.jsonl (rank 0), or NULL
+    int fd;             // opened for appending; -1: none (not rank 0)
+    int broken;         // a failed write could not be cut off: nothing more is appended
+    int failing_since;  // the step of the first record lost since the last one written; 0: none
+    long long lost;     // records lost to write errors in this process
+    int fail_hook[2];   // test hook MLM_TEST_METRICS_FAIL=FIRST[:COUNT]: those steps' writes fail halfway (ENOSPC)
+    char path[4200];
+} MetricsFile;
+
+typedef struct {
+    MetricsFile* f;             // DIR/metrics.jsonl (rank 0), or NULL
     double t_start, t_loop;     // this process's start, and its training loop's
     double elapsed0;            // elapsed_s of the runs this one resumes
     int first_step, last_step;  // this process's first step and last one
@@ -1495,11 +1791,31 @@ static void json_end(FILE* f) {
     fflush(f);
 }
 
+// metrics_cut_partial: a last line without its newline (a writer killed in the middle of a record) is cut off,
+// so that the next record does not continue it: the file holds whole lines only.
+static void metrics_cut_partial(const MetricsFile* mf) {
+    struct stat st;
+    char buf[4096];
+    if (fstat(mf->fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) return;
+    off_t at = st.st_size, keep = 0;  // keep: the length up to and with the last newline
+    while (at > 0 && keep == 0) {
+        size_t n = at < (off_t)sizeof buf ? (size_t)at : sizeof buf;
+        at -= (off_t)n;
+        if (pread(mf->fd, buf, n, at) != (ssize_t)n) return;
+        for (size_t i = n; i-- > 0 && keep == 0;)
+            if (buf[i] == '\n') keep = at + (off_t)i + 1;
+    }
+    if (keep == st.st_size) return;
+    if (ftruncate(mf->fd, keep) == 0)
+        printf("note: %s ended in a partial record (%lld bytes: its writer stopped in the middle): cut off\n", mf->path,
+               (long long)(st.st_size - keep));
+}
+
 // metrics_open: opens DIR/metrics.jsonl for appending. With rewrite, first rewrites the file (a temporary
 // file, flushed, renamed) without the records of steps after keep_step and without a partial last line:
 // a resumed run (keep_step = its checkpoint's step) never repeats a step, and a new run (-1) starts a new
-// log. elapsed0 gets the last kept training record's elapsed_s. Gives NULL, with a message, on failure.
-static FILE* metrics_open(const char* dir, int rewrite, int keep_step, double* elapsed0) {
+// log. elapsed0 gets the last kept training record's elapsed_s. Gives 1, or 0 with a message, on failure.
+static int metrics_open(MetricsFile* mf, const char* dir, int rewrite, int keep_step, double* elapsed0) {
     char path[4200], tmp[4300];
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -1524,12 +1840,68 @@ static FILE* metrics_open(const char* dir, int rewrite, int keep_step, double* e
         if (!ok || rename(tmp, path) != 0) {
             fprintf(stderr, "trainer: cannot rewrite %s (through %s): %s\n", path, tmp, strerror(errno));
             unlink(tmp);
-            return NULL;
+            return 0;
         }
     }
-    FILE* f = fopen(path, "a");
-    if (!f) fprintf(stderr, "trainer: cannot append to %s: %s\n", path, strerror(errno));
-    return f;
+    memset(mf, 0, sizeof *mf);
+    snprintf(mf->path, sizeof mf->path, "%s", path);
+    test_hook_env("MLM_TEST_METRICS_FAIL", mf->fail_hook);
+    mf->fd = open(path, O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (mf->fd < 0) fprintf(stderr, "trainer: cannot append to %s: %s\n", path, strerror(errno));
+    if (mf->fd >= 0) metrics_cut_partial(mf);
+    return mf->fd >= 0;
+}
+
+// metrics_record: a memory stream to build one record in (NULL when out of memory); metrics_append writes it.
+static FILE* metrics_record(char** buf, size_t* len) {
+    *buf = NULL, *len = 0;
+    return open_memstream(buf, len);
+}
+
+// metrics_append: the record built in rec appended with one write. A failed write (a full disk, a file size
+// limit) is cut off again (the file back to its length before), so the file never holds a torn line in the
+// middle; the first failure is reported in one line, the run goes on, later records are tried again, and when
+// one can be written again the log says which steps are missing. Gives 1 when the record was written.
+static int metrics_append(MetricsFile* mf, FILE* rec, char** buf, size_t* len, int step) {
+    int ok = rec != NULL && fclose(rec) == 0, why = ENOMEM;
+    if (mf->broken) {
+        free(*buf);
+        return 0;
+    }
+    off_t end = lseek(mf->fd, 0, SEEK_END);
+    if (ok && test_hook_on(mf->fail_hook, step)) {  // the test hook: half the record, then a full disk
+        ssize_t half = write(mf->fd, *buf, *len / 2);
+        (void)half;
+        ok = 0, why = ENOSPC;
+    } else if (ok && !write_all(mf->fd, *buf, *len)) {
+        ok = 0, why = errno;
+    }
+    free(*buf);
+    *buf = NULL;
+    if (ok) {
+        if (mf->failing_since)
+            fprintf(stderr,
+                    "trainer: step %d: %s is written again; the records of steps %d to %d are missing from it\n", step,
+                    mf->path, mf->failing_since, step - 1);
+        mf->failing_since = 0;
+        return 1;
+    }
+    mf->lost++;
+    if (end < 0 || ftruncate(mf->fd, end) != 0) {
+        mf->broken = 1;
+        fprintf(stderr,
+                "trainer: step %d: cannot append to %s (%s), nor cut the partial record off (%s): no more records are "
+                "written there; the run goes on\n",
+                step, mf->path, strerror(why), strerror(errno));
+        return 0;
+    }
+    if (!mf->failing_since)
+        fprintf(stderr,
+                "trainer: step %d: cannot append to %s: %s; the record is left out whole and the run goes on "
+                "(the next records are tried again)\n",
+                step, mf->path, strerror(why));
+    if (!mf->failing_since) mf->failing_since = step;
+    return 0;
 }
 
 // fmt_duration: "42s", "12m05s", "3h07m"
@@ -1565,18 +1937,22 @@ static void log_step(const Options* o, const StepResult* r, int step, int bad_st
             step, o->steps, r->loss, lr_at(o, step), r->norm, dt * 1e3, tps, mfu, r->wait_ms, epoch,
             fmt_duration(el, sizeof el, elapsed), fmt_duration(et, sizeof et, eta));
         fflush(stdout);
-        if (lg->f) {
-            fprintf(lg->f, "{\"kind\":\"train\",\"step\":%d,\"tokens\":%lld", step, lg->tokens);
-            json_num(lg->f, "epoch", epoch);
-            json_num(lg->f, "elapsed_s", elapsed);
-            json_num(lg->f, "loss", r->loss);
-            json_num(lg->f, "lr", lr_at(o, step));
-            json_num(lg->f, "grad_norm", r->norm);
-            json_num(lg->f, "tokens_per_s", tps);
-            json_num(lg->f, "mfu", peak_tflops > 0 ? tps / world * flops_token / (peak_tflops * 1e12) : NAN);
-            json_num(lg->f, "data_wait_ms", r->wait_ms);
-            json_end(lg->f);
+        char* buf;
+        size_t len;
+        FILE* f = lg->f ? metrics_record(&buf, &len) : NULL;
+        if (f) {
+            fprintf(f, "{\"kind\":\"train\",\"step\":%d,\"tokens\":%lld", step, lg->tokens);
+            json_num(f, "epoch", epoch);
+            json_num(f, "elapsed_s", elapsed);
+            json_num(f, "loss", r->loss);
+            json_num(f, "lr", lr_at(o, step));
+            json_num(f, "grad_norm", r->norm);
+            json_num(f, "tokens_per_s", tps);
+            json_num(f, "mfu", peak_tflops > 0 ? tps / world * flops_token / (peak_tflops * 1e12) : NAN);
+            json_num(f, "data_wait_ms", r->wait_ms);
+            json_end(f);
         }
+        if (lg->f) metrics_append(lg->f, f, &buf, &len, step);
     }
     if (bm->dropped) {
         printf("note: %lld masked positions above the cap M=%d were left out of the loss\n", bm->dropped, bm->M);
@@ -1589,12 +1965,18 @@ static void log_validation(const RunLog* lg, int step, int batches, const EvalRe
            e->loss, e->accuracy, e->masked, e->samples, batches);
     fflush(stdout);
     if (!lg->f) return;
-    fprintf(lg->f, "{\"kind\":\"val\",\"step\":%d,\"tokens\":%lld", step, lg->tokens);
-    json_num(lg->f, "elapsed_s", lg->elapsed0 + now_s() - lg->t_start);
-    json_num(lg->f, "val_loss", e->loss);
-    json_num(lg->f, "val_accuracy", e->accuracy);
-    fprintf(lg->f, ",\"val_masked\":%lld", e->masked);
-    json_end(lg->f);
+    char* buf;
+    size_t len;
+    FILE* f = metrics_record(&buf, &len);
+    if (f) {
+        fprintf(f, "{\"kind\":\"val\",\"step\":%d,\"tokens\":%lld", step, lg->tokens);
+        json_num(f, "elapsed_s", lg->elapsed0 + now_s() - lg->t_start);
+        json_num(f, "val_loss", e->loss);
+        json_num(f, "val_accuracy", e->accuracy);
+        fprintf(f, ",\"val_masked\":%lld", e->masked);
+        json_end(f);
+    }
+    metrics_append(lg->f, f, &buf, &len, step);
 }
 // ckpt_set_aside: after a divergence whose streak of non-finite steps ran from first_bad to last, the
 // checkpoints of steps first_bad-1 .. last hold the weights that gave those steps (a skipped step changes
@@ -1702,17 +2084,22 @@ static int write_end(Comm* comm, Ckpts* ck, WriteWatch w, int ok) {
     return v[0].max == 0;
 }
 
-// checkpoint_now: saves the model and the loader's position after `step`. 0 (with the reason) on failure,
-// on every rank. Every rank calls it (under ZeRO-1 they gather the shards); rank 0 writes.
-static int checkpoint_now(Ckpts* ck, BertModel* m, const GradReduce* gr, DataLoader* train, int step) {
-    DataLoaderState pos = dataloader_state(train);
+// checkpoint_at: saves the model and the data position `pos` after `step` (a dropped step's: from before
+// it). 0 (with the reason) on failure, on every rank. Every rank calls it (under ZeRO-1 they gather the
+// shards); rank 0 writes.
+static int checkpoint_at(Ckpts* ck, BertModel* m, const GradReduce* gr, const DataLoaderState* pos, int step) {
     char why[4600], what[4600];
     WriteWatch w = write_begin(gr->comm, ck, (double)ckpt_body_bytes(m));
-    int ok = save_checkpoint(ck, m, gr, &pos, why, sizeof why);
+    int ok = save_checkpoint(ck, m, gr, pos, why, sizeof why);
     if (write_end(gr->comm, ck, w, ok)) return 1;
     if (gr->comm->rank != 0) snprintf(why, sizeof why, "rank 0 could not write the checkpoint (see its log)");
     fprintf(stderr, "trainer: step %d: %s; stopping: %s\n", step, why, ckpt_whats_on_disk(ck, what, sizeof what));
     return 0;
+}
+// checkpoint_now: checkpoint_at the loader's current position.
+static int checkpoint_now(Ckpts* ck, BertModel* m, const GradReduce* gr, DataLoader* train, int step) {
+    DataLoaderState pos = dataloader_state(train);
+    return checkpoint_at(ck, m, gr, &pos, step);
 }
 
 // use_device: the GPU this rank runs on (comm_device's rule), its properties and free memory. Exits on error.
@@ -2011,6 +2398,40 @@ static int export_tokenizer(const char* out, const char* data_glob, const ShardH
     return 1;
 }
 
+// export_run: the Hugging Face export as one set: model.safetensors, config.json and the tokenizer files are
+// written whole (each flushed) into DIR/.export.tmp/, then every file there renamed into DIR, the weights last. A
+// failure (a full disk) leaves the earlier export as it was, never a config.json without its weights. 1, or 0 after a
+// message.
+static int export_run(const char* out, const BertParams* p, const float* w, int pad_id, const char* data_glob,
+                      const ShardHeader* h, int max_position) {
+    char stage[4064], from[4400], to[4400];  // (stage: room for bert_save_hf's names within PATH_MAX)
+    snprintf(stage, sizeof stage, "%s/%s", out, EXPORT_STAGING);
+    remove_staging(stage);  // what a crash in an earlier export left
+    if (mkdir(stage, 0755) != 0) {
+        fprintf(stderr, "trainer: cannot create %s: %s\n", stage, strerror(errno));
+        return 0;
+    }
+    int ok = bert_save_hf(stage, p, w, pad_id) && export_tokenizer(stage, data_glob, h, max_position);
+    for (int last = 0; ok && last < 2; last++) {  // every file staged, model.safetensors in the second pass
+        DIR* d = opendir(stage);
+        struct dirent* e;
+        while (ok && d && (e = readdir(d)) != NULL) {
+            int weights = strcmp(e->d_name, "model.safetensors") == 0;
+            if (e->d_name[0] == '.' || weights != last) continue;
+            snprintf(from, sizeof from, "%s/%s", stage, e->d_name);
+            snprintf(to, sizeof to, "%s/%s", out, e->d_name);
+            if (rename(from, to) != 0) {
+                fprintf(stderr, "trainer: cannot rename %s to %s: %s\n", from, to, strerror(errno));
+                ok = 0;
+            }
+        }
+        if (d) closedir(d);
+    }
+    remove_staging(stage);
+    fsync_dir(out);
+    return ok;
+}
+
 // export_now: rank 0 writes the final weights w (host, fp32) as a Hugging Face BertForMaskedLM with its
 // tokenizer; every rank calls it and waits for that (write_begin, write_end). 1, or 0 on every rank when the
 // export failed (rank 0 said why).
@@ -2024,14 +2445,11 @@ static int export_now(const Options* o, Comm* comm, Ckpts* ck, BertModel* model,
             fprintf(stderr, "trainer: out of host memory for the export; %s\n",
                     ckpt_whats_on_disk(ck, what, sizeof what));
             ok = 0;
-        } else if (!bert_save_hf(o->out, &model->p, w, data_h->pad_id)) {
+        } else if (!export_run(o->out, &model->p, w, data_h->pad_id, o->data, data_h, cfg->max_position)) {
             fprintf(stderr,
-                    "trainer: cannot write the Hugging Face export to %s (any earlier export is untouched); %s\n",
+                    "trainer: cannot write the Hugging Face export to %s (see above; none of its files was replaced, "
+                    "any earlier export is untouched); %s\n",
                     o->out, ckpt_whats_on_disk(ck, what, sizeof what));
-            ok = 0;
-        } else if (!export_tokenizer(o->out, o->data, data_h, cfg->max_position)) {
-            fprintf(stderr, "trainer: the export in %s lacks its tokenizer (see above); %s\n", o->out,
-                    ckpt_whats_on_disk(ck, what, sizeof what));
             ok = 0;
         } else {
             printf("saved %s and the Hugging Face export %s/model.safetensors + config.json + the tokenizer\n",
@@ -2129,15 +2547,21 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
                e.samples);
         fflush(stdout);
         double unused;
-        FILE* f = o->out ? metrics_open(o->out, 0, 0, &unused) : NULL;
-        if (f) {
-            fprintf(f, "{\"kind\":\"eval\",\"step\":%d", step);
-            json_str(f, "source", o->eval);
-            json_num(f, "val_loss", e.loss);
-            json_num(f, "val_accuracy", e.accuracy);
-            fprintf(f, ",\"val_masked\":%lld", e.masked);
-            json_end(f);
-            fclose(f);
+        MetricsFile mf;
+        char* buf;
+        size_t len;
+        if (o->out && metrics_open(&mf, o->out, 0, 0, &unused)) {
+            FILE* f = metrics_record(&buf, &len);
+            if (f) {
+                fprintf(f, "{\"kind\":\"eval\",\"step\":%d", step);
+                json_str(f, "source", o->eval);
+                json_num(f, "val_loss", e.loss);
+                json_num(f, "val_accuracy", e.accuracy);
+                fprintf(f, ",\"val_masked\":%lld", e.masked);
+                json_end(f);
+            }
+            if (!metrics_append(&mf, f, &buf, &len, step)) rc = 1;
+            close(mf.fd);
         } else if (o->out) {
             rc = 1;
         }
@@ -2183,6 +2607,8 @@ int main(int argc, char** argv) {
     int main_rank = comm.rank == 0;
     if (o.device_mem > 0) free_bytes = total_bytes = (size_t)(o.device_mem * 1e9);  // --plan-only for another device
     if (o.out && !make_out_dir(o.out)) return 1;                                    // (--plan-only may have none)
+    // One run per --out (see "The run directory"): the lock before the bootstrap, so a second launch never joins.
+    if (!o.plan_only && (run_lock(o.out, comm.rank) < 0 || !run_dir_check(o.out, &o))) return 1;
 
     // The communicator of all ranks, before anything is planned: the ranks agree on the plan.
     CommBootstrap boot = {o.bootstrap, o.out, o.out, started};
@@ -2203,6 +2629,7 @@ int main(int argc, char** argv) {
             fprintf(stderr, "trainer: --init-from %s: cannot load config.json + model.safetensors\n", o.init_from);
             return 1;
         }
+        if (!init_matches_preset(&o, &cfg)) return 1;
     } else {
         if (!bert_preset(o.preset, &cfg)) {
             fprintf(stderr, "trainer: --preset %s: unknown; one of:", o.preset);
@@ -2296,6 +2723,13 @@ int main(int argc, char** argv) {
     ck.dir = o.out, ck.keep = o.keep, ck.step = -1;
     if (o.resume) {
         resume_checkpoint(&ck, &model, &gr, &train, o.steps, main_rank);
+        if (o.seed_given && train.cfg.seed != (uint64_t)o.seed) {  // the data order and masking are the checkpoint's
+            if (main_rank)
+                fprintf(stderr,
+                        "trainer: --seed %lld: the run in %s was started with --seed %llu; drop --seed to resume\n",
+                        o.seed, o.out, (unsigned long long)train.cfg.seed);
+            return 1;
+        }
     } else {
         if (!init_w && !(init_w = (float*)malloc(model.p.numel * sizeof(float)))) {
             fprintf(stderr, "trainer: out of host memory for the %zu initial weights\n", model.p.numel);
@@ -2321,7 +2755,12 @@ int main(int argc, char** argv) {
     memset(&lg, 0, sizeof lg);
     lg.t_start = t_start, lg.first_step = model.step + 1, lg.last_step = last_step;
     lg.tokens = (long long)ck.tokens, lg.epoch_tokens = epoch_tokens;
-    if (main_rank && !(lg.f = metrics_open(o.out, 1, o.resume ? model.step : -1, &lg.elapsed0))) return 1;
+    if (main_rank && o.overwrite) run_dir_clear(o.out);  // the new run is ready: the earlier one's files go
+    if (main_rank && !o.resume && !o.overwrite) run_dir_keep_metrics(o.out);
+    if (main_rank) run_schedule(o.out, &o, comm.world, B, model.step);
+    MetricsFile metrics;
+    if (main_rank && !metrics_open(&metrics, o.out, 1, o.resume ? model.step : -1, &lg.elapsed0)) return 1;
+    if (main_rank) lg.f = &metrics;
     int bad_steps = 0;  // consecutive steps skipped for a loss or gradient norm that was not finite
     double last_ckpt = now_s();
     training = 1;  // from here a signal finishes the step and saves a checkpoint
@@ -2331,7 +2770,18 @@ int main(int argc, char** argv) {
         double t0 = now_s();
         // rank 0's clock decides --ckpt-minutes, and the step's all-reduce tells every rank
         int want_ckpt = main_rank && o.ckpt_minutes > 0 && now_s() - last_ckpt >= 60.0 * o.ckpt_minutes;
+        DataLoaderState step_start = dataloader_state(&train);  // where a dropped step's checkpoint resumes
         StepResult r = train_step(&model, &train, &bm, &gr, scratch, &o, lr_at(&o, step), want_ckpt);
+        if (r.dropped) {  // a signal between micro-batches (every rank agreed): save the last complete step
+            if (main_rank)
+                printf(
+                    "stopped on a signal between micro-batches of step %d: that step is dropped; the checkpoint "
+                    "is of step %d\n",
+                    step, model.step);
+            if (!checkpoint_at(&ck, &model, &gr, &step_start, model.step)) return 1;
+            last_step = model.step;
+            break;
+        }
         if (r.stop) last_step = step;  // some rank got a signal: every rank stops after this step
         bad_steps = r.skipped ? bad_steps + 1 : 0;
         ck.tokens = lg.tokens += r.all_tokens;
@@ -2370,7 +2820,10 @@ int main(int argc, char** argv) {
     free(w);
     dataloader_free(&train);
     if (o.val) validation_free(&val);
-    if (lg.f) fclose(lg.f);
+    if (lg.f && lg.f->lost)
+        fprintf(stderr, "trainer: warning: %s lacks %lld record(s) that could not be written (see above)\n", lg.f->path,
+                lg.f->lost);
+    if (lg.f) close(lg.f->fd);
     grad_reduce_free(&gr);
     comm_free(&comm);
     cudaFree(bm.seg_lo);

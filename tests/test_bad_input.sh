@@ -133,8 +133,9 @@ else
   echo "  (allocation failure: skipped, vm.overcommit_memory=1 lets any allocation succeed)"
 fi
 
-# a stop during start-up (here: rank 0 of 2 waits for its peer at the NCCL rendezvous) exits at once
-for sig in TERM USR1; do
+# a stop during start-up (here: rank 0 of 2 waits for its peer at the NCCL rendezvous) exits at once, for each
+# signal that stops a run
+for sig in TERM USR1 INT HUP; do  # Ctrl-C and a closed terminal too
   SLURM_NTASKS=2 SLURM_PROCID=0 SLURM_LOCALID=0 NCCL_EMU_TIMEOUT_S=60 "$TRAINER" "${T[@]}" --out "$W/sig$sig" \
     --bootstrap file >"$W/sig$sig.log" 2>&1 &
   pid=$!

@@ -150,15 +150,17 @@ if [ "$(id -u)" = 0 ] && mkdir -p "$W/m1" && mount -t tmpfs -o size=$((2 * $(sta
   cp -r "$W/m1/run" "$W/m1copy"
   "$TRAINER" "${COMMON[@]}" --out "$W/m1copy" --steps 10 --resume --run-steps 1 >"$W/m1r.log" 2>&1
   check 'grep -q "resumed from $W/m1copy/checkpoint.bin at step 2$" "$W/m1r.log"' "the checkpoint before the full disk does not resume"
-  # 4b. room for the checkpoint, not for the export: an earlier export stays whole
+  # 4b. room for the checkpoint, not for the export (a resume at --steps: only the export is left to write): the
+  #     earlier export stays whole, config.json included (the export is one set: all of it or none)
   mkdir -p "$W/m2"
   mount -t tmpfs -o size=$(($(stat -c %s "$W/c/checkpoint.bin") + 64000)) tmpfs "$W/m2" && MOUNTS+=("$W/m2")
-  mkdir -p "$W/m2/run" && echo "an earlier export" >"$W/m2/run/model.safetensors"
-  "$TRAINER" "${COMMON[@]}" --out "$W/m2/run" --steps 3 --ckpt-minutes 0 >"$W/m2.log" 2>&1; rc=$?
-  check '[ $rc = 1 ] && grep -q "cannot write the Hugging Face export to $W/m2/run (any earlier export is untouched); the last checkpoint, $W/m2/run/checkpoint.bin (step 3), is intact" "$W/m2.log"' \
+  mkdir -p "$W/m2/run" && cp "$W/c/checkpoint.bin" "$W/m2/run/" && echo "an earlier export" >"$W/m2/run/model.safetensors"
+  echo "an earlier config" >"$W/m2/run/config.json"
+  "$TRAINER" "${COMMON[@]}" --out "$W/m2/run" --steps 6 --resume >"$W/m2.log" 2>&1; rc=$?
+  check '[ $rc = 1 ] && grep -q "cannot write the Hugging Face export to $W/m2/run (see above; none of its files was replaced, any earlier export is untouched); the last checkpoint, $W/m2/run/checkpoint.bin (step 6), is intact" "$W/m2.log"' \
     "a full disk during the export (exit $rc): $(tail -n 2 "$W/m2.log")"
-  check '[ "$(cat "$W/m2/run/model.safetensors")" = "an earlier export" ] && [ -z "$(ls "$W/m2/run" | grep tmp)" ]' \
-    "the failed export damaged the earlier one or left a temporary file: $(ls "$W/m2/run" | tr '\n' ' ')"
+  check '[ "$(cat "$W/m2/run/model.safetensors")" = "an earlier export" ] && [ "$(cat "$W/m2/run/config.json")" = "an earlier config" ] && [ -z "$(ls -a "$W/m2/run" | grep tmp)" ]' \
+    "the failed export damaged the earlier one or left a temporary file: $(ls -a "$W/m2/run" | tr '\n' ' ')"
 else
   echo "  (full disk: skipped, it needs root to mount a small tmpfs)"
 fi

@@ -89,7 +89,7 @@ check '[ $? = 0 ]' "resumed metrics.jsonl differs from the uninterrupted run's: 
 ./trainer_cpu "${COMMON[@]}" --out "$W/t" --tokens 1K >"$W/t.log" 2>&1
 check 'grep -q "^--tokens 1000: 4 steps$" "$W/t.log" && grep -qE "^step +4/4 " "$W/t.log"' \
   "--tokens 1K is not 4 steps of 256 tokens: $(grep -E "tokens|^step" "$W/t.log" | tail -n 3)"
-./trainer_cpu "${COMMON[@]}" --out "$W/t" --steps 2 --val-every 0 >"$W/t2.log" 2>&1  # a new run there: a new log
+./trainer_cpu "${COMMON[@]}" --out "$W/t" --steps 2 --val-every 0 --overwrite >"$W/t2.log" 2>&1  # a new run there: a new log
 check '[ "$(python3 -c "import json,sys; print([json.loads(l)[\"step\"] for l in open(sys.argv[1])])" "$W/t/metrics.jsonl")" = "[1, 2]" ]' \
   "a new run in a used --out did not start metrics.jsonl anew: $(cut -c 1-40 "$W/t/metrics.jsonl" | tr '\n' ' ')"
 want=$(python3 -c 'import math,sys; print(math.ceil(0.25 * int(sys.argv[1]) / 256))' "$epoch_tokens")

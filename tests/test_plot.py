@@ -5,7 +5,8 @@
 
 A hand-made metrics.jsonl that follows the trainer's record format (train, val, eval records, nulls,
 an unknown kind) is rendered and the PNG checked: signature, size, dimensions from its header, and
-the curves' colours in its pixels. Bad files give one line naming the line. test_real_run trains
+the curves' colours in its pixels. Bad files give one line naming the line; a bad line among good ones is
+named and skipped. test_real_run trains
 ./trainer_cpu for a few steps (tiny preset, --seq 32, --val) and plots its --out.
 """
 import json
@@ -131,7 +132,8 @@ def test_out_and_x():
 
 
 def test_errors_one_line():
-    """A missing, empty or malformed log: exit 1 and one line naming the file (and the line), no traceback."""
+    """A missing or empty log, or one with nothing to plot: exit 1 and one line naming the file (and the first bad
+    line), no traceback. A bad line among good ones is named and skipped, and the rest plotted."""
     with tempfile.TemporaryDirectory() as d:
         def case(content, want, *extra):
             run = tempfile.mkdtemp(dir=d)
@@ -144,19 +146,31 @@ def test_errors_one_line():
             assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
             assert not os.path.exists(os.path.join(run, "metrics.png")), "no plot from a bad log"
 
+        def skipped(content, want):  # a bad line among good ones: named and skipped, the rest plotted
+            run = tempfile.mkdtemp(dir=d)
+            with open(os.path.join(run, "metrics.jsonl"), "wb") as f:
+                f.write(content if isinstance(content, bytes) else content.encode())
+            rc, out, err = run_tool(run)
+            assert rc == 0, f"{want}: exit {rc}: {err}"
+            assert want in err and "; line skipped" in err, f"{err!r} does not say {want!r}"
+            assert os.path.isfile(os.path.join(run, "metrics.png")) and "Traceback" not in err, err
+
         good = json.dumps(train_record(1, 5.0))
+        good2 = json.dumps(train_record(2, 4.0))
         case(None, "metrics.jsonl: no such file (the trainer writes metrics.jsonl in its --out directory)")
         case("", "metrics.jsonl: no train, val or eval record")
         case("\n\n", "metrics.jsonl: no train, val or eval record")
         case('{"kind": "note"}\n', "no train, val or eval record (1 record(s) of other kinds)")
-        case(good + "\n" + good + "\n{not json}\n" + good + "\n", "metrics.jsonl:3: not JSON")
-        case(good + "\n[1, 2]\n", "metrics.jsonl:2: expected a JSON object, got list")
+        skipped(good + "\n" + good2 + "\n{not json}\n" + good + "\n", "metrics.jsonl:3: not JSON")
+        skipped(good + "\n[1, 2]\n" + good2 + "\n", "metrics.jsonl:2: expected a JSON object, got list")
+        case("{not json}\n[1, 2]\n", "no train, val or eval record; 2 bad line(s), the first ")
         case('{"step": 1}\n', 'metrics.jsonl:1: no "kind"')
         case('{"kind": "train", "step": "one"}\n', 'metrics.jsonl:1: "step" is "one" (expected an integer >= 0)')
         case('{"kind": "train", "step": 2.5}\n', '"step" is 2.5')
-        case(good + '\n{"kind": "val", "step": 1, "val_loss": "low"}\n', 'metrics.jsonl:2: "val_loss" is "low"')
+        skipped(good + '\n{"kind": "val", "step": 1, "val_loss": "low"}\n', 'metrics.jsonl:2: "val_loss" is "low"')
         case('{"kind": "train", "step": 1, "loss": true}\n', '"loss" is true')
-        case(b'{"kind": "train", "step": 1}\n\xff\xfe\n', "metrics.jsonl:2: not UTF-8 text")
+        skipped(b'{"kind": "train", "step": 1}\n\xff\xfe\n' + good2.encode() + b"\n", "metrics.jsonl:2: not UTF-8 text")
+        case(b"\xff\xfe\n", "metrics.jsonl:1: not UTF-8 text")
         case(good + "\n", "--out", "--out", os.path.join(d, "nodir", "x.png"))
         regular = os.path.join(d, "regular")
         open(regular, "w").close()

@@ -127,7 +127,7 @@ expect_error "unknown; one of: tiny mini bert-base" ./trainer_cpu --data "$W/dat
 expect_error "checkpoint.bin" ./trainer_cpu "${COMMON[@]}" --out "$W/e" --steps 5 --resume
 head -c 1000 "$W/a/checkpoint.bin" >"$W/e/checkpoint.bin"
 expect_error "truncated" ./trainer_cpu "${COMMON[@]}" --out "$W/e" --steps 5 --resume
-expect_error "needs .* GiB at B=" env EMU_DEVICE_BYTES=1e8 ./trainer_cpu --data "$W/data/train_*.bin" --out "$W/e" --steps 5 --preset bert-base --seq 512
+expect_error "needs .* GiB at B=" env EMU_DEVICE_BYTES=1e8 ./trainer_cpu --data "$W/data/train_*.bin" --out "$W/e2" --steps 5 --preset bert-base --seq 512
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

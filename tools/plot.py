@@ -15,7 +15,9 @@ per ./trainer --eval (step 0 for an export). Writes one figure of four panels:
   optimizer      learning rate, and the gradient norm before clipping on a second axis
 Unknown kinds and fields are ignored; a null (a value that was not finite) leaves a gap. A step
 logged twice (a resumed run that repeated it) keeps its last record. An unfinished last line (the
-run is still writing it) is skipped with a note; any other bad line is an error naming its number.
+run is still writing it) is skipped with a note; so is any other bad line (not UTF-8, not JSON, a
+field of the wrong type), named by its number: the rest is plotted. Only a log with nothing to plot
+is an error (naming the first bad line, if any).
 Needs matplotlib (python3 -m pip install -r tools/requirements.txt); runs headless (Agg).
 """
 import argparse
@@ -80,13 +82,14 @@ def read_metrics(path):
         raise MetricsError(f"{path}: no such file (the trainer writes metrics.jsonl in its --out directory)") from None
     except OSError as e:
         raise MetricsError(f"{path}: cannot read: {e.strerror}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise MetricsError(f"{path}:{line}: not UTF-8 text") from None
-    lines = text.split("\n")
-    notes = []
+    raw = data.split(b"\n")
+    notes, lines, bad = [], [], []
+    for n, b in enumerate(raw, 1):  # each line decoded on its own: a bad one does not hide the others
+        try:
+            lines.append(b.decode("utf-8"))
+        except UnicodeDecodeError:
+            bad.append(f"{path}:{n}: not UTF-8 text")
+            lines.append("")
     if lines and lines[-1].strip():  # no newline at the end: a line the trainer is still writing
         try:
             json.loads(lines[-1])
@@ -97,14 +100,21 @@ def read_metrics(path):
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        r = parse_record(path, n, line)
+        try:
+            r = parse_record(path, n, line)
+        except MetricsError as e:
+            bad.append(str(e))
+            continue
         if r is None:
             unknown += 1
         else:
             by_kind[r["kind"]][r["step"]] = r  # the last record of a step wins
     if not any(by_kind.values()):
         what = f" ({unknown} record(s) of other kinds)" if unknown else ""
-        raise MetricsError(f"{path}: no train, val or eval record{what}: nothing to plot")
+        first = f"; {len(bad)} bad line(s), the first {bad[0]}" if bad else ""
+        raise MetricsError(f"{path}: no train, val or eval record{what}{first}: nothing to plot")
+    bad.sort(key=lambda m: int(m[len(path) + 1:].split(":")[0]))
+    notes += [f"{m}; line skipped" for m in bad]
     if unknown:
         notes.append(f"{path}: {unknown} record(s) of other kinds ignored")
     return {k: [v[s] for s in sorted(v)] for k, v in by_kind.items()}, notes
