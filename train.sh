@@ -10,15 +10,18 @@
 #   4. eval   ./trainer --eval on the export, on the validation shards;
 #   5. plots  tools/plot.py: runs/.../metrics.png from metrics.jsonl;
 #   6. prints where everything is.
-# With arguments, they replace the training defaults (at the top of train.sh) and go to the trainer as
-# they are; train.sh adds --data/--val (its shards, prepared at your --seq) and --out when you give none:
+# With arguments, each one you give replaces that flag's default (at the top of train.sh, for this machine's
+# binary: CPU or GPU) and the defaults you do not override stay (--tokens or --epochs replace --steps); it
+# prints the whole trainer command. train.sh adds --data/--val (its shards, prepared at the run's --seq) and
+# --out when you give none:
+#   ./train.sh --steps 300                                       # the CPU defaults (mini, T=128), 300 steps
 #   ./train.sh --preset tiny --seq 32 --batch 16 --steps 300 --val-every 100
-#   ./train.sh --out runs/a --preset mini --seq 128 --batch 16 --steps 400 --val-every 100
-#   ./train.sh --out runs/a --preset mini --seq 128 --batch 16 --steps 400 --val-every 100 --resume  # after a stop
+#   ./train.sh --out runs/a --steps 400                          # into runs/a
+#   ./train.sh --out runs/a --steps 400 --resume                 # after a stop: the same, continued
 # Under srun every rank runs train.sh: rank 0 (SLURM_PROCID) prepares the shards, evaluates and
 # plots; the other ranks wait for the shards (the data directory and --out must be on a file system
 # every node sees, as the trainer's --out already must be):
-#   srun -N 2 --ntasks-per-node 4 --gpus-per-node 4 ./train.sh
+#   srun -K -N 2 --ntasks-per-node 4 --gpus-per-node 4 ./train.sh   (-K: one rank failing ends the job)
 # Ctrl-C, SIGTERM or SIGUSR1 stop the trainer after its current step with a checkpoint (--resume goes on).
 # Environment: TRAINER (the binary, instead of the choice in 2), DATA_TOKENS (the data bound), VAL_FRACTION (its validation share, 0.01),
 # DATA_INPUTS (what to prepare, default "/usr/lib /usr/bin"), DATA_DIR (where), PYTHON (default python3).
@@ -94,11 +97,23 @@ if [ "$PASSTHROUGH" = 1 ]; then exec "$BIN" "$@"; fi
 case "$(basename "$BIN")" in *_cpu*) ON_GPU=0 ;; *) ON_GPU=1 ;; esac  # trainer_cpu: the CPU build
 [ "$RANK" = 0 ] && say "using $BIN: $WHY"
 
-# The training arguments: yours, or the defaults for this binary.
-if [ $ON_GPU = 1 ]; then TRAIN=("${GPU_TRAIN[@]}"); DATA_TOKENS=${DATA_TOKENS:-$GPU_DATA_TOKENS}
-else TRAIN=("${CPU_TRAIN[@]}"); DATA_TOKENS=${DATA_TOKENS:-$CPU_DATA_TOKENS}; fi
+# The training arguments: the defaults for this binary, less each flag you give (and less --steps when you
+# give --tokens or --epochs, its alternatives), then yours.
+if [ $ON_GPU = 1 ]; then DEFAULTS=("${GPU_TRAIN[@]}"); DATA_TOKENS=${DATA_TOKENS:-$GPU_DATA_TOKENS}
+else DEFAULTS=("${CPU_TRAIN[@]}"); DATA_TOKENS=${DATA_TOKENS:-$CPU_DATA_TOKENS}; fi
 VAL_FRACTION=${VAL_FRACTION:-0.01}  # the share of documents in the validation split
-[ $# -eq 0 ] || TRAIN=("$@")
+TRAIN=() KEPT=()
+for ((i = 0; i < ${#DEFAULTS[@]}; i += 2)); do  # the defaults are pairs: --flag value
+  f=${DEFAULTS[$i]}
+  has_arg "$f" && continue
+  [ "$f" = --steps ] && { has_arg --tokens || has_arg --epochs; } && continue
+  KEPT+=("$f" "${DEFAULTS[$((i + 1))]}")
+done
+TRAIN=("${KEPT[@]}" "$@")
+if [ "$RANK" = 0 ] && [ $# -gt 0 ]; then
+  if [ ${#KEPT[@]} -gt 0 ]; then say "your arguments, and these defaults for $BIN (top of train.sh): ${KEPT[*]}"
+  else say "your arguments replace every default for $BIN"; fi
+fi
 [[ "$DATA_TOKENS" =~ ^[1-9][0-9]*$ ]] || die "DATA_TOKENS=$DATA_TOKENS: expected a positive integer"
 USER_ARGS=("${TRAIN[@]}")
 SEQ=$(arg_value --seq); SEQ=${SEQ:-512}  # the trainer's default --seq

@@ -55,6 +55,20 @@ check '[ $rc -eq 0 ] && grep -q "GiB for B=8 (--batch)" "$W/b.log" && ! grep -q 
 out=$(DATA_DIR=$W/data ./train.sh --preset tiny --seq 16 --batch 8 --steps 2 --out "$W/c" 2>&1); rc=$?
 check '[ $rc -ne 0 ] && echo "$out" | grep -q "holds samples of up to 32 tokens, longer than --seq 16"' "shards longer than --seq: exit $rc, $out"
 
+# 2b. arguments keep the defaults they do not set (the CPU's: mini at T=128), and the whole command is printed;
+#     --tokens replaces the default --steps (they are alternatives)
+DATA_DIR=$W/data128 ./train.sh --steps 3 --plan-only --out "$W/f" >"$W/f.log" 2>&1; rc=$?
+cmd=$(grep "^train.sh: training: " "$W/f.log")
+check '[ $rc -eq 0 ] && echo "$cmd" | grep -q -- "--preset mini --seq 128 --batch 16 .*--val-every 50 .*--steps 3 --plan-only --out $W/f --data "' \
+  "./train.sh --steps 3 dropped the CPU defaults or did not print the command (exit $rc): $cmd $(tail -n 1 "$W/f.log")"
+check '! echo "$cmd" | grep -q -- "--steps 150" && grep -q "^train.sh: your arguments, and these defaults for .*: --preset mini" "$W/f.log"' \
+  "the default --steps was not replaced, or the kept defaults not named: $cmd"
+check 'grep -q "GiB for B=16 (--batch)" "$W/f.log"' "the trainer did not plan the mini default's B=16: $(tail -n 2 "$W/f.log")"
+DATA_DIR=$W/data128 ./train.sh --tokens 10K --plan-only --out "$W/f" >"$W/f2.log" 2>&1; rc=$?
+cmd=$(grep "^train.sh: training: " "$W/f2.log")
+check '[ $rc -eq 0 ] && ! echo "$cmd" | grep -q -- "--steps" && echo "$cmd" | grep -q -- "--preset mini .*--tokens 10K"' \
+  "--tokens with the defaults (exit $rc): $cmd $(tail -n 1 "$W/f2.log")"
+
 # 3. under srun: 2 ranks; rank 1 waits for rank 0's shards; rank 0 evaluates and plots
 for r in 0 1; do
   SLURM_JOB_ID=77 SLURM_STEP_ID=0 SLURM_NTASKS=2 SLURM_PROCID=$r SLURM_LOCALID=0 NCCL_EMU_TIMEOUT_S=60 DATA_DIR=$W/data2 \
@@ -97,7 +111,8 @@ expect_error "--seq x: expected an integer >= 3" env DATA_DIR="$W/data" ./train.
 mkdir -p "$W/notdata"
 expect_error "has no meta.json" env DATA_DIR="$W/notdata" ./train.sh "${TINY[@]}" --steps 2 --out "$W/e"
 ./train.sh --help >"$W/help.log" 2>&1; rc=$?
-check '[ $rc -eq 0 ] && grep -q "the main job in one command" "$W/help.log" && grep -q "srun" "$W/help.log"' "./train.sh --help: exit $rc"
+check '[ $rc -eq 0 ] && grep -q "the main job in one command" "$W/help.log" && grep -q "srun -K " "$W/help.log" && ! grep -E "srun +-N" "$W/help.log"' \
+  "./train.sh --help: exit $rc, or srun without -K: $(grep srun "$W/help.log")"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
