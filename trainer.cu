@@ -61,7 +61,7 @@ static void usage(void) {
         "  (srun -K ./trainer ... for several GPUs; ./trainer_cpu: the same program on the CPU, without a GPU)\n"
         "  --data GLOB         training shards (tools/prepare.py makes them)\n"
         "  --val GLOB          validation shards: MLM loss and masked-token accuracy every --val-every steps, on\n"
-        "                      the same --val-batches micro-batches (a fixed masking) whatever the number of GPUs\n"
+        "                      every validation sequence once (a fixed masking) whatever the number of GPUs\n"
         "  --out DIR           (created with its parents) checkpoint.bin, metrics.jsonl (a JSON object per logged\n"
         "                      step and per validation), the final Hugging Face export (model.safetensors,\n"
         "                      config.json) and the tokenizer files (tokenizer.json + tokenizer_config.json +\n"
@@ -93,8 +93,9 @@ static void usage(void) {
         "  --seed N            data order, masking and initialisation (default 1337)\n"
         "  --loader-threads N  threads preparing batches (default 2); --ring N slots (default 4)\n"
         "  --stage-dir DIR     copy the shards to this node-local directory first, once per node\n"
-        "  --log-every N --val-every N --val-batches N --ckpt-every N   (1, 0, 20, 0: only at the end);\n"
-        "                      --val-batches counts micro-batches of B rows over all GPUs together\n"
+        "  --log-every N --val-every N --val-batches N --ckpt-every N   (1, 0, 0, 0: only at the end);\n"
+        "                      --val-batches N: only the first N micro-batches of B rows (over all GPUs together)\n"
+        "                      of the validation split; 0, the default: the whole split, each sequence once\n"
         "  --ckpt-minutes X    also a checkpoint when X minutes passed since the last one (default 30; 0: off)\n"
         "  --keep K            checkpoints kept: DIR/checkpoint.bin and the K-1 before it as checkpoint-STEP.bin\n"
         "                      (default 2); --resume takes the newest intact one (each has a CRC-32)\n"
@@ -137,10 +138,10 @@ static void usage(void) {
         "usage: trainer --eval SRC --val GLOB [--batch B] [--seq T] [--val-batches N] [--out DIR]\n"
         "  evaluates SRC, a checkpoint file (DIR/checkpoint.bin) or a Hugging Face export directory (config.json +\n"
         "  model.safetensors), on the validation shards as training validates, without training; prints\n"
-        "  \"eval: loss X | accuracy Y | N masked tokens in K sequences\"; with --out it appends an \"eval\"\n"
-        "  record to DIR/metrics.jsonl. --seq defaults to the checkpoint's (an export: the shards' --seq-len); with "
-        "the\n"
-        "  run's --batch and --val-batches it sees the very batches of the run's validation\n");
+        "  \"eval: loss X | accuracy Y | N masked tokens in K sequences (...)\"; with --out it appends an \"eval\"\n"
+        "  record to DIR/metrics.jsonl. --seq defaults to the checkpoint's (an export: the shards' --seq-len). By\n"
+        "  default every validation sequence once, with the same masking as the run's validation at that --seq:\n"
+        "  the same sequences and masked tokens as the run's last validation, whatever --batch\n");
 }
 
 // parse_int / parse_float: the value of flag `name`, or exit with a message naming flag and value.
@@ -206,7 +207,7 @@ static Options parse_options(int argc, char** argv) {
     o.T = 512, o.grad_accum = 1, o.warmup = -1;
     o.lr = 5e-4f, o.wd = 0.01f, o.beta1 = 0.9f, o.beta2 = 0.98f, o.eps = 1e-6f, o.clip = 1.0f;
     o.seed = 1337, o.loader_threads = 2, o.ring_slots = 4;
-    o.log_every = 1, o.val_batches = 20;
+    o.log_every = 1, o.val_batches = 0;  // --val-batches 0: the whole validation split
     o.keep = 2, o.max_bad_steps = 3, o.ckpt_minutes = 30;
     o.bootstrap = "tcp", o.nccl_timeout = (float)COMM_DEFAULT_TIMEOUT_S;
     o.bucket_mb = 25;
@@ -294,7 +295,7 @@ static Options parse_options(int argc, char** argv) {
         else if (!strcmp(a, "--val-every"))
             o.val_every = (int)parse_int(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--val-batches"))
-            o.val_batches = (int)parse_int(a, v, 1, 1 << 20);
+            o.val_batches = (int)parse_int(a, v, 0, 1 << 20);
         else if (!strcmp(a, "--ckpt-every"))
             o.ckpt_every = (int)parse_int(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--run-steps"))
@@ -379,7 +380,7 @@ typedef struct {
     size_t batch_bytes;   // each loader's (training, validation) two device batch buffers
     size_t maker_bytes;   // seg_lo, seg_hi (B, T), the head's positions and labels (M), 8 floats of loss sums,
                           // the head rows' hits (M floats: accuracy)
-    size_t val_bytes;     // validation's per-micro-batch sums (4 floats x --val-batches; plan_add_validation)
+    size_t val_bytes;     // validation's per-micro-batch sums (4 floats per micro-batch; plan_add_validation)
     size_t total;
 } Plan;
 
@@ -398,9 +399,27 @@ static Plan make_plan(const BertConfig* c, int B, int T, int loaders, const Grad
     p.total = p.model.total + p.reduce_bytes + p.batch_bytes + p.maker_bytes;
     return p;
 }
-// plan_add_validation: validation's sums, one slot of 4 floats per micro-batch (see Validation).
-static void plan_add_validation(Plan* p, int val_batches) {
-    p->val_bytes = 4 * (size_t)val_batches * sizeof(float);
+// validation_max_batches: an upper bound on the micro-batches of B rows a validation pass takes over the split
+// `pattern` (the shards' headers give its samples; a row holds at least one, so ceil(samples / B) cover it),
+// or val_batches (--val-batches) when smaller; 0 takes the whole split.
+static long long validation_max_batches(const char* pattern, int val_batches, int B) {
+    Shard* shards;
+    int n;
+    char err[DATA_ERR_LEN];
+    if (shards_open_all(pattern, &shards, &n, 1, err)) {
+        fprintf(stderr, "trainer: --val: %s\n", err);
+        exit(1);
+    }
+    long long samples = 0;
+    for (int i = 0; i < n; i++) samples += (long long)shards[i].h.num_samples, shard_close(&shards[i]);
+    free(shards);
+    long long batches = (samples + B - 1) / B;
+    return val_batches > 0 && val_batches < batches ? val_batches : batches;
+}
+// plan_add_validation: validation's sums, one slot of 4 floats per micro-batch (see Validation) for at most
+// validation_max_batches micro-batches.
+static void plan_add_validation(Plan* p, int val_batches, const char* val_pattern) {
+    p->val_bytes = 4 * (size_t)validation_max_batches(val_pattern, val_batches, p->B) * sizeof(float);
     p->total += p->val_bytes;
 }
 
@@ -825,7 +844,11 @@ static void all_ranks_sum(Comm* comm, float* x, int n, float* host, cudaStream_t
 // same masked samples every time and whatever the number of ranks. The validation loader reads the shards
 // in file order with a fixed masking seed, packed into rows as training packs them; its global row stream
 // is the same for any world size, so micro-batch j of B rows (global rows [j B, (j+1) B)) is always the
-// same batch. --val-batches N means micro-batches 0 .. N-1: rank r evaluates j = r, r + W, r + 2W, ...
+// same batch. A pass takes micro-batches 0 .. N-1, N = ceil(rows / B) for the split's rows (epoch 0's,
+// never wrapped): every validation sequence once, the last micro-batch partial (its rows past the split
+// are padding, nothing masked), so the sequences and masked tokens it sees do not depend on B or W.
+// --val-batches N takes the first N micro-batches instead (at most the split's).
+// Rank r evaluates j = r, r + W, r + 2W, ...
 // and writes micro-batch j's sums (loss x masked count, masked count, hits, samples) into slot j of a
 // device array that is zero elsewhere; one all-reduce (a sum of one value and zeros: exact) gives every
 // rank all N slots, added on the host in the order j = 0 .. N-1. So 1 or 64 GPUs give the same bits.
@@ -834,7 +857,9 @@ static void all_ranks_sum(Comm* comm, float* x, int n, float* host, cudaStream_t
 typedef struct {
     DataLoader loader;
     DataLoaderState start;  // the loader's position right after init: every evaluation restarts there
-    int batches;            // --val-batches
+    int batches;            // micro-batches per pass: the whole split, or --val-batches when fewer
+    int B;                  // rows per micro-batch
+    long long split;        // sequences (samples) in the split
     float* slots;           // device, 4 x batches: (loss sum, masked, hits) per micro-batch, then samples
     float* host;            // host, 4 x batches
 } Validation;
@@ -842,11 +867,14 @@ typedef struct {
 typedef struct {
     double loss, accuracy;  // per masked token
     long long masked, samples;
+    long long split;  // the split's sequences: samples == split when the pass covered every one (once)
+    int batches, B;   // micro-batches of B rows
 } EvalResult;
 
-// validation_init: the loader over pattern (B rows of T per micro-batch per rank) and the plan's val_bytes.
+// validation_init: the loader over pattern (B rows of T per micro-batch per rank) and the plan's val_bytes;
+// val_batches is --val-batches (0: the whole split), and a count beyond the split is said and cut to it.
 static void validation_init(Validation* v, const char* pattern, const Plan* plan, const Comm* comm, int vocab,
-                            int batches, int verbose) {
+                            int val_batches, int verbose) {
     DataLoaderConfig c = dataloader_default_config(pattern, plan->B, plan->T);
     c.rank = comm->rank, c.world = comm->world, c.num_threads = 1, c.shuffle = 0, c.seed = VAL_SEED;
     c.vocab_size = vocab, c.verbose = verbose;
@@ -855,12 +883,25 @@ static void validation_init(Validation* v, const char* pattern, const Plan* plan
         exit(1);
     }
     v->start = dataloader_state(&v->loader);
-    v->batches = batches;
+    v->B = plan->B;
+    v->split = (long long)v->loader.num_samples;
+    long long rows = (long long)dataloader_epoch0_rows(&v->loader), all = (rows + plan->B - 1) / plan->B;
+    v->batches = (int)(val_batches > 0 && val_batches < all ? val_batches : all);
+    if (val_batches > all && verbose)
+        printf(
+            "note: --val-batches %d: the validation split holds %lld micro-batches of B=%d rows (%lld sequences); "
+            "validating those, each sequence once\n",
+            val_batches, all, plan->B, v->split);
+    if (4 * (size_t)v->batches * sizeof(float) > plan->val_bytes) {  // cannot be: rows <= samples (the plan's bound)
+        fprintf(stderr, "trainer: validation: %d micro-batches, more than the plan's %zu slots\n", v->batches,
+                plan->val_bytes / (4 * sizeof(float)));
+        exit(1);
+    }
     CUDA_CHECK(cudaMalloc((void**)&v->slots, plan->val_bytes));
     CUDA_CHECK(cudaMemset(v->slots, 0, plan->val_bytes));
-    v->host = (float*)calloc(4 * (size_t)batches, sizeof(float));
+    v->host = (float*)calloc(4 * (size_t)v->batches, sizeof(float));
     if (!v->host) {
-        fprintf(stderr, "trainer: out of host memory for --val-batches %d\n", batches);
+        fprintf(stderr, "trainer: out of host memory for %d validation micro-batches\n", v->batches);
         exit(1);
     }
 }
@@ -907,7 +948,18 @@ static EvalResult evaluate(BertModel* m, Validation* v, BatchMaker* bm, Comm* co
     r.loss = masked > 0 ? loss / masked : 0;
     r.accuracy = masked > 0 ? hits / masked : 0;
     r.masked = (long long)masked, r.samples = (long long)nsamples;
+    r.split = v->split, r.batches = n, r.B = v->B;
     return r;
+}
+// validation_coverage: what a pass covered, for the log: "3 micro-batches of B=8: every validation sequence
+// once" or "2 micro-batches of B=8: 40 of the split's 57 sequences".
+static const char* validation_coverage(const EvalResult* e, char* buf, size_t size) {
+    int n = snprintf(buf, size, "%d micro-batches of B=%d: ", e->batches, e->B);
+    if (e->samples == e->split)
+        snprintf(buf + n, size - n, "every validation sequence once");
+    else
+        snprintf(buf + n, size - n, "%lld of the split's %lld sequences", e->samples, e->split);
+    return buf;
 }
 
 // A signal asks the run to stop cleanly: Slurm sends SIGTERM before it kills a job (scancel,
@@ -1388,8 +1440,11 @@ static int run_bench(const Options* o, Comm* comm, const cudaDeviceProp* prop, d
 // a number that is not finite is written as null. Records:
 //   {"kind":"train","step":S,"tokens":N,"epoch":E,"elapsed_s":X,"loss":X,"lr":X,"grad_norm":X,
 //    "tokens_per_s":X,"mfu":X|null,"data_wait_ms":X}                            every logged step
-//   {"kind":"val","step":S,"tokens":N,"elapsed_s":X,"val_loss":X,"val_accuracy":X,"val_masked":M}
-//   {"kind":"eval","step":S,"source":"PATH","val_loss":X,"val_accuracy":X,"val_masked":M}   --eval --out
+//   {"kind":"val","step":S,"tokens":N,"elapsed_s":X,"val_loss":X,"val_accuracy":X,"val_masked":M,
+//    "val_sequences":K,"val_split":Z}
+//   {"kind":"eval","step":S,"source":"PATH","val_loss":X,"val_accuracy":X,"val_masked":M,"val_sequences":K,
+//    "val_split":Z}                                                                 --eval --out
+// val_sequences: the validation sequences evaluated; val_split: those in the split (equal: all of them, once).
 // tokens: real tokens trained on by all ranks so far (the checkpoint keeps the count); epoch: tokens /
 // the tokens in the training shards; elapsed_s: wall clock since the run started, continued across
 // resumes; mfu: a fraction, null when the device's peak is unknown (the CPU).
@@ -1514,16 +1569,17 @@ static void log_step(const Options* o, const StepResult* r, int step, int bad_st
     }
 }
 // log_validation: the validation line and its metrics.jsonl record. Rank 0.
-static void log_validation(const RunLog* lg, int step, int batches, const EvalResult* e) {
-    printf("step %6d | val loss %.4f | accuracy %.4f | %lld masked tokens in %lld sequences (%d micro-batches)\n", step,
-           e->loss, e->accuracy, e->masked, e->samples, batches);
+static void log_validation(const RunLog* lg, int step, const EvalResult* e) {
+    char cov[160];
+    printf("step %6d | val loss %.4f | accuracy %.4f | %lld masked tokens in %lld sequences (%s)\n", step, e->loss,
+           e->accuracy, e->masked, e->samples, validation_coverage(e, cov, sizeof cov));
     fflush(stdout);
     if (!lg->f) return;
     fprintf(lg->f, "{\"kind\":\"val\",\"step\":%d,\"tokens\":%lld", step, lg->tokens);
     json_num(lg->f, "elapsed_s", lg->elapsed0 + now_s() - lg->t_start);
     json_num(lg->f, "val_loss", e->loss);
     json_num(lg->f, "val_accuracy", e->accuracy);
-    fprintf(lg->f, ",\"val_masked\":%lld", e->masked);
+    fprintf(lg->f, ",\"val_masked\":%lld,\"val_sequences\":%lld,\"val_split\":%lld", e->masked, e->samples, e->split);
     json_end(lg->f);
 }
 // diverged: --max-bad-steps steps in a row were skipped: says so, and what is on disk. Gives exit code 2.
@@ -1752,7 +1808,7 @@ static int plan_for_run(const BertConfig* cfg, const Options* o, int loaders, co
                         size_t total_bytes, const cudaDeviceProp* prop, const Comm* comm, Plan* plan) {
     *plan =
         o->B ? make_plan(cfg, o->B, o->T, loaders, gr) : choose_batch(cfg, o->T, loaders, gr, free_bytes, total_bytes);
-    if (o->val) plan_add_validation(plan, o->val_batches);
+    if (o->val) plan_add_validation(plan, o->val_batches, o->val);
     if (comm->rank == 0) {
         printf("device: %s, %.1f GB free of %.1f GB; %d process(es)\n", prop->name, free_bytes / 1e9, total_bytes / 1e9,
                comm->world);
@@ -1947,8 +2003,9 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
     EvalResult e = evaluate(&model, &v, &bm, comm);
     int step = is_dir ? 0 : h.step, rc = 0;
     if (main_rank) {
-        printf("eval: loss %.4f | accuracy %.4f | %lld masked tokens in %lld sequences\n", e.loss, e.accuracy, e.masked,
-               e.samples);
+        char cov[160];
+        printf("eval: loss %.4f | accuracy %.4f | %lld masked tokens in %lld sequences (%s)\n", e.loss, e.accuracy,
+               e.masked, e.samples, validation_coverage(&e, cov, sizeof cov));
         fflush(stdout);
         double unused;
         FILE* f = o->out ? metrics_open(o->out, 0, 0, &unused) : NULL;
@@ -1957,7 +2014,7 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
             json_str(f, "source", o->eval);
             json_num(f, "val_loss", e.loss);
             json_num(f, "val_accuracy", e.accuracy);
-            fprintf(f, ",\"val_masked\":%lld", e.masked);
+            fprintf(f, ",\"val_masked\":%lld,\"val_sequences\":%lld,\"val_split\":%lld", e.masked, e.samples, e.split);
             json_end(f);
             fclose(f);
         } else if (o->out) {
@@ -2039,7 +2096,7 @@ int main(int argc, char** argv) {
     Plan plan =
         o.B ? make_plan(&cfg, o.B, o.T, loaders, &gr) : choose_batch(&cfg, o.T, loaders, &gr, free_bytes, total_bytes);
     if (!o.plan_only) plan = make_plan(&cfg, agree(&comm, &o, &cfg, plan.B, data_fp, val_fp), o.T, loaders, &gr);
-    if (o.val) plan_add_validation(&plan, o.val_batches);
+    if (o.val) plan_add_validation(&plan, o.val_batches, o.val);
     if (main_rank) {
         printf("device: %s, %.1f GB free of %.1f GB; %d process(es)\n", prop.name, free_bytes / 1e9, total_bytes / 1e9,
                comm.world);
@@ -2154,7 +2211,7 @@ int main(int argc, char** argv) {
         if (bad_steps >= o.max_bad_steps) return diverged(&o, &ck, bad_steps, main_rank);
         if (o.val && o.val_every && (step % o.val_every == 0 || step == o.steps)) {
             EvalResult e = evaluate(&model, &val, &bm, &comm);
-            if (main_rank) log_validation(&lg, step, o.val_batches, &e);
+            if (main_rank) log_validation(&lg, step, &e);
         }
         // A checkpoint every --ckpt-every steps, every --ckpt-minutes, and at the end; never of a skipped step
         // but the last (the weights are the last good ones either way).

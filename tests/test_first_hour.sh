@@ -7,6 +7,8 @@
 #     token count and the elapsed time;
 #   - validation: the same masked samples whatever the number of ranks (1 and 2 give the same bits), loss
 #     and accuracy; --eval on a checkpoint gives the run's last validation exactly, on an export nearly;
+#     by default every validation sequence exactly once (the last micro-batch partial, never wrapped), the
+#     same sequences and masked tokens whatever --batch, and said; --val-batches beyond the split is said;
 #   - the export: config.json with the shards' pad id and no dropout, and the tokenizer (byte shards:
 #     byte_tokenizer.json; text shards: tokenizer.json + what AutoTokenizer needs);
 #   - bad input: one clear line; ./trainer (the GPU build) on this machine without a GPU says so in one line.
@@ -34,7 +36,7 @@ check 'grep -qE "^global batch: 8 sequences of 32 tokens \(1 process\(es\) x 1 m
   "no global batch / steps per epoch line: $(grep -m1 "global batch" "$W/a.log")"
 check 'grep -qE "^step +12/12 \| loss [0-9.]+ \| .* \| epoch [0-9]\.[0-9]{3} \| elapsed [0-9]+s \| ETA 0s$" "$W/a.log"' \
   "the last step's line has no epoch / elapsed / ETA: $(grep -E "^step +12/" "$W/a.log")"
-check 'grep -qE "^step +6 \| val loss [0-9.]+ \| accuracy 0\.[0-9]{4} \| [0-9]+ masked tokens in [0-9]+ sequences \(3 micro-batches\)$" "$W/a.log"' \
+check 'grep -qE "^step +6 \| val loss [0-9.]+ \| accuracy 0\.[0-9]{4} \| [0-9]+ masked tokens in [0-9]+ sequences \(3 micro-batches of B=8: [0-9]+ of the split.s [0-9]+ sequences\)$" "$W/a.log"' \
   "no validation line with loss and accuracy: $(grep "val loss" "$W/a.log" | head -n 1)"
 epoch_tokens=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["splits"][0]["tokens"])' "$W/data/meta.json")
 json '
@@ -52,7 +54,7 @@ assert all(math.isfinite(r["loss"]) and r["lr"] > 0 and r["grad_norm"] > 0 and r
            r["data_wait_ms"] >= 0 for r in train)
 assert train[-1]["loss"] < train[0]["loss"] - 0.5, (train[0]["loss"], train[-1]["loss"])
 assert [r["step"] for r in val] == [6, 12], val
-vkeys = ["kind", "step", "tokens", "elapsed_s", "val_loss", "val_accuracy", "val_masked"]
+vkeys = ["kind", "step", "tokens", "elapsed_s", "val_loss", "val_accuracy", "val_masked", "val_sequences", "val_split"]
 assert all(sorted(r) == sorted(vkeys) for r in val), val[0]
 assert all(0 <= r["val_accuracy"] <= 1 and r["val_masked"] > 0 and r["val_loss"] > 0 for r in val), val
 assert val[1]["tokens"] == train[-1]["tokens"] and val[1]["val_loss"] < val[0]["val_loss"], val
@@ -110,7 +112,7 @@ for r in 0 1; do
 done
 wait
 line1=$(grep "^eval:" "$W/ev1.log"); line2=$(grep "^eval:" "$W/ev2.log"); line3=$(grep "^eval:" "$W/ev3_0.log")
-check 'echo "$line1" | grep -qE "^eval: loss [0-9.]+ \| accuracy 0\.[0-9]{4} \| [0-9]+ masked tokens in [0-9]+ sequences$"' \
+check 'echo "$line1" | grep -qE "^eval: loss [0-9.]+ \| accuracy 0\.[0-9]{4} \| [0-9]+ masked tokens in [0-9]+ sequences \(3 micro-batches of B=8: [0-9]+ of the split.s [0-9]+ sequences\)$"' \
   "--eval of a checkpoint: $line1 $(tail -n 2 "$W/ev1.log")"
 check '[ -n "$line3" ] && [ "$line3" = "$line1" ] && ! grep -q "^eval:" "$W/ev3_1.log"' \
   "--eval with 2 ranks: '$line3', with 1: '$line1' $(tail -n 2 "$W/ev3_0.log" "$W/ev3_1.log")"
@@ -144,6 +146,42 @@ assert (ev["val_loss"], ev["val_accuracy"], ev["val_masked"]) == (val[0]["val_lo
 ' "$W/d/metrics.jsonl" 2>"$W/err.txt"
 check '[ $? = 0 ]' "2-rank validation against 1-rank --eval of its checkpoint: $(tail -n 2 "$W/err.txt") $(tail -n 2 "$W/d0.log" "$W/d1.log")"
 echo "  (last validation: $(grep "val loss" "$W/a.log" | tail -n 1 | sed "s/.*| val //"); --eval of the export: ${line2#eval: })"
+
+# 4c. the default: every validation sequence exactly once (val_samples of them; B=8 leaves the last micro-batch
+#     partial), in the run and in --eval of its export at another --batch (the same sequences and masked
+#     tokens, nearly the same loss), and with 2 ranks the same bits as with 1; --val-batches beyond the split
+#     is said and cut to it
+val_samples=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["splits"][1]["samples"])' "$W/data/meta.json")
+FULL=(--data "$W/data/train_*.bin" --val "$W/data/val_*.bin" --preset tiny --seq 32 --batch 8 --lr 5e-3 --warmup 2 --seed 7)
+./trainer_cpu "${FULL[@]}" --val-every 2 --steps 2 --out "$W/v" >"$W/v.log" 2>&1
+nb=$(grep -o "^data: $W/data/val_\*.bin: .*epoch 0: [0-9]* rows" "$W/v.log" | grep -o "[0-9]* rows$" | cut -d" " -f1)
+nb=$(( (${nb:-0} + 7) / 8 ))  # micro-batches of 8 rows that cover the split's rows (packed samples)
+check 'grep -qE "^step +2 \| val loss [0-9.]+ \| accuracy 0\.[0-9]{4} \| [0-9]+ masked tokens in $val_samples sequences \($nb micro-batches of B=8: every validation sequence once\)$" "$W/v.log"' \
+  "the run's validation is not every one of the $val_samples sequences once: $(grep "val loss" "$W/v.log") $(tail -n 2 "$W/v.log")"
+./trainer_cpu --eval "$W/v" --val "$W/data/val_*.bin" --batch 5 --out "$W/v" >"$W/v_ev.log" 2>&1
+check 'grep -qE "^eval: .* in $val_samples sequences \([0-9]+ micro-batches of B=5: every validation sequence once\)$" "$W/v_ev.log"' \
+  "--eval of the export at --batch 5 is not every sequence once: $(tail -n 2 "$W/v_ev.log")"
+mkdir -p "$W/v2"
+for r in 0 1; do
+  SLURM_NTASKS=2 SLURM_PROCID=$r SLURM_LOCALID=0 NCCL_EMU_TIMEOUT_S=60 \
+    ./trainer_cpu --eval "$W/v/checkpoint.bin" --val "$W/data/val_*.bin" --batch 8 --out "$W/v2" >"$W/v2_$r.log" 2>&1 &
+done
+wait
+json '
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]; n = int(sys.argv[3])
+val = [r for r in recs if r["kind"] == "val"][-1]; ev = recs[-1]
+ev2 = [json.loads(l) for l in open(sys.argv[2])][-1]
+assert val["val_sequences"] == val["val_split"] == n and ev["val_sequences"] == ev["val_split"] == n, (val, ev, n)
+assert ev["kind"] == "eval" and ev["val_masked"] == val["val_masked"], (ev, val)
+assert abs(ev["val_loss"] - val["val_loss"]) < 2e-2 * val["val_loss"], (ev, val)
+k = lambda r: (r["val_loss"], r["val_accuracy"], r["val_masked"], r["val_sequences"])
+assert ev2["kind"] == "eval" and k(ev2) == k(val), (ev2, val)
+' "$W/v/metrics.jsonl" "$W/v2/metrics.jsonl" "$val_samples" 2>"$W/err.txt"
+check '[ $? = 0 ]' "the whole-split validation, --eval of the export, 2-rank --eval: $(tail -n 2 "$W/err.txt") $(tail -n 1 "$W/v2_0.log")"
+./trainer_cpu --eval "$W/v/checkpoint.bin" --val "$W/data/val_*.bin" --batch 8 --val-batches 100000 >"$W/v3.log" 2>&1
+check 'grep -q "^note: --val-batches 100000: the validation split holds $nb micro-batches of B=8 rows ($val_samples sequences); validating those, each sequence once$" "$W/v3.log" && grep -q "in $val_samples sequences ($nb micro-batches" "$W/v3.log"' \
+  "--val-batches beyond the split: $(tail -n 2 "$W/v3.log")"
 
 # 5. text shards: the export carries their tokenizer, loadable as it is
 python3 tools/prepare.py text --input README.md tools --train-vocab 400 --out "$W/text" --seq-len 32 --val-fraction 0.2 \
