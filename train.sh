@@ -29,13 +29,14 @@ set -uo pipefail
 cd "$(dirname "$0")" || exit 1
 
 # ---- the defaults: what a run with no arguments does (edit here) -------------------------------------------
+# Validation (and the evaluation) cover every validation sequence once (the trainer's default, no --val-batches).
 # CPU (2 cores: minutes): the mini preset (512 positions) at T=128, where a step costs far less than at T=512.
 # (2-core VM shared with other jobs: 6.5-8.5 s per step of 2,048 tokens, the loss 5.66 at step 1, 4.2 by step 50.)
-CPU_TRAIN=(--preset mini --seq 128 --batch 16 --steps 150 --lr 2e-3 --warmup 15 --val-every 50 --val-batches 4)
+CPU_TRAIN=(--preset mini --seq 128 --batch 16 --steps 150 --lr 2e-3 --warmup 15 --val-every 50)
 CPU_DATA_TOKENS=4000000   # 4 M bytes of ELF functions: the 150 steps see 0.3 M tokens, no sample twice
 # GPU: bert-base at T=512, the largest micro-batch that fits, a short run. (One H100 80GB HBM3: B=614,
 # 314 K tokens per step in 0.48 s, so 300 steps are 94 M tokens, about 2.5 minutes.)
-GPU_TRAIN=(--preset bert-base --seq 512 --steps 300 --warmup 30 --val-every 50 --val-batches 4 --ckpt-every 100)
+GPU_TRAIN=(--preset bert-base --seq 512 --steps 300 --warmup 30 --val-every 50 --ckpt-every 100)
 GPU_DATA_TOKENS=64000000  # 64 M bytes: the 300 steps see each sample about 1.5 times
 read -r -a DATA_INPUTS <<<"${DATA_INPUTS:-/usr/lib /usr/bin}"
 # ------------------------------------------------------------------------------------------------------------
@@ -215,6 +216,7 @@ elif [ ! -e "$EVAL_SRC" ]; then
 else
   EVAL=(--eval "$EVAL_SRC" --val "$EVAL_VAL" --out "$OUT" --seq "$SEQ")
   B=$(arg_value --batch); [ -n "$B" ] && EVAL+=(--batch "$B")
+  VB=$(arg_value --val-batches); [ -n "$VB" ] && EVAL+=(--val-batches "$VB")  # what the run's validation covered
   say "evaluating: $(quoted "$BIN" "${EVAL[@]}")"
   # one process, whatever the job: the Slurm variables would make it wait for peers
   env -u SLURM_NTASKS -u SLURM_PROCID -u SLURM_LOCALID "$BIN" "${EVAL[@]}" 2>&1 | tee -a "$LOG"

@@ -35,12 +35,19 @@ fi
 check 'grep -qE "^step +10/10" "$W/a/train.log" && grep -qE "^step +10/10" "$W/a.log"' \
   "the training log is not in --out/train.log and on the screen"
 check '[ -f "$W/a/checkpoint.bin" ] && [ -f "$W/a/model.safetensors" ]' "no checkpoint or export in --out"
-check 'grep -q "^train.sh: evaluating: ${TRAINER:-./trainer_cpu} --eval $W/a --val $W/data/val_\\\\\*.bin --out $W/a --seq 32 --batch 8" "$W/a.log"' \
+check 'grep -q "^train.sh: evaluating: ${TRAINER:-./trainer_cpu} --eval $W/a --val $W/data/val_\\\\\*.bin --out $W/a --seq 32 --batch 8 --val-batches 2 *$" "$W/a.log"' \
   "train.sh did not evaluate the export: $(grep -m 1 'evaluat' "$W/a.log")"
 check 'grep -qE "^eval: loss [0-9.]+ \| accuracy [0-9.]+%? \| [0-9]+ masked tokens in [0-9]+ sequences" "$W/a.log"' \
   "no evaluation result (needs the trainer's --eval): $(grep -m 2 -iE 'eval|unknown flag' "$W/a.log" | tail -n 1)"
 check '[ -s "$W/a/metrics.jsonl" ] && grep -q "\"kind\": *\"eval\"" "$W/a/metrics.jsonl"' \
   "no metrics.jsonl with the evaluation in --out (needs the trainer's metrics log)"
+python3 -c '
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+val = [r for r in recs if r["kind"] == "val"][-1]; ev = recs[-1]
+assert ev["kind"] == "eval" and (ev["val_sequences"], ev["val_masked"]) == (val["val_sequences"], val["val_masked"]), (val, ev)
+' "$W/a/metrics.jsonl" 2>"$W/err.txt"
+check '[ $? = 0 ]' "the evaluation does not cover what the last validation covered: $(tail -n 1 "$W/err.txt")"
 check '[ -f "$W/a/metrics.png" ] && grep -q "  plots .*$W/a/metrics.png" "$W/a.log"' "no plot written and listed"
 for what in shards run log metrics checkpoint export; do
   check 'grep -qE "^  $what +" "$W/a.log"' "the closing summary does not say where the $what is"
