@@ -1866,13 +1866,85 @@ static void resolve_run_length(Options* o, const Comm* comm, int B, double epoch
     if (o->epochs > 0) printf("--epochs %g: %d steps\n", o->epochs, o->steps);
 }
 
+// byte_token_char: the character that stands for byte b in a byte tokenizer.json, as in GPT-2's byte-level
+// alphabet (tokenizers' ByteLevel pre-tokenizer and decoder use the same): the printable bytes '!'..'~',
+// 0xA1..0xAC and 0xAE..0xFF are themselves; the other 68, in order, are U+0100, U+0101, ... .
+static int byte_token_char(int b) {
+    int n = 0;
+    for (int c = 0; c < b; c++) n += !((c >= 33 && c <= 126) || (c >= 161 && c <= 172) || (c >= 174 && c <= 255));
+    int printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    return printable ? b : 256 + n;
+}
+
+// export_byte_tokenizer: for byte shards, DIR/tokenizer.json that Hugging Face's tokenizers library (and
+// transformers' AutoTokenizer, PreTrainedTokenizerFast) reads with the model's ids: the text's UTF-8 bytes,
+// one token per byte (a ByteLevel pre-tokenizer maps each byte to its character, byte_token_char, and a Split
+// isolates each character), a WordLevel vocabulary giving character(b) the id b, the header's [PAD] [CLS]
+// [SEP] [MASK] as special added tokens, [CLS] text [SEP] added as the shards' samples have them, and a
+// ByteLevel decoder back to bytes. With tokenizer_config.json (model_max_length: T, the length trained at)
+// and special_tokens_map.json. Gives 1, or 0 after a message.
+static int export_byte_tokenizer(const char* out, const ShardHeader* h, int T) {
+    const char* names[4] = {"[PAD]", "[CLS]", "[SEP]", "[MASK]"};
+    int ids[4] = {h->pad_id, h->cls_id, h->sep_id, h->mask_id};
+    static char buf[32768];  // about 9 KB
+    size_t n = 0, cap = sizeof buf;
+#define OUT(...) (n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__))
+    OUT("{\"version\": \"1.0\", \"truncation\": null, \"padding\": null,\n \"added_tokens\": [");
+    for (int i = 0; i < 4; i++)
+        OUT("%s\n  {\"id\": %d, \"content\": \"%s\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+            "\"normalized\": false, \"special\": true}",
+            i ? "," : "", ids[i], names[i]);
+    const char* bytelevel =
+        "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": false, \"use_regex\": false}";
+    OUT("],\n \"normalizer\": null,\n \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [%s,\n"
+        "  {\"type\": \"Split\", \"pattern\": {\"Regex\": \".\"}, \"behavior\": \"Isolated\", \"invert\": false}]},\n",
+        bytelevel);
+    const char* cls = "{\"SpecialToken\": {\"id\": \"[CLS]\", \"type_id\": 0}}";
+    OUT(" \"post_processor\": {\"type\": \"TemplateProcessing\",\n  \"single\": [%s, {\"Sequence\": {\"id\": \"A\", "
+        "\"type_id\": 0}}, {\"SpecialToken\": {\"id\": \"[SEP]\", \"type_id\": 0}}],\n",
+        cls);
+    OUT("  \"pair\": [%s, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}, {\"SpecialToken\": {\"id\": \"[SEP]\", "
+        "\"type_id\": 0}}, {\"Sequence\": {\"id\": \"B\", \"type_id\": 1}}, {\"SpecialToken\": {\"id\": \"[SEP]\", "
+        "\"type_id\": 1}}],\n",
+        cls);
+    OUT("  \"special_tokens\": {\"[CLS]\": {\"id\": \"[CLS]\", \"ids\": [%d], \"tokens\": [\"[CLS]\"]}, "
+        "\"[SEP]\": {\"id\": \"[SEP]\", \"ids\": [%d], \"tokens\": [\"[SEP]\"]}}},\n",
+        h->cls_id, h->sep_id);
+    OUT(" \"decoder\": %s,\n \"model\": {\"type\": \"WordLevel\", \"unk_token\": \"[UNK]\", \"vocab\": {", bytelevel);
+    for (int b = 0; b < 256; b++)
+        OUT("%s\"\\u%04x\": %d", b % 16 ? ", " : (b ? ",\n  " : "\n  "), byte_token_char(b), b);
+    for (int i = 0; i < 4; i++) OUT(", \"%s\": %d", names[i], ids[i]);
+    OUT("}}}\n");
+#undef OUT
+    if (n >= cap) {
+        fprintf(stderr, "trainer: the byte tokenizer.json is longer than its %zu-byte buffer\n", cap);
+        return 0;
+    }
+    char path[4200], cfg[1024];
+    snprintf(path, sizeof path, "%s/tokenizer.json", out);
+    if (!bert_write_file(path, buf, n, NULL, 0)) return 0;
+    static const char specials[] =
+        "\"pad_token\": \"[PAD]\", \"cls_token\": \"[CLS]\", \"sep_token\": \"[SEP]\", \"mask_token\": \"[MASK]\"";
+    int k = snprintf(cfg, sizeof cfg,
+                     "{\"tokenizer_class\": \"PreTrainedTokenizerFast\", \"model_max_length\": %d, "
+                     "\"clean_up_tokenization_spaces\": false, %s}\n",
+                     T, specials);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", out);
+    if (!bert_write_file(path, cfg, (size_t)k, NULL, 0)) return 0;
+    k = snprintf(cfg, sizeof cfg, "{%s}\n", specials);
+    snprintf(path, sizeof path, "%s/special_tokens_map.json", out);
+    return bert_write_file(path, cfg, (size_t)k, NULL, 0);
+}
+
 // export_tokenizer: the tokenizer beside the Hugging Face export, so that it is usable as it is. Text
 // shards (tools/prepare.py leaves their tokenizer.json beside them): a copy of that tokenizer.json, and
 // tokenizer_config.json + special_tokens_map.json, which transformers' AutoTokenizer.from_pretrained(DIR)
 // needs to load it as a fast tokenizer with BERT's special tokens. Byte shards (ids 0..255 are the
-// bytes; no [UNK]): byte_tokenizer.json, the mapping and the special ids of the shard header. Each file
-// is written atomically. Gives 1, or 0 after a message.
-static int export_tokenizer(const char* out, const char* data_glob, const ShardHeader* h, int max_position) {
+// bytes; no [UNK]): byte_tokenizer.json, the mapping and the special ids of the shard header, which
+// tools/fill_mask.py reads, and the same as Hugging Face files (export_byte_tokenizer). model_max_length is
+// T, the length the run trained at (positions past it were never trained). Each file is written atomically.
+// Gives 1, or 0 after a message.
+static int export_tokenizer(const char* out, const char* data_glob, const ShardHeader* h, int T) {
     char first[4096], src[4200], path[4200], buf[2048];
     glob_t g;
     if (glob(data_glob, 0, NULL, &g) != 0 || g.gl_pathc == 0) {
@@ -1893,9 +1965,9 @@ static int export_tokenizer(const char* out, const char* data_glob, const ShardH
         static const char specials[] =
             "\"pad_token\": \"[PAD]\", \"unk_token\": \"[UNK]\", \"cls_token\": \"[CLS]\", \"sep_token\": \"[SEP]\", "
             "\"mask_token\": \"[MASK]\"";
-        int k = snprintf(buf, sizeof buf,
-                         "{\"tokenizer_class\": \"PreTrainedTokenizerFast\", \"model_max_length\": %d, %s}\n",
-                         max_position, specials);
+        int k =
+            snprintf(buf, sizeof buf,
+                     "{\"tokenizer_class\": \"PreTrainedTokenizerFast\", \"model_max_length\": %d, %s}\n", T, specials);
         snprintf(path, sizeof path, "%s/tokenizer_config.json", out);
         ok = ok && bert_write_file(path, buf, (size_t)k, NULL, 0);
         k = snprintf(buf, sizeof buf, "{%s}\n", specials);
@@ -1912,7 +1984,7 @@ static int export_tokenizer(const char* out, const char* data_glob, const ShardH
                          h->vocab_size, h->pad_id, h->cls_id, h->sep_id, h->mask_id);
         snprintf(path, sizeof path, "%s/byte_tokenizer.json", out);
         if (!bert_write_file(path, buf, (size_t)k, NULL, 0)) return 0;
-        return 1;
+        return export_byte_tokenizer(out, h, T);
     }
     printf("note: no tokenizer.json beside the shards (%s) and not a byte vocabulary: the export has no tokenizer\n",
            src);
@@ -2250,7 +2322,7 @@ int main(int argc, char** argv) {
                     o.out, ckpt_whats_on_disk(&ck, what, sizeof what));
             return 1;
         }
-        if (!export_tokenizer(o.out, o.data, &data_h, cfg.max_position)) {
+        if (!export_tokenizer(o.out, o.data, &data_h, o.T)) {
             fprintf(stderr, "trainer: the export in %s lacks its tokenizer (see above); %s\n", o.out,
                     ckpt_whats_on_disk(&ck, what, sizeof what));
             return 1;

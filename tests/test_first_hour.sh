@@ -10,7 +10,8 @@
 #     by default every validation sequence exactly once (the last micro-batch partial, never wrapped), the
 #     same sequences and masked tokens whatever --batch, and said; --val-batches beyond the split is said;
 #   - the export: config.json with the shards' pad id and no dropout, and the tokenizer (byte shards:
-#     byte_tokenizer.json; text shards: tokenizer.json + what AutoTokenizer needs);
+#     byte_tokenizer.json, and a byte-level tokenizer.json; both kinds: tokenizer.json + what AutoTokenizer
+#     needs, model_max_length the trained --seq, [CLS] text [SEP] added as in the shards);
 #   - bad input: one clear line; ./trainer (the GPU build) on this machine without a GPU says so in one line.
 # Run by tests/run.sh; needs tools/requirements.txt (python3 tools/prepare.py, tokenizers).
 cd "$(dirname "$0")/.."
@@ -67,8 +68,13 @@ t = json.load(open(sys.argv[1] + "/byte_tokenizer.json"))
 assert c["pad_token_id"] == m["pad"] == 256 and c["hidden_dropout_prob"] == 0 and c["attention_probs_dropout_prob"] == 0, c
 assert t["type"] == "bytes" and t["vocab_size"] == 260 and "byte b" in t["bytes"], t
 assert t["special_tokens"] == {"[PAD]": m["pad"], "[CLS]": m["cls"], "[SEP]": m["sep"], "[MASK]": m["mask"]}, t
+from tokenizers import Tokenizer
+h = Tokenizer.from_file(sys.argv[1] + "/tokenizer.json")
+assert h.encode("A\u00e9[MASK]").ids == [m["cls"], 65, 0xC3, 0xA9, m["mask"], m["sep"]], h.encode("A\u00e9[MASK]").ids
+tc = json.load(open(sys.argv[1] + "/tokenizer_config.json"))
+assert tc["tokenizer_class"] == "PreTrainedTokenizerFast" and tc["model_max_length"] == 32 and tc["mask_token"] == "[MASK]", tc
 ' "$A" "$W/data/meta.json" 2>"$W/err.txt"
-check '[ $? = 0 ]' "the byte export's config.json / byte_tokenizer.json: $(tail -n 2 "$W/err.txt")"
+check '[ $? = 0 ]' "the byte export's config.json / byte_tokenizer.json / tokenizer.json: $(tail -n 2 "$W/err.txt")"
 check '! ls "$A"/*.tmp >/dev/null 2>&1' "temporary files left in the export: $(ls "$A")"
 
 # 2. resume: 6 steps, a record beyond the checkpoint and a partial line (a crash after the checkpoint), then
@@ -195,12 +201,14 @@ c = json.load(open(d + "/config.json")); tc = json.load(open(d + "/tokenizer_con
 sm = json.load(open(d + "/special_tokens_map.json"))
 names = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]"}
 assert c["pad_token_id"] == m["pad"] and c["vocab_size"] == json.load(open(sys.argv[2] + "/meta.json"))["vocab_size"], c
-assert tc["tokenizer_class"] == "PreTrainedTokenizerFast" and tc["model_max_length"] == 40, tc
+assert tc["tokenizer_class"] == "PreTrainedTokenizerFast" and tc["model_max_length"] == 32, tc  # the trained --seq
 assert all(tc[k] == v and sm[k] == v for k, v in names.items()), (tc, sm)
 from tokenizers import Tokenizer
 t = Tokenizer.from_file(d + "/tokenizer.json")
 for k in ("pad", "unk", "cls", "sep", "mask"):
     assert t.token_to_id(names[k + "_token"]) == m[k], (k, t.token_to_id(names[k + "_token"]), m[k])
+e = t.encode("the [MASK]").ids  # [CLS] ... [SEP], as the shards samples are (what AutoTokenizer gives a pipeline)
+assert e[0] == m["cls"] and e[-1] == m["sep"] and m["mask"] in e, e
 ' "$W/tx" "$W/text" 2>"$W/err.txt"
 check '[ $? = 0 ]' "the text export's tokenizer files: $(tail -n 2 "$W/err.txt") $(tail -n 2 "$W/tx.log")"
 
