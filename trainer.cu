@@ -1613,6 +1613,21 @@ static int checkpoint_now(Ckpts* ck, BertModel* m, const GradReduce* gr, DataLoa
     return 0;
 }
 
+// no_gpu_reason: why cudaGetDeviceCount found no GPU, in words. Without an NVIDIA driver loaded (no
+// /proc/driver/nvidia/version) the CUDA runtime reports cudaErrorInsufficientDriver, "CUDA driver version is
+// insufficient for CUDA runtime version", which reads as if an older driver were there: say which it is.
+static const char* no_gpu_reason(cudaError_t e, char* buf, size_t size) {
+    if (e == cudaSuccess)
+        snprintf(buf, size, "no CUDA device");
+    else if (e == cudaErrorInsufficientDriver && access("/proc/driver/nvidia/version", F_OK) != 0)
+        snprintf(buf, size, "no NVIDIA driver is loaded: no /proc/driver/nvidia/version");
+    else if (e == cudaErrorInsufficientDriver)
+        snprintf(buf, size, "the NVIDIA driver is older than this CUDA runtime needs: %s", cudaGetErrorString(e));
+    else
+        snprintf(buf, size, "%s", cudaGetErrorString(e));
+    return buf;
+}
+
 // use_device: the GPU this rank runs on (comm_device's rule), its properties and free memory. Exits on error.
 static void use_device(Comm* comm, cudaDeviceProp* prop, size_t* free_bytes, size_t* total_bytes) {
     int ndev = 0;
@@ -1622,7 +1637,7 @@ static void use_device(Comm* comm, cudaDeviceProp* prop, size_t* free_bytes, siz
         fprintf(stderr,
                 "trainer: no usable GPU here (%s); ./trainer_cpu is the same trainer on the CPU: run it with "
                 "the same flags\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+                no_gpu_reason(e, err, sizeof err));
         exit(1);
     }
     if ((comm->device = comm_device(comm->local_rank, ndev, err, sizeof err)) < 0) {
