@@ -6,8 +6,9 @@
 #   2. binary ./trainer when `./trainer --info` finds a GPU, else ./trainer_cpu (it says which and why);
 #             runs ./build.sh first when neither is built;
 #   3. train  on the CPU the `mini` preset (150 steps at T=128: minutes), on a GPU `bert-base` (300 steps),
-#             with validation; into runs/<date>-<time>/ (runs/job-<id>/ under Slurm), log in train.log;
-#   4. eval   ./trainer --eval on the export, on the validation shards;
+#             with validation (every validation sequence once); into runs/<date>-<time>/ (runs/job-<id>/
+#             under Slurm), log in train.log;
+#   4. eval   ./trainer --eval on the export, on the validation shards (what the last validation covered);
 #   5. plots  tools/plot.py: runs/.../metrics.png from metrics.jsonl;
 #   6. prints where everything is.
 # With arguments, each one you give replaces that flag's default (at the top of train.sh, for this machine's
