@@ -242,5 +242,19 @@ else
   echo "  (./trainer without a GPU: not checked here: $( [ -x ./trainer ] && echo "this machine has a GPU" || echo "no ./trainer built"))"
 fi
 
+# 8. ./build.sh with no argument builds what this machine can run: with a GPU (a stand-in nvidia-smi -L lists
+#    one) the trainers of both kinds, without one only ./trainer_cpu; never the tests (./build.sh all does)
+mkdir -p "$W/gpu" "$W/nogpu"
+printf '#!/bin/sh\necho "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)"\n' >"$W/gpu/nvidia-smi"
+printf '#!/bin/sh\necho "NVIDIA-SMI has failed because it could not communicate with the NVIDIA driver." >&2; exit 9\n' >"$W/nogpu/nvidia-smi"
+chmod +x "$W/gpu/nvidia-smi" "$W/nogpu/nvidia-smi"
+out=$(PATH="$W/gpu:$PATH" NVCC=/nonexistent/nvcc ./build.sh 2>&1); rc=$?
+check '[ $rc -eq 0 ] && echo "$out" | grep -q "^build: a GPU is here (nvidia-smi -L): ./trainer_cpu and ./trainer, no tests" && echo "$out" | grep -q "^build: CPU runtime, trainer_cpu$" && echo "$out" | grep -q "nvcc not found at /nonexistent/nvcc: skipping"' \
+  "./build.sh with a GPU listed: exit $rc: $out"
+out=$(PATH="$W/nogpu:$PATH" ./build.sh 2>&1); rc=$?
+check '[ $rc -eq 0 ] && echo "$out" | grep -q "^build: no GPU here (.*): ./trainer_cpu only; ./build.sh all" && ! echo "$out" | grep -qE "^build: GPU|test_"' \
+  "./build.sh without a GPU: exit $rc: $out"
+expect_error "build.sh: bogus: expected cpu, gpu, all or nothing" ./build.sh bogus
+
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
