@@ -84,7 +84,7 @@ choose_binary() {
   elif [ -x ./trainer_cpu ]; then
     BIN=./trainer_cpu
     if [ -x ./trainer ]; then WHY="no usable GPU (./trainer --info: $(echo "$info" | grep -v '^$' | tail -n 1))"
-    else WHY="./trainer is not built (no nvcc here)"; fi
+    else WHY="./trainer is not built (./build.sh builds it where it finds a GPU, ./build.sh gpu anyway)"; fi
   fi
 }
 choose_binary
