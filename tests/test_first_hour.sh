@@ -255,6 +255,10 @@ out=$(PATH="$W/nogpu:$PATH" ./build.sh 2>&1); rc=$?
 check '[ $rc -eq 0 ] && echo "$out" | grep -q "^build: no GPU here (.*): ./trainer_cpu only; ./build.sh all" && ! echo "$out" | grep -qE "^build: GPU|test_"' \
   "./build.sh without a GPU: exit $rc: $out"
 expect_error "build.sh: bogus: expected cpu, gpu, all or nothing" ./build.sh bogus
+readme_cmd=$(grep "# the test command" README.md | sed -e 's/ *#.*//')
+ci_cmd=$(grep -v '^ *#' .ci/run | grep -v '^ *$' | tail -n 1)
+check '[ "$readme_cmd" = "./build.sh all && tests/run.sh" ] && [ "$ci_cmd" = "$readme_cmd" ]' \
+  "README's test command ('$readme_cmd') is not ./build.sh all && tests/run.sh, or not what .ci/run runs ('$ci_cmd')"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
