@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# build.sh: builds everything mlm.c has.
+# build.sh: builds mlm.c: with no argument, what this machine can run; `./build.sh all`, everything.
 #
 #   ./trainer        the GPU trainer (nvcc, sm_90 by default; ARCH=sm_80 ./build.sh to change)
 #   ./trainer_cpu    the same trainer.cu compiled by g++ against cpu/ (the CPU runtime)
 #   build/test_*     the tests on the CPU runtime; build/asan/test_* the same under AddressSanitizer
 #   build/gpu/test_* the portable tests compiled by nvcc, to run on a real GPU (and build/gpu/bench_attention)
 #
-# Usage: ./build.sh [cpu|gpu|all]   (default all; gpu parts are skipped with a note when nvcc is missing)
+# Usage: ./build.sh [cpu|gpu|all]
+#   (none)  what this machine can run: ./trainer_cpu, and with a GPU here (see has_gpu) also ./trainer; no tests
+#   cpu     the CPU runtime, ./trainer_cpu and the tests (plain and under ASan)
+#   gpu     the nvcc side: ./trainer and build/gpu/test_*
+#   all     both (the test command: ./build.sh all && tests/run.sh); gpu parts are skipped with a note
+#           when nvcc is missing
 # Incremental: a target is rebuilt only when a file it includes (from the compiler's -MMD list) changed.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-WHAT=${1:-all}
+WHAT=${1:-auto}
+case "$WHAT" in auto | cpu | gpu | all) ;; *) echo "build.sh: $WHAT: expected cpu, gpu, all or nothing (what this machine can run)" >&2; exit 1 ;; esac
 ARCH=${ARCH:-sm_90}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 CXX=${CXX:-g++}
@@ -33,6 +39,26 @@ GPU_FLAGS="-std=c++17 -O3 -arch=$ARCH -lineinfo -Xcompiler -Wall -Xptxas --warn-
 GPU_LIBS="-lcublasLt -lcublas -lnccl"
 
 mkdir -p build/cpu build/asan build/gpu
+
+# has_gpu: 0 when this machine has an NVIDIA GPU that ./trainer could run on: `nvidia-smi -L` (installed with
+# the driver) lists one, or, without nvidia-smi, the driver's device file /dev/nvidia0 exists. No CUDA probe:
+# compiling one takes nvcc as long as a small test, and without a driver there is nothing to probe.
+has_gpu() {
+  if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi -L 2>/dev/null | grep -q '^GPU '; else [ -e /dev/nvidia0 ]; fi
+}
+# No argument: the trainers this machine can run, without the tests (the Quick start's first command).
+TESTS_TOO=1
+if [ "$WHAT" = auto ]; then
+  TESTS_TOO=0
+  if has_gpu; then
+    WHAT=all
+    echo "build: a GPU is here (nvidia-smi -L): ./trainer_cpu and ./trainer, no tests (./build.sh all builds them)"
+  else
+    WHAT=cpu
+    echo "build: no GPU here (nvidia-smi -L lists none, or no /dev/nvidia0): ./trainer_cpu only; ./build.sh all" \
+      "also builds the tests and the GPU binaries"
+  fi
+fi
 
 # stale OUT DEPFILE: true when OUT is missing or older than any file listed in its dependency file
 stale() {
@@ -68,13 +94,14 @@ BENCHES=$(ls tests/bench_*.cu 2>/dev/null || true)   # programs that print figur
 GPU_BENCHES="tests/bench_attention.cu"                # ... of which these are also built for the GPU
 # tests that only make sense on the CPU runtime (they provoke deadlocks and the like); the rest also build for the GPU
 CPU_ONLY_TESTS="tests/test_emulator.cu"
+[ $TESTS_TOO = 1 ] || TESTS="" BENCHES="" GPU_BENCHES=""  # no argument: the trainers only
 
 if [ "$WHAT" = all ] || [ "$WHAT" = cpu ]; then
-  echo "build: CPU runtime, trainer_cpu and tests"
+  echo "build: CPU runtime, trainer_cpu$([ $TESTS_TOO = 1 ] && echo " and tests")"
   for s in $CPU_SRCS; do
     b=$(basename "${s%.cpp}")
     cpu_obj "$s" "build/cpu/$b.o"
-    cpu_obj "$s" "build/asan/$b.o" $ASAN_FLAGS
+    [ $TESTS_TOO = 0 ] || cpu_obj "$s" "build/asan/$b.o" $ASAN_FLAGS
   done
   cpu_obj trainer.cu build/cpu/trainer.o
   for t in $TESTS; do
@@ -113,7 +140,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = gpu ]; then
       for f in "$CUDA_HOME"/lib64/lib$lib.so /usr/lib/*/lib$lib.so /usr/local/lib/lib$lib.so; do [ -e "$f" ] && found=$f; done
       [ -n "$found" ] || die "lib$lib.so not found in $CUDA_HOME/lib64, /usr/lib/* or /usr/local/lib (needed by the GPU build)"
     done
-    echo "build: GPU ($ARCH) trainer and tests"
+    echo "build: GPU ($ARCH) trainer$([ $TESTS_TOO = 1 ] && echo " and tests")"
     gpu_bin() { # gpu_bin SRC OUT
       local src=$1 out=$2 dep=build/gpu/$(basename "$2").d
       stale "$out" "$dep" || return 0

@@ -653,6 +653,7 @@ struct DataLoader {
     // The current epoch's plan, and the next epoch's, which a planner thread builds in the background
     // while this one is consumed (at the paper's 202 M samples a plan takes about a minute).
     EpochPlan plan, next_plan;
+    uint64_t epoch0_rows;  // rows of epoch 0's plan (dataloader_epoch0_rows)
     pthread_t planner;
     int planner_running;
     int64_t planner_epoch;                                 // the epoch the planner builds
@@ -1128,8 +1129,9 @@ static inline int dataloader_init(DataLoader* dl, const DataLoaderConfig* cfg) {
             goto fail;
         }
     }
+    plan_ready(dl, 0);  // (the first batch needs it anyway)
+    dl->epoch0_rows = dl->plan.num_rows;
     if (cfg->verbose) {
-        plan_ready(dl, 0);
         printf(
             "data: %s: %d shards, %llu samples, %llu tokens, vocab %u; epoch 0: %llu rows of %d (%.1f%% real tokens), "
             "rank %d/%d takes %d rows per micro-batch\n",
@@ -1207,6 +1209,11 @@ static inline int dataloader_next(DataLoader* dl, cudaStream_t stream, Batch* ou
     pthread_mutex_unlock(&dl->lock);
     return 0;
 }
+
+// dataloader_epoch0_rows: the global rows of epoch 0, all ranks together: ceil(rows / B) micro-batches of B rows
+// cover every sample once, the last one partial (its rows past the end are padding: no sample, nothing masked).
+// Validation (shuffle 0: file order, the same plan every epoch) reads exactly these from the start.
+static inline uint64_t dataloader_epoch0_rows(const DataLoader* dl) { return dl->epoch0_rows; }
 
 // The position for a checkpoint: the batch the next dataloader_next() call would return.
 static inline DataLoaderState dataloader_state(const DataLoader* dl) {

@@ -6,19 +6,23 @@
 #   2. binary ./trainer when `./trainer --info` finds a GPU, else ./trainer_cpu (it says which and why);
 #             runs ./build.sh first when neither is built;
 #   3. train  on the CPU the `mini` preset (150 steps at T=128: minutes), on a GPU `bert-base` (300 steps),
-#             with validation; into runs/<date>-<time>/ (runs/job-<id>/ under Slurm), log in train.log;
-#   4. eval   ./trainer --eval on the export, on the validation shards;
+#             with validation (every validation sequence once); into runs/<date>-<time>/ (runs/job-<id>/
+#             under Slurm), log in train.log;
+#   4. eval   ./trainer --eval on the export, on the validation shards (what the last validation covered);
 #   5. plots  tools/plot.py: runs/.../metrics.png from metrics.jsonl;
 #   6. prints where everything is.
-# With arguments, they replace the training defaults (at the top of train.sh) and go to the trainer as
-# they are; train.sh adds --data/--val (its shards, prepared at your --seq) and --out when you give none:
+# With arguments, each one you give replaces that flag's default (at the top of train.sh, for this machine's
+# binary: CPU or GPU) and the defaults you do not override stay (--tokens or --epochs replace --steps); it
+# prints the whole trainer command. train.sh adds --data/--val (its shards, prepared at the run's --seq) and
+# --out when you give none:
+#   ./train.sh --steps 300                                       # the CPU defaults (mini, T=128), 300 steps
 #   ./train.sh --preset tiny --seq 32 --batch 16 --steps 300 --val-every 100
-#   ./train.sh --out runs/a --preset mini --seq 128 --batch 16 --steps 400 --val-every 100
-#   ./train.sh --out runs/a --preset mini --seq 128 --batch 16 --steps 400 --val-every 100 --resume  # after a stop
+#   ./train.sh --out runs/a --steps 400                          # into runs/a
+#   ./train.sh --out runs/a --steps 400 --resume                 # after a stop: the same, continued
 # Under srun every rank runs train.sh: rank 0 (SLURM_PROCID) prepares the shards, evaluates and
 # plots; the other ranks wait for the shards (the data directory and --out must be on a file system
 # every node sees, as the trainer's --out already must be):
-#   srun -N 2 --ntasks-per-node 4 --gpus-per-node 4 ./train.sh
+#   srun -K -N 2 --ntasks-per-node 4 --gpus-per-node 4 ./train.sh   (-K: one rank failing ends the job)
 # Ctrl-C, SIGTERM or SIGUSR1 stop the trainer after its current step with a checkpoint (--resume goes on).
 # Environment: TRAINER (the binary, instead of the choice in 2), DATA_TOKENS (the data bound), VAL_FRACTION (its validation share, 0.01),
 # DATA_INPUTS (what to prepare, default "/usr/lib /usr/bin"), DATA_DIR (where), PYTHON (default python3).
@@ -26,13 +30,14 @@ set -uo pipefail
 cd "$(dirname "$0")" || exit 1
 
 # ---- the defaults: what a run with no arguments does (edit here) -------------------------------------------
+# Validation (and the evaluation) cover every validation sequence once (the trainer's default, no --val-batches).
 # CPU (2 cores: minutes): the mini preset (512 positions) at T=128, where a step costs far less than at T=512.
 # (2-core VM shared with other jobs: 6.5-8.5 s per step of 2,048 tokens, the loss 5.66 at step 1, 4.2 by step 50.)
-CPU_TRAIN=(--preset mini --seq 128 --batch 16 --steps 150 --lr 2e-3 --warmup 15 --val-every 50 --val-batches 4)
+CPU_TRAIN=(--preset mini --seq 128 --batch 16 --steps 150 --lr 2e-3 --warmup 15 --val-every 50)
 CPU_DATA_TOKENS=4000000   # 4 M bytes of ELF functions: the 150 steps see 0.3 M tokens, no sample twice
 # GPU: bert-base at T=512, the largest micro-batch that fits, a short run. (One H100 80GB HBM3: B=614,
 # 314 K tokens per step in 0.48 s, so 300 steps are 94 M tokens, about 2.5 minutes.)
-GPU_TRAIN=(--preset bert-base --seq 512 --steps 300 --warmup 30 --val-every 50 --val-batches 4 --ckpt-every 100)
+GPU_TRAIN=(--preset bert-base --seq 512 --steps 300 --warmup 30 --val-every 50 --ckpt-every 100)
 GPU_DATA_TOKENS=64000000  # 64 M bytes: the 300 steps see each sample about 1.5 times
 read -r -a DATA_INPUTS <<<"${DATA_INPUTS:-/usr/lib /usr/bin}"
 # ------------------------------------------------------------------------------------------------------------
@@ -79,7 +84,7 @@ choose_binary() {
   elif [ -x ./trainer_cpu ]; then
     BIN=./trainer_cpu
     if [ -x ./trainer ]; then WHY="no usable GPU (./trainer --info: $(echo "$info" | grep -v '^$' | tail -n 1))"
-    else WHY="./trainer is not built (no nvcc here)"; fi
+    else WHY="./trainer is not built (./build.sh builds it where it finds a GPU, ./build.sh gpu anyway)"; fi
   fi
 }
 choose_binary
@@ -94,11 +99,23 @@ if [ "$PASSTHROUGH" = 1 ]; then exec "$BIN" "$@"; fi
 case "$(basename "$BIN")" in *_cpu*) ON_GPU=0 ;; *) ON_GPU=1 ;; esac  # trainer_cpu: the CPU build
 [ "$RANK" = 0 ] && say "using $BIN: $WHY"
 
-# The training arguments: yours, or the defaults for this binary.
-if [ $ON_GPU = 1 ]; then TRAIN=("${GPU_TRAIN[@]}"); DATA_TOKENS=${DATA_TOKENS:-$GPU_DATA_TOKENS}
-else TRAIN=("${CPU_TRAIN[@]}"); DATA_TOKENS=${DATA_TOKENS:-$CPU_DATA_TOKENS}; fi
+# The training arguments: the defaults for this binary, less each flag you give (and less --steps when you
+# give --tokens or --epochs, its alternatives), then yours.
+if [ $ON_GPU = 1 ]; then DEFAULTS=("${GPU_TRAIN[@]}"); DATA_TOKENS=${DATA_TOKENS:-$GPU_DATA_TOKENS}
+else DEFAULTS=("${CPU_TRAIN[@]}"); DATA_TOKENS=${DATA_TOKENS:-$CPU_DATA_TOKENS}; fi
 VAL_FRACTION=${VAL_FRACTION:-0.01}  # the share of documents in the validation split
-[ $# -eq 0 ] || TRAIN=("$@")
+TRAIN=() KEPT=()
+for ((i = 0; i < ${#DEFAULTS[@]}; i += 2)); do  # the defaults are pairs: --flag value
+  f=${DEFAULTS[$i]}
+  has_arg "$f" && continue
+  [ "$f" = --steps ] && { has_arg --tokens || has_arg --epochs; } && continue
+  KEPT+=("$f" "${DEFAULTS[$((i + 1))]}")
+done
+TRAIN=("${KEPT[@]}" "$@")
+if [ "$RANK" = 0 ] && [ $# -gt 0 ]; then
+  if [ ${#KEPT[@]} -gt 0 ]; then say "your arguments, and these defaults for $BIN (top of train.sh): ${KEPT[*]}"
+  else say "your arguments replace every default for $BIN"; fi
+fi
 [[ "$DATA_TOKENS" =~ ^[1-9][0-9]*$ ]] || die "DATA_TOKENS=$DATA_TOKENS: expected a positive integer"
 USER_ARGS=("${TRAIN[@]}")
 SEQ=$(arg_value --seq); SEQ=${SEQ:-512}  # the trainer's default --seq
@@ -200,6 +217,7 @@ elif [ ! -e "$EVAL_SRC" ]; then
 else
   EVAL=(--eval "$EVAL_SRC" --val "$EVAL_VAL" --out "$OUT" --seq "$SEQ")
   B=$(arg_value --batch); [ -n "$B" ] && EVAL+=(--batch "$B")
+  VB=$(arg_value --val-batches); [ -n "$VB" ] && EVAL+=(--val-batches "$VB")  # what the run's validation covered
   say "evaluating: $(quoted "$BIN" "${EVAL[@]}")"
   # one process, whatever the job: the Slurm variables would make it wait for peers
   env -u SLURM_NTASKS -u SLURM_PROCID -u SLURM_LOCALID "$BIN" "${EVAL[@]}" 2>&1 | tee -a "$LOG"

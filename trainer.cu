@@ -63,7 +63,7 @@ static void usage(void) {
         "  (srun -K ./trainer ... for several GPUs; ./trainer_cpu: the same program on the CPU, without a GPU)\n"
         "  --data GLOB         training shards (tools/prepare.py makes them)\n"
         "  --val GLOB          validation shards: MLM loss and masked-token accuracy every --val-every steps, on\n"
-        "                      the same --val-batches micro-batches (a fixed masking) whatever the number of GPUs\n"
+        "                      every validation sequence once (a fixed masking) whatever the number of GPUs\n"
         "  --out DIR           (created with its parents) checkpoint.bin, metrics.jsonl (a JSON object per logged\n"
         "                      step and per validation), the final Hugging Face export (model.safetensors,\n"
         "                      config.json) and the tokenizer files (tokenizer.json + tokenizer_config.json +\n"
@@ -97,8 +97,9 @@ static void usage(void) {
         "  --seed N            data order, masking and initialisation (default 1337)\n"
         "  --loader-threads N  threads preparing batches (default 2); --ring N slots (default 4)\n"
         "  --stage-dir DIR     copy the shards to this node-local directory first, once per node\n"
-        "  --log-every N --val-every N --val-batches N --ckpt-every N   (1, 0, 20, 0: only at the end);\n"
-        "                      --val-batches counts micro-batches of B rows over all GPUs together\n"
+        "  --log-every N --val-every N --val-batches N --ckpt-every N   (1, 0, 0, 0: only at the end);\n"
+        "                      --val-batches N: only the first N micro-batches of B rows (over all GPUs together)\n"
+        "                      of the validation split; 0, the default: the whole split, each sequence once\n"
         "  --ckpt-minutes X    also a checkpoint when X minutes passed since the last one (default 30; 0: off)\n"
         "  --keep K            checkpoints kept: DIR/checkpoint.bin and the K-1 before it as checkpoint-STEP.bin\n"
         "                      (default 2); --resume takes the newest intact one (each has a CRC-32)\n"
@@ -144,10 +145,10 @@ static void usage(void) {
         "usage: trainer --eval SRC --val GLOB [--batch B] [--seq T] [--val-batches N] [--out DIR]\n"
         "  evaluates SRC, a checkpoint file (DIR/checkpoint.bin) or a Hugging Face export directory (config.json +\n"
         "  model.safetensors), on the validation shards as training validates, without training; prints\n"
-        "  \"eval: loss X | accuracy Y | N masked tokens in K sequences\"; with --out it appends an \"eval\"\n"
-        "  record to DIR/metrics.jsonl. --seq defaults to the checkpoint's (an export: the shards' --seq-len); with "
-        "the\n"
-        "  run's --batch and --val-batches it sees the very batches of the run's validation\n");
+        "  \"eval: loss X | accuracy Y | N masked tokens in K sequences (...)\"; with --out it appends an \"eval\"\n"
+        "  record to DIR/metrics.jsonl. --seq defaults to the checkpoint's (an export: the shards' --seq-len). By\n"
+        "  default every validation sequence once, with the same masking as the run's validation at that --seq:\n"
+        "  the same sequences and masked tokens as the run's last validation, whatever --batch\n");
 }
 
 // parse_int / parse_float: the value of flag `name`, or exit with a message naming flag and value.
@@ -243,7 +244,7 @@ static Options parse_options(int argc, char** argv) {
     o.T = 512, o.grad_accum = 1, o.warmup = -1;
     o.lr = 5e-4f, o.wd = 0.01f, o.beta1 = 0.9f, o.beta2 = 0.98f, o.eps = 1e-6f, o.clip = 1.0f;
     o.seed = 1337, o.loader_threads = 2, o.ring_slots = 4;
-    o.log_every = 1, o.val_batches = 20;
+    o.log_every = 1, o.val_batches = 0;  // --val-batches 0: the whole validation split
     o.keep = 2, o.max_bad_steps = 3, o.ckpt_minutes = 30;
     o.bootstrap = "tcp", o.nccl_timeout = (float)COMM_DEFAULT_TIMEOUT_S;
     o.bucket_mb = 25;
@@ -339,7 +340,7 @@ static Options parse_options(int argc, char** argv) {
         else if (!strcmp(a, "--val-every"))
             o.val_every = (int)parse_int(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--val-batches"))
-            o.val_batches = (int)parse_int(a, v, 1, 1 << 20);
+            o.val_batches = (int)parse_int(a, v, 0, 1 << 20);
         else if (!strcmp(a, "--ckpt-every"))
             o.ckpt_every = (int)parse_int(a, v, 0, 1 << 30);
         else if (!strcmp(a, "--run-steps"))
@@ -425,7 +426,7 @@ typedef struct {
     size_t batch_bytes;   // each loader's (training, validation) two device batch buffers
     size_t maker_bytes;   // seg_lo, seg_hi (B, T), the head's positions and labels (M), 8 floats of loss sums,
                           // the head rows' hits (M floats: accuracy)
-    size_t val_bytes;     // validation's per-micro-batch sums (4 floats x --val-batches; plan_add_validation)
+    size_t val_bytes;     // validation's per-micro-batch sums (4 floats per micro-batch; plan_add_validation)
     size_t total;
 } Plan;
 
@@ -444,9 +445,27 @@ static Plan make_plan(const BertConfig* c, int B, int T, int loaders, const Grad
     p.total = p.model.total + p.reduce_bytes + p.batch_bytes + p.maker_bytes;
     return p;
 }
-// plan_add_validation: validation's sums, one slot of 4 floats per micro-batch (see Validation).
-static void plan_add_validation(Plan* p, int val_batches) {
-    p->val_bytes = 4 * (size_t)val_batches * sizeof(float);
+// validation_max_batches: an upper bound on the micro-batches of B rows a validation pass takes over the split
+// `pattern` (the shards' headers give its samples; a row holds at least one, so ceil(samples / B) cover it),
+// or val_batches (--val-batches) when smaller; 0 takes the whole split.
+static long long validation_max_batches(const char* pattern, int val_batches, int B) {
+    Shard* shards;
+    int n;
+    char err[DATA_ERR_LEN];
+    if (shards_open_all(pattern, &shards, &n, 1, err)) {
+        fprintf(stderr, "trainer: --val: %s\n", err);
+        exit(1);
+    }
+    long long samples = 0;
+    for (int i = 0; i < n; i++) samples += (long long)shards[i].h.num_samples, shard_close(&shards[i]);
+    free(shards);
+    long long batches = (samples + B - 1) / B;
+    return val_batches > 0 && val_batches < batches ? val_batches : batches;
+}
+// plan_add_validation: validation's sums, one slot of 4 floats per micro-batch (see Validation) for at most
+// validation_max_batches micro-batches.
+static void plan_add_validation(Plan* p, int val_batches, const char* val_pattern) {
+    p->val_bytes = 4 * (size_t)validation_max_batches(val_pattern, val_batches, p->B) * sizeof(float);
     p->total += p->val_bytes;
 }
 
@@ -940,7 +959,11 @@ static void all_ranks_sum(Comm* comm, float* x, int n, float* host, cudaStream_t
 // same masked samples every time and whatever the number of ranks. The validation loader reads the shards
 // in file order with a fixed masking seed, packed into rows as training packs them; its global row stream
 // is the same for any world size, so micro-batch j of B rows (global rows [j B, (j+1) B)) is always the
-// same batch. --val-batches N means micro-batches 0 .. N-1: rank r evaluates j = r, r + W, r + 2W, ...
+// same batch. A pass takes micro-batches 0 .. N-1, N = ceil(rows / B) for the split's rows (epoch 0's,
+// never wrapped): every validation sequence once, the last micro-batch partial (its rows past the split
+// are padding, nothing masked), so the sequences and masked tokens it sees do not depend on B or W.
+// --val-batches N takes the first N micro-batches instead (at most the split's).
+// Rank r evaluates j = r, r + W, r + 2W, ...
 // and writes micro-batch j's sums (loss x masked count, masked count, hits, samples) into slot j of a
 // device array that is zero elsewhere; one all-reduce (a sum of one value and zeros: exact) gives every
 // rank all N slots, added on the host in the order j = 0 .. N-1. So 1 or 64 GPUs give the same bits.
@@ -949,7 +972,9 @@ static void all_ranks_sum(Comm* comm, float* x, int n, float* host, cudaStream_t
 typedef struct {
     DataLoader loader;
     DataLoaderState start;  // the loader's position right after init: every evaluation restarts there
-    int batches;            // --val-batches
+    int batches;            // micro-batches per pass: the whole split, or --val-batches when fewer
+    int B;                  // rows per micro-batch
+    long long split;        // sequences (samples) in the split
     float* slots;           // device, 4 x batches: (loss sum, masked, hits) per micro-batch, then samples
     float* host;            // host, 4 x batches
 } Validation;
@@ -957,11 +982,14 @@ typedef struct {
 typedef struct {
     double loss, accuracy;  // per masked token
     long long masked, samples;
+    long long split;  // the split's sequences: samples == split when the pass covered every one (once)
+    int batches, B;   // micro-batches of B rows
 } EvalResult;
 
-// validation_init: the loader over pattern (B rows of T per micro-batch per rank) and the plan's val_bytes.
+// validation_init: the loader over pattern (B rows of T per micro-batch per rank) and the plan's val_bytes;
+// val_batches is --val-batches (0: the whole split), and a count beyond the split is said and cut to it.
 static void validation_init(Validation* v, const char* pattern, const Plan* plan, const Comm* comm, int vocab,
-                            int batches, int verbose) {
+                            int val_batches, int verbose) {
     DataLoaderConfig c = dataloader_default_config(pattern, plan->B, plan->T);
     c.rank = comm->rank, c.world = comm->world, c.num_threads = 1, c.shuffle = 0, c.seed = VAL_SEED;
     c.vocab_size = vocab, c.verbose = verbose;
@@ -970,12 +998,25 @@ static void validation_init(Validation* v, const char* pattern, const Plan* plan
         exit(1);
     }
     v->start = dataloader_state(&v->loader);
-    v->batches = batches;
+    v->B = plan->B;
+    v->split = (long long)v->loader.num_samples;
+    long long rows = (long long)dataloader_epoch0_rows(&v->loader), all = (rows + plan->B - 1) / plan->B;
+    v->batches = (int)(val_batches > 0 && val_batches < all ? val_batches : all);
+    if (val_batches > all && verbose)
+        printf(
+            "note: --val-batches %d: the validation split holds %lld micro-batches of B=%d rows (%lld sequences); "
+            "validating those, each sequence once\n",
+            val_batches, all, plan->B, v->split);
+    if (4 * (size_t)v->batches * sizeof(float) > plan->val_bytes) {  // cannot be: rows <= samples (the plan's bound)
+        fprintf(stderr, "trainer: validation: %d micro-batches, more than the plan's %zu slots\n", v->batches,
+                plan->val_bytes / (4 * sizeof(float)));
+        exit(1);
+    }
     CUDA_CHECK(cudaMalloc((void**)&v->slots, plan->val_bytes));
     CUDA_CHECK(cudaMemset(v->slots, 0, plan->val_bytes));
-    v->host = (float*)calloc(4 * (size_t)batches, sizeof(float));
+    v->host = (float*)calloc(4 * (size_t)v->batches, sizeof(float));
     if (!v->host) {
-        fprintf(stderr, "trainer: out of host memory for --val-batches %d\n", batches);
+        fprintf(stderr, "trainer: out of host memory for %d validation micro-batches\n", v->batches);
         exit(1);
     }
 }
@@ -1022,7 +1063,18 @@ static EvalResult evaluate(BertModel* m, Validation* v, BatchMaker* bm, Comm* co
     r.loss = masked > 0 ? loss / masked : 0;
     r.accuracy = masked > 0 ? hits / masked : 0;
     r.masked = (long long)masked, r.samples = (long long)nsamples;
+    r.split = v->split, r.batches = n, r.B = v->B;
     return r;
+}
+// validation_coverage: what a pass covered, for the log: "3 micro-batches of B=8: every validation sequence
+// once" or "2 micro-batches of B=8: 40 of the split's 57 sequences".
+static const char* validation_coverage(const EvalResult* e, char* buf, size_t size) {
+    int n = snprintf(buf, size, "%d micro-batches of B=%d: ", e->batches, e->B);
+    if (e->samples == e->split)
+        snprintf(buf + n, size - n, "every validation sequence once");
+    else
+        snprintf(buf + n, size - n, "%lld of the split's %lld sequences", e->samples, e->split);
+    return buf;
 }
 
 // A signal asks the run to stop cleanly: Slurm sends SIGTERM before it kills a job (scancel,
@@ -1744,8 +1796,11 @@ static int run_bench(const Options* o, Comm* comm, const cudaDeviceProp* prop, d
 // a number that is not finite is written as null. Records:
 //   {"kind":"train","step":S,"tokens":N,"epoch":E,"elapsed_s":X,"loss":X,"lr":X,"grad_norm":X,
 //    "tokens_per_s":X,"mfu":X|null,"data_wait_ms":X}                            every logged step
-//   {"kind":"val","step":S,"tokens":N,"elapsed_s":X,"val_loss":X,"val_accuracy":X,"val_masked":M}
-//   {"kind":"eval","step":S,"source":"PATH","val_loss":X,"val_accuracy":X,"val_masked":M}   --eval --out
+//   {"kind":"val","step":S,"tokens":N,"elapsed_s":X,"val_loss":X,"val_accuracy":X,"val_masked":M,
+//    "val_sequences":K,"val_split":Z}
+//   {"kind":"eval","step":S,"source":"PATH","val_loss":X,"val_accuracy":X,"val_masked":M,"val_sequences":K,
+//    "val_split":Z}                                                                 --eval --out
+// val_sequences: the validation sequences evaluated; val_split: those in the split (equal: all of them, once).
 // tokens: real tokens trained on by all ranks so far (the checkpoint keeps the count); epoch: tokens /
 // the tokens in the training shards; elapsed_s: wall clock since the run started, continued across
 // resumes; mfu: a fraction, null when the device's peak is unknown (the CPU).
@@ -1960,9 +2015,10 @@ static void log_step(const Options* o, const StepResult* r, int step, int bad_st
     }
 }
 // log_validation: the validation line and its metrics.jsonl record. Rank 0.
-static void log_validation(const RunLog* lg, int step, int batches, const EvalResult* e) {
-    printf("step %6d | val loss %.4f | accuracy %.4f | %lld masked tokens in %lld sequences (%d micro-batches)\n", step,
-           e->loss, e->accuracy, e->masked, e->samples, batches);
+static void log_validation(const RunLog* lg, int step, const EvalResult* e) {
+    char cov[160];
+    printf("step %6d | val loss %.4f | accuracy %.4f | %lld masked tokens in %lld sequences (%s)\n", step, e->loss,
+           e->accuracy, e->masked, e->samples, validation_coverage(e, cov, sizeof cov));
     fflush(stdout);
     if (!lg->f) return;
     char* buf;
@@ -1973,7 +2029,7 @@ static void log_validation(const RunLog* lg, int step, int batches, const EvalRe
         json_num(f, "elapsed_s", lg->elapsed0 + now_s() - lg->t_start);
         json_num(f, "val_loss", e->loss);
         json_num(f, "val_accuracy", e->accuracy);
-        fprintf(f, ",\"val_masked\":%lld", e->masked);
+        fprintf(f, ",\"val_masked\":%lld,\"val_sequences\":%lld,\"val_split\":%lld", e->masked, e->samples, e->split);
         json_end(f);
     }
     metrics_append(lg->f, f, &buf, &len, step);
@@ -2102,6 +2158,21 @@ static int checkpoint_now(Ckpts* ck, BertModel* m, const GradReduce* gr, DataLoa
     return checkpoint_at(ck, m, gr, &pos, step);
 }
 
+// no_gpu_reason: why cudaGetDeviceCount found no GPU, in words. Without an NVIDIA driver loaded (no
+// /proc/driver/nvidia/version) the CUDA runtime reports cudaErrorInsufficientDriver, "CUDA driver version is
+// insufficient for CUDA runtime version", which reads as if an older driver were there: say which it is.
+static const char* no_gpu_reason(cudaError_t e, char* buf, size_t size) {
+    if (e == cudaSuccess)
+        snprintf(buf, size, "no CUDA device");
+    else if (e == cudaErrorInsufficientDriver && access("/proc/driver/nvidia/version", F_OK) != 0)
+        snprintf(buf, size, "no NVIDIA driver is loaded: no /proc/driver/nvidia/version");
+    else if (e == cudaErrorInsufficientDriver)
+        snprintf(buf, size, "the NVIDIA driver is older than this CUDA runtime needs: %s", cudaGetErrorString(e));
+    else
+        snprintf(buf, size, "%s", cudaGetErrorString(e));
+    return buf;
+}
+
 // use_device: the GPU this rank runs on (comm_device's rule), its properties and free memory. Exits on error.
 static void use_device(Comm* comm, cudaDeviceProp* prop, size_t* free_bytes, size_t* total_bytes) {
     int ndev = 0;
@@ -2111,7 +2182,7 @@ static void use_device(Comm* comm, cudaDeviceProp* prop, size_t* free_bytes, siz
         fprintf(stderr,
                 "trainer: no usable GPU here (%s); ./trainer_cpu is the same trainer on the CPU: run it with "
                 "the same flags\n",
-                e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
+                no_gpu_reason(e, err, sizeof err));
         exit(1);
     }
     if ((comm->device = comm_device(comm->local_rank, ndev, err, sizeof err)) < 0) {
@@ -2287,7 +2358,7 @@ static int plan_for_run(const BertConfig* cfg, const Options* o, int loaders, co
                         size_t total_bytes, const cudaDeviceProp* prop, const Comm* comm, Plan* plan) {
     *plan =
         o->B ? make_plan(cfg, o->B, o->T, loaders, gr) : choose_batch(cfg, o->T, loaders, gr, free_bytes, total_bytes);
-    if (o->val) plan_add_validation(plan, o->val_batches);
+    if (o->val) plan_add_validation(plan, o->val_batches, o->val);
     if (comm->rank == 0) {
         printf("device: %s, %.1f GB free of %.1f GB; %d process(es)\n", prop->name, free_bytes / 1e9, total_bytes / 1e9,
                comm->world);
@@ -2345,13 +2416,85 @@ static void resolve_run_length(Options* o, const Comm* comm, int B, double epoch
     if (o->epochs > 0) printf("--epochs %g: %d steps\n", o->epochs, o->steps);
 }
 
+// byte_token_char: the character that stands for byte b in a byte tokenizer.json, as in GPT-2's byte-level
+// alphabet (tokenizers' ByteLevel pre-tokenizer and decoder use the same): the printable bytes '!'..'~',
+// 0xA1..0xAC and 0xAE..0xFF are themselves; the other 68, in order, are U+0100, U+0101, ... .
+static int byte_token_char(int b) {
+    int n = 0;
+    for (int c = 0; c < b; c++) n += !((c >= 33 && c <= 126) || (c >= 161 && c <= 172) || (c >= 174 && c <= 255));
+    int printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+    return printable ? b : 256 + n;
+}
+
+// export_byte_tokenizer: for byte shards, DIR/tokenizer.json that Hugging Face's tokenizers library (and
+// transformers' AutoTokenizer, PreTrainedTokenizerFast) reads with the model's ids: the text's UTF-8 bytes,
+// one token per byte (a ByteLevel pre-tokenizer maps each byte to its character, byte_token_char, and a Split
+// isolates each character), a WordLevel vocabulary giving character(b) the id b, the header's [PAD] [CLS]
+// [SEP] [MASK] as special added tokens, [CLS] text [SEP] added as the shards' samples have them, and a
+// ByteLevel decoder back to bytes. With tokenizer_config.json (model_max_length: T, the length trained at)
+// and special_tokens_map.json. Gives 1, or 0 after a message.
+static int export_byte_tokenizer(const char* out, const ShardHeader* h, int T) {
+    const char* names[4] = {"[PAD]", "[CLS]", "[SEP]", "[MASK]"};
+    int ids[4] = {h->pad_id, h->cls_id, h->sep_id, h->mask_id};
+    static char buf[32768];  // about 9 KB
+    size_t n = 0, cap = sizeof buf;
+#define OUT(...) (n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__))
+    OUT("{\"version\": \"1.0\", \"truncation\": null, \"padding\": null,\n \"added_tokens\": [");
+    for (int i = 0; i < 4; i++)
+        OUT("%s\n  {\"id\": %d, \"content\": \"%s\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+            "\"normalized\": false, \"special\": true}",
+            i ? "," : "", ids[i], names[i]);
+    const char* bytelevel =
+        "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": false, \"use_regex\": false}";
+    OUT("],\n \"normalizer\": null,\n \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [%s,\n"
+        "  {\"type\": \"Split\", \"pattern\": {\"Regex\": \".\"}, \"behavior\": \"Isolated\", \"invert\": false}]},\n",
+        bytelevel);
+    const char* cls = "{\"SpecialToken\": {\"id\": \"[CLS]\", \"type_id\": 0}}";
+    OUT(" \"post_processor\": {\"type\": \"TemplateProcessing\",\n  \"single\": [%s, {\"Sequence\": {\"id\": \"A\", "
+        "\"type_id\": 0}}, {\"SpecialToken\": {\"id\": \"[SEP]\", \"type_id\": 0}}],\n",
+        cls);
+    OUT("  \"pair\": [%s, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}, {\"SpecialToken\": {\"id\": \"[SEP]\", "
+        "\"type_id\": 0}}, {\"Sequence\": {\"id\": \"B\", \"type_id\": 1}}, {\"SpecialToken\": {\"id\": \"[SEP]\", "
+        "\"type_id\": 1}}],\n",
+        cls);
+    OUT("  \"special_tokens\": {\"[CLS]\": {\"id\": \"[CLS]\", \"ids\": [%d], \"tokens\": [\"[CLS]\"]}, "
+        "\"[SEP]\": {\"id\": \"[SEP]\", \"ids\": [%d], \"tokens\": [\"[SEP]\"]}}},\n",
+        h->cls_id, h->sep_id);
+    OUT(" \"decoder\": %s,\n \"model\": {\"type\": \"WordLevel\", \"unk_token\": \"[UNK]\", \"vocab\": {", bytelevel);
+    for (int b = 0; b < 256; b++)
+        OUT("%s\"\\u%04x\": %d", b % 16 ? ", " : (b ? ",\n  " : "\n  "), byte_token_char(b), b);
+    for (int i = 0; i < 4; i++) OUT(", \"%s\": %d", names[i], ids[i]);
+    OUT("}}}\n");
+#undef OUT
+    if (n >= cap) {
+        fprintf(stderr, "trainer: the byte tokenizer.json is longer than its %zu-byte buffer\n", cap);
+        return 0;
+    }
+    char path[4200], cfg[1024];
+    snprintf(path, sizeof path, "%s/tokenizer.json", out);
+    if (!bert_write_file(path, buf, n, NULL, 0)) return 0;
+    static const char specials[] =
+        "\"pad_token\": \"[PAD]\", \"cls_token\": \"[CLS]\", \"sep_token\": \"[SEP]\", \"mask_token\": \"[MASK]\"";
+    int k = snprintf(cfg, sizeof cfg,
+                     "{\"tokenizer_class\": \"PreTrainedTokenizerFast\", \"model_max_length\": %d, "
+                     "\"clean_up_tokenization_spaces\": false, %s}\n",
+                     T, specials);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", out);
+    if (!bert_write_file(path, cfg, (size_t)k, NULL, 0)) return 0;
+    k = snprintf(cfg, sizeof cfg, "{%s}\n", specials);
+    snprintf(path, sizeof path, "%s/special_tokens_map.json", out);
+    return bert_write_file(path, cfg, (size_t)k, NULL, 0);
+}
+
 // export_tokenizer: the tokenizer beside the Hugging Face export, so that it is usable as it is. Text
 // shards (tools/prepare.py leaves their tokenizer.json beside them): a copy of that tokenizer.json, and
 // tokenizer_config.json + special_tokens_map.json, which transformers' AutoTokenizer.from_pretrained(DIR)
 // needs to load it as a fast tokenizer with BERT's special tokens. Byte shards (ids 0..255 are the
-// bytes; no [UNK]): byte_tokenizer.json, the mapping and the special ids of the shard header. Each file
-// is written atomically. Gives 1, or 0 after a message.
-static int export_tokenizer(const char* out, const char* data_glob, const ShardHeader* h, int max_position) {
+// bytes; no [UNK]): byte_tokenizer.json, the mapping and the special ids of the shard header, which
+// tools/fill_mask.py reads, and the same as Hugging Face files (export_byte_tokenizer). model_max_length is
+// T, the length the run trained at (positions past it were never trained). Each file is written atomically.
+// Gives 1, or 0 after a message.
+static int export_tokenizer(const char* out, const char* data_glob, const ShardHeader* h, int T) {
     char first[4096], src[4200], path[4200], buf[2048];
     glob_t g;
     if (glob(data_glob, 0, NULL, &g) != 0 || g.gl_pathc == 0) {
@@ -2372,9 +2515,9 @@ static int export_tokenizer(const char* out, const char* data_glob, const ShardH
         static const char specials[] =
             "\"pad_token\": \"[PAD]\", \"unk_token\": \"[UNK]\", \"cls_token\": \"[CLS]\", \"sep_token\": \"[SEP]\", "
             "\"mask_token\": \"[MASK]\"";
-        int k = snprintf(buf, sizeof buf,
-                         "{\"tokenizer_class\": \"PreTrainedTokenizerFast\", \"model_max_length\": %d, %s}\n",
-                         max_position, specials);
+        int k =
+            snprintf(buf, sizeof buf,
+                     "{\"tokenizer_class\": \"PreTrainedTokenizerFast\", \"model_max_length\": %d, %s}\n", T, specials);
         snprintf(path, sizeof path, "%s/tokenizer_config.json", out);
         ok = ok && bert_write_file(path, buf, (size_t)k, NULL, 0);
         k = snprintf(buf, sizeof buf, "{%s}\n", specials);
@@ -2391,7 +2534,7 @@ static int export_tokenizer(const char* out, const char* data_glob, const ShardH
                          h->vocab_size, h->pad_id, h->cls_id, h->sep_id, h->mask_id);
         snprintf(path, sizeof path, "%s/byte_tokenizer.json", out);
         if (!bert_write_file(path, buf, (size_t)k, NULL, 0)) return 0;
-        return 1;
+        return export_byte_tokenizer(out, h, T);
     }
     printf("note: no tokenizer.json beside the shards (%s) and not a byte vocabulary: the export has no tokenizer\n",
            src);
@@ -2403,7 +2546,7 @@ static int export_tokenizer(const char* out, const char* data_glob, const ShardH
 // failure (a full disk) leaves the earlier export as it was, never a config.json without its weights. 1, or 0 after a
 // message.
 static int export_run(const char* out, const BertParams* p, const float* w, int pad_id, const char* data_glob,
-                      const ShardHeader* h, int max_position) {
+                      const ShardHeader* h, int T) {
     char stage[4064], from[4400], to[4400];  // (stage: room for bert_save_hf's names within PATH_MAX)
     snprintf(stage, sizeof stage, "%s/%s", out, EXPORT_STAGING);
     remove_staging(stage);  // what a crash in an earlier export left
@@ -2411,7 +2554,7 @@ static int export_run(const char* out, const BertParams* p, const float* w, int 
         fprintf(stderr, "trainer: cannot create %s: %s\n", stage, strerror(errno));
         return 0;
     }
-    int ok = bert_save_hf(stage, p, w, pad_id) && export_tokenizer(stage, data_glob, h, max_position);
+    int ok = bert_save_hf(stage, p, w, pad_id) && export_tokenizer(stage, data_glob, h, T);
     for (int last = 0; ok && last < 2; last++) {  // every file staged, model.safetensors in the second pass
         DIR* d = opendir(stage);
         struct dirent* e;
@@ -2445,7 +2588,7 @@ static int export_now(const Options* o, Comm* comm, Ckpts* ck, BertModel* model,
             fprintf(stderr, "trainer: out of host memory for the export; %s\n",
                     ckpt_whats_on_disk(ck, what, sizeof what));
             ok = 0;
-        } else if (!export_run(o->out, &model->p, w, data_h->pad_id, o->data, data_h, cfg->max_position)) {
+        } else if (!export_run(o->out, &model->p, w, data_h->pad_id, o->data, data_h, o->T)) {
             fprintf(stderr,
                     "trainer: cannot write the Hugging Face export to %s (see above; none of its files was replaced, "
                     "any earlier export is untouched); %s\n",
@@ -2543,8 +2686,9 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
     EvalResult e = evaluate(&model, &v, &bm, comm);
     int step = is_dir ? 0 : h.step, rc = 0;
     if (main_rank) {
-        printf("eval: loss %.4f | accuracy %.4f | %lld masked tokens in %lld sequences\n", e.loss, e.accuracy, e.masked,
-               e.samples);
+        char cov[160];
+        printf("eval: loss %.4f | accuracy %.4f | %lld masked tokens in %lld sequences (%s)\n", e.loss, e.accuracy,
+               e.masked, e.samples, validation_coverage(&e, cov, sizeof cov));
         fflush(stdout);
         double unused;
         MetricsFile mf;
@@ -2557,7 +2701,8 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
                 json_str(f, "source", o->eval);
                 json_num(f, "val_loss", e.loss);
                 json_num(f, "val_accuracy", e.accuracy);
-                fprintf(f, ",\"val_masked\":%lld", e.masked);
+                fprintf(f, ",\"val_masked\":%lld,\"val_sequences\":%lld,\"val_split\":%lld", e.masked, e.samples,
+                        e.split);
                 json_end(f);
             }
             if (!metrics_append(&mf, f, &buf, &len, step)) rc = 1;
@@ -2652,7 +2797,7 @@ int main(int argc, char** argv) {
     Plan plan =
         o.B ? make_plan(&cfg, o.B, o.T, loaders, &gr) : choose_batch(&cfg, o.T, loaders, &gr, free_bytes, total_bytes);
     if (!o.plan_only) plan = make_plan(&cfg, agree(&comm, &o, &cfg, plan.B, data_fp, val_fp), o.T, loaders, &gr);
-    if (o.val) plan_add_validation(&plan, o.val_batches);
+    if (o.val) plan_add_validation(&plan, o.val_batches, o.val);
     if (main_rank) {
         printf("device: %s, %.1f GB free of %.1f GB; %d process(es)\n", prop.name, free_bytes / 1e9, total_bytes / 1e9,
                comm.world);
@@ -2789,7 +2934,7 @@ int main(int argc, char** argv) {
         if (bad_steps >= o.max_bad_steps) return diverged(&o, &ck, step, bad_steps, main_rank);
         if (o.val && o.val_every && (step % o.val_every == 0 || step == o.steps)) {
             EvalResult e = evaluate(&model, &val, &bm, &comm);
-            if (main_rank) log_validation(&lg, step, o.val_batches, &e);
+            if (main_rank) log_validation(&lg, step, &e);
         }
         // A checkpoint every --ckpt-every steps, every --ckpt-minutes, and at the end; never of a skipped step
         // but the last (the weights are the last good ones either way).

@@ -12,7 +12,7 @@ if [ "$MODE" = gpu ]; then BINS=$(ls build/gpu/test_* 2>/dev/null | grep -v '\.d
 # each prints its own "N passed, N failed" line.
 [ "$MODE" = gpu ] || BINS="$BINS $(ls tests/test_*.sh tests/test_*.py 2>/dev/null)"
 
-[ -n "${BINS// /}" ] || { echo "tests/run.sh: no test binaries in build/ (run ./build.sh first)"; echo "0 passed, 1 failed"; exit 1; }
+[ -n "${BINS// /}" ] || { echo "tests/run.sh: no test binaries in build/ (run ./build.sh all first)"; echo "0 passed, 1 failed"; exit 1; }
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=0}
 total_pass=0; total_fail=0
 for b in $BINS; do

@@ -6,7 +6,10 @@
 What runs without PyTorch: reading an export's byte_tokenizer.json and config.json, the masked input
 ids for bytes and for text (through `tokenizers`), the choice of masked positions, every argument
 error (one line, no traceback), and the PyTorch-missing message. test_real_export reads the export
-of a real ./trainer_cpu run (tiny preset) with --inputs-only.
+of a real ./trainer_cpu run (tiny preset) with --inputs-only, and reads its tokenizer.json with Hugging
+Face's `tokenizers`: the model's ids for bytes and for [PAD] [CLS] [SEP] [MASK], the same input ids as
+fill_mask.py; where transformers is installed, AutoTokenizer.from_pretrained(DIR) gives those ids too, and
+where PyTorch is too, pipeline("fill-mask", model=DIR)'s top prediction is fill_mask.py's at every mask.
 """
 import importlib.util
 import json
@@ -209,8 +212,55 @@ def test_real_export():
         assert tok == {"vocab_size": 260, "[PAD]": 256, "[CLS]": 257, "[SEP]": 258, "[MASK]": 259}, tok
         config = json.load(open(os.path.join(out, "config.json")))
         assert config["pad_token_id"] == 256, f"config.json pad_token_id {config['pad_token_id']} (the byte [PAD] is 256)"
+        # the default --length: the T=32 the run trained at (tokenizer_config.json), said; a longer input is said
         rc, o, err = run_tool(out, "--file", trainer, "--offset", "4096", "--mask-every", "8", "--inputs-only")
-        assert rc == 0 and o.startswith("input (40 tokens, 5 masked as __): [CLS] "), o + err
+        assert rc == 0 and o.startswith("input (32 tokens, 4 masked as __): [CLS] "), o + err
+        assert "--length 30 bytes by default: the model was trained at T=32" in err, err
+        rc, o, err = run_tool(out, "--file", trainer, "--length", "38", "--mask-every", "8", "--inputs-only")
+        assert rc == 0 and "the input is 40 tokens with [CLS] and [SEP], longer than the T=32" in err, o + err
+        hf_byte_tokenizer(out)
+
+
+def hf_byte_tokenizer(out):
+    """The byte export's tokenizer.json through Hugging Face's tokenizers (and transformers, when installed)."""
+    from tokenizers import Tokenizer, pre_tokenizers
+
+    t = Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
+    specials = {"[PAD]": 256, "[CLS]": 257, "[SEP]": 258, "[MASK]": 259}
+    assert t.get_vocab_size() == 260 and {k: t.token_to_id(k) for k in specials} == specials
+    vocab = t.get_vocab()
+    assert sorted(v for k, v in vocab.items() if k not in specials) == list(range(256)), "ids 0..255: the bytes"
+    assert {k for k, v in vocab.items() if v < 256} == set(pre_tokenizers.ByteLevel.alphabet()), "ByteLevel's alphabet"
+    text = "".join(map(chr, range(128))) + " caf\u00e9 \u20ac\U0001F600 \u00ff"  # every ASCII byte, multi-byte characters
+    e = t.encode(text)
+    assert e.ids == [257] + list(text.encode("utf-8")) + [258], e.ids[:20]
+    assert t.decode(e.ids) == text, "decodes back to the text"
+    cfg = json.load(open(os.path.join(out, "tokenizer_config.json")))
+    sm = json.load(open(os.path.join(out, "special_tokens_map.json")))
+    names = {"pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]"}
+    assert cfg["tokenizer_class"] == "PreTrainedTokenizerFast" and cfg["model_max_length"] == 32, cfg
+    assert all(cfg[k] == v and sm[k] == v for k, v in names.items()), (cfg, sm)
+    # the same ids as fill_mask.py's, [MASK] written in the text
+    masked = "int f() { return [MASK]; }\n\u00e9[MASK]"
+    p = fill_mask.prepare(parse([out, "--text", masked]))
+    assert t.encode(masked).ids == p["ids"], (t.encode(masked).ids, p["ids"])
+    if not importlib.util.find_spec("transformers"):
+        print("  (transformers is not installed: AutoTokenizer and pipeline('fill-mask') not checked)")
+        return
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(out)
+    assert (hf.pad_token_id, hf.cls_token_id, hf.sep_token_id, hf.mask_token_id) == (256, 257, 258, 259)
+    assert hf(masked)["input_ids"] == p["ids"] and hf(text)["input_ids"] == e.ids
+    if not importlib.util.find_spec("torch"):
+        print("  (PyTorch is not installed: pipeline('fill-mask') not checked)")
+        return
+    from transformers import pipeline
+
+    res = pipeline("fill-mask", model=out, top_k=1)(masked)
+    got = [r[0]["token"] for r in res]  # one list per [MASK]
+    want = [ids[0] for ids, _ in fill_mask.predict(out, p["ids"], p["where"], 1)]
+    assert got == want, (got, want)
 
 
 if __name__ == "__main__":

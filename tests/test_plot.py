@@ -219,6 +219,26 @@ def test_real_run():
         w, h, size = png_info(os.path.join(out, "metrics.png"))
         assert (w, h) == (1200, 800) and size > 20000 and colour_pixels(os.path.join(out, "metrics.png"), C1) > 50
 
+        assert m["val"][-1]["val_sequences"] < m["val"][-1]["val_split"]  # --val-batches 2: part of the split
+        assert re.fullmatch(r"validation \([0-9]+ of [0-9]+ sequences\)", plot.covers("validation", m["val"][-1]))
+
+
+def test_coverage_labels():
+    """The validation and --eval lines say what they covered (metrics.jsonl's val_sequences of val_split)."""
+    nan = math.nan
+    assert plot.covers("validation", {"val_sequences": 358.0, "val_split": 358.0}) == \
+        "validation (all 358 sequences once)"
+    assert plot.covers("--eval of the export", {"val_sequences": 64.0, "val_split": 358.0}) == \
+        "--eval of the export (64 of 358 sequences)"
+    assert plot.covers("validation", {"val_sequences": nan, "val_split": nan}) == "validation"  # older records
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "metrics.jsonl")
+        with open(path, "w") as f:
+            f.write(json.dumps({"kind": "val", "step": 4, "val_loss": 4.0, "val_accuracy": 0.2, "val_masked": 900,
+                                "val_sequences": 358, "val_split": 358}) + "\n")
+        m, _ = plot.read_metrics(path)
+        assert plot.covers("validation", m["val"][0]) == "validation (all 358 sequences once)", m["val"][0]
+
 
 if __name__ == "__main__":
     passed = failed = 0

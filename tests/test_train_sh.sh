@@ -35,12 +35,19 @@ fi
 check 'grep -qE "^step +10/10" "$W/a/train.log" && grep -qE "^step +10/10" "$W/a.log"' \
   "the training log is not in --out/train.log and on the screen"
 check '[ -f "$W/a/checkpoint.bin" ] && [ -f "$W/a/model.safetensors" ]' "no checkpoint or export in --out"
-check 'grep -q "^train.sh: evaluating: ${TRAINER:-./trainer_cpu} --eval $W/a --val $W/data/val_\\\\\*.bin --out $W/a --seq 32 --batch 8" "$W/a.log"' \
+check 'grep -q "^train.sh: evaluating: ${TRAINER:-./trainer_cpu} --eval $W/a --val $W/data/val_\\\\\*.bin --out $W/a --seq 32 --batch 8 --val-batches 2 *$" "$W/a.log"' \
   "train.sh did not evaluate the export: $(grep -m 1 'evaluat' "$W/a.log")"
 check 'grep -qE "^eval: loss [0-9.]+ \| accuracy [0-9.]+%? \| [0-9]+ masked tokens in [0-9]+ sequences" "$W/a.log"' \
   "no evaluation result (needs the trainer's --eval): $(grep -m 2 -iE 'eval|unknown flag' "$W/a.log" | tail -n 1)"
 check '[ -s "$W/a/metrics.jsonl" ] && grep -q "\"kind\": *\"eval\"" "$W/a/metrics.jsonl"' \
   "no metrics.jsonl with the evaluation in --out (needs the trainer's metrics log)"
+python3 -c '
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+val = [r for r in recs if r["kind"] == "val"][-1]; ev = recs[-1]
+assert ev["kind"] == "eval" and (ev["val_sequences"], ev["val_masked"]) == (val["val_sequences"], val["val_masked"]), (val, ev)
+' "$W/a/metrics.jsonl" 2>"$W/err.txt"
+check '[ $? = 0 ]' "the evaluation does not cover what the last validation covered: $(tail -n 1 "$W/err.txt")"
 check '[ -f "$W/a/metrics.png" ] && grep -q "  plots .*$W/a/metrics.png" "$W/a.log"' "no plot written and listed"
 for what in shards run log metrics checkpoint export; do
   check 'grep -qE "^  $what +" "$W/a.log"' "the closing summary does not say where the $what is"
@@ -54,6 +61,20 @@ check '[ $rc -eq 0 ] && grep -q "GiB for B=8 (--batch)" "$W/b.log" && ! grep -q 
   "--plan-only through train.sh: exit $rc, $(tail -n 2 "$W/b.log")"
 out=$(DATA_DIR=$W/data ./train.sh --preset tiny --seq 16 --batch 8 --steps 2 --out "$W/c" 2>&1); rc=$?
 check '[ $rc -ne 0 ] && echo "$out" | grep -q "holds samples of up to 32 tokens, longer than --seq 16"' "shards longer than --seq: exit $rc, $out"
+
+# 2b. arguments keep the defaults they do not set (the CPU's: mini at T=128), and the whole command is printed;
+#     --tokens replaces the default --steps (they are alternatives)
+DATA_DIR=$W/data128 ./train.sh --steps 3 --plan-only --out "$W/f" >"$W/f.log" 2>&1; rc=$?
+cmd=$(grep "^train.sh: training: " "$W/f.log")
+check '[ $rc -eq 0 ] && echo "$cmd" | grep -q -- "--preset mini --seq 128 --batch 16 .*--val-every 50 .*--steps 3 --plan-only --out $W/f --data "' \
+  "./train.sh --steps 3 dropped the CPU defaults or did not print the command (exit $rc): $cmd $(tail -n 1 "$W/f.log")"
+check '! echo "$cmd" | grep -q -- "--steps 150" && grep -q "^train.sh: your arguments, and these defaults for .*: --preset mini" "$W/f.log"' \
+  "the default --steps was not replaced, or the kept defaults not named: $cmd"
+check 'grep -q "GiB for B=16 (--batch)" "$W/f.log"' "the trainer did not plan the mini default's B=16: $(tail -n 2 "$W/f.log")"
+DATA_DIR=$W/data128 ./train.sh --tokens 10K --plan-only --out "$W/f" >"$W/f2.log" 2>&1; rc=$?
+cmd=$(grep "^train.sh: training: " "$W/f2.log")
+check '[ $rc -eq 0 ] && ! echo "$cmd" | grep -q -- "--steps" && echo "$cmd" | grep -q -- "--preset mini .*--tokens 10K"' \
+  "--tokens with the defaults (exit $rc): $cmd $(tail -n 1 "$W/f2.log")"
 
 # 3. under srun: 2 ranks; rank 1 waits for rank 0's shards; rank 0 evaluates and plots
 for r in 0 1; do
@@ -97,7 +118,8 @@ expect_error "--seq x: expected an integer >= 3" env DATA_DIR="$W/data" ./train.
 mkdir -p "$W/notdata"
 expect_error "has no meta.json" env DATA_DIR="$W/notdata" ./train.sh "${TINY[@]}" --steps 2 --out "$W/e"
 ./train.sh --help >"$W/help.log" 2>&1; rc=$?
-check '[ $rc -eq 0 ] && grep -q "the main job in one command" "$W/help.log" && grep -q "srun" "$W/help.log"' "./train.sh --help: exit $rc"
+check '[ $rc -eq 0 ] && grep -q "the main job in one command" "$W/help.log" && grep -q "srun -K " "$W/help.log" && ! grep -E "srun +-N" "$W/help.log"' \
+  "./train.sh --help: exit $rc, or srun without -K: $(grep srun "$W/help.log")"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -14,7 +14,7 @@ at each sample. transformers 4.x takes that mask as 3-D (B, T, T) of 1/0; 5.x re
 a 4-D additive float mask (B, 1, T, T): 0 where allowed, the float32 minimum elsewhere (packed_attention_mask).
 Padding tokens see nothing and are not compared (only masked rows are).
 """
-import struct, sys
+import os, struct, sys
 import numpy as np
 
 
@@ -32,6 +32,12 @@ def packed_attention_mask(lo, hi, transformers_major):
 
 
 def main():
+    d = sys.argv[1] if len(sys.argv) > 1 else "/tmp/mlm_export"
+    if not os.path.isfile(os.path.join(d, "batch_and_logits.bin")):
+        print(f"compare_hf.py: {d} has no batch_and_logits.bin: this tool compares the export that "
+              f"MLM_EXPORT_DIR={d} build/test_model_fp32 writes (with our logits), not a training run's export "
+              f"(try that one with tools/fill_mask.py)", file=sys.stderr)
+        return 2
     try:
         import torch
         import transformers
@@ -39,7 +45,6 @@ def main():
     except ImportError as e:
         print(f"compare_hf.py: needs PyTorch and transformers (pip install torch transformers): {e}", file=sys.stderr)
         return 2
-    d = sys.argv[1] if len(sys.argv) > 1 else "/tmp/mlm_export"
     raw = open(f"{d}/batch_and_logits.bin", "rb").read()
     B, T, M, V = struct.unpack("<4i", raw[:16])
     a = np.frombuffer(raw, dtype=np.int32, offset=16, count=4 * B * T + M)

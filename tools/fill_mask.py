@@ -15,7 +15,13 @@ DIR/tokenizer.json, the tokenizer AutoTokenizer.from_pretrained(DIR) wraps).
 What is masked: every "[MASK]" written in --text (either kind of export), --positions I,J,..
 (0-based among the input's tokens, [CLS] not counted), or --mask-every K (tokens 0, K, 2K, ...).
 --file PATH reads bytes [--offset, --offset + --length) of a file (text exports decode them as UTF-8;
---length defaults to the model's positions less two).
+--length defaults to the length the model was trained at less two, tokenizer_config.json's
+model_max_length, else to the model's positions less two, and says which). An input longer than the
+trained length is said (positions past it were never trained).
+
+The export's tokenizer.json is also what Hugging Face's own classes read: AutoTokenizer.from_pretrained(DIR)
+and pipeline("fill-mask", model=DIR) give the same ids (bytes too: the trainer writes a byte-level
+tokenizer.json beside byte_tokenizer.json).
 For each masked position it prints the token that was there and the --top K predictions with their
 probabilities, then how many masked tokens the top prediction got right.
 
@@ -181,6 +187,16 @@ def read_window(path, offset, length):
     return data
 
 
+def trained_length(d):
+    """tokenizer_config.json's model_max_length (the trainer writes the --seq it trained at), or None."""
+    path = os.path.join(d, "tokenizer_config.json")
+    if not os.path.exists(path):
+        return None
+    c = read_json(path, "the tokenizer's configuration")
+    n = c.get("model_max_length") if isinstance(c, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 3 else None
+
+
 def byte_name(i, tok):
     if i is None:
         return MASK
@@ -208,8 +224,15 @@ def prepare(args):
         raise FillMaskError(f"--top {args.top}: expected >= 1")
     if args.mask_every is not None and args.mask_every < 1:
         raise FillMaskError(f"--mask-every {args.mask_every}: expected >= 1")
-    length = args.length if args.length is not None else max_pos - 2  # what fits beside [CLS] and [SEP]
+    trained = trained_length(d)
+    length = args.length
+    if length is None and args.file is not None:  # what fits beside [CLS] and [SEP]
+        length = (trained or max_pos) - 2
+        why = (f"the model was trained at T={trained} (tokenizer_config.json's model_max_length)" if trained else
+               f"the model's {max_pos} positions (no model_max_length in tokenizer_config.json)")
     data = read_window(args.file, args.offset, length) if args.file is not None else None
+    if args.length is None and data is not None:
+        print(f"note: --length {length} bytes by default: {why}, less [CLS] and [SEP]", file=sys.stderr)
     if data is None and (args.offset or args.length is not None):
         raise FillMaskError("--offset and --length select a window of --file")
     byte_path, text_path = os.path.join(d, "byte_tokenizer.json"), os.path.join(d, "tokenizer.json")
@@ -234,6 +257,9 @@ def prepare(args):
         raise FillMaskError("the input has no tokens")
     chosen = choose_positions(len(content), args.positions, args.mask_every, masks)
     ids, where, was = masked_sample(content, cls_id, sep_id, mask_id, chosen, max_pos)
+    if trained and len(ids) > trained:
+        print(f"note: the input is {len(ids)} tokens with [CLS] and [SEP], longer than the T={trained} the model was "
+              f"trained at: positions past {trained} were never trained", file=sys.stderr)
     return dict(kind=kind, ids=ids, where=where, was=was, name=name)
 
 

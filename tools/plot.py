@@ -8,7 +8,8 @@
 Reads DIR/metrics.jsonl, which the trainer's rank 0 appends in --out: one JSON object per line,
 {"kind": "train", ...} per logged step, {"kind": "val", ...} per validation, {"kind": "eval", ...}
 per ./trainer --eval (step 0 for an export). Writes one figure of four panels:
-  loss           training loss per logged step (and its moving average), validation loss, --eval loss
+  loss           training loss per logged step (and its moving average), validation loss, --eval loss (the
+                 legend says how many of the validation split's sequences each covered)
                  (a point at the checkpoint's step, or a dashed level line for an export)
   accuracy       masked-token accuracy on the validation set (and --eval's)
   throughput     tokens/s (real tokens, padding not counted)
@@ -30,9 +31,20 @@ PIP = "python3 -m pip install -r tools/requirements.txt"
 # The numeric fields of each known kind (the trainer's contract); others are ignored.
 FIELDS = {
     "train": ("tokens", "epoch", "elapsed_s", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "data_wait_ms"),
-    "val": ("tokens", "elapsed_s", "val_loss", "val_accuracy", "val_masked"),
-    "eval": ("val_loss", "val_accuracy", "val_masked"),
+    "val": ("tokens", "elapsed_s", "val_loss", "val_accuracy", "val_masked", "val_sequences", "val_split"),
+    "eval": ("val_loss", "val_accuracy", "val_masked", "val_sequences", "val_split"),
 }
+
+
+def covers(name, r):
+    """A validation or --eval line's label with what it covered: "validation (all 358 sequences once)",
+    "validation (64 of 358 sequences)"; just the name for records without the counts (older trainers)."""
+    done, split = r.get("val_sequences", math.nan), r.get("val_split", math.nan)
+    if math.isnan(done) or math.isnan(split):
+        return name
+    if done == split:
+        return f"{name} (all {int(split)} sequences once)"
+    return f"{name} ({int(done)} of {int(split)} sequences)"
 
 
 class MetricsError(Exception):
@@ -167,15 +179,16 @@ def plot(metrics, out_path, x="step", title=None):
         g.plot(xt, column(train, "grad_norm"), color="C3", alpha=0.6, lw=0.8)
         g.set_ylabel("gradient norm", color="C3")
     if val:
-        a_loss.plot(xv, column(val, "val_loss"), "o-", color="C1", ms=4, label="validation")
-        a_acc.plot(xv, column(val, "val_accuracy"), "o-", color="C1", ms=4, label="validation")
+        label = covers("validation", val[-1])
+        a_loss.plot(xv, column(val, "val_loss"), "o-", color="C1", ms=4, label=label)
+        a_acc.plot(xv, column(val, "val_accuracy"), "o-", color="C1", ms=4, label=label)
     for r, x_r in zip(ev, xe):
         # an export has no step (the trainer records 0): a level line across the panel; a checkpoint, a point
         for a, f in ((a_loss, "val_loss"), (a_acc, "val_accuracy")):
             if r["step"] == 0 and train:
-                a.axhline(r[f], color="C3", ls="--", lw=1.2, label="--eval (export)")
+                a.axhline(r[f], color="C3", ls="--", lw=1.2, label=covers("--eval of the export", r))
             else:
-                a.plot([x_r], [r[f]], "s", color="C3", ms=7, label="--eval")
+                a.plot([x_r], [r[f]], "s", color="C3", ms=7, label=covers("--eval", r))
     xlabel = "step" if x == "step" else "tokens seen"
     for a, t, y in ((a_loss, "MLM loss (masked tokens)", "loss"), (a_acc, "masked-token accuracy", "accuracy"),
                     (a_tps, "throughput", "tokens/s"), (a_opt, "optimizer", "learning rate")):

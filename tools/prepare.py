@@ -407,16 +407,24 @@ def load_tokenizer(args, files):
                 except UnicodeDecodeError as u:
                     die(f"{path}: not UTF-8 text (byte {u.start}); --train-vocab reads UTF-8 files")
             die(f"--train-vocab: training the vocabulary failed: {first_line(e)}")
-    path = os.path.join(args.out, "tokenizer.json")
-    TEMPORARIES[path + ".tmp"] = None
-    write_guard(path + ".tmp", tok.save, path + ".tmp")
-    write_atomic(path, open(path + ".tmp", "rb").read())
     special = {}
     for key, name in zip(("pad", "unk", "cls", "sep", "mask"), SPECIAL_NAMES):
         i = tok.token_to_id(name)
         if i is None:
             die(f"the vocabulary has no {name} token (mlm.c needs {', '.join(SPECIAL_NAMES)})")
         special[key] = i
+    if tok.post_processor is None:
+        # [CLS] text [SEP], as the shards' samples are: what Hugging Face's tokenizer (AutoTokenizer, the fill-mask
+        # pipeline) adds to an input from the export's copy of this file. The shards are encoded without it.
+        from tokenizers import processors
+
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", special["cls"]), ("[SEP]", special["sep"])])
+    path = os.path.join(args.out, "tokenizer.json")
+    TEMPORARIES[path + ".tmp"] = None
+    write_guard(path + ".tmp", tok.save, path + ".tmp")
+    write_atomic(path, open(path + ".tmp", "rb").read())
     return tok, tok.get_vocab_size(), special
 
 
