@@ -2,8 +2,8 @@
 //
 // Memory: device memory is host memory, counted against an emulated device size; copies and
 // memsets check that their device ranges lie inside one cudaMalloc'ed buffer, as the GPU would
-// fault otherwise. Streams execute in order, synchronously, at the time of the call (a legal
-// schedule of any stream program); events record the time at which they were reached.
+// fault otherwise. Streams run as on a GPU: a worker thread per stream runs its queue in order, and
+// calls return before their work is done (see "Streams" at the end of this file).
 //
 // Kernels: every CUDA thread is a fiber (its own stack, a 6-register context switch). A block's
 // fibers run on one OS thread under a scheduler loop: each runnable fiber runs until it exits or
