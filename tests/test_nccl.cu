@@ -914,6 +914,54 @@ static void abort_child(int rank, int nranks, const ncclUniqueId* id, const void
     cudaFree(buf);
 }
 
+// Collectives on a stream (cpu/runtime.cpp's stream workers, as NCCL's kernels on the GPU): the call
+// returns once enqueued and the result is there after cudaStreamSynchronize; then rank 1 never comes to a
+// second AllReduce (NCCL_EMU_TIMEOUT_S=600): rank 0's stream stays busy, and ncclCommAbort makes the
+// collective blocked on the stream's worker fail and return, so cudaStreamSynchronize returns.
+static void stream_abort_child(int rank, int nranks, const ncclUniqueId* id, const void* arg, Report* rep) {
+    (void)arg;
+    setenv("NCCL_EMU_TIMEOUT_S", "600", 1);
+    ncclComm_t comm = NULL;
+    NCCL_OK(ncclCommInitRank(&comm, nranks, *id, rank));
+    if (!comm) return;
+    cudaStream_t s;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    size_t n = 1000;
+    float x[1000], got[1000];
+    for (size_t i = 0; i < n; i++) x[i] = (float)(rank + 1) * (float)i;
+    void* buf = dev_alloc(n * 4);
+    CUDA_OK(cudaMemcpy(buf, x, n * 4, cudaMemcpyHostToDevice));
+    NCCL_OK(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, comm, s));
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess, "rank %d: cudaStreamSynchronize after an AllReduce", rank);
+    CUDA_OK(cudaMemcpy(got, buf, n * 4, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) bad += got[i] != 3.0f * (float)i;
+    CHECK(bad == 0, "rank %d: AllReduce on a stream: %d of %zu values wrong", rank, bad, n);
+    if (rank == 0) {
+        double t0 = now_s();
+        ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, comm, s);
+        CHECK(r == ncclSuccess && now_s() - t0 < 0.1, "rank 0: an AllReduce on a stream gave %s after %.3f s",
+              ncclGetErrorString(r), now_s() - t0);
+        sleep_s(0.3);
+        CHECK(cudaStreamQuery(s) == cudaErrorNotReady,
+              "rank 0: the stream of an AllReduce rank 1 never joined is done");
+        ncclResult_t ae = ncclInternalError;
+        NCCL_OK(ncclCommGetAsyncError(comm, &ae));
+        CHECK(ae == ncclSuccess, "rank 0: ncclCommGetAsyncError with a collective in flight: %s",
+              ncclGetErrorString(ae));
+        double t_abort = now_s();
+        NCCL_OK(ncclCommAbort(comm));
+        CHECK(cudaStreamSynchronize(s) == cudaSuccess, "rank 0: cudaStreamSynchronize after ncclCommAbort");
+        rep->seconds = now_s() - t_abort;
+        CHECK(rep->seconds < 1.0, "rank 0: the stream was done %.3f s after ncclCommAbort", rep->seconds);
+    } else {
+        sleep_s(0.8);
+        NCCL_OK(ncclCommAbort(comm));
+    }
+    cudaStreamDestroy(s);
+    cudaFree(buf);
+}
+
 // Non-blocking, a peer that stops (SIGSTOP) without dying: with NCCL_EMU_TIMEOUT_S large only the
 // caller's own deadline can catch it. Rank 0's AllReduce must stay ncclInProgress (no hang inside the
 // call), and ncclCommAbort must end it at once; rank 1, continued, then fails at once too.
@@ -1094,6 +1142,9 @@ int main(void) {
     run_ranks(2, 2, abort_child, NULL, 20, reps, st);
     absorb("abort", 2, reps, st, -1);
     printf("ncclCommAbort from another thread: blocked call returned after %.3f s\n", reps[0].seconds);
+    run_ranks(2, 2, stream_abort_child, NULL, 20, reps, st);
+    absorb("abort, collective on a stream", 2, reps, st, -1);
+    printf("ncclCommAbort with a collective blocked on a stream: the stream was done after %.3f s\n", reps[0].seconds);
     shared_pid = (int*)(shared_kill_time + 1);
     run_ranks(2, 2, stopped_child, NULL, 20, reps, st);
     absorb("non-blocking, stopped peer", 2, reps, st, -1);
