@@ -1185,7 +1185,7 @@ static int pool_threads(void) {
         if (v < 1 || v > MAX_EMU_THREADS) {
             fprintf(stderr, "cpu runtime: EMU_THREADS=%s is out of range: expected 1 to %d OS threads\n",
                     getenv("EMU_THREADS"), MAX_EMU_THREADS);
-            exit(2);
+            exit(1);
         }
         n = (int)v;
     }
