@@ -5,6 +5,7 @@
 //
 // The model, per optimizer step of one GPU (P = N x G ranks; every bandwidth in Gbit/s one way):
 //   compute = accum x micro,  micro = B x T x (model FLOPs per token) / (device peak x MFU)
+//     (or --micro-ms, a measured micro-batch of the planner's B, scaled to the row's B)
 //   One collective of a buffer of `bytes` (NCCL's count x element size; for reduce-scatter and all-gather the
 //   whole buffer, for all-to-all a rank's whole send buffer) costs latency + the bytes on its slowest link:
 //     bytes a rank sends (NCCL's ring and all-to-all algorithms, the trainer's comm_bytes count):
@@ -101,18 +102,19 @@ static const ScalingModeDesc scaling_modes[SCALING_NUM_MODES] = {
 };
 
 typedef struct {
-    double flops_per_token;                 // model FLOPs per token (bert_flops_per_token(...).model)
-    double peak_tflops;                     // the device's dense bf16 peak
-    double mfu;                             // the share of the peak the training step reaches
-    int B, T;                               // the largest micro-batch (sequences) and the sequence length
-    double params;                          // gradient elements (the slab)
-    int zero;                               // --zero 1: reduce-scatter + all-gather instead of all-reduce
-    double weight_bytes;                    // bytes per weight in ZeRO-1's all-gather (the floatX weights: 2)
-    double sync_bytes;                      // the step's host-sync all-reduce
-    int n_buckets;                          // the gradient buckets in launch order (comm.h's grad_reduce_layout)
-    double* bucket_elems;                   // (n_buckets) elements a bucket's collective covers (ZeRO-1: P x piece)
-    int* bucket_event;                      // (n_buckets) the backward event it waits for
-    int n_events;                           // bert_grad_ready_count
+    double flops_per_token;  // model FLOPs per token (bert_flops_per_token(...).model)
+    double peak_tflops;      // the device's dense bf16 peak
+    double mfu;              // the share of the peak the training step reaches
+    double micro_s_at_B;     // > 0: one micro-batch of B measured (--micro-ms), instead of FLOPs / (peak x MFU)
+    int B, T;                // the largest micro-batch (sequences) and the sequence length
+    double params;           // gradient elements (the slab)
+    int zero;                // --zero 1: reduce-scatter + all-gather instead of all-reduce
+    double weight_bytes;     // bytes per weight in ZeRO-1's all-gather (the floatX weights: 2)
+    double sync_bytes;       // the step's host-sync all-reduce
+    int n_buckets;           // the gradient buckets in launch order (comm.h's grad_reduce_layout)
+    double* bucket_elems;    // (n_buckets) elements a bucket's collective covers (ZeRO-1: P x piece)
+    int* bucket_event;       // (n_buckets) the backward event it waits for
+    int n_events;            // bert_grad_ready_count
     double event_frac[SCALING_MAX_EVENTS];  // the share of the backward done when event k is recorded
     double warmup_share;                    // onebit: the share of the steps at fp32
 } ScalingWork;
@@ -215,7 +217,8 @@ static inline ScalingPrediction scaling_predict(const ScalingCluster* c, const S
                                                 int accum, int B, long long max_global) {
     ScalingPrediction p;
     p.gpus = c->nodes * c->gpus_per_node, p.B = B, p.capped = 0;
-    p.micro_s = (double)B * w->T * w->flops_per_token / (w->peak_tflops * 1e12 * w->mfu);
+    p.micro_s = w->micro_s_at_B > 0 ? w->micro_s_at_B * B / w->B
+                                    : (double)B * w->T * w->flops_per_token / (w->peak_tflops * 1e12 * w->mfu);
     p.exposed_s = scaling_exposed(c, w, m, p.micro_s, &p);  // independent of accum: only the last one overlaps
     if (accum <= 0) {
         double need = p.exposed_s * (1 - SCALING_EXPOSED_MAX) / (SCALING_EXPOSED_MAX * p.micro_s);
@@ -266,10 +269,14 @@ static inline ScalingPrediction scaling_row(const ScalingCluster* c, const Scali
 static inline void scaling_print(const ScalingCluster* c, const ScalingWork* w, int accum, long long global_batch,
                                  long long max_global, const char* preset) {
     int P = c->nodes * c->gpus_per_node;
-    printf(
-        "scaling prediction: %.0f TFLOP/s peak x MFU %.1f%%, %.3g model FLOPs/token, %.0f gradients in %d buckets%s\n",
-        w->peak_tflops, 100 * w->mfu, w->flops_per_token, w->params, w->n_buckets,
-        w->zero ? " (ZeRO-1: reduce-scatter, then an all-gather of the weights)" : "");
+    char speed[96];
+    if (w->micro_s_at_B > 0)
+        snprintf(speed, sizeof speed, "a micro-batch of B=%d in %.1f ms (--micro-ms)", w->B, 1e3 * w->micro_s_at_B);
+    else
+        snprintf(speed, sizeof speed, "%.0f TFLOP/s peak x MFU %.1f%%", w->peak_tflops, 100 * w->mfu);
+    printf("scaling prediction: %s, %.3g model FLOPs/token, %.0f gradients in %d buckets%s\n", speed,
+           w->flops_per_token, w->params, w->n_buckets,
+           w->zero ? " (ZeRO-1: reduce-scatter, then an all-gather of the weights)" : "");
     printf(
         "  network %g Gbit/s per node x link efficiency %.2f, %g us per network step, %g us per NVLink step "
         "(%g Gbit/s), %g us per collective\n",

@@ -49,6 +49,7 @@ typedef struct {
     float device_mem;                  // GB of device memory for --plan-only's planner (0: this device's)
     float bucket_mb;                   // gradient bucket size (MB of fp32 gradients)
     float link_efficiency, alpha_us;   // the share of --net-gbps NCCL reaches; microseconds per network step
+    float micro_ms;                    // --micro-ms: a measured micro-batch (ms) instead of FLOPs / (peak x MFU)
     long long global_batch;            // --global-batch S: sequences per step (0: from --grad-accum)
     long long max_global_batch;        // --max-global-batch S: --grad-accum auto's cap
     int grad_reduce_bf16, zero;        // --grad-reduce bf16; --zero 1 (ZeRO-1)
@@ -115,6 +116,7 @@ static void usage(void) {
         "                      an H100; ./trainer --bench prints it as mfu=)\n"
         "  --link-efficiency X share of --net-gbps NCCL reaches on large messages (default 0.6: NCCL over TCP)\n"
         "  --alpha-us X        latency of one network step of a collective, microseconds (default 40: TCP)\n"
+        "  --micro-ms X        predict from a measured micro-batch (forward + backward of B, ms) instead of MFU\n"
         "  --global-batch S    sequences per optimizer step over all GPUs: the accumulation S / (GPUs x B)\n"
         "                      (--plan-only: per node count, with a smaller B where one micro-batch exceeds S)\n"
         "  --max-global-batch S  the largest global batch --grad-accum auto may choose (default 65536)\n"
@@ -219,6 +221,7 @@ static Options parse_options(int argc, char** argv) {
     o.bootstrap = "tcp", o.nccl_timeout = (float)COMM_DEFAULT_TIMEOUT_S;
     o.bucket_mb = 25;
     o.max_global_batch = SCALING_MAX_GLOBAL_BATCH;
+    o.alpha_us = -1;  // the default
     int accum_given = 0;
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
@@ -277,6 +280,8 @@ static Options parse_options(int argc, char** argv) {
             o.link_efficiency = parse_float(a, v, 1e-3, 1);
         else if (!strcmp(a, "--alpha-us"))
             o.alpha_us = parse_float(a, v, 0, 1e7);
+        else if (!strcmp(a, "--micro-ms"))
+            o.micro_ms = parse_float(a, v, 1e-6, 1e9);
         else if (!strcmp(a, "--global-batch"))
             o.global_batch = parse_int(a, v, 1, 1LL << 40);
         else if (!strcmp(a, "--max-global-batch"))
@@ -1724,6 +1729,8 @@ static ScalingWork scaling_work(const Options* o, const BertConfig* cfg, const P
     w.flops_per_token = f.model;
     w.peak_tflops = device_peak_tflops(device);
     w.mfu = o->mfu > 0 ? o->mfu : SCALING_MFU;
+    w.micro_s_at_B = o->micro_ms * 1e-3;
+    if (w.micro_s_at_B > 0 && w.peak_tflops <= 0) w.peak_tflops = 1;  // no peak needed
     w.B = plan->B, w.T = plan->T;
     w.zero = o->zero && world > 1;
     w.weight_bytes = sizeof(floatX);
@@ -1793,7 +1800,7 @@ static int predict_scaling(Options* o, const BertConfig* cfg, const Plan* plan, 
     if (o->net_gbps > 0) c.net_gbps = o->net_gbps;
     if (o->nvlink_gbps > 0) c.nvlink_gbps = o->nvlink_gbps;
     if (o->link_efficiency > 0) c.link_efficiency = o->link_efficiency;
-    if (o->alpha_us > 0) c.alpha_net_s = o->alpha_us * 1e-6;
+    if (o->alpha_us >= 0) c.alpha_net_s = o->alpha_us * 1e-6;
     ScalingWork w = scaling_work(o, cfg, plan, world, device);
     int ok = 1;
     if (w.peak_tflops <= 0) {
