@@ -99,6 +99,11 @@ rc=$?
 check '[ $rc -eq 0 ] && grep -q "^--global-batch 24: 3 micro-batch(es) of B=8 on each of 1 GPU(s)" "$W/gbr.log" && grep -q "(1 process(es) x 3 micro-batch(es) x B=8)" "$W/gbr.log"' \
   "--global-batch 24 at B=8 did not train with 3 micro-batches (exit $rc): $(grep -E 'global' "$W/gbr.log")"
 
+# --micro-ms: the compute column is the measured micro-batch (no device peak needed)
+./trainer_cpu --plan-only --preset tiny --seq 32 --batch 16 --nodes 4 --micro-ms 300 >"$W/micro.log" 2>&1
+check 'grep -q "a micro-batch of B=16 in 300.0 ms (--micro-ms)" "$W/micro.log" && [ "$(rows "$W/micro.log" fp32 | awk "\$1 == 4 { print \$6 }")" = 300.0 ]' \
+  "--micro-ms 300: $(rows "$W/micro.log" fp32 | tail -n 1)"
+
 # 4. the start-up lines are flushed: stdout to a file, a first step that takes hours, the lines there at once
 ./trainer_cpu --preset tiny --seq 32 --batch 8 --grad-accum 100000 --data "$W/data/train_*.bin" --out "$W/slow" \
   --steps 1 >"$W/slow.log" 2>&1 &
