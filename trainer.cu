@@ -1783,11 +1783,18 @@ static int predict_scaling(Options* o, const BertConfig* cfg, const Plan* plan, 
     if (o->global_batch && !o->plan_only) {  // the accumulation a global batch implies: world x accum x B
         long long per_step = (long long)world * plan->B;
         if (o->global_batch % per_step) {
-            if (comm->rank == 0)
-                fprintf(stderr,
-                        "trainer: --global-batch %lld: not a multiple of %d GPU(s) x B=%d = %lld sequences; give "
-                        "one, or a --batch that divides it\n",
-                        o->global_batch, world, plan->B, per_step);
+            int b = plan->B;  // the largest micro-batch that divides it, to suggest
+            while (b > 1 && o->global_batch % ((long long)world * b)) b--;
+            if (comm->rank == 0) {
+                if (o->global_batch % world)
+                    fprintf(stderr, "trainer: --global-batch %lld: not a multiple of the %d GPU(s)\n", o->global_batch,
+                            world);
+                else
+                    fprintf(stderr,
+                            "trainer: --global-batch %lld: not a multiple of %d GPU(s) x B=%d = %lld sequences; "
+                            "--batch %d divides it\n",
+                            o->global_batch, world, plan->B, per_step, b);
+            }
             return 0;
         }
         o->grad_accum = (int)(o->global_batch / per_step);

@@ -143,7 +143,7 @@ bad_flag "--alpha-us x: expected a number" --plan-only --preset tiny --alpha-us 
 bad_flag "--global-batch 0: expected an integer" --plan-only --preset tiny --global-batch 0
 bad_flag "--max-global-batch 1e3: expected an integer" --plan-only --preset tiny --max-global-batch 1e3
 bad_flag "--global-batch and --grad-accum are alternatives" --plan-only --preset tiny --global-batch 64 --grad-accum 2
-bad_flag "--global-batch 20: not a multiple of 1 GPU(s) x B=8 = 8 sequences" --preset tiny --seq 32 --batch 8 \
+bad_flag "--global-batch 20: not a multiple of 1 GPU(s) x B=8 = 8 sequences; --batch 5 divides it" --preset tiny --seq 32 --batch 8 \
   --global-batch 20 --data "$W/data/train_*.bin" --out "$W/bad" --steps 1
 bad_flag "--device-mem: only with --plan-only" --preset tiny --device-mem 80 --data "$W/data/train_*.bin" --out "$W/bad" --steps 1
 bad_flag "--grad-accum auto: not with --bench" --bench --preset tiny --grad-accum auto
