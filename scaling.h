@@ -30,8 +30,9 @@
 //       optimizer an all-gather of the bf16 weights per bucket, never overlapped.
 //     onebit (1-bit Adam, after --comm-warmup steps at fp32): after the backward of the last micro-batch,
 //       the compression (memory-bound: SCALING_ONEBIT_BYTES_PER_PARAM of device memory per parameter), then
-//       one all-to-all and one all-gather of the compressed momentum (n/8 bytes of signs + 4 bytes of
-//       scale per chunk, P chunks): nothing overlapped.
+//       one all-to-all and one all-gather of the compressed momentum, each of P messages of C/8 bytes of signs
+//       + 4 bytes of scale per group of 256 (C = n/P rounded up to 256: compress.h's onebit_msg_bytes):
+//       nothing overlapped.
 //     every mode: the step's host sync, one all-reduce of a few floats (latency only).
 //   exposed = the communication still running when the last backward ends + what runs after it
 //   step = compute + exposed; efficiency = compute / step (time per sample on 1 GPU / per GPU on P).
@@ -72,6 +73,7 @@
 #define SCALING_ONEBIT_BYTES_PER_PARAM 40.0
 #define SCALING_HBM_GBS 3900.0
 #define SCALING_ONEBIT_WARMUP_SHARE 0.10  // --comm-warmup's default share of the steps run at fp32
+#define SCALING_ONEBIT_GROUP 256          // elements per fp32 scale (compress.h's ONEBIT_GROUP)
 #define SCALING_MAX_EVENTS 1024
 #define SCALING_MAX_BUCKETS 65536
 
@@ -175,6 +177,13 @@ static inline double scaling_coll_s(const ScalingCluster* c, ScalingColl k, doub
     return tree < ring ? tree : ring;
 }
 
+// scaling_onebit_msg_bytes: one rank's compressed chunk of n parameters over P ranks: C = n/P rounded up to
+// SCALING_ONEBIT_GROUP elements, a sign bit each and one fp32 scale per group.
+static inline double scaling_onebit_msg_bytes(double n, int P) {
+    double C = ceil(ceil(n / P) / SCALING_ONEBIT_GROUP) * SCALING_ONEBIT_GROUP;
+    return C / 8 + 4 * C / SCALING_ONEBIT_GROUP;
+}
+
 // scaling_exposed: the communication of one step in mode m that the backward does not hide (seconds),
 // with the step's collectives (their count, summed time, bytes sent by a rank) in *p. micro_s: one micro-batch.
 static inline double scaling_exposed(const ScalingCluster* c, const ScalingWork* w, const ScalingModeDesc* m,
@@ -187,7 +196,7 @@ static inline double scaling_exposed(const ScalingCluster* c, const ScalingWork*
      p->bytes_sent += scaling_sent(kind_, bytes_, P), t_)  // the collective's time
     double t, exposed = 0;
     if (m->compressed) {
-        double bytes = w->params / 8 + 4.0 * P;  // the signs and one fp32 scale per chunk
+        double bytes = P * scaling_onebit_msg_bytes(w->params, P);  // every rank's message
         exposed += w->params * SCALING_ONEBIT_BYTES_PER_PARAM / (SCALING_HBM_GBS * 1e9);
         exposed += SC_ADD(SCALING_ALLTOALL, bytes, t);
         exposed += SC_ADD(SCALING_ALLGATHER, bytes, t);

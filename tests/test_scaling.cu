@@ -96,10 +96,11 @@ int main(void) {
     CHECK(z.collectives == 7 && near(z.bytes_sent, 0.875 * 6 * 2.01e8 + 1.75 * 32), "ZeRO-1: %d collectives, %.0f B",
           z.collectives, z.bytes_sent);
     w.zero = 0;
-    // onebit: compression (40 B per parameter at 3.9 TB/s), all-to-all and all-gather of n/8 + 4 x 8 bytes
+    // onebit: compression (40 B per parameter at 3.9 TB/s), all-to-all and all-gather of 8 messages of C/8 + 4 C/256
+    // bytes, C = 2.01e8 / 8 = 25,125,000 rounded up to 256 = 25,125,120
     const ScalingModeDesc* ob = &scaling_modes[SCALING_ONEBIT];
     ScalingPrediction o = scaling_predict(&c, &w, ob, 1, 15000, 0);
-    double cb = 2.01e8 / 8 + 32, comp = 2.01e8 * 40 / 3.9e12;
+    double cb = 8 * (25125120 / 8 + 4 * 25125120 / 256), comp = 2.01e8 * 40 / 3.9e12;
     double a2a = 11e-6 + 2 * 0.75 * cb / 5e8, ag = 35e-6 + 0.875 * cb / 5e8;
     CHECK(near(o.exposed_s, comp + a2a + ag + sync), "onebit exposed %.9f, want %.9f", o.exposed_s,
           comp + a2a + ag + sync);
