@@ -48,13 +48,14 @@
 #include <unistd.h>
 
 typedef struct {
-    int rank;          // 0 .. world-1, over all nodes
-    int world;         // number of processes (one per GPU)
-    int local_rank;    // rank within this node: selects the GPU (comm_device)
-    int device;        // the CUDA device this process uses
-    ncclComm_t nccl;   // NULL when world == 1
-    double timeout_s;  // --nccl-timeout: the deadline of every wait (bootstrap, init, collectives)
-    int step;          // the training step under way, for messages (0: before step 1)
+    int rank;               // 0 .. world-1, over all nodes
+    int world;              // number of processes (one per GPU)
+    int local_rank;         // rank within this node: selects the GPU (comm_device)
+    int device;             // the CUDA device this process uses
+    ncclComm_t nccl;        // NULL when world == 1
+    double timeout_s;       // --nccl-timeout: the deadline of every wait (bootstrap, init, collectives)
+    int step;               // the training step under way, for messages (0: before step 1)
+    volatile int* release;  // test hook MLM_TEST_STALL: comm_die sets it, ending a stalled kernel (NULL: none)
 } Comm;
 
 #define COMM_DEFAULT_TIMEOUT_S 120.0
@@ -445,6 +446,7 @@ static inline void comm_die(Comm* c, const char* what, const char* fmt, ...) {
     fprintf(stderr, "trainer: rank %d of %d: %s: %s: %s; aborting the communicator\n", c->rank, c->world, step, what,
             why);
     fflush(stderr);
+    if (c->release) *c->release = 1;  // a stalled kernel (the test hook) ends: the process can exit
     if (c->nccl) ncclCommAbort(c->nccl);
     c->nccl = NULL;
     exit(1);  // ncclCommAbort has ended this rank's NCCL kernels, so the CUDA runtime's exit handlers do not wait
@@ -456,8 +458,8 @@ static inline void comm_die(Comm* c, const char* what, const char* fmt, ...) {
 static inline void comm_poll(Comm* c, cudaStream_t s, const char* what, double timeout_s) {
     double start = comm_now_s(), last = start;
     for (long i = 0;; i++) {
-        ncclResult_t ae = ncclSuccess;
-        ncclResult_t r = ncclCommGetAsyncError(c->nccl, &ae);
+        ncclResult_t ae = ncclSuccess;  // one rank (no communicator): only the stream is polled
+        ncclResult_t r = c->nccl ? ncclCommGetAsyncError(c->nccl, &ae) : ncclSuccess;
         if (r != ncclSuccess) ae = r;
         if (ae != ncclSuccess && ae != ncclInProgress)
             comm_die(c, what, "NCCL error: %s (%s)", ncclGetErrorString(ae), ncclGetLastError(c->nccl));
@@ -499,17 +501,9 @@ static inline void comm_check(Comm* c, ncclResult_t r, const char* what) {
 // comm_wait: wait for all the work on stream s (its collectives included): cudaStreamSynchronize with
 // the watchdog. `what` names the collective for the message when something goes wrong. Every host sync
 // on a stream that may hold collectives goes through here.
-static inline void comm_wait(Comm* c, cudaStream_t s, const char* what) {
-    if (!c->nccl) {
-        cudaError_t e = cudaStreamSynchronize(s);
-        if (e != cudaSuccess) {
-            fprintf(stderr, "trainer: %s: CUDA error: %s\n", what, cudaGetErrorString(e));
-            exit(1);
-        }
-        return;
-    }
-    comm_poll(c, s, what, c->timeout_s);
-}
+// With one rank too: a host sync never blocks in the CUDA runtime, so a kernel that never ends (or the
+// MLM_TEST_STALL hook) stops the run at the deadline instead of hanging it.
+static inline void comm_wait(Comm* c, cudaStream_t s, const char* what) { comm_poll(c, s, what, c->timeout_s); }
 
 // ----------------------------------------------------------------------------
 // Joining
@@ -581,7 +575,9 @@ static inline void comm_agree(Comm* c, CommValue* v, int n) {
     if (c->world == 1) return;
     cudaStream_t s;
     if (cudaStreamCreate(&s) != cudaSuccess) comm_die(c, "agreement AllReduce", "cannot create a stream");
-    int64_t* h = (int64_t*)malloc(2 * n * sizeof(int64_t));
+    int64_t* h = NULL;  // pinned: the copy back returns at once, and comm_wait waits for it with the watchdog
+    if (cudaMallocHost((void**)&h, 2 * n * sizeof(int64_t)) != cudaSuccess)
+        comm_die(c, "agreement AllReduce", "cannot allocate %d pinned values", n);
     int64_t* d = NULL;
     for (int i = 0; i < n; i++) h[i] = v[i].value, h[n + i] = v[i].value == INT64_MIN ? INT64_MAX : -v[i].value;
     if (cudaMalloc((void**)&d, 2 * n * sizeof(int64_t)) != cudaSuccess ||
@@ -594,7 +590,7 @@ static inline void comm_agree(Comm* c, CommValue* v, int n) {
     for (int i = 0; i < n; i++) v[i].max = h[i], v[i].min = -h[n + i];
     cudaFree(d);
     cudaStreamDestroy(s);
-    free(h);
+    cudaFreeHost(h);
 }
 
 // comm_free: a non-blocking communicator is finalized (ncclCommFinalize, polled to completion with the
@@ -835,5 +831,5 @@ static inline void zero_scatter(const GradReduce* g, const float* full, float* s
             CUDA_CHECK(
                 cudaMemcpyAsync(shard + b->state_off, full + off, n * sizeof(float), cudaMemcpyDeviceToDevice, s));
     }
-    CUDA_CHECK(cudaStreamSynchronize(s));
+    comm_wait(g->comm, s, "ZeRO-1 scatter");  // s may still hold collectives: through the watchdog
 }

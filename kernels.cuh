@@ -620,6 +620,15 @@ __global__ void accumulate_loss(float* sum, const float* mean_loss, float count)
     sum[1] += count;
 }
 
+// stall_spin: the test hook MLM_TEST_STALL (trainer.cu): holds its stream, so the collective queued after
+// it never starts, until *release becomes non-zero (pinned host memory, mapped: the watchdog's comm_die
+// sets it before the process exits) or max_cycles clock cycles have passed. One thread.
+__global__ void stall_spin(const volatile int* release, long long max_cycles) {
+    long long start = clock64();
+    while (!*release && clock64() - start < max_cycles) {
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // MLM head helpers
 

@@ -39,6 +39,7 @@ typedef struct {
     int keep, max_bad_steps;               // checkpoints kept; consecutive non-finite steps before the run stops
     float ckpt_minutes;                    // a checkpoint at least this often (wall clock; 0: only --ckpt-every)
     int inf_grad[2], inf_loss[2];          // test hooks (MLM_TEST_INF_GRAD / MLM_TEST_INF_LOSS): see test_hook_env
+    int stall[2];                          // test hook MLM_TEST_STALL=STEP: see stall_hook_init
     int bench, bench_steps, bench_warmup;  // --bench: time the training step on synthetic data
     const char* bootstrap;                 // --bootstrap tcp | file: how the ranks get rank 0's NCCL id
     float nccl_timeout;                    // --nccl-timeout S: the deadline of every wait on the other ranks
@@ -207,6 +208,26 @@ static void test_hook_env(const char* name, int h[2]) {
 }
 static int test_hook_on(const int h[2], int step) {
     return h[0] > 0 && step >= h[0] && (h[1] == 0 || step < h[0] + h[1]);
+}
+
+// Test hook, for tests/test_stall.sh: MLM_TEST_STALL=STEP makes this rank's step-STEP collectives never
+// complete, as a GPU that hangs or a peer that stops would: a kernel (stall_spin) spins on the stream of the
+// step's first collective, ahead of it, until comm_die releases it through a flag in pinned host memory (or
+// for --nccl-timeout + 60 s at most). Only the watchdog can end the run: every rank must exit 1 within
+// --nccl-timeout plus a few seconds, naming the step. The flag is allocated before step 1 (stall_hook_init).
+static void stall_hook_init(Comm* comm, const Options* o) {
+    if (o->stall[0] <= 0) return;
+    int* flag = NULL;
+    CUDA_CHECK(cudaHostAlloc((void**)&flag, sizeof(int), cudaHostAllocMapped));
+    *flag = 0;
+    comm->release = flag;
+}
+static void stall_launch(Comm* comm, const Options* o, cudaStream_t s) {
+    int* release = NULL;  // the kernel's view of the flag (the same address with unified addressing)
+    CUDA_CHECK(cudaHostGetDevicePointer((void**)&release, (void*)comm->release, 0));
+    fprintf(stderr, "trainer: rank %d: MLM_TEST_STALL: step %d's collectives stall\n", comm->rank, comm->step);
+    long long max_cycles = (long long)((o->nccl_timeout + 60.0) * 2e9);  // clock64 ticks at most ~2 GHz
+    launch(stall_spin, dim3(1), dim3(1), 0, s, (const volatile int*)release, max_cycles);
 }
 
 static Options parse_options(int argc, char** argv) {
@@ -394,6 +415,7 @@ static Options parse_options(int argc, char** argv) {
     }
     test_hook_env("MLM_TEST_INF_GRAD", o.inf_grad);
     test_hook_env("MLM_TEST_INF_LOSS", o.inf_loss);
+    test_hook_env("MLM_TEST_STALL", o.stall);
     return o;
 }
 
@@ -802,14 +824,20 @@ typedef struct {
     int *seg_lo, *seg_hi;  // (B, T) device: the key range of each token
     int *pos, *labels;     // (M) device: the head's rows
     float* hits;           // (M) device: 1 where the head's top prediction is the label (validation)
+    float* host;           // (BM_HOST) pinned host: the step's sums and gradient norm, read after the step's sync
     int pad_id, M;
     long long dropped;  // masked positions left out of the loss because a batch had more than M
 } BatchMaker;
 
-// batch_maker_alloc: the plan's maker_bytes, in one allocation; gives the 8 floats of loss sums in it.
+// batch_maker_alloc: the plan's maker_bytes, in one allocation; gives the 8 floats of loss sums in it. The
+// host side of those sums is pinned: a copy into pageable memory would block the host inside the CUDA
+// runtime until the step's collectives are done, out of the watchdog's reach (CUDA's "API synchronization
+// behavior"); into pinned memory it returns at once, and comm_wait waits for it.
+enum { BM_HOST = 16 };
 static float* batch_maker_alloc(BatchMaker* bm, const Plan* plan, int pad_id) {
     memset(bm, 0, sizeof *bm);
     bm->pad_id = pad_id, bm->M = plan->M;
+    CUDA_CHECK(cudaMallocHost((void**)&bm->host, BM_HOST * sizeof(float)));
     CUDA_CHECK(cudaMalloc((void**)&bm->seg_lo, plan->maker_bytes));
     bm->seg_hi = bm->seg_lo + (size_t)plan->B * plan->T;
     bm->pos = bm->seg_hi + (size_t)plan->B * plan->T;
@@ -842,8 +870,9 @@ static void add_loss(float* sum, BertModel* m, int n_masked) {
     launch(accumulate_loss, dim3(1), dim3(1), 0, m->stream, sum, (const float*)ACT_F(m, loss), (float)n_masked);
 }
 
-// all_ranks_sum: x (n floats, device) summed over all ranks into host (n floats), then x zeroed.
-// Synchronizes the stream, with the watchdog (comm_wait); `what` names the collective.
+// all_ranks_sum: x (n floats, device) summed over all ranks into host (n floats, pinned, so that the copy
+// does not block), then x zeroed. Synchronizes the stream, with the watchdog (comm_wait); `what` names the
+// collective. host may be read once it returns.
 static void all_ranks_sum(Comm* comm, float* x, int n, float* host, cudaStream_t s, const char* what) {
     comm_sum(comm, x, n, s, what);
     CUDA_CHECK(cudaMemcpyAsync(host, x, n * sizeof(float), cudaMemcpyDeviceToHost, s));
@@ -867,7 +896,7 @@ typedef struct {
     DataLoaderState start;  // the loader's position right after init: every evaluation restarts there
     int batches;            // --val-batches
     float* slots;           // device, 4 x batches: (loss sum, masked, hits) per micro-batch, then samples
-    float* host;            // host, 4 x batches
+    float* host;            // pinned host, 4 x batches
 } Validation;
 
 typedef struct {
@@ -889,7 +918,11 @@ static void validation_init(Validation* v, const char* pattern, const Plan* plan
     v->batches = batches;
     CUDA_CHECK(cudaMalloc((void**)&v->slots, plan->val_bytes));
     CUDA_CHECK(cudaMemset(v->slots, 0, plan->val_bytes));
-    v->host = (float*)calloc(4 * (size_t)batches, sizeof(float));
+    v->host = NULL;  // pinned: all_ranks_sum's copy into it must not block (see batch_maker_alloc)
+    if (cudaMallocHost((void**)&v->host, 4 * (size_t)batches * sizeof(float)) == cudaSuccess)
+        memset(v->host, 0, 4 * (size_t)batches * sizeof(float));
+    else
+        v->host = NULL;
     if (!v->host) {
         fprintf(stderr, "trainer: out of host memory for --val-batches %d\n", batches);
         exit(1);
@@ -898,7 +931,7 @@ static void validation_init(Validation* v, const char* pattern, const Plan* plan
 static void validation_free(Validation* v) {
     dataloader_free(&v->loader);
     cudaFree(v->slots);
-    free(v->host);
+    cudaFreeHost(v->host);
 }
 
 // evaluate: the model on micro-batches 0 .. batches-1 of the validation stream (forward only), all ranks.
@@ -1124,6 +1157,7 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     // is still running: they overlap it. The phase is what is left of them when it ends (on the CPU build,
     // where collectives run when called, all of it).
     bert_phase(m, PHASE_ALLREDUCE);
+    if (test_hook_on(o->stall, m->step + 1)) stall_launch(comm, o, comm->world > 1 ? gr->stream : m->stream);
     grad_reduce_launch(gr, m->grad);
     grad_reduce_wait(gr, m->stream);
     static const float inf = INFINITY;  // the test hooks' poison
@@ -1141,13 +1175,14 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     // gradient, the same on every rank. A loss or norm that is not finite skips the update: the weights and
     // AdamW moments stay as they were (the step still counts: its batches are consumed and the schedule moves on).
     // This rank's real tokens go in two parts (/ 4096, % 4096), so that each float sum stays an exact integer.
-    float stop = stop_requested ? 1.f : 0.f, ckpt = want_ckpt ? 1.f : 0.f, h[S_STEP_N];
+    float stop = stop_requested ? 1.f : 0.f, ckpt = want_ckpt ? 1.f : 0.f, *h = bm->host, *norm = bm->host + S_STEP_N;
     float tok[2] = {(float)(r.tokens / 4096), (float)(r.tokens % 4096)};
-    if (!gr->zero) CUDA_CHECK(cudaMemcpyAsync(&r.norm, m->norm, sizeof r.norm, cudaMemcpyDeviceToHost, m->stream));
+    if (!gr->zero) CUDA_CHECK(cudaMemcpyAsync(norm, m->norm, sizeof *norm, cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(scratch + S_STOP, &stop, sizeof stop, cudaMemcpyHostToDevice, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(scratch + S_CKPT, &ckpt, sizeof ckpt, cudaMemcpyHostToDevice, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(scratch + S_TOK_HI, tok, sizeof tok, cudaMemcpyHostToDevice, m->stream));
     all_ranks_sum(comm, scratch, S_STEP_N, h, m->stream, "step loss AllReduce (the step's host sync)");
+    if (!gr->zero) r.norm = *norm;  // pinned: complete after the sync
     if (gr->zero) {
         r.norm = sqrtf(h[S_SUMSQ]);
         CUDA_CHECK(cudaMemcpyAsync(m->norm, &r.norm, sizeof r.norm, cudaMemcpyHostToDevice, m->stream));
@@ -1300,11 +1335,11 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
 
     for (int i = 0; i < o->bench_warmup; i++) train_step(&model, &train, &bm, gr, scratch, o, o->lr, 0);
     long long tokens_done = 0;
-    CUDA_CHECK(cudaStreamSynchronize(stream));
+    comm_wait(comm, stream, "benchmark sync");  // the ZeRO-1 AllGather may be in flight
     double t0 = now_s();
     for (int i = 0; i < o->bench_steps; i++)
         tokens_done += train_step(&model, &train, &bm, gr, scratch, o, o->lr, 0).tokens;
-    CUDA_CHECK(cudaStreamSynchronize(stream));
+    comm_wait(comm, stream, "benchmark sync");
     double dt = now_s() - t0;
     res->step_ms = 1e3 * dt / o->bench_steps;
     res->tokens_per_s = comm->world * tokens_done / dt;
@@ -1363,6 +1398,7 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     }
     dataloader_free(&train);
     cudaFree(bm.seg_lo);
+    cudaFreeHost(bm.host);
     bert_free(&model);
     CUDA_CHECK(cudaStreamDestroy(stream));
     return 0;
@@ -2078,6 +2114,7 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
     grad_reduce_free(&gr);
     comm_free(comm);
     cudaFree(bm.seg_lo);
+    cudaFreeHost(bm.host);
     bert_free(&model);
     return rc;
 }
@@ -2103,6 +2140,7 @@ int main(int argc, char** argv) {
     }
     Options o = parse_options(argc, argv);
     comm.timeout_s = o.nccl_timeout;
+    stall_hook_init(&comm, &o);
     if (o.bench) return run_bench(&o, &comm, &prop, started);
     if (o.eval) return run_eval(&o, &comm, &prop, free_bytes, total_bytes, started);
     int main_rank = comm.rank == 0;
@@ -2319,6 +2357,7 @@ int main(int argc, char** argv) {
     grad_reduce_free(&gr);
     comm_free(&comm);
     cudaFree(bm.seg_lo);
+    cudaFreeHost(bm.host);
     bert_free(&model);
     return 0;
 }

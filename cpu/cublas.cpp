@@ -3,8 +3,9 @@
 // The CPU build compiles the project's CUDA sources with g++ and links this file instead of
 // libcublas / libcublasLt. The prototypes, enums and opaque descriptor types come from the
 // toolkit's own <cublasLt.h> and <cublas_v2.h>, so the enum values and signatures are NVIDIA's.
-// Device pointers are plain host pointers here, and the work is done at call time: the CPU
-// runtime runs every stream in order and synchronously, so a stream is only stored.
+// Device pointers are plain host pointers here. The arguments are checked and the products described
+// at call time; they run later, in the order of the handle's (or the call's) stream, on its worker
+// (cpu/emu_stream.h), as the GPU runs them.
 //
 // Implemented:
 //   cuBLAS    cublasCreate/Destroy, Set/GetStream, Set/GetMathMode, SetWorkspace,
@@ -57,6 +58,8 @@
 #include <string.h>
 #include <unistd.h>
 #include <new>
+#include <vector>
+#include "emu_stream.h"
 
 // ============================================================================
 // Messages
@@ -423,7 +426,7 @@ cublasStatus_t cublasGetVersion_v2(cublasHandle_t handle, int* version) {
 
 cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
     if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
-    handle->stream = stream;  // stored only: the CPU runtime runs every stream synchronously
+    handle->stream = stream;  // the products run in this stream's order
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -596,6 +599,7 @@ static cublasStatus_t classic_gemm(const char* func, cublasHandle_t handle, cubl
         fprintf(stderr, "[cpu cublas][%s] NULL matrix pointer (the GPU would fault)\n", func);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
+    std::vector<Gemm> gemms;
     for (int bi = 0; bi < batch; bi++) {
         Gemm g;
         memset(&g, 0, sizeof g);
@@ -612,8 +616,11 @@ static cublasStatus_t classic_gemm(const char* func, cublasHandle_t handle, cubl
         g.cd_type = ctype;
         g.alpha = *alpha;
         g.beta = *beta;
-        gemm_run(&g);
+        gemms.push_back(g);
     }
+    emu_stream_enqueue(handle->stream, 1, [gemms] {  // in stream order, as the GPU runs it
+        for (const Gemm& g : gemms) gemm_run(&g);
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1412,8 +1419,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t comp
             return CUBLAS_STATUS_NOT_SUPPORTED;
         }
     }
-    (void)workspace, (void)workspaceSizeInBytes, (void)stream;  // no workspace needed; streams run synchronously
+    (void)workspace, (void)workspaceSizeInBytes;  // no workspace needed
 
+    // The products are described now (the descriptors may change after the call) and run in stream order.
+    std::vector<Gemm> gemms;
     int64_t es_ab = (int64_t)type_size(p.ab_type), es_cd = (int64_t)type_size(p.cd_type);
     for (int bi = 0; bi < p.batch; bi++) {
         Gemm g;
@@ -1438,7 +1447,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t comp
         if (d->aux) g.aux = (char*)d->aux + bi * d->aux_batch_stride * (int64_t)type_size(p.aux_type);
         g.aux_ld = d->aux_ld;
         g.aux_type = p.aux_type;
-        gemm_run(&g);
+        gemms.push_back(g);
     }
+    emu_stream_enqueue(stream, 1, [gemms] {
+        for (const Gemm& g : gemms) gemm_run(&g);
+    });
     return CUBLAS_STATUS_SUCCESS;
 }

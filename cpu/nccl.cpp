@@ -30,8 +30,13 @@
 //   collective (ranks that finish, or stop on an error of their own, one after the other).
 //
 // Semantics decisions
-//   Streams: the CPU runtime runs streams synchronously, so a collective runs when it is called
-//   and the cudaStream_t argument is ignored. Buffers are plain host memory (cudaMalloc = malloc).
+//   Streams: a collective on a stream runs on that stream's worker (cpu/runtime.cpp), in stream
+//   order, as NCCL's kernel does, and the call returns once it is enqueued (both kinds of
+//   communicator: "blocking" is about init and enqueueing, as in NCCL). Its errors are the
+//   communicator's, sticky: ncclCommGetAsyncError reports them and later calls return them; a
+//   collective that was queued before ncclCommAbort fails at once when its turn comes, and Abort
+//   waits for it. On the legacy default stream (NULL) a call runs when it is called (blocking) or
+//   in the communicator's thread (non-blocking, below). Buffers are plain host memory.
 //   Non-blocking communicators (ncclCommInitRankConfig with config.blocking = 0), as NCCL's user
 //   guide describes them ("Creating a communicator with options", "Fault tolerance"): init
 //   returns ncclInProgress at once and completes in a thread of the communicator;
@@ -79,6 +84,7 @@
 #include <unistd.h>
 
 #include <type_traits>
+#include "emu_stream.h"
 
 // ---------------------------------------------------------------------------------------------
 // Shared memory layout
@@ -158,6 +164,7 @@ struct ncclComm {
     int error;           // sticky ncclResult_t (0 = none)
     int aborting;        // set by ncclCommAbort, seen by a thread that waits inside a call
     int busy;            // threads inside a call on this communicator
+    int on_streams;      // collectives enqueued on a stream and not finished yet (atomic)
     char last_error[256];
     // Non-blocking communicators only (blocking == 0): the thread that runs init and then the
     // queued calls, in order. pending counts init and the calls not finished yet.
@@ -590,6 +597,7 @@ struct Call {
     size_t count;         // AllReduce/Reduce/Broadcast: elements; AllGather: sendcount; ReduceScatter: recvcount
     int dtype, op, root;  // op and root are -1 where the call has none
     ncclComm* comm;
+    cudaStream_t stream;  // NULL: the legacy default stream
 };
 }  // namespace
 
@@ -764,6 +772,9 @@ static ncclResult_t run_call(const Call* k) {
     __atomic_fetch_add(&c->busy, 1, __ATOMIC_SEQ_CST);
     c->cur_op = op_names[k->kind];
     ncclResult_t r = (ncclResult_t)__atomic_load_n(&c->error, __ATOMIC_SEQ_CST);
+    if (r == ncclSuccess && LOAD(&c->aborting))  // queued on a stream before the abort
+        r = comm_fail(c, ncclSystemError, "rank %d: communicator aborted (ncclCommAbort) before %s ran", c->rank,
+                      op_names[k->kind]);
     if (r != ncclSuccess) {
         memcpy(tls_last_error, c->last_error, sizeof tls_last_error);  // the communicator failed before
     } else {
@@ -832,6 +843,35 @@ static ncclResult_t enqueue(const Call* k) {
     return ncclInProgress;
 }
 
+// stream_enqueue: a collective on a stream (not the legacy one) runs on the stream's worker, in stream
+// order, as NCCL's kernel runs on its stream: the call returns once it is enqueued. Its errors are the
+// communicator's (sticky): ncclCommGetAsyncError reports them, and later calls fail with them.
+static ncclResult_t stream_enqueue(const Call* k) {
+    ncclComm* c = k->comm;
+    ncclResult_t e = (ncclResult_t)__atomic_load_n(&c->error, __ATOMIC_SEQ_CST);
+    if (e != ncclSuccess) {
+        memcpy(tls_last_error, c->last_error, sizeof tls_last_error);
+        return e;
+    }
+    if (!__atomic_load_n(&c->init_done, __ATOMIC_SEQ_CST) || LOAD(&c->aborting))
+        return record_error(c, ncclInvalidUsage, "%s before the communicator's init completed, or after its abort",
+                            op_names[k->kind]);
+    __atomic_fetch_add(&c->on_streams, 1, __ATOMIC_SEQ_CST);
+    Call copy = *k;
+    emu_stream_enqueue(k->stream, 0, [copy] {
+        run_call(&copy);
+        __atomic_fetch_sub(&copy.comm->on_streams, 1, __ATOMIC_SEQ_CST);
+    });
+    return ncclSuccess;
+}
+
+// dispatch: run a call now (blocking communicator, legacy stream), queue it to the communicator's
+// thread (non-blocking, legacy stream) or enqueue it on its stream.
+static ncclResult_t dispatch(const Call* k) {
+    if (k->stream) return stream_enqueue(k);
+    return k->comm->blocking ? run_call(k) : enqueue(k);
+}
+
 // submit: check the arguments (errors come back at once, as in NCCL), then run or queue the call.
 static ncclResult_t submit(const Call* k) {
     const char* fn = op_names[k->kind];
@@ -854,7 +894,7 @@ static ncclResult_t submit(const Call* k) {
         if ((need_send && !k->send) || (need_recv && !k->recv))
             return record_error(c, ncclInvalidArgument, "%s: NULL buffer", fn);
     }
-    if (group_depth == 0) return c->blocking ? run_call(k) : enqueue(k);
+    if (group_depth == 0) return dispatch(k);
     if (group_n == group_cap) {
         int cap = group_cap ? 2 * group_cap : 16;
         Call* p = (Call*)realloc(group_calls, (size_t)cap * sizeof(Call));
@@ -892,7 +932,7 @@ ncclResult_t ncclGroupEnd() {
     // Calls on non-blocking communicators go to their threads: then the group is ncclInProgress.
     int queued = 0;
     for (int i = 0; i < group_n && !conflict; i++) {
-        ncclResult_t r = group_calls[i].comm->blocking ? run_call(&group_calls[i]) : enqueue(&group_calls[i]);
+        ncclResult_t r = dispatch(&group_calls[i]);
         if (r == ncclInProgress) queued = 1, r = ncclSuccess;
         if (first == ncclSuccess) first = r;
     }
@@ -908,36 +948,31 @@ ncclResult_t ncclGroupEnd() {
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                            ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
-    Call k = {OP_ALLREDUCE, (const char*)sendbuff, (char*)recvbuff, count, datatype, op, -1, comm};
+    Call k = {OP_ALLREDUCE, (const char*)sendbuff, (char*)recvbuff, count, datatype, op, -1, comm, stream};
     return submit(&k);
 }
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
                         int root, ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
-    Call k = {OP_REDUCE, (const char*)sendbuff, (char*)recvbuff, count, datatype, op, root, comm};
+    Call k = {OP_REDUCE, (const char*)sendbuff, (char*)recvbuff, count, datatype, op, root, comm, stream};
     return submit(&k);
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
-    Call k = {OP_REDUCESCATTER, (const char*)sendbuff, (char*)recvbuff, recvcount, datatype, op, -1, comm};
+    Call k = {OP_REDUCESCATTER, (const char*)sendbuff, (char*)recvbuff, recvcount, datatype, op, -1, comm, stream};
     return submit(&k);
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
                            ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
-    Call k = {OP_ALLGATHER, (const char*)sendbuff, (char*)recvbuff, sendcount, datatype, -1, -1, comm};
+    Call k = {OP_ALLGATHER, (const char*)sendbuff, (char*)recvbuff, sendcount, datatype, -1, -1, comm, stream};
     return submit(&k);
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
-    (void)stream;
-    Call k = {OP_BROADCAST, (const char*)sendbuff, (char*)recvbuff, count, datatype, -1, root, comm};
+    Call k = {OP_BROADCAST, (const char*)sendbuff, (char*)recvbuff, count, datatype, -1, root, comm, stream};
     return submit(&k);
 }
 
@@ -1275,9 +1310,12 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId c
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
     if (!comm) return record_error(NULL, ncclInvalidArgument, "ncclCommFinalize: comm is NULL");
     ncclResult_t e = (ncclResult_t)__atomic_load_n(&comm->error, __ATOMIC_SEQ_CST);
-    if (e == ncclSuccess && !comm->blocking && __atomic_load_n(&comm->pending, __ATOMIC_SEQ_CST) > 0)
+    if (e == ncclSuccess && !comm->blocking &&
+        (__atomic_load_n(&comm->pending, __ATOMIC_SEQ_CST) > 0 ||
+         __atomic_load_n(&comm->on_streams, __ATOMIC_SEQ_CST) > 0))
         return ncclInProgress;
-    return e;
+    while (comm->blocking && __atomic_load_n(&comm->on_streams, __ATOMIC_SEQ_CST) > 0) sleep_s(0.001);
+    return (ncclResult_t)__atomic_load_n(&comm->error, __ATOMIC_SEQ_CST);
 }
 
 // stop_worker: let the thread of a non-blocking communicator finish what is queued (drop = 0) or
@@ -1311,6 +1349,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
         stop_worker(comm, 0);
         pthread_join(comm->worker, NULL);
     }
+    while (__atomic_load_n(&comm->on_streams, __ATOMIC_SEQ_CST) > 0) sleep_s(0.001);  // their waits are bounded too
     release(comm);
     return ncclSuccess;
 }
@@ -1328,8 +1367,13 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
     // CHECK_INTERVAL_S; wait for it to leave before unmapping (if it does not, leak the mapping
     // rather than pull it away).
     double give_up = now_s() + 5.0;
-    while (__atomic_load_n(&comm->busy, __ATOMIC_SEQ_CST) > 0 && now_s() < give_up) sleep_s(0.001);
-    if (__atomic_load_n(&comm->busy, __ATOMIC_SEQ_CST) > 0) {
+    // Collectives still queued on streams fail at once when they run (aborting): wait for them too.
+    while ((__atomic_load_n(&comm->busy, __ATOMIC_SEQ_CST) > 0 ||
+            __atomic_load_n(&comm->on_streams, __ATOMIC_SEQ_CST) > 0) &&
+           now_s() < give_up)
+        sleep_s(0.001);
+    if (__atomic_load_n(&comm->busy, __ATOMIC_SEQ_CST) > 0 ||
+        __atomic_load_n(&comm->on_streams, __ATOMIC_SEQ_CST) > 0) {
         if (__atomic_load_n(&comm->init_done, __ATOMIC_SEQ_CST))
             STORE(&comm->slots[comm->rank].state, (int32_t)SLOT_LEFT);
         return ncclSuccess;

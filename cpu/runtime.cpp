@@ -14,6 +14,7 @@
 // says who waits where and the launch fails, instead of hanging. Blocks are taken in order from a
 // shared counter by EMU_THREADS OS threads.
 #include <cuda_runtime.h>
+#include "emu_stream.h"
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <elf.h>
@@ -25,8 +26,12 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+#include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
+#include <set>
+#include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -98,12 +103,25 @@ static cudaError_t fail(cudaError_t e, const char* fmt, ...) {
     va_end(ap);
     return set_error(e);
 }
+// Errors of work that ran on a stream's worker (a kernel that deadlocked or misused a collective):
+// device-wide, returned by every later synchronizing call and by cudaGetLastError, which clears it
+// (on the GPU such errors are sticky for good; the emulator's tests go on after one).
+static int async_error = cudaSuccess;  // atomic
+static void set_async_error(cudaError_t e) {
+    int none = cudaSuccess;
+    __atomic_compare_exchange_n(&async_error, &none, (int)e, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+static cudaError_t pending_error(void) {
+    cudaError_t a = (cudaError_t)__atomic_load_n(&async_error, __ATOMIC_SEQ_CST);
+    return a != cudaSuccess ? a : last_error;
+}
 cudaError_t cudaGetLastError(void) {
-    cudaError_t e = last_error;
+    cudaError_t e = pending_error();
     last_error = cudaSuccess;
+    __atomic_store_n(&async_error, (int)cudaSuccess, __ATOMIC_SEQ_CST);
     return e;
 }
-cudaError_t cudaPeekAtLastError(void) { return last_error; }
+cudaError_t cudaPeekAtLastError(void) { return pending_error(); }
 
 const char* cudaGetErrorName(cudaError_t e) {
     switch (e) {
@@ -165,7 +183,8 @@ const char* cudaGetErrorString(cudaError_t e) {
 // ----------------------------------------------------------------------------
 // Device memory: every allocation is remembered (start -> size) so that copies can be checked.
 static std::mutex mem_lock;
-static std::map<uintptr_t, size_t> device_allocs;
+// (never destroyed: stream workers may still run while exit() runs the static destructors)
+static std::map<uintptr_t, size_t>& device_allocs = *new std::map<uintptr_t, size_t>;
 static long long device_used = 0;
 // The host's memory: physical memory (sysconf), or the memory cgroup's limit when lower (a container,
 // a Slurm job with --mem). 0 when neither can be read.
@@ -214,6 +233,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
 }
 cudaError_t cudaFree(void* p) {
     if (!p) return cudaSuccess;
+    cudaDeviceSynchronize();  // as on the GPU: no queued work may still use it
     std::lock_guard<std::mutex> g(mem_lock);
     auto it = device_allocs.find((uintptr_t)p);
     if (it == device_allocs.end()) return fail(cudaErrorInvalidValue, "cudaFree(%p): not a cudaMalloc'ed pointer", p);
@@ -228,12 +248,47 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total) {
     *total = (size_t)device_bytes();
     return cudaSuccess;
 }
+// Pinned (page-locked) host memory: cudaMallocHost, cudaHostAlloc and cudaHostRegister'ed ranges are
+// remembered, because async copies treat them differently from pageable memory (see cudaMemcpyAsync).
+// With unified addressing (the H100's) they are mapped: kernels may use the host pointer.
+static std::map<uintptr_t, size_t>& pinned_ranges = *new std::map<uintptr_t, size_t>;  // under mem_lock
 cudaError_t cudaMallocHost(void** ptr, size_t size) {
     if (posix_memalign(ptr, 4096, size ? size : 1) != 0) return set_error(cudaErrorMemoryAllocation);
+    std::lock_guard<std::mutex> g(mem_lock);
+    pinned_ranges[(uintptr_t)*ptr] = size;
     return cudaSuccess;
 }
 cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) { return cudaMallocHost(ptr, size); }
+cudaError_t cudaHostRegister(void* p, size_t size, unsigned int flags) {
+    if (!p || !size) return fail(cudaErrorInvalidValue, "cudaHostRegister: NULL pointer or 0 bytes");
+    std::lock_guard<std::mutex> g(mem_lock);
+    pinned_ranges[(uintptr_t)p] = size;
+    return cudaSuccess;
+}
+cudaError_t cudaHostUnregister(void* p) {
+    std::lock_guard<std::mutex> g(mem_lock);
+    if (!pinned_ranges.erase((uintptr_t)p))
+        return fail(cudaErrorInvalidValue, "cudaHostUnregister(%p): not a registered range", p);
+    return cudaSuccess;
+}
+cudaError_t cudaHostGetDevicePointer(void** dev, void* host, unsigned int flags) {
+    *dev = host;  // unified addressing: the same address on both sides
+    return cudaSuccess;
+}
+// Is [p, p+n) inside one pinned host range?
+static int is_pinned(const void* p, size_t n) {
+    std::lock_guard<std::mutex> g(mem_lock);
+    auto it = pinned_ranges.upper_bound((uintptr_t)p);
+    if (it == pinned_ranges.begin()) return 0;
+    --it;
+    return (uintptr_t)p + n <= it->first + it->second;
+}
 cudaError_t cudaFreeHost(void* p) {
+    cudaDeviceSynchronize();  // as on the GPU: freeing pinned memory waits for the device
+    {
+        std::lock_guard<std::mutex> g(mem_lock);
+        pinned_ranges.erase((uintptr_t)p);
+    }
     free(p);
     return cudaSuccess;
 }
@@ -289,26 +344,6 @@ static cudaError_t check_copy(const char* fn, void* dst, const void* src, size_t
             return fail(cudaErrorInvalidMemcpyDirection, "%s: copy kind %d is not a cudaMemcpyKind", fn, (int)kind);
     }
 }
-cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
-    cudaError_t e = check_copy("cudaMemcpy", dst, src, n, kind);
-    if (e) return e;
-    if (n) memmove(dst, src, n);
-    return cudaSuccess;
-}
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
-    cudaError_t e = check_copy("cudaMemcpyAsync", dst, src, n, kind);
-    if (e) return e;
-    if (n) memmove(dst, src, n);
-    return cudaSuccess;
-}
-cudaError_t cudaMemset(void* dst, int value, size_t n) {
-    cudaError_t e = n ? check_device_range("cudaMemset", "destination", dst, n) : cudaSuccess;
-    if (e) return e;
-    memset(dst, value, n);
-    return cudaSuccess;
-}
-cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t stream) { return cudaMemset(dst, value, n); }
-
 // ----------------------------------------------------------------------------
 // Device, streams and events.
 static thread_local int current_device = 0;  // per host thread, as in CUDA
@@ -325,7 +360,6 @@ cudaError_t cudaGetDevice(int* d) {
     *d = current_device;
     return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return last_error; }
 cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
 cudaError_t cudaRuntimeGetVersion(int* v) {
     *v = CUDART_VERSION;
@@ -400,61 +434,6 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
         default:
             return fail(cudaErrorInvalidValue, "cudaDeviceGetAttribute: attribute %d is not emulated", (int)attr);
     }
-    return cudaSuccess;
-}
-
-struct CUstream_st {
-    int flags;
-};
-struct CUevent_st {
-    unsigned flags;
-    int recorded;
-    double time;
-};
-cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
-    *s = (cudaStream_t)calloc(1, sizeof(CUstream_st));
-    (*s)->flags = flags;
-    return cudaSuccess;
-}
-cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int priority) {
-    return cudaStreamCreateWithFlags(s, flags);
-}
-cudaError_t cudaStreamDestroy(cudaStream_t s) {
-    free(s);
-    return cudaSuccess;
-}
-cudaError_t cudaStreamSynchronize(cudaStream_t s) { return last_error; }
-cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
-    if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: NULL event");
-    return cudaSuccess;  // streams run synchronously: whatever the event marks has happened
-}
-cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
-    *e = (cudaEvent_t)calloc(1, sizeof(CUevent_st));
-    (*e)->flags = flags;
-    return cudaSuccess;
-}
-cudaError_t cudaEventDestroy(cudaEvent_t e) {
-    free(e);
-    return cudaSuccess;
-}
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
-    if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: NULL event");
-    e->recorded = 1;
-    e->time = now_seconds();
-    return cudaSuccess;
-}
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { return e ? cudaSuccess : cudaErrorInvalidResourceHandle; }
-cudaError_t cudaEventQuery(cudaEvent_t e) { return e ? cudaSuccess : cudaErrorInvalidResourceHandle; }
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-    if (!start || !end) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: NULL event");
-    if ((start->flags | end->flags) & cudaEventDisableTiming)
-        return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: event created with cudaEventDisableTiming");
-    if (!start->recorded || !end->recorded)
-        return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: event never recorded");
-    *ms = (float)((end->time - start->time) * 1e3);
     return cudaSuccess;
 }
 
@@ -1196,12 +1175,19 @@ static void* pool_helper(void*) {
     return NULL;
 }
 
+enum { MAX_EMU_THREADS = 1024 };  // OS threads that run blocks; more is a typo, not a machine
+
 static int pool_threads(void) {
     static int n = 0;
     if (!n) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        n = (int)env_ll("EMU_THREADS", cores > 0 ? (cores < 8 ? cores : 8) : 1);
-        if (n < 1) n = 1;
+        long long v = env_ll("EMU_THREADS", cores > 0 ? (cores < 8 ? cores : 8) : 1);
+        if (v < 1 || v > MAX_EMU_THREADS) {
+            fprintf(stderr, "cpu runtime: EMU_THREADS=%s is out of range: expected 1 to %d OS threads\n",
+                    getenv("EMU_THREADS"), MAX_EMU_THREADS);
+            exit(2);
+        }
+        n = (int)v;
     }
     return n;
 }
@@ -1215,9 +1201,10 @@ static void run_job(EmuJob* j) {
         pthread_attr_t a;
         pthread_attr_init(&a);
         pthread_attr_setstacksize(&a, 1 << 20);
-        pthread_create(&t, &a, pool_helper, NULL);
-        pthread_detach(t);
+        int rc = pthread_create(&t, &a, pool_helper, NULL);
         pthread_attr_destroy(&a);
+        if (rc != 0) break;  // the threads started so far do the work
+        pthread_detach(t);
         pool.nhelpers++;
     }
     if (helpers > 0) {
@@ -1250,10 +1237,13 @@ static const char* kernel_name(const void* kernel, char* buf, size_t n) {
     return buf;
 }
 
-static std::mutex launch_lock;  // one kernel at a time: streams are executed in order anyway
+// One piece of device work at a time: a kernel, a copy, a memset or a matmul holds it while it runs
+// (taken by the stream workers, see "Streams" below), so kernels of different streams interleave only
+// whole, in an order the program's events allow.
+static std::mutex launch_lock;
 
 void emu_launch(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t stream, emu_kernel_body body,
-                void* call) {
+                void* call, void (*free_call)(void*)) {
     char name[256];
     long long threads = (long long)block.x * block.y * block.z;
     if (threads < 1 || threads > MAX_THREADS_PER_BLOCK || block.x > MAX_BLOCK_X || block.y > MAX_BLOCK_Y ||
@@ -1261,11 +1251,13 @@ void emu_launch(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStre
         fail(cudaErrorInvalidConfiguration,
              "kernel %s: block (%u,%u,%u) is not a valid block (at most 1024 threads; 1024 x 1024 x 64)",
              kernel_name(kernel, name, sizeof name), block.x, block.y, block.z);
+        free_call(call);
         return;
     }
     if (grid.x < 1 || grid.y < 1 || grid.z < 1 || grid.x > MAX_GRID_X || grid.y > MAX_GRID_Y || grid.z > MAX_GRID_Z) {
         fail(cudaErrorInvalidConfiguration, "kernel %s: grid (%u,%u,%u) is not a valid grid",
              kernel_name(kernel, name, sizeof name), grid.x, grid.y, grid.z);
+        free_call(call);
         return;
     }
     int allowed = allowed_dynamic_smem(kernel);
@@ -1279,20 +1271,317 @@ void emu_launch(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStre
                  ? "; above 48 KB of static plus dynamic needs cudaFuncSetAttribute(..., "
                    "cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) first"
                  : "");
+        free_call(call);
         return;
     }
-    std::lock_guard<std::mutex> g(launch_lock);
-    std::call_once(static_shared_once, [] {
-        if (nshared_vars < 0) find_static_shared();
+    EmuJob* j = new EmuJob();
+    j->body = body;
+    j->call = call;
+    j->grid = grid;
+    j->block = block;
+    j->smem = smem;
+    j->nblocks = (long long)grid.x * grid.y * grid.z;
+    j->kernel = kernel;
+    emu_stream_enqueue(stream, 1, [j, free_call] {
+        std::call_once(static_shared_once, [] {
+            if (nshared_vars < 0) find_static_shared();
+        });
+        run_job(j);
+        if (j->failed) set_async_error(cudaErrorLaunchFailure);
+        free_call(j->call);
+        delete j;
     });
-    EmuJob j = {};
-    j.body = body;
-    j.call = call;
-    j.grid = grid;
-    j.block = block;
-    j.smem = smem;
-    j.nblocks = (long long)grid.x * grid.y * grid.z;
-    j.kernel = kernel;
-    run_job(&j);
-    if (j.failed) set_error(cudaErrorLaunchFailure);
+}
+
+// ----------------------------------------------------------------------------
+// Streams, as a GPU runs them. Every stream has a worker thread that runs the stream's queue in
+// order: kernels, copies, memsets, event records, waits on events, cuBLAS(Lt) products and NCCL
+// collectives (cpu/emu_stream.h). A call that enqueues returns at once, before its work is done;
+// cudaStreamQuery and cudaEventQuery say cudaErrorNotReady while it is pending; the synchronizing
+// calls block. Device work (kernels, copies, memsets, matmuls) holds launch_lock while it runs, so
+// it runs one piece at a time, in an order the events allow: a schedule the GPU could also take, and
+// the same results every time for a program whose streams are ordered by events. Collectives do not
+// hold it (they wait for peers beside the other streams' kernels, as NCCL's kernels do).
+//
+// The legacy default stream (NULL, 0) synchronizes with every blocking stream (cudaStreamCreate
+// without cudaStreamNonBlocking): its work runs in the caller, at the call, once the blocking
+// streams have done theirs. That is a legal schedule (the host waits more than CUDA promises), and it
+// keeps cudaMemcpy and cudaMemset synchronous.
+//
+// EMU_STREAM_DELAY_US=N sleeps N microseconds before each piece of work a worker runs, so host code
+// that reads a result before synchronizing reads stale data, as it would on the GPU now and then.
+struct EmuOp {
+    int device;  // holds launch_lock while it runs
+    std::function<void()> fn;
+};
+struct CUstream_st {
+    unsigned flags;
+    std::deque<EmuOp> queue;      // under streams_lock; the front is the one running
+    unsigned long long enqueued;  // pieces of work ever enqueued (under streams_lock)
+    unsigned long long done;      // ... and finished (under streams_lock)
+    int stop;                     // cudaStreamDestroy: the worker exits when the queue is empty
+    pthread_t worker;
+};
+struct CUevent_st {
+    unsigned flags;
+    int recorded;            // cudaEventRecord was called
+    CUstream_st* stream;     // the stream of the last record (NULL: the legacy stream, done at once)
+    unsigned long long seq;  // the record is complete when stream->done >= seq
+    double time;             // when the record ran
+};
+// Streams are never freed (a destroyed stream's worker exits; the record stays), so that an event
+// recorded on a destroyed stream still answers.
+static std::mutex streams_lock;
+static std::condition_variable& streams_cv = *new std::condition_variable;  // any stream made progress
+static std::set<CUstream_st*>& all_streams = *new std::set<CUstream_st*>;   // live streams
+
+static long long stream_delay_us(void) {
+    static long long us = env_ll("EMU_STREAM_DELAY_US", 0);
+    return us;
+}
+
+static void run_op(EmuOp* op) {
+    if (op->device) {
+        std::lock_guard<std::mutex> g(launch_lock);
+        op->fn();
+    } else {
+        op->fn();
+    }
+}
+
+static void* stream_worker(void* arg) {
+    CUstream_st* s = (CUstream_st*)arg;
+    std::unique_lock<std::mutex> g(streams_lock);
+    for (;;) {
+        while (s->queue.empty() && !s->stop) streams_cv.wait(g);
+        if (s->queue.empty()) break;
+        EmuOp* op = &s->queue.front();  // deque references stay valid while others are pushed
+        g.unlock();
+        if (stream_delay_us() > 0) usleep((useconds_t)stream_delay_us());
+        run_op(op);
+        g.lock();
+        s->queue.pop_front();
+        s->done++;
+        streams_cv.notify_all();
+    }
+    return NULL;
+}
+
+// Wait (streams_lock held) until stream s has finished the first `upto` pieces of its work.
+static void wait_stream(std::unique_lock<std::mutex>& g, CUstream_st* s, unsigned long long upto) {
+    while (s->done < upto) streams_cv.wait(g);
+}
+// Wait until every blocking stream (or every stream) has finished what was enqueued so far.
+static void drain_streams(int blocking_only) {
+    std::unique_lock<std::mutex> g(streams_lock);
+    std::vector<std::pair<CUstream_st*, unsigned long long>> marks;
+    for (CUstream_st* s : all_streams)
+        if (!blocking_only || !(s->flags & cudaStreamNonBlocking)) marks.push_back({s, s->enqueued});
+    for (auto& m : marks) wait_stream(g, m.first, m.second);
+}
+
+// Enqueue fn on stream s; returns its sequence number on s (0 on the legacy stream, where it has run).
+static unsigned long long enqueue(cudaStream_t s, int device, std::function<void()> fn) {
+    if (!s) {
+        drain_streams(1);
+        EmuOp op = {device, std::move(fn)};
+        run_op(&op);
+        return 0;
+    }
+    std::lock_guard<std::mutex> g(streams_lock);
+    s->queue.push_back(EmuOp{device, std::move(fn)});
+    streams_cv.notify_all();
+    return ++s->enqueued;
+}
+void emu_stream_enqueue(cudaStream_t s, int device, std::function<void()> fn) { enqueue(s, device, std::move(fn)); }
+
+cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
+    if (!s) return fail(cudaErrorInvalidValue, "cudaStreamCreate: NULL output pointer");
+    CUstream_st* st = new CUstream_st();
+    st->flags = flags;
+    if (pthread_create(&st->worker, NULL, stream_worker, st) != 0) {
+        delete st;
+        return fail(cudaErrorMemoryAllocation, "cudaStreamCreate: cannot start the stream's worker thread");
+    }
+    std::lock_guard<std::mutex> g(streams_lock);
+    all_streams.insert(st);
+    *s = st;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int flags, int priority) {
+    return cudaStreamCreateWithFlags(s, flags);
+}
+// The stream's work finishes first (CUDA lets it finish after the call returns; waiting is legal).
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (!s) return fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy: NULL stream");
+    {
+        std::lock_guard<std::mutex> g(streams_lock);
+        if (!all_streams.erase(s)) return fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy: not a live stream");
+        s->stop = 1;
+        streams_cv.notify_all();
+    }
+    pthread_join(s->worker, NULL);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    if (!s) {
+        drain_streams(1);
+    } else {
+        std::unique_lock<std::mutex> g(streams_lock);
+        wait_stream(g, s, s->enqueued);
+    }
+    return pending_error();
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+    if (s) {
+        std::lock_guard<std::mutex> g(streams_lock);
+        if (s->done < s->enqueued) return cudaErrorNotReady;
+    } else {
+        std::lock_guard<std::mutex> g(streams_lock);
+        for (CUstream_st* t : all_streams)
+            if (!(t->flags & cudaStreamNonBlocking) && t->done < t->enqueued) return cudaErrorNotReady;
+    }
+    return pending_error();
+}
+cudaError_t cudaDeviceSynchronize(void) {
+    drain_streams(0);
+    return pending_error();
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
+    if (!e) return fail(cudaErrorInvalidValue, "cudaEventCreate: NULL output pointer");
+    *e = new CUevent_st();
+    (*e)->flags = flags;
+    return cudaSuccess;
+}
+// A pending record still writes the event's time when it runs: destroy waits for it first.
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy: NULL event");
+    cudaEventSynchronize(e);
+    delete e;
+    return cudaSuccess;
+}
+// The event is complete when the work enqueued on s before it is (its time: when that happened).
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: NULL event");
+    if (!s) {
+        drain_streams(1);
+        std::lock_guard<std::mutex> g(streams_lock);
+        e->recorded = 1, e->stream = NULL, e->seq = 0, e->time = now_seconds();
+        return cudaSuccess;
+    }
+    std::lock_guard<std::mutex> g(streams_lock);
+    unsigned long long seq = s->enqueued + 1;
+    e->recorded = 1, e->stream = s, e->seq = seq;
+    s->queue.push_back(EmuOp{0, [e, s, seq] {
+                                 std::lock_guard<std::mutex> g2(streams_lock);
+                                 if (e->stream == s && e->seq == seq) e->time = now_seconds();
+                             }});
+    s->enqueued = seq;
+    streams_cv.notify_all();
+    return cudaSuccess;
+}
+static int event_done(cudaEvent_t e) { return !e->recorded || !e->stream || e->stream->done >= e->seq; }
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+    if (!e) return cudaErrorInvalidResourceHandle;
+    std::lock_guard<std::mutex> g(streams_lock);
+    return event_done(e) ? pending_error() : cudaErrorNotReady;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    if (!e) return cudaErrorInvalidResourceHandle;
+    std::unique_lock<std::mutex> g(streams_lock);
+    while (!event_done(e)) streams_cv.wait(g);
+    return pending_error();
+}
+// Stream s waits for the work the event's latest record marks (none if it was never recorded).
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags) {
+    if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: NULL event");
+    CUstream_st* on;
+    unsigned long long seq;
+    {
+        std::lock_guard<std::mutex> g(streams_lock);
+        if (!e->recorded || !e->stream) return cudaSuccess;
+        on = e->stream, seq = e->seq;
+    }
+    enqueue(s, 0, [on, seq] {
+        std::unique_lock<std::mutex> g(streams_lock);
+        wait_stream(g, on, seq);
+    });
+    return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+    if (!start || !end) return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: NULL event");
+    if ((start->flags | end->flags) & cudaEventDisableTiming)
+        return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: event created with cudaEventDisableTiming");
+    if (!start->recorded || !end->recorded)
+        return fail(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: event never recorded");
+    std::lock_guard<std::mutex> g(streams_lock);
+    if (!event_done(start) || !event_done(end)) return cudaErrorNotReady;
+    *ms = (float)((end->time - start->time) * 1e3);
+    return cudaSuccess;
+}
+
+// ----------------------------------------------------------------------------
+// Copies and memsets, with CUDA's "API synchronization behavior" (CUDA Runtime API reference,
+// section 2; https://docs.nvidia.com/cuda/cuda-runtime-api/api-sync-behavior.html):
+// - cudaMemcpy and cudaMemset run on the legacy stream: here at the call (see above);
+// - cudaMemcpyAsync from pageable host memory to the device: "If pageable memory must first be staged
+//   to pinned memory, the driver may synchronize with the stream and stage the copy into pinned
+//   memory": the source is staged at the call (so the caller may reuse it at once), the device write
+//   runs in stream order;
+// - cudaMemcpyAsync from the device to pageable host memory: "the function will return only once the
+//   copy has completed": it waits for the stream up to and including the copy;
+// - to or from pinned memory (cudaMallocHost, cudaHostAlloc, cudaHostRegister) and device to device:
+//   "fully asynchronous": it returns at once, the copy runs in stream order (reading or writing the
+//   host buffer then, not at the call);
+// - host to host: "fully synchronous with respect to the host".
+static int pageable(const void* p, size_t n) {
+    size_t over;
+    return device_range(p, n, &over) == 1 && !is_pinned(p, n);
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+    cudaError_t e = check_copy("cudaMemcpy", dst, src, n, kind);
+    if (e || !n) return e;
+    enqueue(NULL, 1, [=] { memmove(dst, src, n); });
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t stream) {
+    cudaError_t e = check_copy("cudaMemcpyAsync", dst, src, n, kind);
+    if (e || !n) return e;
+    int from_pageable = pageable(src, n), to_pageable = pageable(dst, n);
+    if (from_pageable && to_pageable) {  // host to host
+        cudaStreamSynchronize(stream);
+        memmove(dst, src, n);
+        return cudaSuccess;
+    }
+    if (from_pageable) {  // staged now
+        void* staged = malloc(n);
+        if (!staged) return fail(cudaErrorMemoryAllocation, "cudaMemcpyAsync: cannot stage %zu bytes", n);
+        memcpy(staged, src, n);
+        enqueue(stream, 1, [=] {
+            memmove(dst, staged, n);
+            free(staged);
+        });
+        return cudaSuccess;
+    }
+    unsigned long long seq = enqueue(stream, 1, [=] { memmove(dst, src, n); });
+    if (to_pageable && stream) {  // returns once the copy is done
+        std::unique_lock<std::mutex> g(streams_lock);
+        wait_stream(g, stream, seq);
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void* dst, int value, size_t n) {
+    cudaError_t e = n ? check_device_range("cudaMemset", "destination", dst, n) : cudaSuccess;
+    if (e || !n) return e;
+    enqueue(NULL, 1, [=] { memset(dst, value, n); });
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t stream) {
+    cudaError_t e = n ? check_device_range("cudaMemsetAsync", "destination", dst, n) : cudaSuccess;
+    if (e || !n) return e;
+    enqueue(stream, 1, [=] { memset(dst, value, n); });
+    return cudaSuccess;
 }

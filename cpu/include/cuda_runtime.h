@@ -350,10 +350,12 @@ void emu_set_shuffle(long long seed);
 
 // ----------------------------------------------------------------------------
 // Kernel launch. The arguments are converted to the kernel's parameter types once, as the GPU
-// copies them into its parameter space, and every thread calls the kernel with that copy.
+// copies them into its parameter space, and every thread calls the kernel with that copy. The copy
+// lives on the heap: the launch returns before the kernel runs (on its stream's worker), which frees
+// it with free_call when the kernel is done.
 typedef void (*emu_kernel_body)(void* call);
 void emu_launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, emu_kernel_body body,
-                void* call);
+                void* call, void (*free_call)(void* call));
 
 template <typename... KArgs>
 struct emu_call {
@@ -365,11 +367,16 @@ static void emu_call_body(void* p) {
     emu_call<KArgs...>* c = (emu_call<KArgs...>*)p;
     std::apply(c->kernel, c->args);
 }
+template <typename... KArgs>
+static void emu_call_free(void* p) {
+    delete (emu_call<KArgs...>*)p;
+}
 template <typename... KArgs, typename... Args>
 static inline void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
                           Args... args) {
-    emu_call<KArgs...> call{kernel, std::tuple<KArgs...>(args...)};
-    emu_launch((const void*)kernel, grid, block, smem_bytes, stream, emu_call_body<KArgs...>, &call);
+    emu_call<KArgs...>* call = new emu_call<KArgs...>{kernel, std::tuple<KArgs...>(args...)};
+    emu_launch((const void*)kernel, grid, block, smem_bytes, stream, emu_call_body<KArgs...>, call,
+               emu_call_free<KArgs...>);
 }
 
 // cudaFuncSetAttribute for kernel function pointers (the toolkit's template lives in cuda_runtime.h).
