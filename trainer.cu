@@ -1154,8 +1154,8 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
         add_loss(scratch, m, n_masked);
     }
     // The buckets' reductions wait on the communication stream for the events of that backward, which the GPU
-    // is still running: they overlap it. The phase is what is left of them when it ends (on the CPU build,
-    // where collectives run when called, all of it).
+    // is still running: they overlap it. The phase is what is left of them when it ends (on the CPU build too,
+    // whose streams run as the GPU's do).
     bert_phase(m, PHASE_ALLREDUCE);
     if (test_hook_on(o->stall, m->step + 1)) stall_launch(comm, o, comm->world > 1 ? gr->stream : m->stream);
     grad_reduce_launch(gr, m->grad);

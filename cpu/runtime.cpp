@@ -1329,11 +1329,11 @@ struct CUevent_st {
     unsigned long long seq;  // the record is complete when stream->done >= seq
     double time;             // when the record ran
 };
-// Streams are never freed (a destroyed stream's worker exits; the record stays), so that an event
-// recorded on a destroyed stream still answers.
 static std::mutex streams_lock;
 static std::condition_variable& streams_cv = *new std::condition_variable;  // any stream made progress
 static std::set<CUstream_st*>& all_streams = *new std::set<CUstream_st*>;   // live streams
+static std::set<CUstream_st*>& dead_streams = *new std::set<CUstream_st*>;  // destroyed (all work done)
+static std::set<CUevent_st*>& all_events = *new std::set<CUevent_st*>;      // (so a destroyed stream lets go)
 
 static long long stream_delay_us(void) {
     static long long us = env_ll("EMU_STREAM_DELAY_US", 0);
@@ -1347,6 +1347,21 @@ static void run_op(EmuOp* op) {
     } else {
         op->fn();
     }
+}
+
+// The fibers a stream's worker made to run kernels, freed when the stream is destroyed.
+static void worker_release(EmuWorker* w) {
+    for (int i = 0; i < w->nfibers; i++) {
+        EmuFiber* f = &w->fibers[i];
+#if EMU_ASAN
+        __asan_unpoison_memory_region(f->stack_lo, f->stack_size);
+#endif
+        munmap(f->stack_lo - 4096, f->stack_size + 4096);
+        free(f->copies);
+    }
+    free(w->fibers);
+    free(w->order);
+    memset(w, 0, sizeof *w);
 }
 
 static void* stream_worker(void* arg) {
@@ -1364,6 +1379,8 @@ static void* stream_worker(void* arg) {
         s->done++;
         streams_cv.notify_all();
     }
+    g.unlock();
+    worker_release(&worker);
     return NULL;
 }
 
@@ -1422,6 +1439,11 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
         streams_cv.notify_all();
     }
     pthread_join(s->worker, NULL);
+    std::lock_guard<std::mutex> g(streams_lock);
+    for (CUevent_st* e : all_events)  // their records are complete: they no longer need the stream
+        if (e->stream == s) e->stream = NULL;
+    dead_streams.insert(s);  // kept: a cudaStreamWaitEvent queued on another stream may still look at it
+
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
@@ -1454,12 +1476,16 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
     if (!e) return fail(cudaErrorInvalidValue, "cudaEventCreate: NULL output pointer");
     *e = new CUevent_st();
     (*e)->flags = flags;
+    std::lock_guard<std::mutex> g(streams_lock);
+    all_events.insert(*e);
     return cudaSuccess;
 }
 // A pending record still writes the event's time when it runs: destroy waits for it first.
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
     if (!e) return fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy: NULL event");
     cudaEventSynchronize(e);
+    std::lock_guard<std::mutex> g(streams_lock);
+    all_events.erase(e);
     delete e;
     return cudaSuccess;
 }

@@ -162,6 +162,26 @@ int main(void) {
     launch(noop, dim3(1), dim3(1), 0, (cudaStream_t)0, di);
     CHECK(cudaGetLastError() == cudaSuccess, "kernels run normally after a reported deadlock");
 
+    // 2b. The same on a stream: the launch returns at once (the kernel runs on the stream's worker); its
+    // failure comes back from the synchronizing calls and cudaGetLastError, which clears it, as on the GPU.
+    {
+        cudaStream_t s;
+        CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        launch(divergent_barrier, dim3(2), dim3(64), 0, s, di);
+        e = cudaStreamSynchronize(s);
+        CHECK(e == cudaErrorLaunchFailure, "divergent barrier on a stream: cudaStreamSynchronize gave %s",
+              cudaGetErrorName(e));
+        e = cudaStreamQuery(s);
+        CHECK(e == cudaErrorLaunchFailure, "the failure stays until read: cudaStreamQuery gave %s",
+              cudaGetErrorName(e));
+        e = cudaGetLastError();
+        CHECK(e == cudaErrorLaunchFailure, "cudaGetLastError after the sync gave %s", cudaGetErrorName(e));
+        CHECK(cudaStreamSynchronize(s) == cudaSuccess, "cudaGetLastError cleared the stream's failure");
+        launch(noop, dim3(1), dim3(1), 0, s, di);
+        CHECK(cudaStreamSynchronize(s) == cudaSuccess, "the stream runs kernels after a reported deadlock");
+        cudaStreamDestroy(s);
+    }
+
     // 3. Exited lanes in a shuffle's mask: it completes for the others; reading an exited lane is reported.
     launch(shuffle_after_exit, dim3(1), dim3(32), 0, (cudaStream_t)0, dout, 20);
     e = cudaGetLastError();

@@ -7,6 +7,9 @@
 #include <ptx.h>
 #include "../kernels.cuh"
 #include "testing.h"
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
 
 // ----------------------------------------------------------------------------
 // Block sum in static shared memory: a tree with __syncthreads between levels.
@@ -226,6 +229,118 @@ __global__ void cp_async_groups(const int4* src, int4* out1, int4* out2) {
     __syncthreads();
     out2[t] = s[(t + 7) % 128];
     out2[64 + t] = s[(t + 71) % 128];
+}
+
+// ----------------------------------------------------------------------------
+// Streams as the GPU runs them. These kernels and checks run on both builds (CPU: cpu/runtime.cpp's stream
+// workers). stall_spin (kernels.cuh) holds a stream until the host sets a flag in pinned memory.
+
+// set_int: *p = v. One thread.
+__global__ void set_int(int* p, int v) { *p = v; }
+// copy_int: *dst = *src. One thread.
+__global__ void copy_int(int* dst, const int* src) { *dst = *src; }
+
+static const long long STALL_CYCLES = 40000000000LL;  // ~20 s at 2 GHz: only the flag ends it in the tests
+
+static double host_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+// release_after: a host thread that sets *flag = 1 after ms milliseconds (so that a host call that blocks
+// until the stream is done returns, and the test can time it).
+typedef struct {
+    volatile int* flag;
+    int ms;
+} Release;
+static void* release_main(void* arg) {
+    Release* r = (Release*)arg;
+    usleep(1000 * r->ms);
+    *r->flag = 1;
+    return NULL;
+}
+
+static void test_streams(void) {
+    volatile int* flag;
+    int* pinned;
+    int *d, *d2;
+    CUDA_OK(cudaHostAlloc((void**)&flag, sizeof(int), cudaHostAllocMapped));
+    CUDA_OK(cudaMallocHost((void**)&pinned, sizeof(int)));
+    CUDA_OK(cudaMalloc(&d, sizeof(int)));
+    CUDA_OK(cudaMalloc(&d2, sizeof(int)));
+    cudaStream_t s1, s2;
+    CUDA_OK(cudaStreamCreateWithFlags(&s1, cudaStreamNonBlocking));
+    CUDA_OK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    cudaEvent_t e1, e2;
+    CUDA_OK(cudaEventCreate(&e1));
+    CUDA_OK(cudaEventCreate(&e2));
+
+    // a launch returns before its kernel is done; cudaStreamQuery says NotReady, then Success
+    *flag = 0;
+    launch(stall_spin, dim3(1), dim3(1), 0, s1, (const volatile int*)flag, STALL_CYCLES);
+    CHECK(cudaStreamQuery(s1) == cudaErrorNotReady, "cudaStreamQuery while a kernel spins: not cudaErrorNotReady");
+    *flag = 1;
+    CHECK(cudaStreamSynchronize(s1) == cudaSuccess, "cudaStreamSynchronize after the release");
+    CHECK(cudaStreamQuery(s1) == cudaSuccess, "cudaStreamQuery after cudaStreamSynchronize: not cudaSuccess");
+
+    // events across two streams: s2 waits for s1's event, so its copy sees s1's write
+    *flag = 0;
+    CUDA_OK(cudaMemset(d, 0, sizeof(int)));
+    CUDA_OK(cudaMemset(d2, 0, sizeof(int)));
+    launch(stall_spin, dim3(1), dim3(1), 0, s1, (const volatile int*)flag, STALL_CYCLES);
+    launch(set_int, dim3(1), dim3(1), 0, s1, d, 42);
+    CUDA_OK(cudaEventRecord(e1, s1));
+    CUDA_OK(cudaStreamWaitEvent(s2, e1, 0));
+    launch(copy_int, dim3(1), dim3(1), 0, s2, d2, (const int*)d);
+    CUDA_OK(cudaEventRecord(e2, s2));
+    CHECK(cudaEventQuery(e1) == cudaErrorNotReady, "cudaEventQuery of an event behind a spinning kernel");
+    CHECK(cudaEventQuery(e2) == cudaErrorNotReady, "cudaEventQuery of an event on a stream waiting for it");
+    CHECK(cudaStreamQuery(s2) == cudaErrorNotReady, "cudaStreamQuery of a stream waiting (cudaStreamWaitEvent)");
+    *flag = 1;
+    CHECK(cudaEventSynchronize(e2) == cudaSuccess, "cudaEventSynchronize");
+    CHECK(cudaEventQuery(e1) == cudaSuccess, "e1 is complete once e2 (which waited for it) is");
+    int got = 0;
+    CUDA_OK(cudaMemcpy(&got, d2, sizeof got, cudaMemcpyDeviceToHost));
+    CHECK(got == 42, "cudaStreamWaitEvent: s2's copy read %d, want s1's 42 (it ran before s1's write)", got);
+    float ms = -1;
+    CHECK(cudaEventElapsedTime(&ms, e1, e2) == cudaSuccess && ms >= 0, "cudaEventElapsedTime(e1, e2) = %g", ms);
+
+    // device to pinned host memory: returns at once, the data arrives in stream order
+    *flag = 0, *pinned = -1;
+    launch(stall_spin, dim3(1), dim3(1), 0, s1, (const volatile int*)flag, STALL_CYCLES);
+    launch(set_int, dim3(1), dim3(1), 0, s1, d, 7);
+    CUDA_OK(cudaMemcpyAsync(pinned, d, sizeof(int), cudaMemcpyDeviceToHost, s1));
+    CHECK(cudaStreamQuery(s1) == cudaErrorNotReady && *pinned == -1,
+          "cudaMemcpyAsync into pinned memory behind a spinning kernel returned after the copy (%d)", *pinned);
+    *flag = 1;
+    CUDA_OK(cudaStreamSynchronize(s1));
+    CHECK(*pinned == 7, "pinned copy after the sync: %d, want 7", *pinned);
+
+    // device to pageable host memory: returns only once the copy is done (a thread releases the kernel
+    // after 300 ms); from pageable host memory: the source is taken at the call
+    int pageable = -1, src = 11;
+    *flag = 0;
+    launch(stall_spin, dim3(1), dim3(1), 0, s1, (const volatile int*)flag, STALL_CYCLES);
+    CUDA_OK(cudaMemcpyAsync(d2, &src, sizeof(int), cudaMemcpyHostToDevice, s1));
+    src = 12;  // too late for the copy (staged, or synchronized, at the call)
+    launch(copy_int, dim3(1), dim3(1), 0, s1, d, (const int*)d2);
+    Release rel = {flag, 300};
+    pthread_t t;
+    double t0 = host_now_s();
+    CHECK(pthread_create(&t, NULL, release_main, &rel) == 0, "pthread_create");
+    CUDA_OK(cudaMemcpyAsync(&pageable, d, sizeof(int), cudaMemcpyDeviceToHost, s1));
+    double waited = host_now_s() - t0;
+    CHECK(waited >= 0.25 && pageable == 11,
+          "cudaMemcpyAsync into pageable memory returned after %.3f s with %d (want >= 0.25 s, once the copy is "
+          "done, with the 11 the host copied at its call)",
+          waited, pageable);
+    pthread_join(t, NULL);
+    CUDA_OK(cudaDeviceSynchronize());
+
+    cudaEventDestroy(e1), cudaEventDestroy(e2);
+    cudaStreamDestroy(s1), cudaStreamDestroy(s2);
+    cudaFree(d), cudaFree(d2);
+    cudaFreeHost(pinned), cudaFreeHost((void*)flag);
 }
 
 int main(void) {
@@ -551,5 +666,6 @@ int main(void) {
         CHECK(bad2 == 0, "cp.async: after wait_group 0 and a barrier, %d of 512 words are wrong", bad2);
         cudaFree(ds), cudaFree(d1), cudaFree(d2);
     }
+    test_streams();
     return test_summary();
 }

@@ -4,7 +4,9 @@
 # complete (a kernel spins on the stream ahead of them); with --nccl-timeout 3 and NCCL_EMU_TIMEOUT_S=600 (so
 # only the trainer's watchdog can end it), every rank must exit 1 within --nccl-timeout + 10 s, naming the
 # step: 1 rank, 2 ranks (rank 1 stalls), 3 ranks (rank 0 stalls), and 2 ranks with every stream operation
-# delayed (EMU_STREAM_DELAY_US) and --zero 1. A bad MLM_TEST_STALL value is one clear error.
+# delayed (EMU_STREAM_DELAY_US) and --zero 1. A bad MLM_TEST_STALL value is one clear error. Also the CPU
+# runtime's streams: a run with every stream operation delayed gives the same checkpoint; EMU_THREADS=100000
+# and a bad EMU_STREAM_DELAY_US are clear errors.
 # Run by tests/run.sh; needs tools/requirements.txt (tools/prepare.py).
 cd "$(dirname "$0")/.."
 pass=0; fail=0
@@ -76,6 +78,34 @@ run_world delayed 2 0 2 EMU_STREAM_DELAY_US=200 -- --zero 1
 MLM_TEST_STALL=x ./trainer_cpu "${COMMON[@]}" --out "$W/bad" >"$W/bad.log" 2>&1
 rc=$?
 check '[ $rc != 0 ] && grep -q "MLM_TEST_STALL=x" "$W/bad.log"' "MLM_TEST_STALL=x: exit $rc, $(tail -n 1 "$W/bad.log")"
+
+# the CPU runtime's streams: with every stream operation delayed (EMU_STREAM_DELAY_US), host code that read
+# a result before synchronizing would read stale data; a delayed 2-rank run must give byte for byte the
+# checkpoint of an undelayed one
+SHORT=(--data "$W/data/train_*.bin" --preset tiny --seq 32 --batch 8 --lr 5e-3 --warmup 2 --seed 7 --steps 4
+  --val "$W/data/val_*.bin" --val-every 4 --val-batches 2)
+for d in 0 300; do
+  for r in 0 1; do
+    EMU_STREAM_DELAY_US=$d SLURM_NTASKS=2 SLURM_PROCID=$r SLURM_LOCALID=$r ./trainer_cpu "${SHORT[@]}" \
+      --out "$W/det$d" >"$W/det$d.$r.log" 2>&1 &
+    PIDS+=($!)
+  done
+  wait "${PIDS[-2]}"; r0=$?; wait "${PIDS[-1]}"; r1=$?
+  check '[ $r0 = 0 ] && [ $r1 = 0 ]' "EMU_STREAM_DELAY_US=$d, 2 ranks: exit $r0 $r1: $(tail -n 1 "$W/det$d.0.log")"
+done
+check 'cmp -s "$W/det0/checkpoint.bin" "$W/det300/checkpoint.bin"' \
+  "EMU_STREAM_DELAY_US=300 changed the checkpoint: $(cmp "$W/det0/checkpoint.bin" "$W/det300/checkpoint.bin" 2>&1)"
+check '[ "$(grep "val loss" "$W/det0.0.log" | sed "s/|.*ms.*//")" = "$(grep "val loss" "$W/det300.0.log" | sed "s/|.*ms.*//")" ]' \
+  "EMU_STREAM_DELAY_US=300 changed the validation line: $(grep "val loss" "$W/det300.0.log")"
+
+# the CPU runtime's knobs: an absurd value is one clear error, not a crash
+EMU_THREADS=100000 ./trainer_cpu "${SHORT[@]}" --out "$W/thr" >"$W/thr.log" 2>&1
+rc=$?
+check '[ $rc = 2 ] && grep -q "EMU_THREADS=100000 is out of range" "$W/thr.log"' \
+  "EMU_THREADS=100000: exit $rc, $(tail -n 1 "$W/thr.log")"
+EMU_STREAM_DELAY_US=abc ./trainer_cpu "${SHORT[@]}" --out "$W/dly" >"$W/dly.log" 2>&1
+rc=$?
+check '[ $rc = 2 ] && grep -q "EMU_STREAM_DELAY_US=abc" "$W/dly.log"' "EMU_STREAM_DELAY_US=abc: exit $rc, $(tail -n 1 "$W/dly.log")"
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
