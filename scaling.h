@@ -1,153 +1,344 @@
 // scaling.h: how well data-parallel training should scale, predicted on the host before any GPU runs.
 // Pure host C (no CUDA, no NCCL): `./trainer --plan-only --nodes N --gpus-per-node G --net-gbps X` prints
-// it, and `--grad-accum auto` uses it to pick the accumulation that hides the gradient all-reduce.
+// one table per communication mode, and `--grad-accum auto` uses it to pick the accumulation that hides the
+// communication.
 //
-// The model, per optimizer step of one GPU:
-//   compute   = accum x B x T x (model FLOPs per token) / (device peak x MFU)
-//   all-reduce of the gradients (numel x 4 bytes in fp32, x 2 in bf16), alpha-beta ring model:
-//     ring over p ranks, link bandwidth bw, latency alpha per ring step:
-//       t_ring(p) = 2 (p-1)/p x bytes / bw + 2 (p-1) x alpha
-//     (reduce-scatter then all-gather: each rank sends and receives 2 (p-1)/p of the buffer, in
-//     2 (p-1) steps). Two ways to run it on N nodes x G GPUs:
-//     hierarchical: reduce-scatter inside the node over NVLink, G rings of bytes/G across the N nodes at
-//       the same time (sharing the node's network link: bytes in all), all-gather inside the node:
-//         t = t_ring_nvlink(G) + 2 (N-1)/N x bytes / net + 2 (N-1) x alpha_net
-//     flat: one ring through all N x G ranks; its slowest links are the network ones:
-//         t = 2 (p-1)/p x bytes / (N > 1 ? net : nvlink) + 2 (p-1) x (N > 1 ? alpha_net : alpha_nvlink)
-//     The prediction takes the faster of the two (NCCL chooses its algorithm too).
-//   exposed   = max(all-reduce - 2/3 x one micro-batch's compute, all-reduce of the tail): the bucketed
-//               reduction overlaps the backward (about 2/3 of a micro-batch's FLOPs), only the last micro-batch
-//               of an accumulation communicates, and the tail (the embedding tables' gradients, final only
-//               after the backward's last kernel, and the vectors: biases, LayerNorm) is reduced after it;
-//   step      = compute + exposed;
-//   efficiency = (time per sample on 1 GPU) / (time per sample per GPU on N) = compute / step.
-// --grad-accum auto: the smallest accumulation whose exposed time is at most 5% of the step.
+// The model, per optimizer step of one GPU (P = N x G ranks; every bandwidth in Gbit/s one way):
+//   compute = accum x micro,  micro = B x T x (model FLOPs per token) / (device peak x MFU)
+//     (or --micro-ms, a measured micro-batch of the planner's B, scaled to the row's B)
+//   One collective of a buffer of `bytes` (NCCL's count x element size; for reduce-scatter and all-gather the
+//   whole buffer, for all-to-all a rank's whole send buffer) costs latency + the bytes on its slowest link:
+//     bytes a rank sends (NCCL's ring and all-to-all algorithms, the trainer's comm_bytes count):
+//       all-reduce 2 (P-1)/P x bytes; reduce-scatter, all-gather, all-to-all (P-1)/P x bytes
+//     ring (all-reduce, reduce-scatter, all-gather): NCCL's rings enter and leave each node once, so the node's
+//       network link carries what one rank sends:  t = lat_ring + sent / (net x link efficiency)
+//         lat_ring = base + (steps - net steps) x alpha_nvlink + net steps x alpha_net,
+//         steps = 2 (P-1) (all-reduce) or P-1, net steps = 2 (N-1) or N-1 (NCCL's tuning model, tuning.cc)
+//     tree (all-reduce only, N > 1): up and down NCCL's double binary tree, about 2 x bytes through the link
+//       at 90% of the ring's bandwidth (NCCL's tuning model):
+//         t = base + 2 ((G-1) alpha_nvlink + ceil(log2 N) alpha_net) + 2 bytes / (0.9 x net x link efficiency)
+//       an all-reduce costs the faster of the two (NCCL picks its algorithm per call from the same model);
+//     all-to-all (onebit): every rank's P-1 sends at once; the G ranks of a node send G (P-G)/P x bytes off it:
+//         t = base + alpha_net + G (P-G)/P x bytes / (net x link efficiency)
+//     In one node (N = 1) the same with NVLink's bandwidth and alpha, no link efficiency.
+//   Communication per mode (ScalingModeDesc: the lead adjusts a mode there):
+//     fp32, bf16: one all-reduce per gradient bucket (4 or 2 bytes per gradient), on one communication
+//       stream in launch order, each after the backward of the step's LAST micro-batch made its gradients:
+//       bucket i starts at max(its backward event, the end of bucket i-1). The backward is 2/3 of a
+//       micro-batch (4 of a weight's 6 FLOPs), its events at the share of its FLOPs done (the head, then
+//       layer by layer). --zero 1: a reduce-scatter per bucket instead (same overlap), then after the
+//       optimizer an all-gather of the bf16 weights per bucket, never overlapped.
+//     onebit (1-bit Adam, after --comm-warmup steps at fp32): after the backward of the last micro-batch,
+//       the compression (memory-bound: SCALING_ONEBIT_BYTES_PER_PARAM of device memory per parameter), then
+//       one all-to-all and one all-gather of the compressed momentum, each of P messages of C/8 bytes of signs
+//       + 4 bytes of scale per group of 256 (C = n/P rounded up to 256: compress.h's onebit_msg_bytes):
+//       nothing overlapped.
+//     every mode: the step's host sync, one all-reduce of a few floats (latency only).
+//   exposed = the communication still running when the last backward ends + what runs after it
+//   step = compute + exposed; efficiency = compute / step (time per sample on 1 GPU / per GPU on P).
+//   onebit's whole-run average: the warm-up share of the steps at fp32's step time, the rest at onebit's.
+// --grad-accum auto: the smallest accumulation whose exposed time is at most 5% of the step, capped so that
+// the global batch stays within --max-global-batch (default 65,536 sequences).
 #pragma once
 #include <math.h>
 #include <stdio.h>
 
 // The model FLOP utilisation mlm.c reaches on one GPU: paper-120m, T=512, B=571 (the planner's), 664,867
 // tokens/s = 40.4% of an H100 SXM's 989 TFLOP/s (`./trainer --bench --preset paper-120m,paper-350m`, code of
-// c3b3b7d, 2026-11-23; paper-350m: 46.0%). Assumed the same on an H100 NVL (835 TFLOP/s). --mfu overrides it
-// (e.g. with the mfu= that ./trainer --bench prints on the target GPU).
+// c3b3b7d, 2026-11-23; paper-350m: 46.0%). Assumed the same on an H100 NVL (835 TFLOP/s) and at smaller
+// micro-batches. --mfu overrides it (e.g. with the mfu= that ./trainer --bench prints on the target GPU).
 #define SCALING_MFU 0.404
 // NVLink between the two GPUs of an H100 NVL pair: 600 GB/s bidirectional over the NVLink bridge (NVIDIA's
-// H100 datasheet), 300 GB/s = 2400 Gbit/s each way. All bandwidths here are Gbit/s in one direction.
+// H100 datasheet), 300 GB/s = 2400 Gbit/s each way.
 #define SCALING_NVLINK_GBPS 2400.0
 #define SCALING_NET_GBPS 25.0  // the seed paper's cluster: 25 Gb Ethernet between nodes
-// Latency per ring step (alpha), assumed, not measured: NCCL's own tuning model charges a few microseconds
-// per step inside a node (5 us here); one step over TCP sockets on Ethernet costs a network round of about
-// 30 us (kernel network stack both ends, the switch).
-#define SCALING_ALPHA_NVLINK_S 5e-6
-#define SCALING_ALPHA_NET_S 30e-6
-#define SCALING_OVERLAP 0.6667       // the backward's share of a micro-batch's FLOPs (4 of 6 per weight)
-#define SCALING_EXPOSED_MAX 0.05     // --grad-accum auto: exposed all-reduce at most this share of a step
-#define SCALING_MAX_ACCUM (1 << 20)  // the largest --grad-accum
+// The share of the line rate NCCL's socket transport reaches on large messages over Ethernet (TCP): NCCL
+// issue #209 (NVIDIA/nccl): "not ... more than 60% of wire speed over 32Gpbs networks" in nccl-tests'
+// all_reduce_perf; issue #450: 4-6 GB/s bus bandwidth on 100 Gbit/s TCP (32-48%). --link-efficiency.
+#define SCALING_LINK_EFFICIENCY 0.6
+// Latencies. Per collective NCCL's base latency for its Simple protocol (8.4 us, tuning.cc's baseLat); per
+// step inside a node NCCL's NVLink ring hop (3.4 us, hwLat); per step over the network a TCP round: an 8-byte
+// nccl-tests broadcast between 2 nodes over NCCL's sockets took 38-46 us (NVIDIA/nccl-tests issue #82; NCCL's
+// own table has 9.6 us for InfiniBand). --alpha-us overrides the network one.
+#define SCALING_BASE_S 8.4e-6
+#define SCALING_ALPHA_NVLINK_S 3.4e-6
+#define SCALING_ALPHA_NET_S 40e-6
+#define SCALING_TREE_BW 0.9             // NCCL's tuning model: the tree all-reduce at 90% of the ring's bus bandwidth
+#define SCALING_OVERLAP 0.6667          // the backward's share of a micro-batch's FLOPs (4 of 6 per weight)
+#define SCALING_EXPOSED_MAX 0.05        // --grad-accum auto: exposed communication at most this share of a step
+#define SCALING_MAX_ACCUM (1 << 20)     // the largest --grad-accum
+#define SCALING_MAX_GLOBAL_BATCH 65536  // --max-global-batch default: sequences per step
+// onebit: the compression's device-memory traffic per parameter (read g, m, error; write m, error, the signs;
+// decompress and the server side: about 10 fp32 passes) at an H100 NVL's 3.9 TB/s (NVIDIA's datasheet)
+#define SCALING_ONEBIT_BYTES_PER_PARAM 40.0
+#define SCALING_HBM_GBS 3900.0
+#define SCALING_ONEBIT_WARMUP_SHARE 0.10  // --comm-warmup's default share of the steps run at fp32
+#define SCALING_ONEBIT_GROUP 256          // elements per fp32 scale (compress.h's ONEBIT_GROUP)
+#define SCALING_MAX_EVENTS 1024
+#define SCALING_MAX_BUCKETS 65536
+
+typedef enum { SCALING_ALLREDUCE, SCALING_REDUCE_SCATTER, SCALING_ALLGATHER, SCALING_ALLTOALL } ScalingColl;
 
 typedef struct {
     int nodes, gpus_per_node;
     double net_gbps, nvlink_gbps;        // Gbit/s one way: a node's network link; NVLink between two GPUs of a node
-    double alpha_net_s, alpha_nvlink_s;  // seconds per ring step
+    double link_efficiency;              // the share of net_gbps NCCL reaches on large messages
+    double alpha_net_s, alpha_nvlink_s;  // seconds per ring step over the network, inside a node
+    double base_s;                       // seconds per collective
 } ScalingCluster;
 
+// How a communication mode crosses the network (one per --comm mode; scaling_modes below).
 typedef struct {
-    double flops_per_token;   // model FLOPs per token (bert_flops_per_token(...).model)
-    double peak_tflops;       // the device's dense bf16 peak
-    double mfu;               // the share of the peak the training step reaches
-    double tokens_per_micro;  // B x T: one GPU's micro-batch
-    double grad_bytes;        // bytes all-reduced per step: numel x 4 (fp32) or x 2 (bf16)
-    double tail_bytes;        // of which the backward produces last: reduced after it ends, never overlapped
+    const char* name;
+    double grad_bytes;   // bytes per gradient element in each bucket's collective (0: not per bucket)
+    int overlapped;      // 1: the buckets are reduced while the last micro-batch's backward runs
+    int compressed;      // 1: 1-bit Adam: an all-to-all and an all-gather of n/8 bytes + 4 per chunk, after it
+    int warmup_as_fp32;  // 1: the first --comm-warmup steps run as fp32
+} ScalingModeDesc;
+
+enum { SCALING_FP32, SCALING_BF16, SCALING_ONEBIT, SCALING_NUM_MODES };
+static const ScalingModeDesc scaling_modes[SCALING_NUM_MODES] = {
+    {"fp32", 4, 1, 0, 0},
+    {"bf16", 2, 1, 0, 0},
+    {"onebit", 0, 0, 1, 1},
+};
+
+typedef struct {
+    double flops_per_token;  // model FLOPs per token (bert_flops_per_token(...).model)
+    double peak_tflops;      // the device's dense bf16 peak
+    double mfu;              // the share of the peak the training step reaches
+    double micro_s_at_B;     // > 0: one micro-batch of B measured (--micro-ms), instead of FLOPs / (peak x MFU)
+    int B, T;                // the largest micro-batch (sequences) and the sequence length
+    double params;           // gradient elements (the slab)
+    int zero;                // --zero 1: reduce-scatter + all-gather instead of all-reduce
+    double weight_bytes;     // bytes per weight in ZeRO-1's all-gather (the floatX weights: 2)
+    double sync_bytes;       // the step's host-sync all-reduce
+    int n_buckets;           // the gradient buckets in launch order (comm.h's grad_reduce_layout)
+    double* bucket_elems;    // (n_buckets) elements a bucket's collective covers (ZeRO-1: P x piece)
+    int* bucket_event;       // (n_buckets) the backward event it waits for
+    int n_events;            // bert_grad_ready_count
+    double event_frac[SCALING_MAX_EVENTS];  // the share of the backward done when event k is recorded
+    double warmup_share;                    // onebit: the share of the steps at fp32
 } ScalingWork;
 
 typedef struct {
-    int gpus, accum;
+    int gpus, accum, B;        // B: the micro-batch of this row (at most the planner's)
+    long long global_batch;    // gpus x accum x B sequences
     double micro_s;            // one micro-batch's forward + backward
     double compute_s;          // accum x micro_s
-    double flat_s, hier_s;     // the two all-reduce algorithms
-    double comm_s;             // the faster one
-    int hierarchical;          // 1: comm_s is the hierarchical one
-    double tail_s;             // the tail's all-reduce (same algorithm)
-    double exposed_s, step_s;  // after overlap; the whole step
+    double comm_s;             // every collective's time, added up
+    int collectives;           // collectives per step
+    double exposed_s, step_s;  // not hidden by the backward; the whole step
     double efficiency;         // compute_s / step_s
+    double run_efficiency;     // onebit: with the fp32 warm-up steps; else = efficiency
     double tokens_per_s;       // all GPUs together
+    double bytes_sent;         // bytes one rank sends per step
+    int capped;                // --grad-accum auto stopped by --max-global-batch short of its 5% target
 } ScalingPrediction;
 
 static inline ScalingCluster scaling_cluster_default(int nodes, int gpus_per_node) {
     ScalingCluster c;
     c.nodes = nodes, c.gpus_per_node = gpus_per_node;
     c.net_gbps = SCALING_NET_GBPS, c.nvlink_gbps = SCALING_NVLINK_GBPS;
+    c.link_efficiency = SCALING_LINK_EFFICIENCY;
     c.alpha_net_s = SCALING_ALPHA_NET_S, c.alpha_nvlink_s = SCALING_ALPHA_NVLINK_S;
+    c.base_s = SCALING_BASE_S;
     return c;
 }
 
-// t_ring(p) = 2 (p-1)/p x bytes / bw + 2 (p-1) x alpha; bw in Gbit/s. 0 for one rank.
-static inline double scaling_ring_s(double bytes, int p, double gbps, double alpha_s) {
+// scaling_sent: the bytes one rank sends in one collective of a `bytes` buffer over p ranks.
+static inline double scaling_sent(ScalingColl k, double bytes, int p) {
     if (p <= 1) return 0;
-    return 2.0 * (p - 1) / p * bytes / (gbps * 1e9 / 8) + 2.0 * (p - 1) * alpha_s;
+    return (k == SCALING_ALLREDUCE ? 2.0 : 1.0) * (p - 1) / p * bytes;
 }
 
-static inline double scaling_flat_s(const ScalingCluster* c, double bytes) {
-    int p = c->nodes * c->gpus_per_node;
-    if (c->nodes > 1) return scaling_ring_s(bytes, p, c->net_gbps, c->alpha_net_s);
-    return scaling_ring_s(bytes, p, c->nvlink_gbps, c->alpha_nvlink_s);
+static inline int scaling_log2_ceil(int n) {
+    int l = 0;
+    while ((1 << l) < n) l++;
+    return l;
 }
 
-static inline double scaling_hierarchical_s(const ScalingCluster* c, double bytes) {
-    return scaling_ring_s(bytes, c->gpus_per_node, c->nvlink_gbps, c->alpha_nvlink_s) +
-           scaling_ring_s(bytes, c->nodes, c->net_gbps, c->alpha_net_s);
+// scaling_coll_s: the time of one collective of a `bytes` buffer on cluster c (the model above).
+static inline double scaling_coll_s(const ScalingCluster* c, ScalingColl k, double bytes) {
+    int N = c->nodes, G = c->gpus_per_node, P = N * G;
+    if (P <= 1) return 0;
+    double sent = scaling_sent(k, bytes, P);
+    double net = c->net_gbps * 1e9 / 8 * c->link_efficiency, nvl = c->nvlink_gbps * 1e9 / 8;
+    if (N == 1) {  // inside one node: NVLink rings (all-to-all: every pair at once)
+        int steps = k == SCALING_ALLTOALL ? 1 : k == SCALING_ALLREDUCE ? 2 * (P - 1) : P - 1;
+        return c->base_s + steps * c->alpha_nvlink_s + sent / nvl;
+    }
+    if (k == SCALING_ALLTOALL) return c->base_s + c->alpha_net_s + (double)G * (P - G) / P * bytes / net;
+    int steps = k == SCALING_ALLREDUCE ? 2 * (P - 1) : P - 1, net_steps = k == SCALING_ALLREDUCE ? 2 * (N - 1) : N - 1;
+    double ring = c->base_s + (steps - net_steps) * c->alpha_nvlink_s + net_steps * c->alpha_net_s + sent / net;
+    if (k != SCALING_ALLREDUCE) return ring;
+    double tree = c->base_s + 2 * ((G - 1) * c->alpha_nvlink_s + scaling_log2_ceil(N) * c->alpha_net_s) +
+                  2 * bytes / (SCALING_TREE_BW * net);
+    return tree < ring ? tree : ring;
 }
 
-// scaling_predict: one step with `accum` micro-batches per GPU (accum 0: --grad-accum auto, the smallest
-// accumulation with exposed <= 5% of the step, i.e. accum >= exposed (1 - 5%) / (5% x micro)).
-static inline ScalingPrediction scaling_predict(const ScalingCluster* c, const ScalingWork* w, int accum) {
+// scaling_onebit_msg_bytes: one rank's compressed chunk of n parameters over P ranks: C = n/P rounded up to
+// SCALING_ONEBIT_GROUP elements, a sign bit each and one fp32 scale per group.
+static inline double scaling_onebit_msg_bytes(double n, int P) {
+    double C = ceil(ceil(n / P) / SCALING_ONEBIT_GROUP) * SCALING_ONEBIT_GROUP;
+    return C / 8 + 4 * C / SCALING_ONEBIT_GROUP;
+}
+
+// scaling_exposed: the communication of one step in mode m that the backward does not hide (seconds),
+// with the step's collectives (their count, summed time, bytes sent by a rank) in *p. micro_s: one micro-batch.
+static inline double scaling_exposed(const ScalingCluster* c, const ScalingWork* w, const ScalingModeDesc* m,
+                                     double micro_s, ScalingPrediction* p) {
+    int P = c->nodes * c->gpus_per_node;
+    p->comm_s = 0, p->collectives = 0, p->bytes_sent = 0;
+    if (P <= 1) return 0;
+#define SC_ADD(kind_, bytes_, t_)                                              \
+    (t_ = scaling_coll_s(c, kind_, bytes_), p->comm_s += t_, p->collectives++, \
+     p->bytes_sent += scaling_sent(kind_, bytes_, P), t_)  // the collective's time
+    double t, exposed = 0;
+    if (m->compressed) {
+        double bytes = P * scaling_onebit_msg_bytes(w->params, P);  // every rank's message
+        exposed += w->params * SCALING_ONEBIT_BYTES_PER_PARAM / (SCALING_HBM_GBS * 1e9);
+        exposed += SC_ADD(SCALING_ALLTOALL, bytes, t);
+        exposed += SC_ADD(SCALING_ALLGATHER, bytes, t);
+    } else {
+        // the buckets on the communication stream, timed from the start of the last backward
+        double bwd = SCALING_OVERLAP * micro_s, end = 0;
+        ScalingColl k = w->zero ? SCALING_REDUCE_SCATTER : SCALING_ALLREDUCE;
+        for (int i = 0; i < w->n_buckets; i++) {
+            double ready = m->overlapped ? w->event_frac[w->bucket_event[i]] * bwd : bwd;
+            double start = ready > end ? ready : end;
+            end = start + SC_ADD(k, w->bucket_elems[i] * m->grad_bytes, t);
+        }
+        exposed = end > bwd ? end - bwd : 0;
+        if (w->zero)  // after the optimizer: the weights, bucket by bucket
+            for (int i = 0; i < w->n_buckets; i++)
+                exposed += SC_ADD(SCALING_ALLGATHER, w->bucket_elems[i] * w->weight_bytes, t);
+    }
+    exposed += SC_ADD(SCALING_ALLREDUCE, w->sync_bytes, t);  // the step's host sync
+#undef SC_ADD
+    return exposed;
+}
+
+// scaling_predict: one step of mode m with `accum` micro-batches of B sequences per GPU (accum 0:
+// --grad-accum auto, the smallest accumulation with exposed <= 5% of the step, but at most
+// max_global / (GPUs x B), and at least 1).
+static inline ScalingPrediction scaling_predict(const ScalingCluster* c, const ScalingWork* w, const ScalingModeDesc* m,
+                                                int accum, int B, long long max_global) {
     ScalingPrediction p;
-    p.gpus = c->nodes * c->gpus_per_node;
-    p.micro_s = w->tokens_per_micro * w->flops_per_token / (w->peak_tflops * 1e12 * w->mfu);
-    p.flat_s = scaling_flat_s(c, w->grad_bytes);
-    p.hier_s = scaling_hierarchical_s(c, w->grad_bytes);
-    p.hierarchical = c->nodes > 1 && c->gpus_per_node > 1 && p.hier_s < p.flat_s;
-    p.comm_s = p.hierarchical ? p.hier_s : p.flat_s;
-    p.tail_s = p.hierarchical ? scaling_hierarchical_s(c, w->tail_bytes) : scaling_flat_s(c, w->tail_bytes);
-    double window = SCALING_OVERLAP * p.micro_s;
-    p.exposed_s = p.comm_s - window > p.tail_s ? p.comm_s - window : p.tail_s;
+    p.gpus = c->nodes * c->gpus_per_node, p.B = B, p.capped = 0;
+    p.micro_s = w->micro_s_at_B > 0 ? w->micro_s_at_B * B / w->B
+                                    : (double)B * w->T * w->flops_per_token / (w->peak_tflops * 1e12 * w->mfu);
+    p.exposed_s = scaling_exposed(c, w, m, p.micro_s, &p);  // independent of accum: only the last one overlaps
     if (accum <= 0) {
         double need = p.exposed_s * (1 - SCALING_EXPOSED_MAX) / (SCALING_EXPOSED_MAX * p.micro_s);
         accum = need <= 1 ? 1 : need >= SCALING_MAX_ACCUM ? SCALING_MAX_ACCUM : (int)ceil(need - 1e-9);
+        long long cap = max_global > 0 ? max_global / ((long long)p.gpus * B) : SCALING_MAX_ACCUM;
+        if (cap < 1) cap = 1;
+        if (accum > cap) accum = (int)cap, p.capped = 1;
     }
     p.accum = accum;
+    p.global_batch = (long long)p.gpus * accum * B;
     p.compute_s = accum * p.micro_s;
     p.step_s = p.compute_s + p.exposed_s;
     p.efficiency = p.compute_s / p.step_s;
-    p.tokens_per_s = p.gpus * accum * w->tokens_per_micro / p.step_s;
+    p.run_efficiency = p.efficiency;
+    if (m->warmup_as_fp32 && w->warmup_share > 0) {  // total compute / total time over the run
+        ScalingPrediction f;
+        double fp32_step = p.compute_s + scaling_exposed(c, w, &scaling_modes[SCALING_FP32], p.micro_s, &f);
+        p.run_efficiency = p.compute_s / (w->warmup_share * fp32_step + (1 - w->warmup_share) * p.step_s);
+    }
+    p.tokens_per_s = (double)p.global_batch * w->T / p.step_s;
     return p;
 }
 
-// scaling_print: the assumptions, then one row per node count 1, 2, 4, ... up to c->nodes (and c->nodes
-// itself), each with its own accumulation when accum is 0 (auto). B and T give the global batch.
-static inline void scaling_print(const ScalingCluster* c, const ScalingWork* w, int accum, int B, int T) {
+// scaling_row: the prediction for the cluster c in mode m: with global_batch > 0 the accumulation (and, when
+// one micro-batch of B would exceed it, the smaller micro-batch) that global batch implies on c's GPUs,
+// else accum (0: auto, capped by max_global; where one micro-batch of B on every GPU is already above
+// max_global, as --global-batch max_global). B 0 in the result: the global batch is smaller than the GPUs.
+static inline ScalingPrediction scaling_row(const ScalingCluster* c, const ScalingWork* w, const ScalingModeDesc* m,
+                                            int accum, long long global_batch, long long max_global) {
+    int gpus = c->nodes * c->gpus_per_node, B = w->B;
+    if (accum == 0 && global_batch <= 0 && max_global > 0 && (long long)gpus * B > max_global)
+        global_batch = max_global;  // auto, but one micro-batch is already above the cap: the cap's global batch
+    if (global_batch > 0) {
+        long long per_gpu = global_batch / gpus;
+        if (per_gpu < 1) {
+            ScalingPrediction none;
+            none.gpus = gpus, none.B = 0;
+            return none;
+        }
+        accum = (int)((per_gpu + B - 1) / B);
+        B = (int)(per_gpu / accum);
+    }
+    return scaling_predict(c, w, m, accum, B, max_global);
+}
+
+// scaling_print: for each mode, one table with a row per node count 1, 2, 4, ... up to c->nodes (and c->nodes
+// itself), then the line `scaling-result ...` of its last row.
+static inline void scaling_print(const ScalingCluster* c, const ScalingWork* w, int accum, long long global_batch,
+                                 long long max_global, const char* preset) {
+    int P = c->nodes * c->gpus_per_node;
+    char speed[96];
+    if (w->micro_s_at_B > 0)
+        snprintf(speed, sizeof speed, "a micro-batch of B=%d in %.1f ms (--micro-ms)", w->B, 1e3 * w->micro_s_at_B);
+    else
+        snprintf(speed, sizeof speed, "%.0f TFLOP/s peak x MFU %.1f%%", w->peak_tflops, 100 * w->mfu);
+    printf("scaling prediction: %s, %.3g model FLOPs/token, %.0f gradients in %d buckets%s\n", speed,
+           w->flops_per_token, w->params, w->n_buckets,
+           w->zero ? " (ZeRO-1: reduce-scatter, then an all-gather of the weights)" : "");
     printf(
-        "scaling prediction: %.0f TFLOP/s peak x MFU %.1f%%, %.3g model FLOPs/token, gradients %.1f MB per "
-        "all-reduce\n",
-        w->peak_tflops, 100 * w->mfu, w->flops_per_token, w->grad_bytes / 1e6);
-    printf(
-        "  network %g Gbit/s per node (alpha %g us), NVLink %g Gbit/s (alpha %g us); exposed = the larger of "
-        "all-reduce - 2/3 of a micro-batch and the all-reduce of the last %.1f MB (embeddings, vectors)\n",
-        c->net_gbps, c->alpha_net_s * 1e6, c->nvlink_gbps, c->alpha_nvlink_s * 1e6, w->tail_bytes / 1e6);
-    printf(
-        "| nodes | GPUs | accum | global batch (seqs) | tokens/step | compute ms | all-reduce ms | exposed ms | "
-        "step ms | efficiency | tokens/s |\n");
-    printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-    for (int n = 1;; n = n * 2 > c->nodes && n < c->nodes ? c->nodes : n * 2) {
-        ScalingCluster ci = *c;
-        ci.nodes = n;
-        ScalingPrediction p = scaling_predict(&ci, w, accum);
-        long long seqs = (long long)p.gpus * p.accum * B;
-        printf("| %d | %d | %d | %lld | %.3g | %.1f | %.1f %s | %.1f | %.1f | %.1f%% | %.3g |\n", n, p.gpus, p.accum,
-               seqs, (double)seqs * T, p.compute_s * 1e3, p.comm_s * 1e3,
-               p.gpus == 1      ? ""
-               : p.hierarchical ? "(hier.)"
-                                : "(flat)",
-               p.exposed_s * 1e3, p.step_s * 1e3, 100 * p.efficiency, p.tokens_per_s);
-        if (n >= c->nodes) break;
+        "  network %g Gbit/s per node x link efficiency %.2f, %g us per network step, %g us per NVLink step "
+        "(%g Gbit/s), %g us per collective\n",
+        c->net_gbps, c->link_efficiency, c->alpha_net_s * 1e6, c->alpha_nvlink_s * 1e6, c->nvlink_gbps,
+        c->base_s * 1e6);
+    printf("  %s\n", global_batch > 0
+                         ? "global batch fixed (--global-batch): B shrinks where one micro-batch exceeds it"
+                     : accum == 0 ? "--grad-accum auto: exposed <= 5% of the step, within --max-global-batch"
+                                  : "fixed --grad-accum");
+    for (int mi = 0; mi < SCALING_NUM_MODES; mi++) {
+        const ScalingModeDesc* m = &scaling_modes[mi];
+        printf("\n--comm %s: %s\n", m->name,
+               m->compressed ? "1-bit Adam: all-to-all + all-gather of the signs after the backward, not overlapped"
+               : w->zero     ? "reduce-scatter per bucket during the last backward, weight all-gather after the step"
+                             : "all-reduce per bucket during the last backward");
+        printf(
+            "| nodes | GPUs | B | accum | global batch (seqs) | compute ms | collectives | comm ms | exposed ms | "
+            "step ms | efficiency |%s MB sent/GPU | tokens/s |\n",
+            m->warmup_as_fp32 ? " with warm-up |" : "");
+        printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |%s ---: | ---: |\n",
+               m->warmup_as_fp32 ? " ---: |" : "");
+        ScalingPrediction last;
+        last.B = 0;
+        for (int n = 1;; n = n * 2 > c->nodes && n < c->nodes ? c->nodes : n * 2) {
+            ScalingCluster ci = *c;
+            ci.nodes = n;
+            ScalingPrediction p = scaling_row(&ci, w, m, accum, global_batch, max_global);
+            p.capped |= accum == 0 && global_batch <= 0 && max_global > 0 && (long long)p.gpus * w->B > max_global;
+            if (p.B == 0) {
+                printf("| %d | %d | - | - | (below one sequence per GPU) | | | | | | |%s | |\n", n, p.gpus,
+                       m->warmup_as_fp32 ? " |" : "");
+            } else {
+                char run[32] = "";
+                if (m->warmup_as_fp32) snprintf(run, sizeof run, " %.1f%% |", 100 * p.run_efficiency);
+                printf("| %d | %d | %d | %d%s | %lld | %.1f | %d | %.1f | %.1f | %.1f | %.1f%% |%s %.2f | %.3g |\n", n,
+                       p.gpus, p.B, p.accum, p.capped ? " (cap)" : "", p.global_batch, p.compute_s * 1e3, p.collectives,
+                       p.comm_s * 1e3, p.exposed_s * 1e3, p.step_s * 1e3, 100 * p.efficiency, run, p.bytes_sent / 1e6,
+                       p.tokens_per_s);
+            }
+            last = p;
+            if (n >= c->nodes) break;
+        }
+        if (m->warmup_as_fp32 && last.B)
+            printf("%s at %d GPUs: %.1f%% after the warm-up, %.1f%% over the whole run (%.0f%% of the steps at fp32)\n",
+                   m->name, P, 100 * last.efficiency, 100 * last.run_efficiency, 100 * w->warmup_share);
+        if (accum == 0 && global_batch <= 0 && last.B && last.capped)
+            printf(
+                "%s at %d GPUs: --max-global-batch %lld keeps --grad-accum auto at %d micro-batch(es) of B=%d, short "
+                "of its 5%% target\n",
+                m->name, P, max_global, last.accum, last.B);
+        printf(
+            "scaling-result preset=%s nodes=%d gpus=%d global_batch=%lld comm=%s efficiency=%.4f bytes_per_step=%.0f\n",
+            preset, c->nodes, P, last.B ? last.global_batch : 0, m->name, last.B ? last.efficiency : 0,
+            last.B ? last.bytes_sent : 0);
     }
 }

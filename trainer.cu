@@ -49,6 +49,10 @@ typedef struct {
     const char* device;                // the device the prediction is for (default: this one)
     float device_mem;                  // GB of device memory for --plan-only's planner (0: this device's)
     float bucket_mb;                   // gradient bucket size (MB of fp32 gradients)
+    float link_efficiency, alpha_us;   // the share of --net-gbps NCCL reaches; microseconds per network step
+    float micro_ms;                    // --micro-ms: a measured micro-batch (ms) instead of FLOPs / (peak x MFU)
+    long long global_batch;            // --global-batch S: sequences per step (0: from --grad-accum)
+    long long max_global_batch;        // --max-global-batch S: --grad-accum auto's cap
     int grad_reduce_bf16, zero;        // --grad-reduce bf16; --zero 1 (ZeRO-1)
     long long tokens;                  // --tokens N: about N real tokens, as steps (resolve_run_length)
     double epochs;                     // --epochs E: E passes over the training shards, as steps
@@ -116,6 +120,12 @@ static void usage(void) {
         "                      node (default 2400: H100 NVL's NVLink bridge, 300 GB/s each way)\n"
         "  --mfu X             share of the device's bf16 peak a step reaches (default 0.404: paper-120m on\n"
         "                      an H100; ./trainer --bench prints it as mfu=)\n"
+        "  --link-efficiency X share of --net-gbps NCCL reaches on large messages (default 0.6: NCCL over TCP)\n"
+        "  --alpha-us X        latency of one network step of a collective, microseconds (default 40: TCP)\n"
+        "  --micro-ms X        predict from a measured micro-batch (forward + backward of B, ms) instead of MFU\n"
+        "  --global-batch S    sequences per optimizer step over all GPUs: the accumulation S / (GPUs x B)\n"
+        "                      (--plan-only: per node count, with a smaller B where one micro-batch exceeds S)\n"
+        "  --max-global-batch S  the largest global batch --grad-accum auto may choose (default 65536)\n"
         "  --device NAME       predict for this device (e.g. \"NVIDIA H100 NVL\") instead of this one\n"
         "  --device-mem GB     with --plan-only: plan for this much device memory instead of this one's\n"
         "  --bucket-mb X       gradients are reduced over GPUs in buckets of X MB (fp32; default 25), each as\n"
@@ -269,6 +279,9 @@ static Options parse_options(int argc, char** argv) {
     o.keep = 2, o.max_bad_steps = 3, o.ckpt_minutes = 30;
     o.bootstrap = "tcp", o.nccl_timeout = (float)COMM_DEFAULT_TIMEOUT_S;
     o.bucket_mb = 25;
+    o.max_global_batch = SCALING_MAX_GLOBAL_BATCH;
+    o.alpha_us = -1;  // the default
+    int accum_given = 0;
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
         if (!strcmp(a, "--resume")) {
@@ -319,7 +332,7 @@ static Options parse_options(int argc, char** argv) {
         else if (!strcmp(a, "--batch"))
             o.B = (int)parse_int(a, v, 0, 1 << 20);
         else if (!strcmp(a, "--grad-accum"))
-            o.grad_accum = !strcmp(v, "auto") ? 0 : (int)parse_int(a, v, 1, SCALING_MAX_ACCUM);
+            o.grad_accum = !strcmp(v, "auto") ? 0 : (int)parse_int(a, v, 1, SCALING_MAX_ACCUM), accum_given = 1;
         else if (!strcmp(a, "--nodes"))
             o.nodes = (int)parse_int(a, v, 1, 1 << 16);
         else if (!strcmp(a, "--gpus-per-node"))
@@ -330,6 +343,16 @@ static Options parse_options(int argc, char** argv) {
             o.nvlink_gbps = parse_float(a, v, 1e-3, 1e6);
         else if (!strcmp(a, "--mfu"))
             o.mfu = parse_float(a, v, 1e-4, 1);
+        else if (!strcmp(a, "--link-efficiency"))
+            o.link_efficiency = parse_float(a, v, 1e-3, 1);
+        else if (!strcmp(a, "--alpha-us"))
+            o.alpha_us = parse_float(a, v, 0, 1e7);
+        else if (!strcmp(a, "--micro-ms"))
+            o.micro_ms = parse_float(a, v, 1e-6, 1e9);
+        else if (!strcmp(a, "--global-batch"))
+            o.global_batch = parse_int(a, v, 1, 1LL << 40);
+        else if (!strcmp(a, "--max-global-batch"))
+            o.max_global_batch = parse_int(a, v, 1, 1LL << 40);
         else if (!strcmp(a, "--device"))
             o.device = v;
         else if (!strcmp(a, "--device-mem"))
@@ -402,6 +425,14 @@ static Options parse_options(int argc, char** argv) {
     if (!o.preset) o.preset = o.bench ? "bert-base,bert-large" : "bert-base";
     if (o.device_mem > 0 && !o.plan_only) {
         fprintf(stderr, "trainer: --device-mem: only with --plan-only (a real run plans for its device)\n");
+        exit(1);
+    }
+    if (o.global_batch && accum_given) {
+        fprintf(stderr, "trainer: --global-batch and --grad-accum are alternatives: give one of them\n");
+        exit(1);
+    }
+    if (o.global_batch && o.bench) {
+        fprintf(stderr, "trainer: --global-batch: not with --bench; give --grad-accum\n");
         exit(1);
     }
     if (o.bench && o.grad_accum == 0) {
@@ -2286,6 +2317,8 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
         comm_flag_int("--tokens", o->tokens),
         comm_flag_real("--epochs", o->epochs),
         comm_flag_int("--stage-dir (1: given)", o->stage_dir != NULL),
+        comm_flag_int("--global-batch", o->global_batch),
+        comm_flag_int("--max-global-batch", o->max_global_batch),
         comm_flag_int("the floating-point type of the weights (bytes; the build)", (int64_t)sizeof(floatX)),
         comm_flag_int("the model's layers (--preset, --init-from)", cfg->layers),
         comm_flag_int("the model's hidden size (--preset, --init-from)", cfg->hidden),
@@ -2325,64 +2358,140 @@ static void agree_on_position(Comm* comm, const BertModel* m, const DataLoader* 
         }
 }
 
-// predict_scaling: --plan-only prints the scaling table (scaling.h) for --nodes x --gpus-per-node;
-// --grad-accum auto becomes the accumulation it predicts for this job's layout (SLURM_NNODES nodes, the ranks
-// spread over them) on `device`. 0 (with the reason) when auto cannot be resolved.
+// scaling_work: what scaling.h needs of the model, the micro-batch and the flags: FLOPs, the gradient buckets
+// that comm.h's grad_reduce_layout makes for `world` ranks (their collectives' sizes and the backward events
+// they wait for) and where in the backward each event falls (its share of the backward's FLOPs: the head,
+// then one layer after another). Free with scaling_work_free.
+static ScalingWork scaling_work(const Options* o, const BertConfig* cfg, const Plan* plan, int world,
+                                const char* device) {
+    ScalingWork w;
+    memset(&w, 0, sizeof w);
+    BertFlops f = bert_flops_per_token(cfg, plan->T, 0.15);
+    w.flops_per_token = f.model;
+    w.peak_tflops = device_peak_tflops(device);
+    w.mfu = o->mfu > 0 ? o->mfu : SCALING_MFU;
+    w.micro_s_at_B = o->micro_ms * 1e-3;
+    if (w.micro_s_at_B > 0 && w.peak_tflops <= 0) w.peak_tflops = 1;  // no peak needed
+    w.B = plan->B, w.T = plan->T;
+    w.zero = o->zero && world > 1;
+    w.weight_bytes = sizeof(floatX);
+    w.sync_bytes = 8 * sizeof(float);  // the step's host sync: a handful of floats (S_STEP_N)
+    w.warmup_share = SCALING_ONEBIT_WARMUP_SHARE;
+    BertParams params;
+    bert_params_build(&params, cfg);
+    w.params = (double)params.numel;
+    w.n_events = bert_grad_ready_count(&params);
+    double head = f.head / f.model;
+    for (int k = 0; k < w.n_events && k < SCALING_MAX_EVENTS; k++)
+        w.event_frac[k] = k == 0 ? head : k > cfg->layers ? 1 : head + (1 - head) * k / cfg->layers;
+    bert_params_free(&params);
+    Comm fake;  // only its world size matters to the layout
+    memset(&fake, 0, sizeof fake);
+    fake.world = world;
+    GradReduce g;
+    grad_reduce_setup(&g, cfg, &fake, o);
+    w.n_buckets = g.n;
+    w.bucket_elems = (double*)malloc(g.n * sizeof(double));
+    w.bucket_event = (int*)malloc(g.n * sizeof(int));
+    if (!w.bucket_elems || !w.bucket_event) {
+        fprintf(stderr, "trainer: out of host memory for the scaling prediction\n");
+        exit(1);
+    }
+    for (int i = 0; i < g.n; i++)
+        w.bucket_elems[i] = (double)(g.zero ? (size_t)world * g.b[i].piece : g.b[i].n),
+        w.bucket_event[i] = g.b[i].event;
+    free(g.b);
+    return w;
+}
+static void scaling_work_free(ScalingWork* w) {
+    free(w->bucket_elems);
+    free(w->bucket_event);
+}
+
+// scaling_mode_of: the scaling.h mode this run communicates in (--grad-reduce; onebit when --comm lands).
+static const ScalingModeDesc* scaling_mode_of(const Options* o) {
+    return &scaling_modes[o->grad_reduce_bf16 ? SCALING_BF16 : SCALING_FP32];
+}
+
+// predict_scaling: --plan-only prints the scaling tables (scaling.h) for --nodes x --gpus-per-node, one per
+// communication mode; in a run, --grad-accum auto and --global-batch become the accumulation they imply for
+// this job's layout (SLURM_NNODES nodes, the ranks spread over them) on `device`. 0 (with the reason) when
+// that cannot be resolved.
 static int predict_scaling(Options* o, const BertConfig* cfg, const Plan* plan, const Comm* comm, const char* device) {
     const char* env_nodes = getenv("SLURM_NNODES");
     int nodes = o->nodes ? o->nodes : o->plan_only ? 1 : env_nodes && atoi(env_nodes) > 0 ? atoi(env_nodes) : 1;
     int world = o->plan_only ? nodes * (o->gpus_per_node ? o->gpus_per_node : 1) : comm->world;
+    if (o->global_batch && !o->plan_only) {  // the accumulation a global batch implies: world x accum x B
+        long long per_step = (long long)world * plan->B;
+        if (o->global_batch % per_step) {
+            int b = plan->B;  // the largest micro-batch that divides it, to suggest
+            while (b > 1 && o->global_batch % ((long long)world * b)) b--;
+            if (comm->rank == 0) {
+                if (o->global_batch % world)
+                    fprintf(stderr, "trainer: --global-batch %lld: not a multiple of the %d GPU(s)\n", o->global_batch,
+                            world);
+                else
+                    fprintf(stderr,
+                            "trainer: --global-batch %lld: not a multiple of %d GPU(s) x B=%d = %lld sequences; "
+                            "--batch %d divides it\n",
+                            o->global_batch, world, plan->B, per_step, b);
+            }
+            return 0;
+        }
+        o->grad_accum = (int)(o->global_batch / per_step);
+        if (comm->rank == 0)
+            printf("--global-batch %lld: %d micro-batch(es) of B=%d on each of %d GPU(s)\n", o->global_batch,
+                   o->grad_accum, plan->B, world);
+    }
     ScalingCluster c =
         scaling_cluster_default(nodes, o->gpus_per_node ? o->gpus_per_node : (world + nodes - 1) / nodes);
     if (o->net_gbps > 0) c.net_gbps = o->net_gbps;
     if (o->nvlink_gbps > 0) c.nvlink_gbps = o->nvlink_gbps;
-    BertParams params;
-    bert_params_build(&params, cfg);
-    ScalingWork w;
-    w.flops_per_token = bert_flops_per_token(cfg, plan->T, 0.15).model;
-    w.peak_tflops = device_peak_tflops(device);
-    w.mfu = o->mfu > 0 ? o->mfu : SCALING_MFU;
-    w.tokens_per_micro = (double)plan->B * plan->T;
-    w.grad_bytes =
-        (double)bert_param_count(&params) * (o->grad_reduce_bf16 ? 2 : 4);  // an all-reduce of every gradient
-    // The tail, reduced after the backward ends: the embeddings (the word embeddings' gradient is final only
-    // after the embedding backward, the backward's last kernel) and every vector (biases, LayerNorm).
-    w.tail_bytes = 0;
-    for (int i = 0; i < params.n; i++)
-        if (params.t[i].rank == 1 || !strncmp(params.t[i].name, "bert.embeddings.", 16))
-            w.tail_bytes += params.t[i].numel * (o->grad_reduce_bf16 ? 2 : 4);
-    bert_params_free(&params);
+    if (o->link_efficiency > 0) c.link_efficiency = o->link_efficiency;
+    if (o->alpha_us >= 0) c.alpha_net_s = o->alpha_us * 1e-6;
+    ScalingWork w = scaling_work(o, cfg, plan, world, device);
+    int ok = 1;
     if (w.peak_tflops <= 0) {
         if (o->grad_accum == 0) {
             fprintf(stderr,
                     "trainer: --grad-accum auto: the bf16 peak of device \"%s\" is unknown; name a known one with "
                     "--device or give a number\n",
                     device);
-            return 0;
-        }
-        if (o->plan_only && comm->rank == 0)
+            ok = 0;
+        } else if (o->plan_only && comm->rank == 0) {
             printf(
                 "scaling prediction: the bf16 peak of device \"%s\" is unknown; --device NAME predicts for "
                 "a known one\n",
                 device);
-        return 1;
-    }
-    if (o->plan_only) {
-        if (comm->rank == 0) scaling_print(&c, &w, o->grad_accum, plan->B, plan->T);
-        return 1;
-    }
-    if (o->grad_accum == 0) {
-        ScalingPrediction p = scaling_predict(&c, &w, 0);
-        o->grad_accum = p.accum;
+        }
+    } else if (o->plan_only) {
         if (comm->rank == 0)
+            scaling_print(&c, &w, o->grad_accum, o->global_batch, o->max_global_batch,
+                          o->init_from ? o->init_from : o->preset);
+    } else if (o->grad_accum == 0) {
+        ScalingPrediction p = scaling_predict(&c, &w, scaling_mode_of(o), 0, plan->B, o->max_global_batch);
+        o->grad_accum = p.accum;
+        if (comm->rank == 0) {
             printf(
-                "--grad-accum auto: %d (%d node(s) x %d GPU(s) of %s: all-reduce %.1f ms, %.1f ms exposed of a "
-                "%.1f ms step, predicted efficiency %.1f%%); global batch %lld sequences, %.4g tokens\n",
-                p.accum, c.nodes, c.gpus_per_node, device, p.comm_s * 1e3, p.exposed_s * 1e3, p.step_s * 1e3,
-                100 * p.efficiency, (long long)comm->world * p.accum * plan->B,
+                "--grad-accum auto: %d (%d node(s) x %d GPU(s) of %s, --comm %s: %d collectives, %.1f ms, %.1f ms "
+                "exposed of a %.1f ms step, predicted efficiency %.1f%%); global batch %lld sequences, %.4g tokens\n",
+                p.accum, c.nodes, c.gpus_per_node, device, scaling_mode_of(o)->name, p.collectives, p.comm_s * 1e3,
+                p.exposed_s * 1e3, p.step_s * 1e3, 100 * p.efficiency, (long long)comm->world * p.accum * plan->B,
                 (double)comm->world * p.accum * plan->B * plan->T);
+            if ((long long)comm->world * plan->B > o->max_global_batch)
+                printf(
+                    "--grad-accum auto: one micro-batch of B=%d on %d GPU(s) is already above --max-global-batch "
+                    "%lld; a smaller --batch or --global-batch keeps it\n",
+                    plan->B, comm->world, o->max_global_batch);
+            else if (p.capped)
+                printf(
+                    "--grad-accum auto: --max-global-batch %lld keeps it at %d micro-batch(es), short of its target "
+                    "(exposed communication at most %.0f%% of the step)\n",
+                    o->max_global_batch, p.accum, 100 * SCALING_EXPOSED_MAX);
+        }
     }
-    return 1;
+    scaling_work_free(&w);
+    return ok;
 }
 
 // ----------------------------------------------------------------------------
@@ -2772,7 +2881,8 @@ int main(int argc, char** argv) {
         return argc < 2 ? 1 : 0;
     }
     double t_start = now_s();
-    Comm comm = comm_from_env();  // rank, world, local rank: srun, torchrun-style variables, or one process
+    setvbuf(stdout, NULL, _IOLBF, 0);  // every line as it is printed: start-up lines show at once under srun
+    Comm comm = comm_from_env();       // rank, world, local rank: srun, torchrun-style variables, or one process
     cudaDeviceProp prop;
     size_t free_bytes, total_bytes;
     use_device(&comm, &prop, &free_bytes, &total_bytes);

@@ -61,6 +61,8 @@
 //                         0 or less: no timeout, dead peers are still noticed within ~10 ms)
 //   NCCL_EMU_CHUNK_BYTES  bytes of one rank's buffer (default 4 MiB; the rank that creates the
 //                         segment decides, the others read it from the header)
+//   NCCL_EMU_GBPS         an emulated network: every collective takes at least NCCL_EMU_LATENCY_US
+//   NCCL_EMU_LATENCY_US   + the bytes a rank sends / NCCL_EMU_GBPS Gbit/s ("Emulated network" below)
 //   NCCL_DEBUG            WARN, INFO or TRACE: print every error to stderr
 #include <nccl.h>
 
@@ -747,6 +749,66 @@ static ncclResult_t begin_op(ncclComm* c, const Call* k) {
     return ncclSuccess;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Emulated network: NCCL_EMU_GBPS (Gbit/s one way per rank) and NCCL_EMU_LATENCY_US (per collective) make
+// every collective of more than one rank take at least
+//     latency + bytes this rank sends / bandwidth
+// from the moment all ranks are in it (after begin_op), by the byte model of NCCL's ring algorithms that
+// scaling.h and the trainer's comm_bytes use: AllReduce 2 (P-1)/P x bytes, ReduceScatter and AllGather
+// (P-1)/P x the whole buffer, Broadcast and Reduce the buffer once. The rank waits inside the collective,
+// as a rank whose data is still on the wire would; with the trainer's communication stream running
+// asynchronously that time overlaps the backward, as on a real network. Unset (or 0): no throttle.
+
+static double emu_gbps = -1, emu_latency_s;  // -1: not read yet; 0: no throttle
+
+static double emu_env_number(const char* name) {
+    const char* s = getenv(name);
+    if (!s || !*s) return 0;
+    char* end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= 0) || v > 1e9) {
+        fprintf(stderr, "cpu nccl: %s=%s: expected a number >= 0 (%s)\n", name, s,
+                !strcmp(name, "NCCL_EMU_GBPS") ? "Gbit/s one way; 0 or unset: no throttle" : "microseconds");
+        exit(1);  // 1: bad input (2 is the trainer's divergence code)
+    }
+    return v;
+}
+
+static void emu_read_env(void) {
+    if (emu_gbps >= 0) return;
+    emu_latency_s = emu_env_number("NCCL_EMU_LATENCY_US") * 1e-6;
+    emu_gbps = emu_env_number("NCCL_EMU_GBPS");
+}
+
+// emu_bytes_sent: what one rank sends in call k (the model above).
+static double emu_bytes_sent(const ncclComm* c, const Call* k) {
+    double P = c->nranks, bytes = (double)k->count * (double)dtype_size(k->dtype);
+    switch (k->kind) {
+        case OP_ALLREDUCE:
+            return 2 * (P - 1) / P * bytes;
+        case OP_ALLGATHER:
+        case OP_REDUCESCATTER:
+            return (P - 1) * bytes;  // (P-1)/P of the P x count elements of the whole buffer
+        default:
+            return bytes;
+    }
+}
+
+// emu_network_wait: returns once call k, started at t0, has taken the emulated network's time (at once
+// without a throttle or with one rank). Waits in slices, so ncclCommAbort stops it.
+static ncclResult_t emu_network_wait(ncclComm* c, const Call* k, double t0) {
+    if (emu_gbps <= 0 && emu_latency_s <= 0) return ncclSuccess;
+    if (c->nranks < 2) return ncclSuccess;
+    double end = t0 + emu_latency_s + (emu_gbps > 0 ? emu_bytes_sent(c, k) * 8 / (emu_gbps * 1e9) : 0);
+    for (double t = now_s(); t < end; t = now_s()) {
+        if (LOAD(&c->aborting))
+            return comm_fail(c, ncclSystemError, "rank %d: communicator aborted (ncclCommAbort) during %s", c->rank,
+                             c->cur_op);
+        sleep_s(end - t < CHECK_INTERVAL_S ? end - t : CHECK_INTERVAL_S);
+    }
+    return ncclSuccess;
+}
+
 static ncclResult_t run_call(const Call* k) {
     ncclComm* c = k->comm;
     __atomic_fetch_add(&c->busy, 1, __ATOMIC_SEQ_CST);
@@ -759,6 +821,7 @@ static ncclResult_t run_call(const Call* k) {
         memcpy(tls_last_error, c->last_error, sizeof tls_last_error);  // the communicator failed before
     } else {
         r = begin_op(c, k);
+        double t0 = now_s();  // every rank is in the collective: the emulated network's clock starts
         if (r == ncclSuccess) {
             switch (k->kind) {
                 case OP_ALLREDUCE:
@@ -776,6 +839,7 @@ static ncclResult_t run_call(const Call* k) {
                     break;
             }
         }
+        if (r == ncclSuccess) r = emu_network_wait(c, k, t0);
     }
     __atomic_fetch_sub(&c->busy, 1, __ATOMIC_SEQ_CST);
     return r;
@@ -1151,6 +1215,7 @@ static ncclResult_t comm_new(int nranks, ncclUniqueId commId, int rank, const ch
     c->id = id;
     c->blocking = 1;
     c->timeout_s = env_timeout_s();
+    emu_read_env();  // a bad NCCL_EMU_GBPS or NCCL_EMU_LATENCY_US stops the process here, saying why
     c->my_pid = getpid();
     c->my_ns = my_pid_namespace();
     c->cur_op = "ncclCommInitRank";

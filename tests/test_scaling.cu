@@ -1,9 +1,12 @@
 // test_scaling.cu: the scaling predictor (scaling.h) against values computed by hand from its formulas.
-//   - ring all-reduce: 2 (p-1)/p x bytes / bw + 2 (p-1) alpha; nothing for one rank
-//   - hierarchical (NVLink ring in the node + network ring across nodes) and flat (one ring, network links)
-//   - compute per micro-batch, the exposed all-reduce after overlap with 2/3 of a micro-batch, the tail
-//     (embedding gradients) that is never overlapped, step time, efficiency, tokens/s
-//   - --grad-accum auto: the smallest accumulation with exposed <= 5% of the step (and one less is not)
+//   - bytes a rank sends: all-reduce 2 (P-1)/P, reduce-scatter / all-gather / all-to-all (P-1)/P; 0 on one rank
+//   - one collective: ring (latency per NVLink and network step), tree (log2 N network steps, 2 x bytes at 90%),
+//     all-reduce the faster of the two, all-to-all (G (P-G)/P of the buffer through a node's link), one node
+//   - the step: the buckets on one communication stream after their backward events (queueing behind each
+//     other), exposed = what runs past the backward; ZeRO-1's all-gather after it; onebit's compression,
+//     all-to-all and all-gather after it; the host sync; the bytes a rank sends
+//   - --grad-accum auto (the smallest accumulation with exposed <= 5%) and --max-global-batch's cap;
+//     --global-batch's accumulation and smaller micro-batch; onebit's whole-run average with fp32 warm-up
 // Pure host code: no device is touched.
 #include "../scaling.h"
 #include "testing.h"
@@ -11,69 +14,134 @@
 static int near(double got, double want) { return fabs(got - want) <= 1e-9 + 1e-9 * fabs(want); }
 
 int main(void) {
-    // bandwidths in Gbit/s: 8 Gbit/s = 1e9 bytes/s, 80 Gbit/s = 1e10 bytes/s
-    CHECK(near(scaling_ring_s(1e9, 4, 8, 1e-5), 1.5 + 6e-5), "ring p=4: %.9f, want 1.50006",
-          scaling_ring_s(1e9, 4, 8, 1e-5));
-    CHECK(scaling_ring_s(1e9, 1, 8, 1e-5) == 0, "ring p=1 costs nothing");
-    CHECK(near(scaling_ring_s(1e9, 2, 80, 1e-6), 0.1 + 2e-6), "ring p=2: %.9f, want 0.100002",
-          scaling_ring_s(1e9, 2, 80, 1e-6));
+    // 1. bytes a rank sends
+    CHECK(near(scaling_sent(SCALING_ALLREDUCE, 1e9, 8), 1.75e9), "all-reduce sends 2 x 7/8");
+    CHECK(near(scaling_sent(SCALING_REDUCE_SCATTER, 1e9, 8), 0.875e9), "reduce-scatter sends 7/8");
+    CHECK(near(scaling_sent(SCALING_ALLGATHER, 1e9, 4), 0.75e9), "all-gather sends 3/4");
+    CHECK(near(scaling_sent(SCALING_ALLTOALL, 1e9, 2), 0.5e9), "all-to-all sends 1/2");
+    CHECK(scaling_sent(SCALING_ALLREDUCE, 1e9, 1) == 0, "one rank sends nothing");
 
-    ScalingCluster c = scaling_cluster_default(4, 2);
-    CHECK(c.net_gbps == 25 && c.nvlink_gbps == 2400 && c.alpha_net_s == 30e-6 && c.alpha_nvlink_s == 5e-6,
-          "defaults: net %g, nvlink %g, alphas %g %g", c.net_gbps, c.nvlink_gbps, c.alpha_net_s, c.alpha_nvlink_s);
-    c.net_gbps = 8, c.nvlink_gbps = 80, c.alpha_net_s = 1e-5, c.alpha_nvlink_s = 1e-6;
-    // hierarchical: NVLink ring of 2 (1 x 0.1 s + 2 us) + network ring of 4 nodes (1.5 s + 60 us)
-    CHECK(near(scaling_hierarchical_s(&c, 1e9), 0.100002 + 1.50006), "hierarchical: %.9f, want 1.600062",
-          scaling_hierarchical_s(&c, 1e9));
-    // flat: one ring of 8 over the network links: 2 x 7/8 x 1 s + 14 x 10 us
-    CHECK(near(scaling_flat_s(&c, 1e9), 1.75 + 14e-5), "flat: %.9f, want 1.75014", scaling_flat_s(&c, 1e9));
+    // 2. one collective. 4 nodes x 2 GPUs; network 8 Gbit/s x 0.5 = 5e8 B/s, NVLink 80 Gbit/s = 1e10 B/s;
+    // alpha 10 us per network step, 1 us per NVLink step, 1 us per collective.
+    ScalingCluster d = scaling_cluster_default(4, 2);
+    CHECK(d.net_gbps == 25 && d.nvlink_gbps == 2400 && d.link_efficiency == 0.6 && d.alpha_net_s == 40e-6 &&
+              d.alpha_nvlink_s == 3.4e-6 && d.base_s == 8.4e-6,
+          "defaults: net %g nvlink %g efficiency %g alphas %g %g base %g", d.net_gbps, d.nvlink_gbps, d.link_efficiency,
+          d.alpha_net_s, d.alpha_nvlink_s, d.base_s);
+    ScalingCluster c = d;
+    c.net_gbps = 8, c.link_efficiency = 0.5, c.nvlink_gbps = 80, c.alpha_net_s = 1e-5, c.alpha_nvlink_s = 1e-6,
+    c.base_s = 1e-6;
+    // ring all-reduce of 1e9 B over 8: 1.75e9 B / 5e8 = 3.5 s; 14 steps, 6 over the network: 1 + 8 x 1 + 6 x 10 us.
+    // tree: 1 + 2 (1 x 1 + 2 x 10) us + 2e9 / (0.9 x 5e8) = 4.44 s: the ring wins
+    double ring = 3.5 + 69e-6;
+    CHECK(near(scaling_coll_s(&c, SCALING_ALLREDUCE, 1e9), ring), "all-reduce 1 GB: %.9f, want %.9f",
+          scaling_coll_s(&c, SCALING_ALLREDUCE, 1e9), ring);
+    // 1000 B: ring 69 us + 3.5 us; tree 43 us + 2000 / 4.5e8 s: the tree wins
+    double tree = 43e-6 + 2000 / 4.5e8;
+    CHECK(near(scaling_coll_s(&c, SCALING_ALLREDUCE, 1000), tree), "all-reduce 1 KB: %.9f, want the tree's %.9f",
+          scaling_coll_s(&c, SCALING_ALLREDUCE, 1000), tree);
+    // reduce-scatter: 7/8 x 1e9 / 5e8 = 1.75 s; 7 steps, 3 over the network: 1 + 4 x 1 + 3 x 10 us
+    CHECK(near(scaling_coll_s(&c, SCALING_REDUCE_SCATTER, 1e9), 1.75 + 35e-6), "reduce-scatter: %.9f",
+          scaling_coll_s(&c, SCALING_REDUCE_SCATTER, 1e9));
+    CHECK(near(scaling_coll_s(&c, SCALING_ALLGATHER, 1e9), 1.75 + 35e-6), "all-gather: %.9f",
+          scaling_coll_s(&c, SCALING_ALLGATHER, 1e9));
+    // all-to-all: 1 + 10 us + 2 x 6/8 x 1e9 / 5e8 = 3 s
+    CHECK(near(scaling_coll_s(&c, SCALING_ALLTOALL, 1e9), 3.0 + 11e-6), "all-to-all: %.9f",
+          scaling_coll_s(&c, SCALING_ALLTOALL, 1e9));
     ScalingCluster one = c;
-    one.nodes = 1;  // one node of 2: flat over NVLink
-    CHECK(near(scaling_flat_s(&one, 1e9), 0.100002), "flat in one node: %.9f, want 0.100002",
-          scaling_flat_s(&one, 1e9));
+    one.nodes = 1;  // 2 GPUs over NVLink: 1 + 2 x 1 us + 1e9 / 1e10 (no link efficiency)
+    CHECK(near(scaling_coll_s(&one, SCALING_ALLREDUCE, 1e9), 0.1 + 3e-6), "all-reduce in one node: %.9f",
+          scaling_coll_s(&one, SCALING_ALLREDUCE, 1e9));
+    one.gpus_per_node = 1;
+    CHECK(scaling_coll_s(&one, SCALING_ALLREDUCE, 1e9) == 0, "one GPU: no collective");
 
-    // The work: 1e9 FLOPs/token, 100 TFLOP/s x 0.5 = 5e13 FLOP/s, 5e4 tokens per micro-batch: 1 s per micro-batch.
+    // 3. the step. 1e9 FLOPs/token x T=100, 100 TFLOP/s x 0.5: B=1500 is a 3 s micro-batch; its backward
+    // SCALING_OVERLAP x 3 s. Three events at 1/4, 1/2 and all of the backward; buckets of 1e8, 1e8 and 1e6
+    // gradients, one per event.
+    double elems[3] = {1e8, 1e8, 1e6};
+    int events[3] = {0, 1, 2};
     ScalingWork w;
-    w.flops_per_token = 1e9, w.peak_tflops = 100, w.mfu = 0.5, w.tokens_per_micro = 5e4;
-    w.grad_bytes = 1e9, w.tail_bytes = 1e8;
-    ScalingPrediction p = scaling_predict(&c, &w, 3);
-    CHECK(p.gpus == 8 && p.accum == 3, "gpus %d accum %d", p.gpus, p.accum);
-    CHECK(near(p.micro_s, 1.0) && near(p.compute_s, 3.0), "micro %.9f compute %.9f, want 1 and 3", p.micro_s,
-          p.compute_s);
-    CHECK(p.hierarchical && near(p.comm_s, 1.600062), "all-reduce: hierarchical %d, %.9f s", p.hierarchical, p.comm_s);
-    // tail: NVLink 2 x 1/2 x 0.01 s + 2 us, network 2 x 3/4 x 0.1 s + 60 us
-    CHECK(near(p.tail_s, 0.010002 + 0.15006), "tail %.9f, want 0.160062", p.tail_s);
-    double exposed = 1.600062 - SCALING_OVERLAP * 1.0;  // 0.933362 (above the tail)
-    CHECK(near(p.exposed_s, exposed) && near(p.step_s, 3.0 + exposed), "exposed %.9f step %.9f, want %.9f and %.9f",
-          p.exposed_s, p.step_s, exposed, 3.0 + exposed);
-    CHECK(near(p.efficiency, 3.0 / (3.0 + exposed)), "efficiency %.9f", p.efficiency);
-    CHECK(near(p.tokens_per_s, 8 * 3 * 5e4 / (3.0 + exposed)), "tokens/s %.3f", p.tokens_per_s);
+    memset(&w, 0, sizeof w);
+    w.flops_per_token = 1e9, w.peak_tflops = 100, w.mfu = 0.5, w.B = 1500, w.T = 100;
+    w.params = 2.01e8, w.weight_bytes = 2, w.sync_bytes = 32;
+    w.n_buckets = 3, w.bucket_elems = elems, w.bucket_event = events, w.n_events = 3;
+    w.event_frac[0] = 0.25, w.event_frac[1] = 0.5, w.event_frac[2] = 1;
+    const ScalingModeDesc* fp32 = &scaling_modes[SCALING_FP32];
+    ScalingPrediction p = scaling_predict(&c, &w, fp32, 1, 1500, 0);
+    double bwd = SCALING_OVERLAP * 3.0, t0 = 1.4 + 69e-6, t2 = 0.014 + 69e-6;  // 4e8 B and 4e6 B all-reduces (ring)
+    double sync = 43e-6 + 64 / 4.5e8;                                          // 32 B: the tree
+    // bucket 0 starts at bwd/4 and runs past bwd/2, so bucket 1 queues behind it; bucket 2 waits for the end
+    double end1 = 0.25 * bwd + 2 * t0, end2 = (end1 > bwd ? end1 : bwd) + t2;
+    CHECK(near(p.micro_s, 3.0) && near(p.compute_s, 3.0), "micro %.9f compute %.9f, want 3", p.micro_s, p.compute_s);
+    CHECK(near(p.exposed_s, end2 - bwd + sync), "exposed %.9f, want %.9f", p.exposed_s, end2 - bwd + sync);
+    CHECK(p.collectives == 4 && near(p.comm_s, 2 * t0 + t2 + sync), "collectives %d, comm %.9f", p.collectives,
+          p.comm_s);
+    CHECK(near(p.bytes_sent, 1.75 * 4 * 2.01e8 + 1.75 * 32), "bytes sent %.0f", p.bytes_sent);
+    CHECK(near(p.step_s, 3.0 + p.exposed_s) && near(p.efficiency, 3.0 / p.step_s), "step %.9f efficiency %.9f",
+          p.step_s, p.efficiency);
+    CHECK(near(p.tokens_per_s, 8 * 1500 * 100 / p.step_s), "tokens/s %.3f", p.tokens_per_s);
+    // a 30 s micro-batch: bucket 0 and 1 end long before the backward; only the last bucket is exposed
+    ScalingPrediction q = scaling_predict(&c, &w, fp32, 1, 15000, 0);
+    CHECK(near(q.exposed_s, t2 + sync), "long backward: exposed %.9f, want the last bucket's %.9f", q.exposed_s,
+          t2 + sync);
+    // bf16: half the bytes per bucket
+    ScalingPrediction h = scaling_predict(&c, &w, &scaling_modes[SCALING_BF16], 1, 15000, 0);
+    CHECK(near(h.bytes_sent, 1.75 * 2 * 2.01e8 + 1.75 * 32), "bf16 bytes sent %.0f", h.bytes_sent);
+    // ZeRO-1: reduce-scatter (7/8 x 4e6 B / 5e8 + 35 us for the last) + an all-gather of 2-byte weights per bucket
+    w.zero = 1;
+    ScalingPrediction z = scaling_predict(&c, &w, fp32, 1, 15000, 0);
+    double zag = 2 * (0.875 * 2e8 / 5e8 + 35e-6) + 0.875 * 2e6 / 5e8 + 35e-6;
+    CHECK(near(z.exposed_s, 0.875 * 4e6 / 5e8 + 35e-6 + zag + sync), "ZeRO-1 exposed %.9f, want %.9f", z.exposed_s,
+          0.875 * 4e6 / 5e8 + 35e-6 + zag + sync);
+    CHECK(z.collectives == 7 && near(z.bytes_sent, 0.875 * 6 * 2.01e8 + 1.75 * 32), "ZeRO-1: %d collectives, %.0f B",
+          z.collectives, z.bytes_sent);
+    w.zero = 0;
+    // onebit: compression (40 B per parameter at 3.9 TB/s), all-to-all and all-gather of 8 messages of C/8 + 4 C/256
+    // bytes, C = 2.01e8 / 8 = 25,125,000 rounded up to 256 = 25,125,120
+    const ScalingModeDesc* ob = &scaling_modes[SCALING_ONEBIT];
+    ScalingPrediction o = scaling_predict(&c, &w, ob, 1, 15000, 0);
+    double cb = 8 * (25125120 / 8 + 4 * 25125120 / 256), comp = 2.01e8 * 40 / 3.9e12;
+    double a2a = 11e-6 + 2 * 0.75 * cb / 5e8, ag = 35e-6 + 0.875 * cb / 5e8;
+    CHECK(near(o.exposed_s, comp + a2a + ag + sync), "onebit exposed %.9f, want %.9f", o.exposed_s,
+          comp + a2a + ag + sync);
+    CHECK(o.collectives == 3 && near(o.bytes_sent, 2 * 0.875 * cb + 1.75 * 32), "onebit: %d collectives, %.0f B",
+          o.collectives, o.bytes_sent);
+    CHECK(near(o.run_efficiency, o.efficiency), "no warm-up: the run's average is the step's");
+    w.warmup_share = 0.1;
+    o = scaling_predict(&c, &w, ob, 1, 15000, 0);
+    double fp32_step = 30 + q.exposed_s;
+    CHECK(near(o.run_efficiency, 30 / (0.1 * fp32_step + 0.9 * o.step_s)), "whole-run efficiency %.9f",
+          o.run_efficiency);
+    CHECK(o.run_efficiency > fmin(q.efficiency, o.efficiency) && o.run_efficiency < fmax(q.efficiency, o.efficiency),
+          "the run's average %.6f lies between fp32's %.6f and onebit's %.6f (fp32 is faster here)", o.run_efficiency,
+          q.efficiency, o.efficiency);
 
-    // auto: accum >= exposed x 0.95 / (0.05 x micro) = 17.73 -> 18; at 17 the exposed share is above 5%.
-    ScalingPrediction a = scaling_predict(&c, &w, 0);
-    CHECK(a.accum == 18, "auto accumulation %d, want 18", a.accum);
-    CHECK(a.exposed_s <= 0.05 * a.step_s, "auto: exposed %.4f s of a %.4f s step is above 5%%", a.exposed_s, a.step_s);
-    ScalingPrediction b = scaling_predict(&c, &w, 17);
-    CHECK(b.exposed_s > 0.05 * b.step_s, "17 micro-batches already hide it: auto is not the smallest");
+    // 4. --grad-accum auto: accum >= exposed x 0.95 / (0.05 x micro), and one less is not enough
+    ScalingPrediction a = scaling_predict(&c, &w, fp32, 0, 1500, 0);
+    int want = (int)ceil(p.exposed_s * 0.95 / (0.05 * 3.0) - 1e-9);
+    CHECK(a.accum == want && !a.capped, "auto accumulation %d, want %d", a.accum, want);
+    CHECK(a.exposed_s <= 0.05 * a.step_s, "auto: exposed %.4f s of a %.4f s step", a.exposed_s, a.step_s);
+    CHECK(scaling_predict(&c, &w, fp32, want - 1, 1500, 0).exposed_s > 0.05 * (3.0 * (want - 1) + p.exposed_s),
+          "%d micro-batches already hide it: auto is not the smallest", want - 1);
+    // capped: at most 30000 sequences = 2 micro-batches of 1500 on 8 GPUs
+    ScalingPrediction cap = scaling_predict(&c, &w, fp32, 0, 1500, 30000);
+    CHECK(cap.accum == 2 && cap.capped && cap.global_batch == 24000, "capped: accum %d capped %d global %lld",
+          cap.accum, cap.capped, cap.global_batch);
+    CHECK(scaling_predict(&c, &w, fp32, 0, 1500, 100).accum == 1, "a cap below one micro-batch leaves 1");
 
-    // A micro-batch of 10 s hides the whole all-reduce but the tail: exposed = tail, auto = 1.
-    w.tokens_per_micro = 5e5;
-    ScalingPrediction t = scaling_predict(&c, &w, 0);
-    CHECK(near(t.exposed_s, 0.160062) && t.accum == 1, "tail only: exposed %.9f accum %d, want 0.160062 and 1",
-          t.exposed_s, t.accum);
-    CHECK(near(t.efficiency, 10.0 / 10.160062), "tail only: efficiency %.9f", t.efficiency);
+    // 5. --global-batch: 20,000 sequences on 8 GPUs of B=1500: 2500 each = 2 micro-batches of 1250
+    ScalingPrediction g = scaling_row(&c, &w, fp32, 1, 20000, 0);
+    CHECK(g.accum == 2 && g.B == 1250 && g.global_batch == 20000, "global batch: accum %d B %d global %lld", g.accum,
+          g.B, g.global_batch);
+    g = scaling_row(&c, &w, fp32, 1, 8000, 0);  // 1000 each: one micro-batch of 1000
+    CHECK(g.accum == 1 && g.B == 1000 && near(g.micro_s, 2.0), "smaller micro-batch: accum %d B %d micro %.3f", g.accum,
+          g.B, g.micro_s);
+    CHECK(scaling_row(&c, &w, fp32, 1, 4, 0).B == 0, "a global batch below one sequence per GPU is marked");
 
-    // One GPU: no all-reduce, efficiency 1.
+    // 6. one GPU: nothing to communicate
     ScalingCluster solo = scaling_cluster_default(1, 1);
-    ScalingPrediction s = scaling_predict(&solo, &w, 0);
-    CHECK(s.comm_s == 0 && s.exposed_s == 0 && s.accum == 1 && s.efficiency == 1,
-          "one GPU: comm %g exposed %g accum "
-          "%d efficiency %g",
-          s.comm_s, s.exposed_s, s.accum, s.efficiency);
-
-    // A network so slow that no accumulation is enough: auto stops at the largest --grad-accum.
-    c.net_gbps = 1e-6;
-    w.tokens_per_micro = 5;
-    CHECK(scaling_predict(&c, &w, 0).accum == SCALING_MAX_ACCUM, "auto is capped at %d", SCALING_MAX_ACCUM);
+    ScalingPrediction s = scaling_predict(&solo, &w, fp32, 0, 1500, 0);
+    CHECK(s.comm_s == 0 && s.exposed_s == 0 && s.accum == 1 && s.efficiency == 1 && s.bytes_sent == 0,
+          "one GPU: comm %g exposed %g accum %d efficiency %g", s.comm_s, s.exposed_s, s.accum, s.efficiency);
     return test_summary();
 }
