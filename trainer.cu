@@ -7,6 +7,7 @@
 #include "data.h"          // token shards, the ring of loader threads, MLM masking
 #include "comm.h"          // rank and world size; NCCL gradient averaging
 #include "scaling.h"       // the scaling predictor: compute, all-reduce and overlap on N nodes
+#include "compress.h"      // --comm onebit: 1-bit Adam's compressed momentum all-reduce
 #include <ctype.h>
 #include <dirent.h>
 #include <glob.h>
@@ -49,11 +50,14 @@ typedef struct {
     float device_mem;                  // GB of device memory for --plan-only's planner (0: this device's)
     float bucket_mb;                   // gradient bucket size (MB of fp32 gradients)
     int grad_reduce_bf16, zero;        // --grad-reduce bf16; --zero 1 (ZeRO-1)
+    int onebit, comm_warmup;           // --comm onebit (1-bit Adam, compress.h); --comm-warmup (0: default)
+    int optimizer;                     // --optimizer: OPT_ADAMW or OPT_LAMB
     long long tokens;                  // --tokens N: about N real tokens, as steps (resolve_run_length)
     double epochs;                     // --epochs E: E passes over the training shards, as steps
     const char* eval;                  // --eval SRC: evaluate a checkpoint or an export on --val; no training
     int seq_given;                     // --seq was given (--eval otherwise takes the source's)
 } Options;
+enum { OPT_ADAMW, OPT_LAMB };
 
 static void usage(void) {
     printf(
@@ -114,7 +118,13 @@ static void usage(void) {
         "  --device-mem GB     with --plan-only: plan for this much device memory instead of this one's\n"
         "  --bucket-mb X       gradients are reduced over GPUs in buckets of X MB (fp32; default 25), each as\n"
         "                      soon as the backward has made it, overlapping the rest of the backward\n"
-        "  --grad-reduce T     fp32 (default) or bf16: the type the buckets are reduced in (bf16: half the traffic)\n"
+        "  --comm MODE         how gradients cross the network: fp32 (default: buckets all-reduced in fp32), bf16\n"
+        "                      (half the bytes), onebit (1-bit Adam: after --comm-warmup steps of fp32 AdamW the\n"
+        "                      variance is frozen and only the momentum's signs and one scale per 2048 elements\n"
+        "                      are sent, about 31x fewer bytes than fp32; also on one GPU, to see its effect)\n"
+        "  --comm-warmup N     --comm onebit: steps of fp32 AdamW before compression (default 10%% of --steps,\n"
+        "                      at least 1; must be below --steps)\n"
+        "  --optimizer NAME    adamw (default)\n"
         "  --zero N            1: ZeRO-1, each GPU keeps 1/world of the fp32 master weights and AdamW state\n"
         "                      (gradients reduce-scattered, weights all-gathered); 0: off (default)\n"
         "  --info              print the device and this process's place in the job, then exit\n"
@@ -197,6 +207,38 @@ static void test_hook_env(const char* name, int h[2]) {
 }
 static int test_hook_on(const int h[2], int step) {
     return h[0] > 0 && step >= h[0] && (h[1] == 0 || step < h[0] + h[1]);
+}
+
+// check_comm_options: --comm onebit, --comm-warmup and --optimizer against the other flags (one line and exit 1).
+static void check_comm_options(const Options* o) {
+    const char* why = NULL;
+    if (o->optimizer == OPT_LAMB)
+        why = "--optimizer lamb: not in this build (adamw is)";
+    else if (o->comm_warmup && !o->onebit)
+        why = "--comm-warmup: only with --comm onebit";
+    else if (o->onebit && o->zero)
+        why =
+            "--comm onebit with --zero 1: 1-bit Adam keeps the whole momentum and its error on every rank (no "
+            "ZeRO-1 shards); use one of them";
+    else if (o->onebit && o->bench)
+        why = "--comm onebit: not with --bench (its steps are the fp32 warm-up's; time a short training run instead)";
+    if (why) {
+        fprintf(stderr, "trainer: %s\n", why);
+        exit(1);
+    }
+}
+// resolve_comm_warmup: --comm onebit's warm-up once --steps is known: the default (10% of the steps, at least
+// 1), and an error line when it is not below --steps.
+static void resolve_comm_warmup(Options* o) {
+    if (!o->onebit) return;
+    if (!o->comm_warmup) o->comm_warmup = o->steps / 10 > 1 ? o->steps / 10 : 1;
+    if (o->comm_warmup >= o->steps) {
+        fprintf(stderr,
+                "trainer: --comm-warmup %d: the warm-up must end before the run's last step (--steps %d); give a "
+                "smaller --comm-warmup or more steps\n",
+                o->comm_warmup, o->steps);
+        exit(1);
+    }
 }
 
 static Options parse_options(int argc, char** argv) {
@@ -327,6 +369,21 @@ static Options parse_options(int argc, char** argv) {
                 exit(1);
             }
             o.grad_reduce_bf16 = !strcmp(v, "bf16");
+        } else if (!strcmp(a, "--comm")) {  // --grad-reduce is its old name (fp32 and bf16 only)
+            if (strcmp(v, "fp32") && strcmp(v, "bf16") && strcmp(v, "onebit")) {
+                fprintf(stderr, "trainer: --comm %s: expected fp32, bf16 or onebit\n", v);
+                exit(1);
+            }
+            o.grad_reduce_bf16 = !strcmp(v, "bf16");
+            o.onebit = !strcmp(v, "onebit");
+        } else if (!strcmp(a, "--comm-warmup"))
+            o.comm_warmup = (int)parse_int(a, v, 1, INT_MAX);
+        else if (!strcmp(a, "--optimizer")) {
+            if (strcmp(v, "adamw") && strcmp(v, "lamb")) {
+                fprintf(stderr, "trainer: --optimizer %s: expected adamw or lamb\n", v);
+                exit(1);
+            }
+            o.optimizer = !strcmp(v, "lamb") ? OPT_LAMB : OPT_ADAMW;
         } else {
             fprintf(stderr, "trainer: %s: unknown flag (see --help)\n", a);
             exit(1);
@@ -341,6 +398,7 @@ static Options parse_options(int argc, char** argv) {
         fprintf(stderr, "trainer: --grad-accum auto: not with --bench; give a number\n");
         exit(1);
     }
+    check_comm_options(&o);
     if (o.bench) return o;  // --bench needs no shards, output directory or step count
     if (o.eval) {           // --eval: only the evaluation's flags
         if (!o.val || o.data || o.steps || o.tokens || o.epochs || o.resume || o.init_from) {
@@ -361,6 +419,7 @@ static Options parse_options(int argc, char** argv) {
         fprintf(stderr, "trainer: --data, --out and --steps (or --tokens, or --epochs) are required (see --help)\n");
         exit(1);
     }
+    if (o.steps > 0) resolve_comm_warmup(&o);  // else after resolve_run_length
     test_hook_env("MLM_TEST_INF_GRAD", o.inf_grad);
     test_hook_env("MLM_TEST_INF_LOSS", o.inf_loss);
     return o;
@@ -375,7 +434,7 @@ static Options parse_options(int argc, char** argv) {
 typedef struct {
     int B, T, M;
     BertMemPlan model;
-    size_t reduce_bytes;  // the bf16 staging buffer of --grad-reduce bf16 (comm.h)
+    size_t reduce_bytes;  // the bf16 staging buffer of --grad-reduce bf16 (comm.h), --comm onebit's state (compress.h)
     size_t batch_bytes;   // each loader's (training, validation) two device batch buffers
     size_t maker_bytes;   // seg_lo, seg_hi (B, T), the head's positions and labels (M), 8 floats of loss sums,
                           // the head rows' hits (M floats: accuracy)
@@ -390,7 +449,7 @@ static Plan make_plan(const BertConfig* c, int B, int T, int loaders, const Grad
     Plan p;
     p.B = B, p.T = T, p.M = mlm_cap(B, T);
     p.model = bert_mem_plan_sharded(c, B, T, p.M, (int)sizeof(floatX), gr->zero ? gr->state_numel : 0, gr->slack);
-    p.reduce_bytes = gr->stage_elems * sizeof(__nv_bfloat16);
+    p.reduce_bytes = gr->stage_elems * sizeof(__nv_bfloat16) + gr->onebit_bytes;
     p.batch_bytes = loaders * dataloader_device_bytes(B, T);
     p.maker_bytes = (2 * (size_t)B * T + 2 * (size_t)p.M) * sizeof(int) + 8 * sizeof(float)  // + the loss sums
                     + (size_t)p.M * sizeof(float);                                           // + the hits
@@ -416,6 +475,11 @@ static void grad_reduce_setup(GradReduce* gr, const BertConfig* cfg, Comm* comm,
     // one process has nothing to shard: --zero 1 then trains as without it
     grad_reduce_layout(gr, comm, p.numel, p.n_decay, ready_lo, n_events, bucket_elems, o->zero && comm->world > 1,
                        o->grad_reduce_bf16);
+    if (o->onebit) {  // the buffers of compress.h, for the plan
+        OneBit ob;
+        onebit_layout(&ob, p.numel, comm->world, comm->rank, 1);
+        gr->onebit_bytes = onebit_device_bytes(&ob);
+    }
     free(ready_lo);
     bert_params_free(&p);
 }
@@ -1019,6 +1083,7 @@ typedef struct {
     int stop;              // some rank was asked to stop (a signal): every rank stops after this step
     int ckpt;              // rank 0 asked for a checkpoint after this step (--ckpt-minutes): every rank knows
     int skipped;           // the loss or the gradient norm was not finite: no update was made
+    uint64_t comm_bytes;   // bytes this rank sent through NCCL in the step (comm_count's model)
 } StepResult;
 
 // model_set_params: a host fp32 slab (numel floats) as the weights; under ZeRO-1 this rank keeps its shard of
@@ -1061,11 +1126,24 @@ static void zero_adamw_step(BertModel* m, const GradReduce* gr, const Options* o
 // and % 4096 (validation has its own sums: Validation).
 enum { S_LOSS, S_COUNT, S_STOP, S_SUMSQ, S_CKPT, S_TOK_HI, S_TOK_LO, S_STEP_N };
 
-static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, GradReduce* gr, float* scratch,
-                             const Options* o, float lr, int want_ckpt) {
+// onebit_local_sumsq: acc[0] += the sum of squares of this rank's own (not averaged) gradient (--comm onebit
+// after its warm-up, where the averaged gradient is never formed).
+static void onebit_local_sumsq(BertModel* m, float* acc) {
+    launch(grad_norm_partial, dim3(launch_grid_cap()), dim3(256), 0, m->stream, m->norm_partial, (const float*)m->grad,
+           m->p.numel);
+    launch(accumulate_sum, dim3(1), dim3(256), 0, m->stream, acc, (const float*)m->norm_partial, launch_grid_cap());
+}
+
+// ob: the 1-bit Adam state under --comm onebit, else NULL. After its warm-up a step reduces no gradient: the
+// norm (for the log, clipping and the non-finite check) is sqrt(mean over ranks of |g_r|^2), from the ranks'
+// local sums of squares in the step's one all-reduce, and onebit_step updates the weights (compress.h).
+static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, GradReduce* gr, OneBit* ob,
+                             float* scratch, const Options* o, float lr, int want_ckpt) {
     StepResult r;
     memset(&r, 0, sizeof r);
     Comm* comm = gr->comm;
+    uint64_t sent0 = comm->sent;
+    int compressed = ob && m->step + 1 > ob->warmup;
     comm->step = m->step + 1;  // for the watchdog's messages
     for (int micro = 0; micro < o->grad_accum; micro++) {
         bert_phase(m, PHASE_DATA);
@@ -1093,15 +1171,19 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     // is still running: they overlap it. The phase is what is left of them when it ends (on the CPU build,
     // where collectives run when called, all of it).
     bert_phase(m, PHASE_ALLREDUCE);
-    grad_reduce_launch(gr, m->grad);
-    grad_reduce_wait(gr, m->stream);
+    if (!compressed) {
+        grad_reduce_launch(gr, m->grad);
+        grad_reduce_wait(gr, m->stream);
+    }
     static const float inf = INFINITY;  // the test hooks' poison
     if (test_hook_on(o->inf_grad, m->step + 1))
         CUDA_CHECK(cudaMemcpyAsync(m->grad, &inf, sizeof inf, cudaMemcpyHostToDevice, m->stream));
     if (test_hook_on(o->inf_loss, m->step + 1))
         CUDA_CHECK(cudaMemcpyAsync(scratch, &inf, sizeof inf, cudaMemcpyHostToDevice, m->stream));
     bert_phase(m, PHASE_OPTIM);
-    if (gr->zero)
+    if (compressed)
+        onebit_local_sumsq(m, scratch + S_SUMSQ);
+    else if (gr->zero)
         zero_grad_sumsq(gr, m->grad, m->norm_partial, scratch + S_SUMSQ, m->stream);
     else
         bert_grad_norm(m);
@@ -1112,13 +1194,14 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     // This rank's real tokens go in two parts (/ 4096, % 4096), so that each float sum stays an exact integer.
     float stop = stop_requested ? 1.f : 0.f, ckpt = want_ckpt ? 1.f : 0.f, h[S_STEP_N];
     float tok[2] = {(float)(r.tokens / 4096), (float)(r.tokens % 4096)};
-    if (!gr->zero) CUDA_CHECK(cudaMemcpyAsync(&r.norm, m->norm, sizeof r.norm, cudaMemcpyDeviceToHost, m->stream));
+    if (!gr->zero && !compressed)
+        CUDA_CHECK(cudaMemcpyAsync(&r.norm, m->norm, sizeof r.norm, cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(scratch + S_STOP, &stop, sizeof stop, cudaMemcpyHostToDevice, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(scratch + S_CKPT, &ckpt, sizeof ckpt, cudaMemcpyHostToDevice, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(scratch + S_TOK_HI, tok, sizeof tok, cudaMemcpyHostToDevice, m->stream));
     all_ranks_sum(comm, scratch, S_STEP_N, h, m->stream, "step loss AllReduce (the step's host sync)");
-    if (gr->zero) {
-        r.norm = sqrtf(h[S_SUMSQ]);
+    if (gr->zero || compressed) {
+        r.norm = sqrtf(compressed ? h[S_SUMSQ] / (float)comm->world : h[S_SUMSQ]);
         CUDA_CHECK(cudaMemcpyAsync(m->norm, &r.norm, sizeof r.norm, cudaMemcpyHostToDevice, m->stream));
     }
     r.loss = h[S_COUNT] > 0.f ? h[S_LOSS] / h[S_COUNT] : 0.f;
@@ -1128,6 +1211,10 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     r.skipped = !isfinite(r.loss) || !isfinite(r.norm);
     if (r.skipped) {
         m->step++;
+    } else if (compressed) {
+        onebit_step(ob, comm, m->stream, m->step + 1, m->master, m->w, m->grad, m->adam_m, m->adam_v, m->p.n_decay,
+                    m->norm, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
+        m->step++;
     } else if (gr->zero) {
         zero_adamw_step(m, gr, o, lr);
         zero_allgather(gr, m->w, m->stream);
@@ -1136,6 +1223,7 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     }
     bert_zero_grad(m);
     bert_phase(m, PHASE_END);
+    r.comm_bytes = comm->sent - sent0;
     return r;
 }
 
@@ -1267,12 +1355,12 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     free(w);
     bert_zero_grad(&model);
 
-    for (int i = 0; i < o->bench_warmup; i++) train_step(&model, &train, &bm, gr, scratch, o, o->lr, 0);
+    for (int i = 0; i < o->bench_warmup; i++) train_step(&model, &train, &bm, gr, NULL, scratch, o, o->lr, 0);
     long long tokens_done = 0;
     CUDA_CHECK(cudaStreamSynchronize(stream));
     double t0 = now_s();
     for (int i = 0; i < o->bench_steps; i++)
-        tokens_done += train_step(&model, &train, &bm, gr, scratch, o, o->lr, 0).tokens;
+        tokens_done += train_step(&model, &train, &bm, gr, NULL, scratch, o, o->lr, 0).tokens;
     CUDA_CHECK(cudaStreamSynchronize(stream));
     double dt = now_s() - t0;
     res->step_ms = 1e3 * dt / o->bench_steps;
@@ -1288,7 +1376,7 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     int lost = 0;
     t0 = now_s();
     for (int i = 0; i < o->bench_steps; i++) {
-        train_step(&model, &train, &bm, gr, scratch, o, o->lr, 0);
+        train_step(&model, &train, &bm, gr, NULL, scratch, o, o->lr, 0);
         lost |= !phase_timer_collect(&timer);  // waits for the step's last mark
     }
     res->phased_step_ms = 1e3 * (now_s() - t0) / o->bench_steps;
@@ -1491,9 +1579,10 @@ static void log_step(const Options* o, const StepResult* r, int step, int bad_st
         mfu_text(mfu, sizeof mfu, tps / world * flops_token, peak_tflops);
         printf(
             "step %6d/%d | loss %.4f | lr %.3e | norm %.3f | %.0f ms | %.0f tok/s | %s | data wait %.1f ms | "
-            "epoch %.3f | elapsed %s | ETA %s\n",
-            step, o->steps, r->loss, lr_at(o, step), r->norm, dt * 1e3, tps, mfu, r->wait_ms, epoch,
-            fmt_duration(el, sizeof el, elapsed), fmt_duration(et, sizeof et, eta));
+            "comm_bytes %llu | epoch %.3f | elapsed %s | ETA %s\n",
+            step, o->steps, r->loss, lr_at(o, step), r->norm, dt * 1e3, tps, mfu, r->wait_ms,
+            (unsigned long long)r->comm_bytes, epoch, fmt_duration(el, sizeof el, elapsed),
+            fmt_duration(et, sizeof et, eta));
         fflush(stdout);
         if (lg->f) {
             fprintf(lg->f, "{\"kind\":\"train\",\"step\":%d,\"tokens\":%lld", step, lg->tokens);
@@ -1505,6 +1594,7 @@ static void log_step(const Options* o, const StepResult* r, int step, int bad_st
             json_num(lg->f, "tokens_per_s", tps);
             json_num(lg->f, "mfu", peak_tflops > 0 ? tps / world * flops_token / (peak_tflops * 1e12) : NAN);
             json_num(lg->f, "data_wait_ms", r->wait_ms);
+            fprintf(lg->f, ",\"comm_bytes\":%llu", (unsigned long long)r->comm_bytes);
             json_end(lg->f);
         }
     }
@@ -1623,7 +1713,10 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
                       (double)o->bucket_mb,
                       (double)o->grad_reduce_bf16,
                       (double)o->tokens,
-                      o->epochs};
+                      o->epochs,
+                      (double)o->onebit,
+                      (double)o->comm_warmup,
+                      (double)o->optimizer};
     const uint64_t h0 = 0xcbf29ce484222325ull;
     // The first four are numbers (the message shows them); the next four fingerprints; the last the micro-batch.
     CommValue v[] = {
@@ -1635,7 +1728,8 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
          (int64_t)fingerprint(h0, cfg, sizeof *cfg), 0, 0},
         {"other training flags (--lr --warmup --wd --beta1 --beta2 --eps --clip --seed --resume --run-steps "
          "--val-every "
-         "--val-batches --max-bad-steps --zero --bucket-mb --grad-reduce --tokens --epochs)",
+         "--val-batches --max-bad-steps --zero --bucket-mb --grad-reduce --tokens --epochs --comm --comm-warmup "
+         "--optimizer)",
          (int64_t)fingerprint(h0, flags, sizeof flags), 0, 0},
         {"training data (the --data shards: names in order, sizes, checksums)", (int64_t)data_fp, 0, 0},
         {"validation data (the --val shards)", (int64_t)val_fp, 0, 0},
@@ -2064,6 +2158,7 @@ int main(int argc, char** argv) {
     if (!reserve_plan(&plan, &o)) return 1;
     int B = plan.B, T = o.T;
     resolve_run_length(&o, &comm, B, epoch_tokens, main_rank);  // --tokens, --epochs: steps of the global batch
+    resolve_comm_warmup(&o);
 
     // Node-local copies of the shards (the seed paper's recommendation 2); the ranks wait for the slowest
     // node (up to an hour more than --nccl-timeout).
@@ -2089,6 +2184,20 @@ int main(int argc, char** argv) {
     BertModel model;
     if (!bert_alloc_sharded(&model, &cfg, B, T, plan.M, stream, gr.zero ? gr.state_numel : 0, gr.slack)) return 1;
     grad_reduce_start(&gr);
+    OneBit ob;  // --comm onebit: 1-bit Adam's errors and message buffers
+    memset(&ob, 0, sizeof ob);
+    if (o.onebit) {
+        onebit_layout(&ob, model.p.numel, comm.world, comm.rank, o.comm_warmup);
+        onebit_alloc(&ob);
+        if (main_rank)
+            printf(
+                "comm: onebit (1-bit Adam): fp32 AdamW for %d steps, then the momentum's signs and scales: %llu "
+                "bytes sent per rank per step (fp32 all-reduce: %llu)\n",
+                ob.warmup, (unsigned long long)onebit_step_bytes(&ob),
+                (unsigned long long)(comm.world > 1
+                                         ? 2 * (uint64_t)(comm.world - 1) * (model.p.numel * 4) / (uint64_t)comm.world
+                                         : 0));
+    }
     BatchMaker bm;
     float* scratch = batch_maker_alloc(&bm, &plan, pad_id);  // the step's sums: see S_LOSS
 
@@ -2146,7 +2255,8 @@ int main(int argc, char** argv) {
         double t0 = now_s();
         // rank 0's clock decides --ckpt-minutes, and the step's all-reduce tells every rank
         int want_ckpt = main_rank && o.ckpt_minutes > 0 && now_s() - last_ckpt >= 60.0 * o.ckpt_minutes;
-        StepResult r = train_step(&model, &train, &bm, &gr, scratch, &o, lr_at(&o, step), want_ckpt);
+        StepResult r =
+            train_step(&model, &train, &bm, &gr, o.onebit ? &ob : NULL, scratch, &o, lr_at(&o, step), want_ckpt);
         if (r.stop) last_step = step;  // some rank got a signal: every rank stops after this step
         bad_steps = r.skipped ? bad_steps + 1 : 0;
         ck.tokens = lg.tokens += r.all_tokens;
@@ -2206,6 +2316,10 @@ int main(int argc, char** argv) {
     if (o.val) validation_free(&val);
     if (lg.f) fclose(lg.f);
     grad_reduce_free(&gr);
+    onebit_free(&ob);
+    // every rank: what it sent (tests/test_onebit.sh compares it with the CPU NCCL's own count)
+    printf("comm: rank %d sent %llu bytes in %llu NCCL calls\n", comm.rank, (unsigned long long)comm.sent,
+           (unsigned long long)comm.calls);
     comm_free(&comm);
     cudaFree(bm.seg_lo);
     bert_free(&model);
