@@ -675,13 +675,14 @@ typedef struct {
 
 typedef struct {
     Comm* comm;
-    int zero, bf16;       // --zero 1; --grad-reduce bf16
-    int n;                // buckets, in launch order
-    GradBucket* b;        // (n)
-    size_t numel, slack;  // the slab's elements; ZeRO-1: elements after it that the topmost bucket's padding uses
-    size_t state_numel;   // elements of master weights and AdamW m, v this rank holds (numel without ZeRO-1)
-    size_t stage_elems;   // --grad-reduce bf16 with world > 1: elements of the bf16 staging buffer; else 0
-    size_t onebit_bytes;  // --comm onebit: device bytes of its state (compress.h; the trainer sets it); else 0
+    int zero, bf16;         // --zero 1; --grad-reduce bf16
+    int n;                  // buckets, in launch order
+    GradBucket* b;          // (n)
+    size_t numel, slack;    // the slab's elements; ZeRO-1: elements after it that the topmost bucket's padding uses
+    size_t state_numel;     // elements of master weights and AdamW m, v this rank holds (numel without ZeRO-1)
+    size_t stage_elems;     // --grad-reduce bf16 with world > 1: elements of the bf16 staging buffer; else 0
+    size_t onebit_bytes;    // --comm onebit: device bytes of its state (compress.h; the trainer sets it); else 0
+    struct OneBit* onebit;  // --comm onebit: its state (compress.h; the trainer sets it); else NULL
     // the device side (grad_reduce_start)
     cudaStream_t stream;  // the communication stream
     cudaEvent_t* ready;   // (n_events) the events bert_backward records (BertModel.grad_ready)

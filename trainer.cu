@@ -509,6 +509,7 @@ static Plan choose_batch(const BertConfig* c, int T, int loaders, const GradRedu
 // crash at any moment leaves every earlier checkpoint intact. The file, little-endian:
 //   header (CkptHeader) | master weights fp32 (numel) | AdamW m fp32 (numel) | AdamW v fp32 (numel)
 //   | the floatX weights (numel; bf16 mode only: stochastic rounding made them, so they are state too)
+//   | --comm onebit only: every rank's 1-bit Adam errors (compress.h: onebit_ckpt_bytes; header.onebit_world)
 //   | CRC-32 (zlib's) of every byte before it (u32) | 4 zero bytes
 // The CRC is computed while writing and checked before anything is loaded; then the header is checked
 // against the run (model, T, step within --steps; data.h checks the data position).
@@ -520,8 +521,8 @@ typedef struct {
     uint32_t version, header_bytes;
     BertConfig cfg;
     int32_t T, step;
-    int32_t x_bytes;  // sizeof(floatX) of the run that wrote it
-    int32_t reserved;
+    int32_t x_bytes;             // sizeof(floatX) of the run that wrote it
+    int32_t onebit_world;        // --comm onebit: the ranks whose 1-bit Adam errors follow the AdamW state; else 0
     uint64_t numel, body_bytes;  // body: everything between the header and the CRC
     uint64_t tokens;             // real tokens trained on by all ranks up to this step
     DataLoaderState data;        // (last: tests/test_checkpoints.sh finds it 64 bytes before the body)
@@ -619,6 +620,8 @@ static int save_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, const 
     h.version = CKPT_VERSION, h.header_bytes = sizeof h;
     h.cfg = m->cfg, h.T = m->T, h.step = m->step, h.x_bytes = (int32_t)sizeof(floatX);
     h.numel = m->p.numel, h.body_bytes = ckpt_body_bytes(m), h.tokens = ck->tokens, h.data = *data;
+    h.onebit_world = gr->onebit ? gr->onebit->world : 0;
+    h.body_bytes += onebit_ckpt_bytes(h.numel, h.onebit_world);
     unsigned char* buf = writer ? (unsigned char*)malloc(CKPT_CHUNK) : NULL;
     int fd = buf ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
     int ok = fd >= 0 && write_all(fd, &h, sizeof h), why = buf ? errno : ENOMEM;  // why: errno of the failure
@@ -641,7 +644,18 @@ static int save_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, const 
         // kill lands while the checkpoint is half written
         if (ok && r == 0 && getenv("MLM_TEST_CKPT_DELAY_MS")) usleep(1000 * atoi(getenv("MLM_TEST_CKPT_DELAY_MS")));
     }
-    if (gr->zero) bert_zero_grad(m);  // the gradient buffer was the staging area
+    if (gr->zero) bert_zero_grad(m);                    // the gradient buffer was the staging area
+    for (int part = 0; gr->onebit && part < 2; part++)  // every rank: the workers' errors, then the servers'
+        for (int q = 0; q < gr->onebit->world; q++) {
+            size_t n = onebit_fetch(gr->onebit, gr->comm, q, part, m->grad, m->stream) * sizeof(float);
+            for (size_t off = 0; ok && off < n; off += CKPT_CHUNK) {
+                size_t k = n - off < CKPT_CHUNK ? n - off : CKPT_CHUNK;
+                CUDA_CHECK(cudaMemcpy(buf, (const char*)m->grad + off, k, cudaMemcpyDeviceToHost));
+                crc = crc32_update(crc, buf, k);
+                if (!(ok = write_all(fd, buf, k))) why = errno;
+            }
+        }
+    if (gr->onebit) bert_zero_grad(m);
     if (!writer) return 1;
     uint32_t trailer[2] = {crc, 0};
     if (ok && !(ok = write_all(fd, trailer, sizeof trailer) && fsync(fd) == 0)) why = errno;
@@ -734,7 +748,8 @@ static void ckpt_check_run(const char* path, const CkptHeader* h, const BertMode
                  h->cfg.layers, h->cfg.hidden, h->cfg.vocab_size, h->T, m->cfg.layers, m->cfg.hidden, m->cfg.vocab_size,
                  m->T);
         why = buf;
-    } else if (h->x_bytes != (int32_t)sizeof(floatX) || h->body_bytes != ckpt_body_bytes(m)) {
+    } else if (h->x_bytes != (int32_t)sizeof(floatX) ||
+               h->body_bytes != ckpt_body_bytes(m) + onebit_ckpt_bytes(h->numel, h->onebit_world)) {
         snprintf(buf, sizeof buf, "saved by a trainer with %d-byte weights; this one is %s", h->x_bytes, FLOATX_NAME);
         why = buf;
     } else if (h->step < 0 || h->step > steps) {
@@ -745,6 +760,30 @@ static void ckpt_check_run(const char* path, const CkptHeader* h, const BertMode
         fprintf(stderr, "trainer: --resume: %s: %s\n", path, why);
         exit(1);
     }
+}
+
+// ckpt_load_onebit: the checkpoint's 1-bit Adam errors (h->onebit_world ranks' worth; read through for the CRC
+// in any case): this rank's into gr->onebit when it runs --comm onebit on that many ranks; else its errors stay
+// zero (rank 0 says why, when the checkpoint had errors or the run is past its warm-up). Gives 0 on a read error.
+static int ckpt_load_onebit(int fd, const GradReduce* gr, const CkptHeader* h, unsigned char* buf, uint32_t* crc) {
+    OneBit* ob = gr->onebit;
+    int W = h->onebit_world, use = ob && W == ob->world;
+    if (gr->comm->rank == 0 && ob && !use && (W || h->step > ob->warmup))
+        printf("--resume: %s; 1-bit Adam starts from zero errors\n",
+               W ? "the checkpoint's 1-bit Adam errors are for another number of ranks"
+                 : "the checkpoint has no 1-bit Adam errors (written without --comm onebit)");
+    for (int part = 0; part < 2; part++)
+        for (int q = 0; q < W; q++) {
+            size_t n = part ? onebit_server_elems(h->numel, onebit_chunk(h->numel, W), q) : h->numel;
+            char* dst = use && q == gr->comm->rank ? (char*)(part ? ob->server_err : ob->worker_err) : NULL;
+            for (size_t off = 0; off < n * sizeof(float); off += CKPT_CHUNK) {
+                size_t k = n * sizeof(float) - off < CKPT_CHUNK ? n * sizeof(float) - off : CKPT_CHUNK;
+                if (!read_all(fd, buf, k)) return 0;
+                *crc = crc32_update(*crc, buf, k);
+                if (dst) CUDA_CHECK(cudaMemcpy(dst + off, buf, k, cudaMemcpyHostToDevice));
+            }
+        }
+    return 1;
 }
 
 // ckpt_load: streams a verified checkpoint's body to the device (checking its CRC again on the way). Under
@@ -767,6 +806,7 @@ static void ckpt_load(const char* path, BertModel* m, const GradReduce* gr, Ckpt
         if (ok && ckpt_sharded(gr, r)) zero_scatter(gr, m->grad, (float*)dev[r], m->stream);
     }
     if (gr->zero) bert_zero_grad(m);
+    ok = ok && ckpt_load_onebit(fd, gr, h, buf, &crc);
     ok = ok && read_all(fd, trailer, sizeof trailer) && trailer[0] == crc;
     free(buf);
     if (fd >= 0) close(fd);
@@ -1134,15 +1174,16 @@ static void onebit_local_sumsq(BertModel* m, float* acc) {
     launch(accumulate_sum, dim3(1), dim3(256), 0, m->stream, acc, (const float*)m->norm_partial, launch_grid_cap());
 }
 
-// ob: the 1-bit Adam state under --comm onebit, else NULL. After its warm-up a step reduces no gradient: the
+// Under --comm onebit (gr->onebit), after its warm-up a step reduces no gradient: the
 // norm (for the log, clipping and the non-finite check) is sqrt(mean over ranks of |g_r|^2), from the ranks'
 // local sums of squares in the step's one all-reduce, and onebit_step updates the weights (compress.h).
-static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, GradReduce* gr, OneBit* ob,
-                             float* scratch, const Options* o, float lr, int want_ckpt) {
+static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, GradReduce* gr, float* scratch,
+                             const Options* o, float lr, int want_ckpt) {
     StepResult r;
     memset(&r, 0, sizeof r);
     Comm* comm = gr->comm;
     uint64_t sent0 = comm->sent;
+    OneBit* ob = gr->onebit;
     int compressed = ob && m->step + 1 > ob->warmup;
     comm->step = m->step + 1;  // for the watchdog's messages
     for (int micro = 0; micro < o->grad_accum; micro++) {
@@ -1355,12 +1396,12 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     free(w);
     bert_zero_grad(&model);
 
-    for (int i = 0; i < o->bench_warmup; i++) train_step(&model, &train, &bm, gr, NULL, scratch, o, o->lr, 0);
+    for (int i = 0; i < o->bench_warmup; i++) train_step(&model, &train, &bm, gr, scratch, o, o->lr, 0);
     long long tokens_done = 0;
     CUDA_CHECK(cudaStreamSynchronize(stream));
     double t0 = now_s();
     for (int i = 0; i < o->bench_steps; i++)
-        tokens_done += train_step(&model, &train, &bm, gr, NULL, scratch, o, o->lr, 0).tokens;
+        tokens_done += train_step(&model, &train, &bm, gr, scratch, o, o->lr, 0).tokens;
     CUDA_CHECK(cudaStreamSynchronize(stream));
     double dt = now_s() - t0;
     res->step_ms = 1e3 * dt / o->bench_steps;
@@ -1376,7 +1417,7 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     int lost = 0;
     t0 = now_s();
     for (int i = 0; i < o->bench_steps; i++) {
-        train_step(&model, &train, &bm, gr, NULL, scratch, o, o->lr, 0);
+        train_step(&model, &train, &bm, gr, scratch, o, o->lr, 0);
         lost |= !phase_timer_collect(&timer);  // waits for the step's last mark
     }
     res->phased_step_ms = 1e3 * (now_s() - t0) / o->bench_steps;
@@ -2189,6 +2230,7 @@ int main(int argc, char** argv) {
     if (o.onebit) {
         onebit_layout(&ob, model.p.numel, comm.world, comm.rank, o.comm_warmup);
         onebit_alloc(&ob);
+        gr.onebit = &ob;
         if (main_rank)
             printf(
                 "comm: onebit (1-bit Adam): fp32 AdamW for %d steps, then the momentum's signs and scales: %llu "
@@ -2255,8 +2297,7 @@ int main(int argc, char** argv) {
         double t0 = now_s();
         // rank 0's clock decides --ckpt-minutes, and the step's all-reduce tells every rank
         int want_ckpt = main_rank && o.ckpt_minutes > 0 && now_s() - last_ckpt >= 60.0 * o.ckpt_minutes;
-        StepResult r =
-            train_step(&model, &train, &bm, &gr, o.onebit ? &ob : NULL, scratch, &o, lr_at(&o, step), want_ckpt);
+        StepResult r = train_step(&model, &train, &bm, &gr, scratch, &o, lr_at(&o, step), want_ckpt);
         if (r.stop) last_step = step;  // some rank got a signal: every rank stops after this step
         bad_steps = r.skipped ? bad_steps + 1 : 0;
         ck.tokens = lg.tokens += r.all_tokens;
