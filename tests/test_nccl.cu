@@ -6,7 +6,8 @@
 // adds them up, checks the exit statuses and prints the summary.
 // Covered: AllReduce (sum, avg, max, min; in and out of place), ReduceScatter and AllGather (in and
 // out of place), Broadcast/Bcast, Reduce; float32 and bf16 (int32/int64 once); odd counts and
-// counts larger than the shared-memory chunk; groups; two ranks as threads of one process; and on
+// counts larger than the shared-memory chunk; groups; ncclSend/ncclRecv in groups (an all-to-all, a
+// ring shift); two ranks as threads of one process; and on
 // the CPU emulation also the failures:
 // a rank killed with SIGKILL in the middle, a rank that exits without ncclCommDestroy, a rank that
 // stays away (timeout), a rank that never joins, ncclCommAbort from another thread, and ranks
@@ -428,6 +429,35 @@ static void test_group(Case* k) {
     cudaFree(s);
 }
 
+// ncclSend/ncclRecv in groups (NCCL: the sends from a to b match b's receives from a in call order; a group
+// completes as a whole): an all-to-all (rank r sends block q of its input to rank q and receives rank q's block
+// r into block q), then a ring shift (all of it to r + 1, from r - 1) in a second group.
+static void test_sendrecv(Case* k) {
+    int rank = k->rank, N = k->nranks;
+    size_t n = k->n, es = dt_size(k->dt), bn = n / N;
+    void* send = dev_alloc(n * es);
+    void* recv = dev_alloc(n * es);
+    upload(send, k->x + (size_t)rank * n, n, k->dt);
+    NCCL_OK(ncclGroupStart());
+    for (int q = 0; q < N; q++) {
+        NCCL_OK(ncclSend((char*)send + q * bn * es, bn, k->dt, q, k->comm, 0));
+        NCCL_OK(ncclRecv((char*)recv + q * bn * es, bn, k->dt, q, k->comm, 0));
+    }
+    NCCL_OK(ncclGroupEnd());
+    download(k->got, recv, (size_t)N * bn, k->dt);
+    for (int q = 0; q < N; q++)
+        for (size_t i = 0; i < bn; i++) k->want[q * bn + i] = k->x[(size_t)q * n + rank * bn + i];
+    check_result("all-to-all (ncclSend/ncclRecv)", rank, k->dt, k->got, k->want, (size_t)N * bn);
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclRecv(recv, n, k->dt, (rank + N - 1) % N, k->comm, 0));
+    NCCL_OK(ncclSend(send, n, k->dt, (rank + 1) % N, k->comm, 0));
+    NCCL_OK(ncclGroupEnd());
+    download(k->got, recv, n, k->dt);
+    check_result("ring shift (ncclSend/ncclRecv)", rank, k->dt, k->got, k->x + (size_t)((rank + N - 1) % N) * n, n);
+    cudaFree(send);
+    cudaFree(recv);
+}
+
 // Integer types, once: int32 sum and int64 max.
 static void test_integers(ncclComm_t comm, int rank, int N) {
     enum { n = 1001 };
@@ -500,6 +530,7 @@ static void collectives_child(int rank, int nranks, const ncclUniqueId* id, cons
             test_broadcast(&k);
             if (all) test_reduce(&k);
             if (all) test_group(&k);
+            test_sendrecv(&k);
             rep->hash = fnv(rep->hash ? rep->hash : 0xcbf29ce484222325ull, &k.hash, sizeof k.hash);
             free(k.x);
             free(k.want);
