@@ -10,8 +10,10 @@
 // update, rather than m itself as the paper does: within a group every element of u is of the same order
 // (Adam's normalized step), so one sign and one scale per group fit it better; and an element whose v is 0
 // (a parameter with no gradient in the warm-up, such as the positions past --seq) gets u = 0 instead of
-// m / eps: measured on the tiny model (1 rank, 5 warm-up steps, 15 compressed), the loss after step 20 was
-// 4.647 compressing u and 4.693 compressing m (fp32 AdamW 4.563, frozen v without compression 4.460).
+// m / eps (its decompressed u is still +-scale of its group: such a weight moves by about lr per step;
+// DeepSpeed's 1-bit Adam v2 masks them, mlm.c does not). Measured on the tiny model (1 rank, 5 warm-up steps,
+// 15 compressed, groups of 2048), the loss after step 20 was 4.647 compressing u and 4.693 compressing m
+// (fp32 AdamW 4.563; frozen v without compression 4.460).
 //   1. worker (every rank r, its accumulated gradient g_r, clipped): x = D (b1 m + (1 - b1) g_r) + e_r, where
 //      m is the averaged momentum of the last step (the same on every rank) and e_r this rank's worker error;
 //      x is compressed (below) and e_r = x - decompress(compress(x)).
