@@ -42,7 +42,9 @@
 #define ONEBIT_PER_THREAD (ONEBIT_GROUP / ONEBIT_THREADS)
 
 // onebit_msg_bytes: bytes of one compressed chunk of `chunk` elements (a multiple of ONEBIT_GROUP).
-static inline size_t onebit_msg_bytes(size_t chunk) { return chunk / 8 + chunk / ONEBIT_GROUP * sizeof(float); }
+__host__ __device__ inline size_t onebit_msg_bytes(size_t chunk) {
+    return chunk / 8 + chunk / ONEBIT_GROUP * sizeof(float);
+}
 
 // onebit_block_sum: the sum of s over the block (ONEBIT_THREADS threads), in a fixed order (warps, then the
 // 8 warp sums in order); every thread gets it. red: 8 floats of shared memory.
