@@ -120,8 +120,8 @@ static void usage(void) {
         "                      soon as the backward has made it, overlapping the rest of the backward\n"
         "  --comm MODE         how gradients cross the network: fp32 (default: buckets all-reduced in fp32), bf16\n"
         "                      (half the bytes), onebit (1-bit Adam: after --comm-warmup steps of fp32 AdamW the\n"
-        "                      variance is frozen and only the momentum's signs and one scale per 2048 elements\n"
-        "                      are sent, about 31x fewer bytes than fp32; also on one GPU, to see its effect)\n"
+        "                      variance is frozen and only the momentum's signs and one scale per 256 elements\n"
+        "                      are sent, about 28x fewer bytes than fp32; also on one GPU, to see its effect)\n"
         "  --comm-warmup N     --comm onebit: steps of fp32 AdamW before compression (default 10%% of --steps,\n"
         "                      at least 1; must be below --steps)\n"
         "  --optimizer NAME    adamw (default)\n"
@@ -2182,7 +2182,9 @@ int main(int argc, char** argv) {
         if (comm.world > 1)
             printf("  gradients reduced in %d buckets of up to %g MB, %s%s; bf16 staging %.3f GiB\n", gr.n, o.bucket_mb,
                    o.grad_reduce_bf16 ? "bf16" : "fp32", gr.zero ? ", ZeRO-1 (reduce-scatter, all-gather)" : "",
-                   plan.reduce_bytes / (double)(1 << 30));
+                   (plan.reduce_bytes - gr.onebit_bytes) / (double)(1 << 30));
+        if (o.onebit)
+            printf("  1-bit Adam (--comm onebit): errors and messages %.3f GiB\n", gr.onebit_bytes / (double)(1 << 30));
         printf("  batch buffers %.3f GiB; total %.3f GiB for B=%d (%s)\n",
                (plan.batch_bytes + plan.maker_bytes + plan.val_bytes) / (double)(1 << 30),
                plan.total / (double)(1 << 30), plan.B, o.B ? "--batch" : "the largest that fits");

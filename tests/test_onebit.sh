@@ -13,6 +13,8 @@
 #     identical to the uninterrupted one (the ranks' 1-bit Adam errors are in the checkpoint); resumed on 2
 #     ranks it says that the errors are for another number of ranks and finishes;
 #   - one process: the compression still runs (its loss differs from fp32's after the warm-up), 0 bytes sent;
+#     an infinite gradient (MLM_TEST_INF_GRAD) skips the step and the run goes on; the memory plan counts the
+#     1-bit Adam buffers (what is allocated before step 1 equals the plan);
 #   - bad input: unknown --comm / --optimizer, --optimizer lamb, --comm-warmup >= --steps, --comm-warmup
 #     without onebit, onebit with --zero 1 or --bench: one line naming the flag, exit 1, nothing written.
 # Run by tests/run.sh; needs tools/requirements.txt (python3 tools/prepare.py). About a minute on 2 cores.
@@ -102,8 +104,12 @@ check 'grep -qE "^step +16/16" "$W/part2.0.log" && grep -q "errors are for anoth
   "a 4-rank onebit checkpoint resumed on 2 ranks: $(tail -n 3 "$W/part2.0.log")"
 
 # 3. one process: the compression runs (the loss leaves fp32's after the warm-up), nothing is sent
-runn one 1 --comm onebit --comm-warmup 4 --grad-accum 4
+MLM_TEST_INF_GRAD=9 runn one 1 --comm onebit --comm-warmup 4 --grad-accum 4
 check 'grep -qE "^step +16/16" "$W/one.0.log"' "1 rank, onebit: the run failed: $(tail -n 3 "$W/one.0.log")"
+check 'grep -q "step 9: .*not finite; update skipped" "$W/one.0.log"' \
+  "1 rank, onebit: an infinite gradient at step 9 was not skipped: $(grep -m1 "step 9" "$W/one.0.log")"
+check 'grep -qE "allocated before step 1: ([0-9]+) bytes \(the plan: \1 bytes\)" "$W/one.0.log"' \
+  "1 rank, onebit: the plan differs from what was allocated: $(grep "allocated before" "$W/one.0.log")"
 check '[ "$(loss_at 4 "$W/one.0.log")" = "$(loss_at 4 "$W/fp32.0.log")" ] && [ "$(loss_at 8 "$W/one.0.log")" != "$(loss_at 8 "$W/fp32.0.log")" ]' \
   "1 rank, onebit: step 4 should equal fp32's and step 8 differ: $(loss_at 4 "$W/one.0.log") $(loss_at 8 "$W/one.0.log")"
 check '[ "$(bytes_at 8 "$W/one.0.log")" = 0 ]' "1 rank: comm_bytes $(bytes_at 8 "$W/one.0.log"), want 0"
