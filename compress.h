@@ -171,7 +171,8 @@ __global__ void onebit_adam_update(float* master, floatX* params, float* m, cons
 // The host side: buffers, and one step.
 
 typedef struct OneBit {
-    int warmup;  // --comm-warmup: steps of AdamW with fp32 all-reduce; v is frozen after step `warmup`
+    int refresh;  // --comm-refresh: every `refresh` steps after the warm-up an fp32 AdamW step updates v (0: never)
+    int warmup;   // --comm-warmup: steps of AdamW with fp32 all-reduce; v is frozen after step `warmup`
     int world, rank;
     size_t numel;      // the slab's elements
     size_t chunk;      // elements per rank's chunk: world * chunk >= numel, a multiple of ONEBIT_GROUP
@@ -195,6 +196,17 @@ static inline size_t onebit_chunk(size_t numel, int world) {
 static inline size_t onebit_server_elems(size_t numel, size_t chunk, int q) {
     size_t lo = (size_t)q * chunk;
     return lo >= numel ? 0 : (numel - lo < chunk ? numel - lo : chunk);
+}
+
+// Variance refresh (--comm-refresh K, an option; 0/1 Adam's idea): step warmup + K, warmup + 2K, ... are fp32
+// AdamW steps (the averaged gradient; m and v updated), the others compressed. v has then been updated
+// onebit_v_updates(t) times by the end of step t, and its bias correction is 1 - b2^that.
+static inline int onebit_is_refresh(const OneBit* ob, int t) {
+    return ob->refresh > 0 && t > ob->warmup && (t - ob->warmup) % ob->refresh == 0;
+}
+static inline int onebit_v_updates(const OneBit* ob, int t) {
+    if (t <= ob->warmup) return t;
+    return ob->warmup + (ob->refresh > 0 ? (t - ob->warmup) / ob->refresh : 0);
 }
 
 // onebit_layout: the sizes for a slab of numel elements on `world` ranks (no device memory yet).
@@ -268,8 +280,9 @@ static inline void onebit_step(OneBit* ob, Comm* c, cudaStream_t s, int m_step, 
                                const float* g, float* m, const float* v, size_t n_decay, const float* norm, float lr,
                                float b1, float b2, float eps, float wd, float max_norm) {
     size_t groups = (size_t)ob->world * ob->chunk / ONEBIT_GROUP, mb = ob->msg_bytes;
+    float bc1 = 1.f - powf(b1, (float)m_step), bc2 = 1.f - powf(b2, (float)onebit_v_updates(ob, m_step));
     launch(onebit_worker, onebit_grid(groups), dim3(ONEBIT_THREADS), 0, s, ob->send, ob->worker_err, g, (const float*)m,
-           ob->numel, ob->chunk, groups, b1, norm, max_norm, v, 1.f - powf(b2, (float)ob->warmup), eps);
+           ob->numel, ob->chunk, groups, b1, norm, max_norm, v, bc2, eps);
     onebit_exchange(ob, c, s);
     unsigned char* mine = ob->gathered + (size_t)ob->rank * mb;
     launch(onebit_server, onebit_grid(ob->chunk / ONEBIT_GROUP), dim3(ONEBIT_THREADS), 0, s, mine, ob->server_err,
@@ -278,7 +291,6 @@ static inline void onebit_step(OneBit* ob, Comm* c, cudaStream_t s, int m_step, 
         comm_check(c, ncclAllGather(mine, ob->gathered, mb, ncclUint8, c->nccl, s), "1-bit all-gather");
         comm_count(c, COMM_ALLGATHER, mb, 0);
     }
-    float bc1 = 1.f - powf(b1, (float)m_step), bc2 = 1.f - powf(b2, (float)ob->warmup);
     launch(onebit_adam_update, onebit_grid((ob->numel + 255) / 256), dim3(256), 0, s, master, w, m, v,
            (const unsigned char*)ob->gathered, ob->numel, n_decay, ob->chunk, lr, eps, wd, bc1, bc2, (uint32_t)m_step);
 }

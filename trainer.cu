@@ -51,6 +51,7 @@ typedef struct {
     float bucket_mb;                   // gradient bucket size (MB of fp32 gradients)
     int grad_reduce_bf16, zero;        // --grad-reduce bf16; --zero 1 (ZeRO-1)
     int onebit, comm_warmup;           // --comm onebit (1-bit Adam, compress.h); --comm-warmup (0: default)
+    int comm_refresh;                  // --comm-refresh K: an fp32 step updates v every K steps (0: never)
     int optimizer;                     // --optimizer: OPT_ADAMW or OPT_LAMB
     long long tokens;                  // --tokens N: about N real tokens, as steps (resolve_run_length)
     double epochs;                     // --epochs E: E passes over the training shards, as steps
@@ -124,6 +125,8 @@ static void usage(void) {
         "                      are sent, about 28x fewer bytes than fp32; also on one GPU, to see its effect)\n"
         "  --comm-warmup N     --comm onebit: steps of fp32 AdamW before compression (default 10%% of --steps,\n"
         "                      at least 1; must be below --steps)\n"
+        "  --comm-refresh K    --comm onebit: every K steps after the warm-up one fp32 AdamW step updates the\n"
+        "                      frozen variance (default 0: never, as 1-bit Adam)\n"
         "  --optimizer NAME    adamw (default)\n"
         "  --zero N            1: ZeRO-1, each GPU keeps 1/world of the fp32 master weights and AdamW state\n"
         "                      (gradients reduce-scattered, weights all-gathered); 0: off (default)\n"
@@ -216,6 +219,8 @@ static void check_comm_options(const Options* o) {
         why = "--optimizer lamb: not in this build (adamw is)";
     else if (o->comm_warmup && !o->onebit)
         why = "--comm-warmup: only with --comm onebit";
+    else if (o->comm_refresh && !o->onebit)
+        why = "--comm-refresh: only with --comm onebit";
     else if (o->onebit && o->zero)
         why =
             "--comm onebit with --zero 1: 1-bit Adam keeps the whole momentum and its error on every rank (no "
@@ -378,6 +383,8 @@ static Options parse_options(int argc, char** argv) {
             o.onebit = !strcmp(v, "onebit");
         } else if (!strcmp(a, "--comm-warmup"))
             o.comm_warmup = (int)parse_int(a, v, 1, INT_MAX);
+        else if (!strcmp(a, "--comm-refresh"))
+            o.comm_refresh = (int)parse_int(a, v, 1, INT_MAX);
         else if (!strcmp(a, "--optimizer")) {
             if (strcmp(v, "adamw") && strcmp(v, "lamb")) {
                 fprintf(stderr, "trainer: --optimizer %s: expected adamw or lamb\n", v);
@@ -1161,6 +1168,18 @@ static void zero_adamw_step(BertModel* m, const GradReduce* gr, const Options* o
     }
 }
 
+// onebit_refresh_step: an AdamW step of the averaged gradient (m, v updated) whose variance bias correction counts
+// only the steps that updated v (compress.h: onebit_v_updates).
+static void onebit_refresh_step(BertModel* m, const OneBit* ob, const Options* o, float lr) {
+    m->step++;
+    float bc1 = 1.f - powf(o->beta1, (float)m->step), bc2 = 1.f - powf(o->beta2, (float)onebit_v_updates(ob, m->step));
+    size_t n = m->p.numel, blocks = (n + 1023) / 1024;
+    int grid = blocks < (size_t)launch_grid_cap() ? (int)blocks : launch_grid_cap();
+    launch(adamw_update, dim3(grid), dim3(256), 0, m->stream, m->master, m->w, (const float*)m->grad, m->adam_m,
+           m->adam_v, n, m->p.n_decay, lr, o->beta1, o->beta2, o->eps, o->wd, bc1, bc2, (const float*)m->norm, o->clip,
+           (uint32_t)m->step, (size_t)0);
+}
+
 // scratch (device floats, summed over ranks once per step): [0] loss sum, [1] masked count, [2] stop
 // requests, [3] ZeRO-1: the gradients' sum of squares, [4] checkpoint requests, [5..6] real tokens / 4096
 // and % 4096 (validation has its own sums: Validation).
@@ -1184,7 +1203,7 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     Comm* comm = gr->comm;
     uint64_t sent0 = comm->sent;
     OneBit* ob = gr->onebit;
-    int compressed = ob && m->step + 1 > ob->warmup;
+    int compressed = ob && m->step + 1 > ob->warmup && !onebit_is_refresh(ob, m->step + 1);
     comm->step = m->step + 1;  // for the watchdog's messages
     for (int micro = 0; micro < o->grad_accum; micro++) {
         bert_phase(m, PHASE_DATA);
@@ -1259,6 +1278,8 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     } else if (gr->zero) {
         zero_adamw_step(m, gr, o, lr);
         zero_allgather(gr, m->w, m->stream);
+    } else if (ob && m->step + 1 > ob->warmup) {  // --comm-refresh: an fp32 step updates the frozen v
+        onebit_refresh_step(m, ob, o, lr);
     } else {
         bert_adamw_step(m, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
     }
@@ -1757,6 +1778,7 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
                       o->epochs,
                       (double)o->onebit,
                       (double)o->comm_warmup,
+                      (double)o->comm_refresh,
                       (double)o->optimizer};
     const uint64_t h0 = 0xcbf29ce484222325ull;
     // The first four are numbers (the message shows them); the next four fingerprints; the last the micro-batch.
@@ -1770,7 +1792,7 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
         {"other training flags (--lr --warmup --wd --beta1 --beta2 --eps --clip --seed --resume --run-steps "
          "--val-every "
          "--val-batches --max-bad-steps --zero --bucket-mb --grad-reduce --tokens --epochs --comm --comm-warmup "
-         "--optimizer)",
+         "--comm-refresh --optimizer)",
          (int64_t)fingerprint(h0, flags, sizeof flags), 0, 0},
         {"training data (the --data shards: names in order, sizes, checksums)", (int64_t)data_fp, 0, 0},
         {"validation data (the --val shards)", (int64_t)val_fp, 0, 0},
@@ -2231,6 +2253,7 @@ int main(int argc, char** argv) {
     memset(&ob, 0, sizeof ob);
     if (o.onebit) {
         onebit_layout(&ob, model.p.numel, comm.world, comm.rank, o.comm_warmup);
+        ob.refresh = o.comm_refresh;
         onebit_alloc(&ob);
         gr.onebit = &ob;
         if (main_rank)

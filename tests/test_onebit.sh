@@ -16,8 +16,10 @@
 #   - one process: the compression still runs (its loss differs from fp32's after the warm-up), 0 bytes sent;
 #     an infinite gradient (MLM_TEST_INF_GRAD) skips the step and the run goes on; the memory plan counts the
 #     1-bit Adam buffers (what is allocated before step 1 equals the plan);
-#   - bad input: unknown --comm / --optimizer, --optimizer lamb, --comm-warmup >= --steps, --comm-warmup
-#     without onebit, onebit with --zero 1 or --bench: one line naming the flag, exit 1, nothing written.
+#   - --comm-refresh 3 (2 ranks): steps 7, 10, 13, 16 are fp32 steps (over 16x the bytes of the others);
+#   - bad input: unknown --comm / --optimizer, --optimizer lamb, --comm-warmup >= --steps, --comm-warmup or
+#     --comm-refresh without onebit, --comm-refresh 0, onebit with --zero 1 or --bench: one line naming the
+#     flag, exit 1, nothing written.
 # Run by tests/run.sh; needs tools/requirements.txt (python3 tools/prepare.py). About a minute on 2 cores.
 cd "$(dirname "$0")/.."
 TRAINER=${TRAINER:-./trainer_cpu}
@@ -115,7 +117,18 @@ check '[ "$(loss_at 4 "$W/one.0.log")" = "$(loss_at 4 "$W/fp32.0.log")" ] && [ "
   "1 rank, onebit: step 4 should equal fp32's and step 8 differ: $(loss_at 4 "$W/one.0.log") $(loss_at 8 "$W/one.0.log")"
 check '[ "$(bytes_at 8 "$W/one.0.log")" = 0 ]' "1 rank: comm_bytes $(bytes_at 8 "$W/one.0.log"), want 0"
 
-# 4. bad input: one line naming the flag, exit 1, nothing written
+# 4. --comm-refresh 3 on 2 ranks: steps 7, 10, 13, 16 send fp32's bytes (over 16x the others), the rest compressed
+runn refresh 2 --comm onebit --comm-warmup 4 --comm-refresh 3 --grad-accum 2
+check 'grep -qE "^step +16/16" "$W/refresh.0.log"' "--comm-refresh 3: the run failed: $(tail -n 3 "$W/refresh.0.log")"
+low=$(bytes_at 5 "$W/refresh.0.log") want=" 7 10 13 16" got=""
+for s in $(seq 5 16); do
+  b=$(bytes_at $s "$W/refresh.0.log")
+  [ -n "$b" ] && [ "$b" -gt $((16 * low)) ] && got="$got $s"
+done
+check '[ -n "$low" ] && [ "$got" = "$want" ]' "--comm-refresh 3: fp32-sized steps '$got', want '$want' (step 5: $low bytes)"
+check 'counts_agree refresh 2' "--comm-refresh 3: the trainer's byte counts differ from the CPU NCCL's"
+
+# 5. bad input: one line naming the flag, exit 1, nothing written
 bad_input() {  # bad_input WHAT EXPECTED ARGS...
   local what=$1 want=$2 out rc; shift 2
   out=$($TRAINER "${COMMON[@]}" --out "$W/bad" "$@" 2>&1); rc=$?
@@ -128,6 +141,8 @@ check 'bad_input "lamb" "--optimizer lamb" --optimizer lamb' "--optimizer lamb"
 check 'bad_input "warm-up too long" "--comm-warmup 16" --comm onebit --comm-warmup 16' "--comm-warmup 16 of 16 steps"
 check 'bad_input "warm-up without onebit" "--comm-warmup: only with --comm onebit" --comm-warmup 3' "--comm-warmup alone"
 check 'bad_input "onebit with zero" "--comm onebit with --zero 1" --comm onebit --zero 1' "onebit with --zero 1"
+check 'bad_input "refresh without onebit" "--comm-refresh: only with --comm onebit" --comm-refresh 5' "--comm-refresh alone"
+check 'bad_input "refresh 0" "--comm-refresh 0: expected an integer" --comm onebit --comm-refresh 0' "--comm-refresh 0"
 out=$($TRAINER --bench --preset tiny --seq 32 --batch 4 --comm onebit 2>&1); rc=$?
 check '[ $rc = 1 ] && printf "%s" "$out" | grep -q "not with --bench"' "onebit with --bench: rc $rc: $out"
 
