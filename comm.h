@@ -59,7 +59,26 @@ typedef struct {
     double timeout_s;       // --nccl-timeout: the deadline of every wait (bootstrap, init, collectives)
     int step;               // the training step under way, for messages (0: before step 1)
     volatile int* release;  // test hook MLM_TEST_STALL: comm_die sets it, ending a stalled kernel (NULL: none)
+    uint64_t sent;          // bytes this rank has sent through NCCL so far, by comm_count's model
+    uint64_t calls;         // NCCL collectives (a group of sends and receives: one) this rank has made
 } Comm;
+
+// comm_count: adds one NCCL call's bytes to c->sent, by the algorithm model NCCL's ring collectives and
+// point-to-point calls follow (the same model cpu/nccl.cpp counts with under NCCL_EMU_STATS, so a test can
+// compare the two). P ranks, `bytes` of the call's buffer: AllReduce 2 (P-1) bytes / P (integer division);
+// ReduceScatter and AllGather: `bytes` is one rank's block, (P-1) bytes; Broadcast: bytes from every rank
+// but the one before the root (`peer`) in the ring; Send: bytes to another rank (`peer`; to itself: 0).
+// Nothing when world == 1 (no NCCL call is made).
+enum { COMM_ALLREDUCE, COMM_REDUCESCATTER, COMM_ALLGATHER, COMM_BROADCAST, COMM_SEND };
+static inline void comm_count(Comm* c, int kind, size_t bytes, int peer) {
+    if (c->world == 1) return;
+    uint64_t P = (uint64_t)c->world, B = bytes;
+    if (kind == COMM_ALLREDUCE) c->sent += 2 * (P - 1) * B / P;
+    if (kind == COMM_REDUCESCATTER || kind == COMM_ALLGATHER) c->sent += (P - 1) * B;
+    if (kind == COMM_BROADCAST && c->rank != (peer + c->world - 1) % c->world) c->sent += B;
+    if (kind == COMM_SEND && c->rank != peer) c->sent += B;
+    if (kind != COMM_SEND) c->calls++;
+}
 
 #define COMM_DEFAULT_TIMEOUT_S 120.0
 
@@ -661,6 +680,7 @@ static inline void comm_init(Comm* c, const CommBootstrap* b) {
 static inline void comm_sum(Comm* c, float* x, size_t n, cudaStream_t s, const char* what) {
     if (c->world == 1) return;
     comm_check(c, ncclAllReduce(x, x, n, ncclFloat32, ncclSum, c->nccl, s), what);
+    comm_count(c, COMM_ALLREDUCE, n * sizeof(float), 0);
 }
 
 // ----------------------------------------------------------------------------
@@ -730,6 +750,7 @@ static inline void comm_agree(Comm* c, CommValue* v, int n) {
         cudaMemcpyAsync(d, h, 2 * n * sizeof(int64_t), cudaMemcpyHostToDevice, s) != cudaSuccess)
         comm_die(c, "agreement AllReduce", "cannot stage %d values on the device", n);
     comm_check(c, ncclAllReduce(d, d, 2 * (size_t)n, ncclInt64, ncclMax, c->nccl, s), "agreement AllReduce");
+    comm_count(c, COMM_ALLREDUCE, 2 * (size_t)n * sizeof(int64_t), 0);
     if (cudaMemcpyAsync(h, d, 2 * n * sizeof(int64_t), cudaMemcpyDeviceToHost, s) != cudaSuccess)
         comm_die(c, "agreement AllReduce", "cannot read the values back");
     comm_wait(c, s, "agreement AllReduce");
@@ -826,12 +847,14 @@ typedef struct {
 
 typedef struct {
     Comm* comm;
-    int zero, bf16;       // --zero 1; --grad-reduce bf16
-    int n;                // buckets, in launch order
-    GradBucket* b;        // (n)
-    size_t numel, slack;  // the slab's elements; ZeRO-1: elements after it that the topmost bucket's padding uses
-    size_t state_numel;   // elements of master weights and AdamW m, v this rank holds (numel without ZeRO-1)
-    size_t stage_elems;   // --grad-reduce bf16 with world > 1: elements of the bf16 staging buffer; else 0
+    int zero, bf16;         // --zero 1; --grad-reduce bf16
+    int n;                  // buckets, in launch order
+    GradBucket* b;          // (n)
+    size_t numel, slack;    // the slab's elements; ZeRO-1: elements after it that the topmost bucket's padding uses
+    size_t state_numel;     // elements of master weights and AdamW m, v this rank holds (numel without ZeRO-1)
+    size_t stage_elems;     // --grad-reduce bf16 with world > 1: elements of the bf16 staging buffer; else 0
+    size_t onebit_bytes;    // --comm onebit: device bytes of its state (compress.h; the trainer sets it); else 0
+    struct OneBit* onebit;  // --comm onebit: its state (compress.h; the trainer sets it); else NULL
     // the device side (grad_reduce_start)
     cudaStream_t stream;  // the communication stream
     cudaEvent_t* ready;   // (n_events) the events bert_backward records (BertModel.grad_ready)
@@ -925,14 +948,17 @@ static inline void grad_reduce_launch(GradReduce* g, float* grad) {
         if (!g->bf16 && g->zero) {
             comm_check(c, ncclReduceScatter(x, x + mine, b->piece, ncclFloat32, ncclAvg, c->nccl, g->stream),
                        "gradient ReduceScatter");
+            comm_count(c, COMM_REDUCESCATTER, b->piece * sizeof(float), 0);
         } else if (!g->bf16) {
             comm_check(c, ncclAllReduce(x, x, b->n, ncclFloat32, ncclAvg, c->nccl, g->stream), "gradient AllReduce");
+            comm_count(c, COMM_ALLREDUCE, b->n * sizeof(float), 0);
         } else if (g->zero) {
             size_t padded = (size_t)c->world * b->piece;
             launch(grad_to_bf16, gr_grid(padded), dim3(256), 0, g->stream, g->stage, (const float*)x, b->n, padded);
             comm_check(
                 c, ncclReduceScatter(g->stage, g->stage + mine, b->piece, ncclBfloat16, ncclSum, c->nccl, g->stream),
                 "gradient ReduceScatter (bf16)");
+            comm_count(c, COMM_REDUCESCATTER, b->piece * sizeof(__nv_bfloat16), 0);
             grad_reduce_piece(g, b, c->rank, &off, &n);
             if (n)
                 launch(grad_from_bf16, gr_grid(n), dim3(256), 0, g->stream, grad + off,
@@ -941,6 +967,7 @@ static inline void grad_reduce_launch(GradReduce* g, float* grad) {
             launch(grad_to_bf16, gr_grid(b->n), dim3(256), 0, g->stream, g->stage, (const float*)x, b->n, b->n);
             comm_check(c, ncclAllReduce(g->stage, g->stage, b->n, ncclBfloat16, ncclSum, c->nccl, g->stream),
                        "gradient AllReduce (bf16)");
+            comm_count(c, COMM_ALLREDUCE, b->n * sizeof(__nv_bfloat16), 0);
             launch(grad_from_bf16, gr_grid(b->n), dim3(256), 0, g->stream, x, (const __nv_bfloat16*)g->stage, b->n,
                    inv_world);
         }
@@ -976,6 +1003,7 @@ static inline void zero_allgather(const GradReduce* g, floatX* w, cudaStream_t s
         const GradBucket* b = &g->b[i];
         comm_check(c, ncclAllGather(w + b->lo + (size_t)c->rank * b->piece, w + b->lo, b->piece, t, c->nccl, s),
                    "weight AllGather (ZeRO-1)");
+        comm_count(c, COMM_ALLGATHER, b->piece * sizeof(floatX), 0);
     }
 }
 
@@ -990,9 +1018,11 @@ static inline void zero_gather(const GradReduce* g, const float* shard, float* f
         if (n)
             CUDA_CHECK(
                 cudaMemcpyAsync(full + off, shard + b->state_off, n * sizeof(float), cudaMemcpyDeviceToDevice, s));
-        if (c->world > 1)
+        if (c->world > 1) {
             comm_check(c, ncclAllGather(full + off, full + b->lo, b->piece, ncclFloat32, c->nccl, s),
                        "checkpoint AllGather (ZeRO-1)");
+            comm_count(c, COMM_ALLGATHER, b->piece * sizeof(float), 0);
+        }
     }
     comm_wait(c, s, "checkpoint AllGather (ZeRO-1)");
 }

@@ -7,6 +7,7 @@
 #include "data.h"          // token shards, the ring of loader threads, MLM masking
 #include "comm.h"          // rank and world size; NCCL gradient averaging
 #include "scaling.h"       // the scaling predictor: compute, all-reduce and overlap on N nodes
+#include "compress.h"      // --comm onebit: 1-bit Adam's compressed momentum all-reduce
 #include <ctype.h>
 #include <dirent.h>
 #include <glob.h>
@@ -54,6 +55,9 @@ typedef struct {
     long long global_batch;            // --global-batch S: sequences per step (0: from --grad-accum)
     long long max_global_batch;        // --max-global-batch S: --grad-accum auto's cap
     int grad_reduce_bf16, zero;        // --grad-reduce bf16; --zero 1 (ZeRO-1)
+    int onebit, comm_warmup;           // --comm onebit (1-bit Adam, compress.h); --comm-warmup (0: default)
+    int comm_refresh;                  // --comm-refresh K: an fp32 step updates v every K steps (0: never)
+    int optimizer;                     // --optimizer: OPT_ADAMW or OPT_LAMB
     long long tokens;                  // --tokens N: about N real tokens, as steps (resolve_run_length)
     double epochs;                     // --epochs E: E passes over the training shards, as steps
     const char* eval;                  // --eval SRC: evaluate a checkpoint or an export on --val; no training
@@ -61,6 +65,7 @@ typedef struct {
     int overwrite;                     // --overwrite: a new run may replace the run already in --out
     int seed_given, preset_given;      // --seed, --preset were given (checked against --resume, --init-from)
 } Options;
+enum { OPT_ADAMW, OPT_LAMB };
 
 static void usage(void) {
     printf(
@@ -130,7 +135,15 @@ static void usage(void) {
         "  --device-mem GB     with --plan-only: plan for this much device memory instead of this one's\n"
         "  --bucket-mb X       gradients are reduced over GPUs in buckets of X MB (fp32; default 25), each as\n"
         "                      soon as the backward has made it, overlapping the rest of the backward\n"
-        "  --grad-reduce T     fp32 (default) or bf16: the type the buckets are reduced in (bf16: half the traffic)\n"
+        "  --comm MODE         how gradients cross the network: fp32 (default: buckets all-reduced in fp32), bf16\n"
+        "                      (half the bytes), onebit (1-bit Adam: after --comm-warmup steps of fp32 AdamW the\n"
+        "                      variance is frozen and only the momentum's signs and one scale per 256 elements\n"
+        "                      are sent, about 28x fewer bytes than fp32; also on one GPU, to see its effect)\n"
+        "  --comm-warmup N     --comm onebit: steps of fp32 AdamW before compression (default 10%% of --steps,\n"
+        "                      at least 1; must be below --steps)\n"
+        "  --comm-refresh K    --comm onebit: every K steps after the warm-up one fp32 AdamW step updates the\n"
+        "                      frozen variance (default 0: never, as 1-bit Adam)\n"
+        "  --optimizer NAME    adamw (default)\n"
         "  --zero N            1: ZeRO-1, each GPU keeps 1/world of the fp32 master weights and AdamW state\n"
         "                      (gradients reduce-scattered, weights all-gathered); 0: off (default)\n"
         "  --info              print the device and this process's place in the job, then exit\n"
@@ -233,6 +246,27 @@ static void check_flag_combinations(const Options* o) {
     }
 }
 
+// check_comm_options: --comm onebit, --comm-warmup and --optimizer against the other flags (one line and exit 1).
+static void check_comm_options(const Options* o) {
+    const char* why = NULL;
+    if (o->optimizer == OPT_LAMB)
+        why = "--optimizer lamb: not in this build (adamw is)";
+    else if (o->comm_warmup && !o->onebit)
+        why = "--comm-warmup: only with --comm onebit";
+    else if (o->comm_refresh && !o->onebit)
+        why = "--comm-refresh: only with --comm onebit";
+    else if (o->onebit && o->zero)
+        why =
+            "--comm onebit with --zero 1: 1-bit Adam keeps the whole momentum and its error on every rank (no "
+            "ZeRO-1 shards); use one of them";
+    else if (o->onebit && o->bench)
+        why = "--comm onebit: not with --bench (its steps are the fp32 warm-up's; time a short training run instead)";
+    if (why) {
+        fprintf(stderr, "trainer: %s\n", why);
+        exit(1);
+    }
+}
+
 // init_matches_preset: --preset beside --init-from must name the shape the checkpoint has (the weights decide
 // it); a different one is an error instead of being ignored. 1 when it matches or was not given.
 static int init_matches_preset(const Options* o, const BertConfig* c) {
@@ -266,6 +300,20 @@ static void stall_launch(Comm* comm, const Options* o, cudaStream_t s) {
     fprintf(stderr, "trainer: rank %d: MLM_TEST_STALL: step %d's collectives stall\n", comm->rank, comm->step);
     long long max_cycles = (long long)((o->nccl_timeout + 60.0) * 2e9);  // clock64 ticks at most ~2 GHz
     launch(stall_spin, dim3(1), dim3(1), 0, s, (const volatile int*)release, max_cycles);
+}
+
+// resolve_comm_warmup: --comm onebit's warm-up once --steps is known: the default (10% of the steps, at least
+// 1), and an error line when it is not below --steps.
+static void resolve_comm_warmup(Options* o) {
+    if (!o->onebit) return;
+    if (!o->comm_warmup) o->comm_warmup = o->steps / 10 > 1 ? o->steps / 10 : 1;
+    if (o->comm_warmup >= o->steps) {
+        fprintf(stderr,
+                "trainer: --comm-warmup %d: the warm-up must end before the run's last step (--steps %d); give a "
+                "smaller --comm-warmup or more steps\n",
+                o->comm_warmup, o->steps);
+        exit(1);
+    }
 }
 
 static Options parse_options(int argc, char** argv) {
@@ -417,6 +465,23 @@ static Options parse_options(int argc, char** argv) {
                 exit(1);
             }
             o.grad_reduce_bf16 = !strcmp(v, "bf16");
+        } else if (!strcmp(a, "--comm")) {  // --grad-reduce is its old name (fp32 and bf16 only)
+            if (strcmp(v, "fp32") && strcmp(v, "bf16") && strcmp(v, "onebit")) {
+                fprintf(stderr, "trainer: --comm %s: expected fp32, bf16 or onebit\n", v);
+                exit(1);
+            }
+            o.grad_reduce_bf16 = !strcmp(v, "bf16");
+            o.onebit = !strcmp(v, "onebit");
+        } else if (!strcmp(a, "--comm-warmup"))
+            o.comm_warmup = (int)parse_int(a, v, 1, INT_MAX);
+        else if (!strcmp(a, "--comm-refresh"))
+            o.comm_refresh = (int)parse_int(a, v, 1, INT_MAX);
+        else if (!strcmp(a, "--optimizer")) {
+            if (strcmp(v, "adamw") && strcmp(v, "lamb")) {
+                fprintf(stderr, "trainer: --optimizer %s: expected adamw or lamb\n", v);
+                exit(1);
+            }
+            o.optimizer = !strcmp(v, "lamb") ? OPT_LAMB : OPT_ADAMW;
         } else {
             fprintf(stderr, "trainer: %s: unknown flag (see --help)\n", a);
             exit(1);
@@ -439,6 +504,7 @@ static Options parse_options(int argc, char** argv) {
         fprintf(stderr, "trainer: --grad-accum auto: not with --bench; give a number\n");
         exit(1);
     }
+    check_comm_options(&o);
     if (o.bench) return o;  // --bench needs no shards, output directory or step count
     if (o.eval) {           // --eval: only the evaluation's flags
         if (!o.val || o.data || o.steps || o.tokens || o.epochs || o.resume || o.init_from) {
@@ -460,6 +526,7 @@ static Options parse_options(int argc, char** argv) {
         exit(1);
     }
     check_flag_combinations(&o);
+    if (o.steps > 0) resolve_comm_warmup(&o);  // else after resolve_run_length
     test_hook_env("MLM_TEST_INF_GRAD", o.inf_grad);
     test_hook_env("MLM_TEST_INF_LOSS", o.inf_loss);
     test_hook_env("MLM_TEST_STALL", o.stall);
@@ -475,7 +542,7 @@ static Options parse_options(int argc, char** argv) {
 typedef struct {
     int B, T, M;
     BertMemPlan model;
-    size_t reduce_bytes;  // the bf16 staging buffer of --grad-reduce bf16 (comm.h)
+    size_t reduce_bytes;  // the bf16 staging buffer of --grad-reduce bf16 (comm.h), --comm onebit's state (compress.h)
     size_t batch_bytes;   // each loader's (training, validation) two device batch buffers
     size_t maker_bytes;   // seg_lo, seg_hi (B, T), the head's positions and labels (M), 8 floats of loss sums,
                           // the head rows' hits (M floats: accuracy)
@@ -490,7 +557,7 @@ static Plan make_plan(const BertConfig* c, int B, int T, int loaders, const Grad
     Plan p;
     p.B = B, p.T = T, p.M = mlm_cap(B, T);
     p.model = bert_mem_plan_sharded(c, B, T, p.M, (int)sizeof(floatX), gr->zero ? gr->state_numel : 0, gr->slack);
-    p.reduce_bytes = gr->stage_elems * sizeof(__nv_bfloat16);
+    p.reduce_bytes = gr->stage_elems * sizeof(__nv_bfloat16) + gr->onebit_bytes;
     p.batch_bytes = loaders * dataloader_device_bytes(B, T);
     p.maker_bytes = (2 * (size_t)B * T + 2 * (size_t)p.M) * sizeof(int) + 8 * sizeof(float)  // + the loss sums
                     + (size_t)p.M * sizeof(float);                                           // + the hits
@@ -534,6 +601,11 @@ static void grad_reduce_setup(GradReduce* gr, const BertConfig* cfg, Comm* comm,
     // one process has nothing to shard: --zero 1 then trains as without it
     grad_reduce_layout(gr, comm, p.numel, p.n_decay, ready_lo, n_events, bucket_elems, o->zero && comm->world > 1,
                        o->grad_reduce_bf16);
+    if (o->onebit) {  // the buffers of compress.h, for the plan
+        OneBit ob;
+        onebit_layout(&ob, p.numel, comm->world, comm->rank, 1);
+        gr->onebit_bytes = onebit_device_bytes(&ob);
+    }
     free(ready_lo);
     bert_params_free(&p);
 }
@@ -563,6 +635,7 @@ static Plan choose_batch(const BertConfig* c, int T, int loaders, const GradRedu
 // crash at any moment leaves every earlier checkpoint intact. The file, little-endian:
 //   header (CkptHeader) | master weights fp32 (numel) | AdamW m fp32 (numel) | AdamW v fp32 (numel)
 //   | the floatX weights (numel; bf16 mode only: stochastic rounding made them, so they are state too)
+//   | --comm onebit only: every rank's 1-bit Adam errors (compress.h: onebit_ckpt_bytes; header.onebit_world)
 //   | CRC-32 (zlib's) of every byte before it (u32) | 4 zero bytes
 // The CRC is computed while writing and checked before anything is loaded; then the header is checked
 // against the run (model, T, step within --steps; data.h checks the data position).
@@ -574,8 +647,8 @@ typedef struct {
     uint32_t version, header_bytes;
     BertConfig cfg;
     int32_t T, step;
-    int32_t x_bytes;  // sizeof(floatX) of the run that wrote it
-    int32_t reserved;
+    int32_t x_bytes;             // sizeof(floatX) of the run that wrote it
+    int32_t onebit_world;        // --comm onebit: the ranks whose 1-bit Adam errors follow the AdamW state; else 0
     uint64_t numel, body_bytes;  // body: everything between the header and the CRC
     uint64_t tokens;             // real tokens trained on by all ranks up to this step
     DataLoaderState data;        // (last: tests/test_checkpoints.sh finds it 64 bytes before the body)
@@ -674,6 +747,8 @@ static int save_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, const 
     h.version = CKPT_VERSION, h.header_bytes = sizeof h;
     h.cfg = m->cfg, h.T = m->T, h.step = m->step, h.x_bytes = (int32_t)sizeof(floatX);
     h.numel = m->p.numel, h.body_bytes = ckpt_body_bytes(m), h.tokens = ck->tokens, h.data = *data;
+    h.onebit_world = gr->onebit ? gr->onebit->world : 0;
+    h.body_bytes += onebit_ckpt_bytes(h.numel, h.onebit_world);
     unsigned char* buf = writer ? (unsigned char*)malloc(CKPT_CHUNK) : NULL;
     int fd = buf ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
     int ok = fd >= 0 && write_all(fd, &h, sizeof h), why = buf ? errno : ENOMEM;  // why: errno of the failure
@@ -696,7 +771,18 @@ static int save_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, const 
         // kill lands while the checkpoint is half written
         if (ok && r == 0 && getenv("MLM_TEST_CKPT_DELAY_MS")) usleep(1000 * atoi(getenv("MLM_TEST_CKPT_DELAY_MS")));
     }
-    if (gr->zero) bert_zero_grad(m);  // the gradient buffer was the staging area
+    if (gr->zero) bert_zero_grad(m);                    // the gradient buffer was the staging area
+    for (int part = 0; gr->onebit && part < 2; part++)  // every rank: the workers' errors, then the servers'
+        for (int q = 0; q < gr->onebit->world; q++) {
+            size_t n = onebit_fetch(gr->onebit, gr->comm, q, part, m->grad, m->stream) * sizeof(float);
+            for (size_t off = 0; ok && off < n; off += CKPT_CHUNK) {
+                size_t k = n - off < CKPT_CHUNK ? n - off : CKPT_CHUNK;
+                CUDA_CHECK(cudaMemcpy(buf, (const char*)m->grad + off, k, cudaMemcpyDeviceToHost));
+                crc = crc32_update(crc, buf, k);
+                if (!(ok = write_all(fd, buf, k))) why = errno;
+            }
+        }
+    if (gr->onebit) bert_zero_grad(m);
     if (!writer) return 1;
     uint32_t trailer[2] = {crc, 0};
     if (ok && !(ok = write_all(fd, trailer, sizeof trailer) && fsync(fd) == 0)) why = errno;
@@ -737,8 +823,12 @@ static const char* ckpt_whats_on_disk(const Ckpts* ck, char* buf, size_t n) {
 // ckpt_first_nonfinite: the body offset of the first value in buf (k bytes at body offset pos) that is not a
 // finite number (NaN, +-Inf), or UINT64_MAX. The body is 3 fp32 arrays of numel (master weights, AdamW m, v),
 // then, when x_bytes is 2, the bf16 weights; chunks start at multiples of 4 bytes, so no value straddles two.
+// What follows the weights (--comm onebit's error buffers, compress.h) is not weights, and is not checked.
 static uint64_t ckpt_first_nonfinite(const CkptHeader* h, const unsigned char* buf, size_t k, uint64_t pos) {
     uint64_t fp32_end = 12 * h->numel;  // where the fp32 arrays end
+    uint64_t weights_end = fp32_end + (h->x_bytes == 2 ? 2 * h->numel : 0);
+    if (pos >= weights_end) return UINT64_MAX;
+    if (k > weights_end - pos) k = (size_t)(weights_end - pos);
     for (size_t i = 0; i < k;) {
         if (pos + i < fp32_end) {
             uint32_t u;
@@ -788,7 +878,8 @@ static int ckpt_verify(const char* path, CkptHeader* h, char* why, size_t n) {
         snprintf(why, n, "truncated or trailing bytes: %lld bytes, the header says %llu", (long long)st.st_size,
                  (unsigned long long)(sizeof *h + h->body_bytes + 8));
     else if ((h->x_bytes != 2 && h->x_bytes != 4) ||
-             h->body_bytes != h->numel * (12 + (h->x_bytes == 4 ? 0 : (uint64_t)h->x_bytes)))
+             h->body_bytes != h->numel * (12 + (h->x_bytes == 4 ? 0 : (uint64_t)h->x_bytes)) +
+                                  onebit_ckpt_bytes(h->numel, h->onebit_world))
         snprintf(why, n, "its header is inconsistent: %llu body bytes for %llu parameters of %d-byte weights",
                  (unsigned long long)h->body_bytes, (unsigned long long)h->numel, h->x_bytes);
     else if (!(buf = (unsigned char*)malloc(CKPT_CHUNK)))
@@ -829,7 +920,8 @@ static void ckpt_check_run(const char* path, const CkptHeader* h, const BertMode
                  h->cfg.layers, h->cfg.hidden, h->cfg.vocab_size, h->T, m->cfg.layers, m->cfg.hidden, m->cfg.vocab_size,
                  m->T);
         why = buf;
-    } else if (h->x_bytes != (int32_t)sizeof(floatX) || h->body_bytes != ckpt_body_bytes(m)) {
+    } else if (h->x_bytes != (int32_t)sizeof(floatX) ||
+               h->body_bytes != ckpt_body_bytes(m) + onebit_ckpt_bytes(h->numel, h->onebit_world)) {
         snprintf(buf, sizeof buf, "saved by a trainer with %d-byte weights; this one is %s", h->x_bytes, FLOATX_NAME);
         why = buf;
     } else if (h->step < 0 || h->step > steps) {
@@ -840,6 +932,30 @@ static void ckpt_check_run(const char* path, const CkptHeader* h, const BertMode
         fprintf(stderr, "trainer: --resume: %s: %s\n", path, why);
         exit(1);
     }
+}
+
+// ckpt_load_onebit: the checkpoint's 1-bit Adam errors (h->onebit_world ranks' worth; read through for the CRC
+// in any case): this rank's into gr->onebit when it runs --comm onebit on that many ranks; else its errors stay
+// zero (rank 0 says why, when the checkpoint had errors or the run is past its warm-up). Gives 0 on a read error.
+static int ckpt_load_onebit(int fd, const GradReduce* gr, const CkptHeader* h, unsigned char* buf, uint32_t* crc) {
+    OneBit* ob = gr->onebit;
+    int W = h->onebit_world, use = ob && W == ob->world;
+    if (gr->comm->rank == 0 && ob && !use && (W || h->step > ob->warmup))
+        printf("--resume: %s; 1-bit Adam starts from zero errors\n",
+               W ? "the checkpoint's 1-bit Adam errors are for another number of ranks"
+                 : "the checkpoint has no 1-bit Adam errors (written without --comm onebit)");
+    for (int part = 0; part < 2; part++)
+        for (int q = 0; q < W; q++) {
+            size_t n = part ? onebit_server_elems(h->numel, onebit_chunk(h->numel, W), q) : h->numel;
+            char* dst = use && q == gr->comm->rank ? (char*)(part ? ob->server_err : ob->worker_err) : NULL;
+            for (size_t off = 0; off < n * sizeof(float); off += CKPT_CHUNK) {
+                size_t k = n * sizeof(float) - off < CKPT_CHUNK ? n * sizeof(float) - off : CKPT_CHUNK;
+                if (!read_all(fd, buf, k)) return 0;
+                *crc = crc32_update(*crc, buf, k);
+                if (dst) CUDA_CHECK(cudaMemcpy(dst + off, buf, k, cudaMemcpyHostToDevice));
+            }
+        }
+    return 1;
 }
 
 // ckpt_load: streams a verified checkpoint's body to the device (checking its CRC again on the way). Under
@@ -862,6 +978,7 @@ static void ckpt_load(const char* path, BertModel* m, const GradReduce* gr, Ckpt
         if (ok && ckpt_sharded(gr, r)) zero_scatter(gr, m->grad, (float*)dev[r], m->stream);
     }
     if (gr->zero) bert_zero_grad(m);
+    ok = ok && ckpt_load_onebit(fd, gr, h, buf, &crc);
     ok = ok && read_all(fd, trailer, sizeof trailer) && trailer[0] == crc;
     free(buf);
     if (fd >= 0) close(fd);
@@ -959,6 +1076,7 @@ typedef struct {
     int *pos, *labels;     // (M) device: the head's rows
     float* hits;           // (M) device: 1 where the head's top prediction is the label (validation)
     float* host;           // (BM_HOST) pinned host: the step's sums and gradient norm, read after the step's sync
+    cudaEvent_t stop_ev;   // stop_agreed: the compute stream's progress, which its all-reduce waits for
     int pad_id, M;
     long long dropped;  // masked positions left out of the loss because a batch had more than M
 } BatchMaker;
@@ -972,6 +1090,7 @@ static float* batch_maker_alloc(BatchMaker* bm, const Plan* plan, int pad_id) {
     memset(bm, 0, sizeof *bm);
     bm->pad_id = pad_id, bm->M = plan->M;
     CUDA_CHECK(cudaMallocHost((void**)&bm->host, BM_HOST * sizeof(float)));
+    CUDA_CHECK(cudaEventCreateWithFlags(&bm->stop_ev, cudaEventDisableTiming));
     CUDA_CHECK(cudaMalloc((void**)&bm->seg_lo, plan->maker_bytes));
     bm->seg_hi = bm->seg_lo + (size_t)plan->B * plan->T;
     bm->pos = bm->seg_hi + (size_t)plan->B * plan->T;
@@ -1468,6 +1587,7 @@ typedef struct {
     int ckpt;              // rank 0 asked for a checkpoint after this step (--ckpt-minutes): every rank knows
     int skipped;           // the loss or the gradient norm was not finite: no update was made
     int dropped;           // a stop between micro-batches: the step was abandoned (no update, gradients cleared)
+    uint64_t comm_bytes;   // bytes this rank sent through NCCL in the step (comm_count's model)
 } StepResult;
 
 // model_set_params: a host fp32 slab (numel floats) as the weights; under ZeRO-1 this rank keeps its shard of
@@ -1505,29 +1625,77 @@ static void zero_adamw_step(BertModel* m, const GradReduce* gr, const Options* o
     }
 }
 
+// onebit_refresh_step: an AdamW step of the averaged gradient (m, v updated) whose variance bias correction counts
+// only the steps that updated v (compress.h: onebit_v_updates).
+static void onebit_refresh_step(BertModel* m, const OneBit* ob, const Options* o, float lr) {
+    m->step++;
+    float bc1 = 1.f - powf(o->beta1, (float)m->step), bc2 = 1.f - powf(o->beta2, (float)onebit_v_updates(ob, m->step));
+    size_t n = m->p.numel, blocks = (n + 1023) / 1024;
+    int grid = blocks < (size_t)launch_grid_cap() ? (int)blocks : launch_grid_cap();
+    launch(adamw_update, dim3(grid), dim3(256), 0, m->stream, m->master, m->w, (const float*)m->grad, m->adam_m,
+           m->adam_v, n, m->p.n_decay, lr, o->beta1, o->beta2, o->eps, o->wd, bc1, bc2, (const float*)m->norm, o->clip,
+           (uint32_t)m->step, (size_t)0);
+}
+
 // scratch (device floats, summed over ranks once per step): [0] loss sum, [1] masked count, [2] stop
 // requests, [3] ZeRO-1: the gradients' sum of squares, [4] checkpoint requests, [5..6] real tokens / 4096
 // and % 4096 (validation has its own sums: Validation).
 enum { S_LOSS, S_COUNT, S_STOP, S_SUMSQ, S_CKPT, S_TOK_HI, S_TOK_LO, S_STEP_N };
-// scratch[S_STEP_N]: the stop agreement between micro-batches (stop_agreed), the last of the 8 floats
+// scratch[S_STEP_N]: the stop agreement between micro-batches (stop_agreed), the last of the 8 floats; its host
+// side is bm->host[S_STEP_N + 1] (the sum) and [S_STEP_N + 2] (this rank's flag, the copy's pinned source)
 static_assert(S_STEP_N < 8, "batch_maker_alloc gives 8 floats of step sums; stop_agreed uses scratch[S_STEP_N]");
 
-// stop_agreed: between two micro-batches of a step: whether any rank was asked to stop. One float summed over
-// the ranks (slot: scratch[S_STEP_N], the last of batch_maker_alloc's 8), waited for with the watchdog, so every
-// rank decides the same after the same micro-batch; with one rank, the flag itself (no sync).
-static int stop_agreed(Comm* comm, float* slot, cudaStream_t s) {
-    if (comm->world == 1) return stop_requested != 0;
-    float stop = stop_requested ? 1.f : 0.f, all = 0.f;
-    CUDA_CHECK(cudaMemcpyAsync(slot, &stop, sizeof stop, cudaMemcpyHostToDevice, s));
-    all_ranks_sum(comm, slot, 1, &all, s, "stop AllReduce (between micro-batches)");
-    return all > 0.f;
+// stop_agreed: between two micro-batches of a step: whether any rank was asked to stop, decided the same on
+// every rank, one micro-batch late so that neither the host nor the GPU waits for it. After micro-batch k is
+// queued, this rank's flag is summed over the ranks on the communication stream (one float; the compute stream
+// never waits for the network) into pinned memory; after micro-batch k+1 is queued, the host reads that sum
+// (comm_wait: the GPU is busy with k+1 by then, and the watchdog guards the wait). `pending` carries the sum in
+// flight from one call to the next; launch_next 0 (after the last micro-batch) only collects it. With one rank,
+// the flag itself. The all-reduce waits for the compute stream's work queued before it (stop_ev), and every
+// later collective is queued after the host has seen it end: the ranks' collectives on this communicator run
+// in one order on every rank, whatever stream they are on (NCCL does not promise that two of them in flight
+// on two streams can progress together: NVIDIA/nccl issues #195, #217).
+static int stop_agreed(GradReduce* gr, BatchMaker* bm, cudaStream_t compute, float* slot, int* pending,
+                       int launch_next) {
+    Comm* comm = gr->comm;
+    if (comm->world == 1) return launch_next && stop_requested != 0;
+    float *sum = bm->host + S_STEP_N + 1, *flag = bm->host + S_STEP_N + 2;
+    int stop = 0;
+    if (*pending) {
+        comm_wait(comm, gr->stream, "stop AllReduce (between micro-batches)");
+        stop = *sum > 0.f, *pending = 0;
+    }
+    if (stop || !launch_next) return stop;
+    *flag = stop_requested ? 1.f : 0.f;  // pinned: the copy returns at once, and reads it before the next call
+    CUDA_CHECK(cudaEventRecord(bm->stop_ev, compute));
+    CUDA_CHECK(cudaStreamWaitEvent(gr->stream, bm->stop_ev, 0));
+    CUDA_CHECK(cudaMemcpyAsync(slot, flag, sizeof *flag, cudaMemcpyHostToDevice, gr->stream));
+    comm_sum(comm, slot, 1, gr->stream, "stop AllReduce (between micro-batches)");
+    CUDA_CHECK(cudaMemcpyAsync(sum, slot, sizeof *sum, cudaMemcpyDeviceToHost, gr->stream));
+    *pending = 1;
+    return 0;
 }
 
+// onebit_local_sumsq: acc[0] += the sum of squares of this rank's own (not averaged) gradient (--comm onebit
+// after its warm-up, where the averaged gradient is never formed).
+static void onebit_local_sumsq(BertModel* m, float* acc) {
+    launch(grad_norm_partial, dim3(launch_grid_cap()), dim3(256), 0, m->stream, m->norm_partial, (const float*)m->grad,
+           m->p.numel);
+    launch(accumulate_sum, dim3(1), dim3(256), 0, m->stream, acc, (const float*)m->norm_partial, launch_grid_cap());
+}
+
+// Under --comm onebit (gr->onebit), after its warm-up a step reduces no gradient: the
+// norm (for the log, clipping and the non-finite check) is sqrt(mean over ranks of |g_r|^2), from the ranks'
+// local sums of squares in the step's one all-reduce, and onebit_step updates the weights (compress.h).
 static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, GradReduce* gr, float* scratch,
                              const Options* o, float lr, int want_ckpt) {
     StepResult r;
     memset(&r, 0, sizeof r);
     Comm* comm = gr->comm;
+    uint64_t sent0 = comm->sent;
+    OneBit* ob = gr->onebit;
+    int compressed = ob && m->step + 1 > ob->warmup && !onebit_is_refresh(ob, m->step + 1);
+    int stop_pending = 0;      // a stop agreement in flight (stop_agreed)
     comm->step = m->step + 1;  // for the watchdog's messages
     for (int micro = 0; micro < o->grad_accum; micro++) {
         bert_phase(m, PHASE_DATA);
@@ -1553,10 +1721,10 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
         // A stop is honoured between micro-batches, so a long accumulation answers a signal within one of them:
         // the partial step is abandoned (its gradients and loss sums cleared; the caller saves the last complete
         // step, with the data position from before this one).
-        if (micro < o->grad_accum - 1 && stop_agreed(comm, scratch + S_STEP_N, m->stream)) {
+        if (stop_agreed(gr, bm, m->stream, scratch + S_STEP_N, &stop_pending, micro < o->grad_accum - 1)) {
             bert_zero_grad(m);
             CUDA_CHECK(cudaMemsetAsync(scratch, 0, S_STEP_N * sizeof(float), m->stream));
-            CUDA_CHECK(cudaStreamSynchronize(m->stream));
+            comm_wait(comm, m->stream, "dropping the step cut short");
             r.stop = r.dropped = 1;
             return r;
         }
@@ -1566,15 +1734,19 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     // whose streams run as the GPU's do).
     bert_phase(m, PHASE_ALLREDUCE);
     if (test_hook_on(o->stall, m->step + 1)) stall_launch(comm, o, comm->world > 1 ? gr->stream : m->stream);
-    grad_reduce_launch(gr, m->grad);
-    grad_reduce_wait(gr, m->stream);
+    if (!compressed) {
+        grad_reduce_launch(gr, m->grad);
+        grad_reduce_wait(gr, m->stream);
+    }
     static const float inf = INFINITY;  // the test hooks' poison
     if (test_hook_on(o->inf_grad, m->step + 1))
         CUDA_CHECK(cudaMemcpyAsync(m->grad, &inf, sizeof inf, cudaMemcpyHostToDevice, m->stream));
     if (test_hook_on(o->inf_loss, m->step + 1))
         CUDA_CHECK(cudaMemcpyAsync(scratch, &inf, sizeof inf, cudaMemcpyHostToDevice, m->stream));
     bert_phase(m, PHASE_OPTIM);
-    if (gr->zero)
+    if (compressed)
+        onebit_local_sumsq(m, scratch + S_SUMSQ);
+    else if (gr->zero)
         zero_grad_sumsq(gr, m->grad, m->norm_partial, scratch + S_SUMSQ, m->stream);
     else
         bert_grad_norm(m);
@@ -1585,14 +1757,15 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     // This rank's real tokens go in two parts (/ 4096, % 4096), so that each float sum stays an exact integer.
     float stop = stop_requested ? 1.f : 0.f, ckpt = want_ckpt ? 1.f : 0.f, *h = bm->host, *norm = bm->host + S_STEP_N;
     float tok[2] = {(float)(r.tokens / 4096), (float)(r.tokens % 4096)};
-    if (!gr->zero) CUDA_CHECK(cudaMemcpyAsync(norm, m->norm, sizeof *norm, cudaMemcpyDeviceToHost, m->stream));
+    if (!gr->zero && !compressed)
+        CUDA_CHECK(cudaMemcpyAsync(norm, m->norm, sizeof *norm, cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(scratch + S_STOP, &stop, sizeof stop, cudaMemcpyHostToDevice, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(scratch + S_CKPT, &ckpt, sizeof ckpt, cudaMemcpyHostToDevice, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(scratch + S_TOK_HI, tok, sizeof tok, cudaMemcpyHostToDevice, m->stream));
     all_ranks_sum(comm, scratch, S_STEP_N, h, m->stream, "step loss AllReduce (the step's host sync)");
-    if (!gr->zero) r.norm = *norm;  // pinned: complete after the sync
-    if (gr->zero) {
-        r.norm = sqrtf(h[S_SUMSQ]);
+    if (!gr->zero && !compressed) r.norm = *norm;  // pinned: complete after the sync
+    if (gr->zero || compressed) {
+        r.norm = sqrtf(compressed ? h[S_SUMSQ] / (float)comm->world : h[S_SUMSQ]);
         CUDA_CHECK(cudaMemcpyAsync(m->norm, &r.norm, sizeof r.norm, cudaMemcpyHostToDevice, m->stream));
     }
     r.loss = h[S_COUNT] > 0.f ? h[S_LOSS] / h[S_COUNT] : 0.f;
@@ -1602,14 +1775,21 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     r.skipped = !isfinite(r.loss) || !isfinite(r.norm);
     if (r.skipped) {
         m->step++;
+    } else if (compressed) {
+        onebit_step(ob, comm, m->stream, m->step + 1, m->master, m->w, m->grad, m->adam_m, m->adam_v, m->p.n_decay,
+                    m->norm, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
+        m->step++;
     } else if (gr->zero) {
         zero_adamw_step(m, gr, o, lr);
         zero_allgather(gr, m->w, m->stream);
+    } else if (ob && m->step + 1 > ob->warmup) {  // --comm-refresh: an fp32 step updates the frozen v
+        onebit_refresh_step(m, ob, o, lr);
     } else {
         bert_adamw_step(m, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
     }
     bert_zero_grad(m);
     bert_phase(m, PHASE_END);
+    r.comm_bytes = comm->sent - sent0;
     return r;
 }
 
@@ -1807,6 +1987,7 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     dataloader_free(&train);
     cudaFree(bm.seg_lo);
     cudaFreeHost(bm.host);
+    cudaEventDestroy(bm.stop_ev);
     bert_free(&model);
     CUDA_CHECK(cudaStreamDestroy(stream));
     return 0;
@@ -2055,9 +2236,10 @@ static void log_step(const Options* o, const StepResult* r, int step, int bad_st
         mfu_text(mfu, sizeof mfu, tps / world * flops_token, peak_tflops);
         printf(
             "step %6d/%d | loss %.4f | lr %.3e | norm %.3f | %.0f ms | %.0f tok/s | %s | data wait %.1f ms | "
-            "epoch %.3f | elapsed %s | ETA %s\n",
-            step, o->steps, r->loss, lr_at(o, step), r->norm, dt * 1e3, tps, mfu, r->wait_ms, epoch,
-            fmt_duration(el, sizeof el, elapsed), fmt_duration(et, sizeof et, eta));
+            "comm_bytes %llu | epoch %.3f | elapsed %s | ETA %s\n",
+            step, o->steps, r->loss, lr_at(o, step), r->norm, dt * 1e3, tps, mfu, r->wait_ms,
+            (unsigned long long)r->comm_bytes, epoch, fmt_duration(el, sizeof el, elapsed),
+            fmt_duration(et, sizeof et, eta));
         fflush(stdout);
         char* buf;
         size_t len;
@@ -2072,6 +2254,7 @@ static void log_step(const Options* o, const StepResult* r, int step, int bad_st
             json_num(f, "tokens_per_s", tps);
             json_num(f, "mfu", peak_tflops > 0 ? tps / world * flops_token / (peak_tflops * 1e12) : NAN);
             json_num(f, "data_wait_ms", r->wait_ms);
+            fprintf(f, ",\"comm_bytes\":%llu", (unsigned long long)r->comm_bytes);
             json_end(f);
         }
         if (lg->f) metrics_append(lg->f, f, &buf, &len, step);
@@ -2319,6 +2502,10 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
         comm_flag_int("--stage-dir (1: given)", o->stage_dir != NULL),
         comm_flag_int("--global-batch", o->global_batch),
         comm_flag_int("--max-global-batch", o->max_global_batch),
+        comm_flag_int("--comm onebit (1: given)", o->onebit),
+        comm_flag_int("--comm-warmup", o->comm_warmup),
+        comm_flag_int("--comm-refresh", o->comm_refresh),
+        comm_flag_int("--optimizer (0: adamw, 1: lamb)", o->optimizer),
         comm_flag_int("the floating-point type of the weights (bytes; the build)", (int64_t)sizeof(floatX)),
         comm_flag_int("the model's layers (--preset, --init-from)", cfg->layers),
         comm_flag_int("the model's hidden size (--preset, --init-from)", cfg->hidden),
@@ -2869,6 +3056,7 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
     comm_free(comm);
     cudaFree(bm.seg_lo);
     cudaFreeHost(bm.host);
+    cudaEventDestroy(bm.stop_ev);
     bert_free(&model);
     return rc;
 }
@@ -2953,7 +3141,9 @@ int main(int argc, char** argv) {
         if (comm.world > 1)
             printf("  gradients reduced in %d buckets of up to %g MB, %s%s; bf16 staging %.3f GiB\n", gr.n, o.bucket_mb,
                    o.grad_reduce_bf16 ? "bf16" : "fp32", gr.zero ? ", ZeRO-1 (reduce-scatter, all-gather)" : "",
-                   plan.reduce_bytes / (double)(1 << 30));
+                   (plan.reduce_bytes - gr.onebit_bytes) / (double)(1 << 30));
+        if (o.onebit)
+            printf("  1-bit Adam (--comm onebit): errors and messages %.3f GiB\n", gr.onebit_bytes / (double)(1 << 30));
         printf("  batch buffers %.3f GiB; total %.3f GiB for B=%d (%s)\n",
                (plan.batch_bytes + plan.maker_bytes + plan.val_bytes) / (double)(1 << 30),
                plan.total / (double)(1 << 30), plan.B, o.B ? "--batch" : "the largest that fits");
@@ -2970,6 +3160,7 @@ int main(int argc, char** argv) {
     if (!reserve_plan(&plan, &o)) return 1;
     int B = plan.B, T = o.T;
     resolve_run_length(&o, &comm, B, epoch_tokens, main_rank);  // --tokens, --epochs: steps of the global batch
+    resolve_comm_warmup(&o);
 
     // Node-local copies of the shards (the seed paper's recommendation 2); the ranks wait for the slowest
     // node (up to an hour more than --nccl-timeout).
@@ -2995,6 +3186,22 @@ int main(int argc, char** argv) {
     BertModel model;
     if (!bert_alloc_sharded(&model, &cfg, B, T, plan.M, stream, gr.zero ? gr.state_numel : 0, gr.slack)) return 1;
     grad_reduce_start(&gr);
+    OneBit ob;  // --comm onebit: 1-bit Adam's errors and message buffers
+    memset(&ob, 0, sizeof ob);
+    if (o.onebit) {
+        onebit_layout(&ob, model.p.numel, comm.world, comm.rank, o.comm_warmup);
+        ob.refresh = o.comm_refresh;
+        onebit_alloc(&ob);
+        gr.onebit = &ob;
+        if (main_rank)
+            printf(
+                "comm: onebit (1-bit Adam): fp32 AdamW for %d steps, then the momentum's signs and scales: %llu "
+                "bytes sent per rank per step (fp32 all-reduce: %llu)\n",
+                ob.warmup, (unsigned long long)onebit_step_bytes(&ob),
+                (unsigned long long)(comm.world > 1
+                                         ? 2 * (uint64_t)(comm.world - 1) * (model.p.numel * 4) / (uint64_t)comm.world
+                                         : 0));
+    }
     BatchMaker bm;
     float* scratch = batch_maker_alloc(&bm, &plan, pad_id);  // the step's sums: see S_LOSS
 
@@ -3118,9 +3325,14 @@ int main(int argc, char** argv) {
                 lg.f->lost);
     if (lg.f) close(lg.f->fd);
     grad_reduce_free(&gr);
+    onebit_free(&ob);
+    // every rank: what it sent (tests/test_onebit.sh compares it with the CPU NCCL's own count)
+    printf("comm: rank %d sent %llu bytes in %llu NCCL calls\n", comm.rank, (unsigned long long)comm.sent,
+           (unsigned long long)comm.calls);
     comm_free(&comm);
     cudaFree(bm.seg_lo);
     cudaFreeHost(bm.host);
+    cudaEventDestroy(bm.stop_ev);
     bert_free(&model);
     return 0;
 }

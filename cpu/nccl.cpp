@@ -55,6 +55,8 @@
 //   sum divided by nranks (integers: truncating division).
 //   Every collective first checks that all ranks called the same thing (kind, count, type, op,
 //   root); if not, every rank gets ncclInvalidUsage instead of garbage.
+//   ncclSend/ncclRecv: the sends and receives of one communicator in a group run as one exchange
+//   that every rank of the communicator joins (see "Point to point" below).
 //
 // Environment
 //   NCCL_EMU_TIMEOUT_S    seconds a rank waits for the others without progress (default 300;
@@ -64,6 +66,8 @@
 //   NCCL_EMU_GBPS         an emulated network: every collective takes at least NCCL_EMU_LATENCY_US
 //   NCCL_EMU_LATENCY_US   + the bytes a rank sends / NCCL_EMU_GBPS Gbit/s ("Emulated network" below)
 //   NCCL_DEBUG            WARN, INFO or TRACE: print every error to stderr
+//   NCCL_EMU_STATS        PATH: ncclCommDestroy writes the bytes this rank sent (NCCL's ring model) to
+//                         PATH.RANK (see "Bytes sent" below)
 #include <nccl.h>
 
 #include <errno.h>
@@ -180,7 +184,8 @@ struct ncclComm {
     pthread_cond_t cv;
     Call* queue;  // a ring of q_cap calls, q_n of them from q_head
     int q_head, q_n, q_cap;
-    IdInfo id;  // for the init that runs in the thread
+    IdInfo id;                        // for the init that runs in the thread
+    uint64_t stat_bytes, stat_calls;  // bytes this rank sent and calls that succeeded (NCCL_EMU_STATS, below)
 };
 
 #define LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
@@ -624,9 +629,9 @@ static void reduce(int dt, int op, char* dst, const char* src, size_t stride, in
 // ---------------------------------------------------------------------------------------------
 // The collectives. Each runs after begin_op's barrier; rank r's buffer is buf(c, r).
 
-enum { OP_ALLREDUCE, OP_REDUCE, OP_BROADCAST, OP_ALLGATHER, OP_REDUCESCATTER };
-static const char* const op_names[] = {"ncclAllReduce", "ncclReduce", "ncclBroadcast", "ncclAllGather",
-                                       "ncclReduceScatter"};
+enum { OP_ALLREDUCE, OP_REDUCE, OP_BROADCAST, OP_ALLGATHER, OP_REDUCESCATTER, OP_SEND, OP_RECV, OP_P2P };
+static const char* const op_names[] = {"ncclAllReduce",     "ncclReduce", "ncclBroadcast", "ncclAllGather",
+                                       "ncclReduceScatter", "ncclSend",   "ncclRecv",      "ncclSend/ncclRecv"};
 
 namespace {
 // One collective call, as given by the user (queued as is inside a group).
@@ -638,6 +643,9 @@ struct Call {
     int dtype, op, root;  // op and root are -1 where the call has none
     ncclComm* comm;
     cudaStream_t stream;  // NULL: the legacy default stream
+    int peer = -1;        // OP_SEND, OP_RECV: the other rank
+    Call* p2p = nullptr;  // OP_P2P: the sends and receives of one group (malloc'ed; run_call frees it)
+    int n_p2p = 0;
 };
 }  // namespace
 
@@ -721,6 +729,146 @@ static ncclResult_t run_broadcast(ncclComm* c, const Call* k) {
     return ncclSuccess;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Point to point: ncclSend / ncclRecv. NCCL matches the sends from rank a to rank b with b's receives
+// from a in call order, each pair with the same count and type, and a group of them completes as a
+// whole (so an all-to-all is one group of sends and receives). Here the sends and receives of one
+// communicator in one group (or a lone call outside a group) are fused into one OP_P2P call, which
+// every rank of the communicator runs: a limitation of this emulation (NCCL needs only the two ranks
+// of each pair): a rank that is elsewhere at that moment is reported as a mismatched call, never a hang.
+// The OP_P2P: every rank publishes how many bytes it sends to each peer, and the counts must match
+// what each receiver expects (else ncclInvalidUsage on every rank); then in rounds s = 0 .. n-1 rank r
+// sends its stream of bytes to r + s and receives r - s's (mod n), chunk_bytes at a time through its
+// buffer: the stream to a peer is the concatenation of the sends to it, in call order.
+
+// p2p_bytes: the bytes this rank's calls in k send to (dir OP_SEND) or receive from (OP_RECV) rank q.
+static uint64_t p2p_bytes(const Call* k, int dir, int q) {
+    uint64_t n = 0;
+    for (int i = 0; i < k->n_p2p; i++)
+        if (k->p2p[i].kind == dir && k->p2p[i].peer == q) n += k->p2p[i].count * dtype_size(k->p2p[i].dtype);
+    return n;
+}
+
+// p2p_copy: bytes [off, off + len) of this rank's stream to or from rank q (the calls of kind dir with
+// that peer, concatenated) copied out of (dir OP_SEND) or into (OP_RECV) the staging buffer b.
+static void p2p_copy(const Call* k, int dir, int q, uint64_t off, uint64_t len, char* b) {
+    uint64_t pos = 0;  // where the current call's bytes start in the stream
+    for (int i = 0; i < k->n_p2p && len; i++) {
+        const Call* x = &k->p2p[i];
+        if (x->kind != dir || x->peer != q) continue;
+        uint64_t n = x->count * dtype_size(x->dtype);
+        if (off < pos + n) {
+            uint64_t from = off - pos, take = n - from < len ? n - from : len;
+            if (dir == OP_SEND)
+                memcpy(b, x->send + from, take);
+            else
+                memcpy(x->recv + from, b, take);
+            b += take, off += take, len -= take;
+        }
+        pos += n;
+    }
+}
+
+static ncclResult_t run_p2p(ncclComm* c, const Call* k) {
+    int n = c->nranks, me = c->rank;
+    size_t row = 2 * (size_t)n * sizeof(uint64_t);  // a rank's bytes to each peer, then from each peer
+    if (row > c->chunk_bytes)
+        return comm_fail(c, ncclInternalError, "ncclSend/ncclRecv: %d ranks need %zu bytes of buffer, have %zu", n, row,
+                         c->chunk_bytes);
+    uint64_t* all = (uint64_t*)malloc((size_t)n * row);  // all[a * 2n + b]: a -> b; all[a * 2n + n + b]: a <- b
+    if (!all) return comm_fail(c, ncclSystemError, "ncclSend/ncclRecv: out of memory");
+    uint64_t* mine = (uint64_t*)buf(c, me);
+    for (int q = 0; q < n; q++) mine[q] = p2p_bytes(k, OP_SEND, q), mine[n + q] = p2p_bytes(k, OP_RECV, q);
+    ncclResult_t r = barrier(c);
+    for (int a = 0; r == ncclSuccess && a < n; a++) memcpy(all + (size_t)a * 2 * n, buf(c, a), row);
+    if (r == ncclSuccess) r = barrier(c);
+    // every rank checks every pair, in the same order: all of them fail together, with the same message
+    for (int a = 0; r == ncclSuccess && a < n; a++)
+        for (int b = 0; r == ncclSuccess && b < n; b++) {
+            uint64_t sent = all[(size_t)a * 2 * n + b], want = all[(size_t)b * 2 * n + n + a];
+            if (sent != want)
+                r = comm_fail(c, ncclInvalidUsage,
+                              "ncclSend/ncclRecv: rank %d sends %llu bytes to rank %d, which receives %llu from it", a,
+                              (unsigned long long)sent, b, (unsigned long long)want);
+        }
+    uint64_t* sends = all;  // sends[a * 2n + b]
+    for (int s = 0; r == ncclSuccess && s < n; s++) {
+        int to = (me + s) % n, from = (me - s + n) % n;
+        uint64_t rounds = 0;  // the same on every rank: the longest stream of this shift, in chunks
+        for (int a = 0; a < n; a++) {
+            uint64_t b = sends[(size_t)a * 2 * n + (a + s) % n], t = (b + c->chunk_bytes - 1) / c->chunk_bytes;
+            if (t > rounds) rounds = t;
+        }
+        uint64_t out = sends[(size_t)me * 2 * n + to], in = sends[(size_t)from * 2 * n + me];
+        for (uint64_t t = 0; r == ncclSuccess && t < rounds; t++) {
+            uint64_t off = t * c->chunk_bytes;
+            if (off < out)
+                p2p_copy(k, OP_SEND, to, off, out - off < c->chunk_bytes ? out - off : c->chunk_bytes, buf(c, me));
+            r = barrier(c);
+            if (r == ncclSuccess && off < in)
+                p2p_copy(k, OP_RECV, from, off, in - off < c->chunk_bytes ? in - off : c->chunk_bytes, buf(c, from));
+            if (r == ncclSuccess) r = barrier(c);
+        }
+    }
+    free(all);
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bytes sent: each rank counts what it sends, by the algorithm model NCCL's ring collectives follow
+// (P ranks, B bytes of the call's buffer): AllReduce 2 (P-1) B / P (reduce-scatter then all-gather of
+// B / P pieces; integer division); ReduceScatter and AllGather (P-1) x the per-rank block; Broadcast
+// B from every rank but the one before the root in the ring; Reduce B from every rank but the root;
+// ncclSend its bytes to another rank (to itself: nothing). With NCCL_EMU_STATS=PATH, ncclCommDestroy
+// writes PATH.RANK (temporary file + rename): "nccl-emu-stats rank R nranks P calls N bytes_sent B".
+// The trainer counts its own collectives the same way (comm.h), and tests compare the two.
+
+// sent_bytes: what this rank sends in call k, by NCCL's algorithms (the model above).
+static uint64_t sent_bytes(const ncclComm* c, const Call* k) {
+    uint64_t P = (uint64_t)c->nranks, me = (uint64_t)c->rank, B = (uint64_t)k->count * dtype_size(k->dtype), n = 0;
+    switch (k->kind) {
+        case OP_ALLREDUCE:
+            n = 2 * (P - 1) * B / P;
+            break;
+        case OP_REDUCESCATTER:
+        case OP_ALLGATHER:
+            n = (P - 1) * B;
+            break;
+        case OP_BROADCAST:
+            n = me == ((uint64_t)k->root + P - 1) % P ? 0 : B;
+            break;
+        case OP_REDUCE:
+            n = me == (uint64_t)k->root ? 0 : B;
+            break;
+        case OP_P2P:
+            for (uint64_t q = 0; q < P; q++)
+                if (q != me) n += p2p_bytes(k, OP_SEND, (int)q);
+            break;
+    }
+    return n;
+}
+
+static void count_sent(ncclComm* c, const Call* k) {
+    uint64_t n = sent_bytes(c, k);
+    __atomic_fetch_add(&c->stat_bytes, n, __ATOMIC_SEQ_CST);
+    __atomic_fetch_add(&c->stat_calls, 1, __ATOMIC_SEQ_CST);
+}
+
+static void write_stats(const ncclComm* c) {
+    const char* path = getenv("NCCL_EMU_STATS");
+    if (!path || !*path) return;
+    char final_path[4200], tmp[4300];
+    snprintf(final_path, sizeof final_path, "%s.%d", path, c->rank);
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", final_path, (int)getpid());
+    FILE* f = fopen(tmp, "w");
+    int ok = f && fprintf(f, "nccl-emu-stats rank %d nranks %d calls %llu bytes_sent %llu\n", c->rank, c->nranks,
+                          (unsigned long long)c->stat_calls, (unsigned long long)c->stat_bytes) > 0;
+    if (f && fclose(f) != 0) ok = 0;
+    if (ok && rename(tmp, final_path) == 0) return;
+    fprintf(stderr, "NCCL (CPU emulation): NCCL_EMU_STATS: cannot write %s: %s\n", final_path, strerror(errno));
+    unlink(tmp);
+}
+
 // begin_op: publish what this rank is about to run, meet the others, and check that all ranks
 // run the same collective (a mismatch would otherwise move garbage or desynchronize barriers).
 static ncclResult_t begin_op(ncclComm* c, const Call* k) {
@@ -743,7 +891,7 @@ static ncclResult_t begin_op(ncclComm* c, const Call* k) {
                              "mismatched collectives: rank %d called %s(count %llu, dtype %d, op %d, root %d) but rank "
                              "%d called %s(count %llu, dtype %d, op %d, root %d)",
                              c->rank, op_names[d.kind], (unsigned long long)d.count, d.dtype, d.op, d.root, q,
-                             (o->kind >= 0 && o->kind <= OP_REDUCESCATTER) ? op_names[o->kind] : "?",
+                             (o->kind >= 0 && o->kind <= OP_P2P) ? op_names[o->kind] : "?",
                              (unsigned long long)o->count, o->dtype, o->op, o->root);
     }
     return ncclSuccess;
@@ -780,26 +928,12 @@ static void emu_read_env(void) {
     emu_gbps = emu_env_number("NCCL_EMU_GBPS");
 }
 
-// emu_bytes_sent: what one rank sends in call k (the model above).
-static double emu_bytes_sent(const ncclComm* c, const Call* k) {
-    double P = c->nranks, bytes = (double)k->count * (double)dtype_size(k->dtype);
-    switch (k->kind) {
-        case OP_ALLREDUCE:
-            return 2 * (P - 1) / P * bytes;
-        case OP_ALLGATHER:
-        case OP_REDUCESCATTER:
-            return (P - 1) * bytes;  // (P-1)/P of the P x count elements of the whole buffer
-        default:
-            return bytes;
-    }
-}
-
 // emu_network_wait: returns once call k, started at t0, has taken the emulated network's time (at once
 // without a throttle or with one rank). Waits in slices, so ncclCommAbort stops it.
 static ncclResult_t emu_network_wait(ncclComm* c, const Call* k, double t0) {
     if (emu_gbps <= 0 && emu_latency_s <= 0) return ncclSuccess;
     if (c->nranks < 2) return ncclSuccess;
-    double end = t0 + emu_latency_s + (emu_gbps > 0 ? emu_bytes_sent(c, k) * 8 / (emu_gbps * 1e9) : 0);
+    double end = t0 + emu_latency_s + (emu_gbps > 0 ? (double)sent_bytes(c, k) * 8 / (emu_gbps * 1e9) : 0);
     for (double t = now_s(); t < end; t = now_s()) {
         if (LOAD(&c->aborting))
             return comm_fail(c, ncclSystemError, "rank %d: communicator aborted (ncclCommAbort) during %s", c->rank,
@@ -837,10 +971,15 @@ static ncclResult_t run_call(const Call* k) {
                 case OP_REDUCESCATTER:
                     r = run_reducescatter(c, k);
                     break;
+                case OP_P2P:
+                    r = run_p2p(c, k);
+                    break;
             }
         }
         if (r == ncclSuccess) r = emu_network_wait(c, k, t0);
+        if (r == ncclSuccess) count_sent(c, k);
     }
+    if (k->kind == OP_P2P) free(k->p2p);
     __atomic_fetch_sub(&c->busy, 1, __ATOMIC_SEQ_CST);
     return r;
 }
@@ -929,12 +1068,23 @@ static ncclResult_t submit(const Call* k) {
     }
     if ((k->kind == OP_REDUCE || k->kind == OP_BROADCAST) && (k->root < 0 || k->root >= c->nranks))
         return record_error(c, ncclInvalidArgument, "%s: root %d out of range (nranks %d)", fn, k->root, c->nranks);
+    if ((k->kind == OP_SEND || k->kind == OP_RECV) && (k->peer < 0 || k->peer >= c->nranks))
+        return record_error(c, ncclInvalidArgument, "%s: peer %d out of range (nranks %d)", fn, k->peer, c->nranks);
     if (k->count) {
         int is_root = c->rank == k->root;
-        int need_send = k->kind != OP_BROADCAST || is_root;
-        int need_recv = k->kind != OP_REDUCE || is_root;
+        int need_send = (k->kind != OP_BROADCAST || is_root) && k->kind != OP_RECV;
+        int need_recv = (k->kind != OP_REDUCE || is_root) && k->kind != OP_SEND;
         if ((need_send && !k->send) || (need_recv && !k->recv))
             return record_error(c, ncclInvalidArgument, "%s: NULL buffer", fn);
+    }
+    if (group_depth == 0 && (k->kind == OP_SEND || k->kind == OP_RECV)) {  // a lone send or receive: a P2P of one
+        Call p = *k;
+        p.kind = OP_P2P, p.op = -1, p.n_p2p = 1;
+        if (!(p.p2p = (Call*)malloc(sizeof(Call)))) return record_error(c, ncclSystemError, "%s: out of memory", fn);
+        p.p2p[0] = *k;
+        ncclResult_t r = dispatch(&p);
+        if (r != ncclSuccess && r != ncclInProgress && !(c->blocking && !p.stream)) free(p.p2p);  // not queued
+        return r;
     }
     if (group_depth == 0) return dispatch(k);
     if (group_n == group_cap) {
@@ -950,6 +1100,30 @@ static ncclResult_t submit(const Call* k) {
 
 ncclResult_t ncclGroupStart() {
     group_depth++;
+    return ncclSuccess;
+}
+
+// fuse_p2p: the group's sends and receives of each communicator become one OP_P2P call at the place of
+// the first of them (the others are marked kind -1).
+static ncclResult_t fuse_p2p(void) {
+    for (int i = 0; i < group_n; i++) {
+        Call* k = &group_calls[i];
+        if (k->kind != OP_SEND && k->kind != OP_RECV) continue;
+        int n = 0;
+        for (int j = i; j < group_n; j++)
+            n += group_calls[j].comm == k->comm && (group_calls[j].kind == OP_SEND || group_calls[j].kind == OP_RECV);
+        Call* list = (Call*)malloc((size_t)n * sizeof(Call));
+        if (!list) return record_error(k->comm, ncclSystemError, "ncclGroupEnd: out of memory");
+        n = 0;
+        for (int j = i; j < group_n; j++) {
+            Call* x = &group_calls[j];
+            if (x->comm != k->comm || (x->kind != OP_SEND && x->kind != OP_RECV)) continue;
+            list[n++] = *x;
+            if (j > i) x->kind = -1;
+        }
+        k->kind = OP_P2P, k->op = -1, k->root = -1, k->count = 0, k->dtype = ncclUint8;
+        k->p2p = list, k->n_p2p = n;
+    }
     return ncclSuccess;
 }
 
@@ -970,11 +1144,16 @@ ncclResult_t ncclGroupEnd() {
                                      group_calls[i].comm->rank, group_calls[j].comm->rank);
                 conflict = 1;
             }
+    if (!conflict && first == ncclSuccess) first = fuse_p2p();
     // Run all calls even after one failed, so that the other communicators stay in step.
     // Calls on non-blocking communicators go to their threads: then the group is ncclInProgress.
     int queued = 0;
     for (int i = 0; i < group_n && !conflict; i++) {
+        if (group_calls[i].kind < 0) continue;  // a send or receive fused into its communicator's OP_P2P
         ncclResult_t r = dispatch(&group_calls[i]);
+        if (r != ncclSuccess && r != ncclInProgress && group_calls[i].kind == OP_P2P &&
+            !(group_calls[i].comm->blocking && !group_calls[i].stream))
+            free(group_calls[i].p2p);  // not queued
         if (r == ncclInProgress) queued = 1, r = ncclSuccess;
         if (first == ncclSuccess) first = r;
     }
@@ -1015,6 +1194,18 @@ ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcoun
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
                            ncclComm_t comm, cudaStream_t stream) {
     Call k = {OP_BROADCAST, (const char*)sendbuff, (char*)recvbuff, count, datatype, -1, root, comm, stream};
+    return submit(&k);
+}
+
+ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+    Call k = {OP_SEND, (const char*)sendbuff, NULL, count, datatype, -1, -1, comm, stream, peer, NULL, 0};
+    return submit(&k);
+}
+
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+    Call k = {OP_RECV, NULL, (char*)recvbuff, count, datatype, -1, -1, comm, stream, peer, NULL, 0};
     return submit(&k);
 }
 
@@ -1396,6 +1587,7 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
         pthread_join(comm->worker, NULL);
     }
     while (__atomic_load_n(&comm->on_streams, __ATOMIC_SEQ_CST) > 0) sleep_s(0.001);  // their waits are bounded too
+    if (comm->hdr) write_stats(comm);
     release(comm);
     return ncclSuccess;
 }

@@ -44,7 +44,8 @@ json '
 import json, math, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
 train = [r for r in recs if r["kind"] == "train"]; val = [r for r in recs if r["kind"] == "val"]
-keys = ["kind", "step", "tokens", "epoch", "elapsed_s", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "data_wait_ms"]
+keys = ["kind", "step", "tokens", "epoch", "elapsed_s", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "data_wait_ms",
+        "comm_bytes"]
 assert [r["step"] for r in train] == list(range(1, 13)), [r["step"] for r in train]
 assert all(sorted(r) == sorted(keys) for r in train), train[0]
 assert all(r["mfu"] is None for r in train)  # the CPU: no known peak

@@ -6,17 +6,19 @@
 // adds them up, checks the exit statuses and prints the summary.
 // Covered: AllReduce (sum, avg, max, min; in and out of place), ReduceScatter and AllGather (in and
 // out of place), Broadcast/Bcast, Reduce; float32 and bf16 (int32/int64 once); odd counts and
-// counts larger than the shared-memory chunk; groups; two ranks as threads of one process; and on
+// counts larger than the shared-memory chunk; groups; ncclSend/ncclRecv in groups (an all-to-all, a
+// ring shift); two ranks as threads of one process; and on
 // the CPU emulation also the failures:
 // a rank killed with SIGKILL in the middle, a rank that exits without ncclCommDestroy, a rank that
 // stays away (timeout), a rank that never joins, ncclCommAbort from another thread, and ranks
-// that call mismatched collectives (the error after a peer's exit or death names that peer). The
-// emulation's sums are checked bitwise against a plain-C model of NCCL's ring (each piece summed around
-// the ring, rounded to the datatype at every hop: bf16 too), and for bf16 with 3+ ranks the model must
-// differ from a sum rounded once, so that the per-hop rounding is really checked. Non-blocking communicators
-// (config.blocking = 0): init and calls that return ncclInProgress and complete as ncclCommGetAsyncError polls them
-// (both builds); on the emulation also a peer stopped with SIGSTOP (the call stays in progress; ncclCommAbort ends it),
-// a rank that never joins a non-blocking init (abort ends it), and a killed peer.
+// that call mismatched collectives or mismatched ncclSend/ncclRecv counts (the error after a peer's exit or
+// death names that peer), and the bytes each rank sent (NCCL_EMU_STATS). The emulation's sums are checked
+// bitwise against a plain-C model of NCCL's ring (each piece summed around the ring, rounded to the datatype
+// at every hop: bf16 too), and for bf16 with 3+ ranks the model must differ from a sum rounded once, so that
+// the per-hop rounding is really checked. Non-blocking communicators (config.blocking = 0): init and calls
+// that return ncclInProgress and complete as ncclCommGetAsyncError polls them (both builds); on the emulation
+// also a peer stopped with SIGSTOP (the call stays in progress; ncclCommAbort ends it), a rank that never joins
+// a non-blocking init (abort ends it), and a killed peer.
 //
 // It also builds with nvcc against the real NCCL (nvcc -std=c++17 -arch=sm_90 tests/test_nccl.cu
 // -lnccl). There the results are compared with a tolerance (NCCL sums in ring order, not rank
@@ -484,6 +486,35 @@ static void test_group(Case* k) {
     cudaFree(s);
 }
 
+// ncclSend/ncclRecv in groups (NCCL: the sends from a to b match b's receives from a in call order; a group
+// completes as a whole): an all-to-all (rank r sends block q of its input to rank q and receives rank q's block
+// r into block q), then a ring shift (all of it to r + 1, from r - 1) in a second group.
+static void test_sendrecv(Case* k) {
+    int rank = k->rank, N = k->nranks;
+    size_t n = k->n, es = dt_size(k->dt), bn = n / N;
+    void* send = dev_alloc(n * es);
+    void* recv = dev_alloc(n * es);
+    upload(send, k->x + (size_t)rank * n, n, k->dt);
+    NCCL_OK(ncclGroupStart());
+    for (int q = 0; q < N; q++) {
+        NCCL_OK(ncclSend((char*)send + q * bn * es, bn, k->dt, q, k->comm, 0));
+        NCCL_OK(ncclRecv((char*)recv + q * bn * es, bn, k->dt, q, k->comm, 0));
+    }
+    NCCL_OK(ncclGroupEnd());
+    download(k->got, recv, (size_t)N * bn, k->dt);
+    for (int q = 0; q < N; q++)
+        for (size_t i = 0; i < bn; i++) k->want[q * bn + i] = k->x[(size_t)q * n + rank * bn + i];
+    check_result("all-to-all (ncclSend/ncclRecv)", rank, k->dt, k->got, k->want, (size_t)N * bn);
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclRecv(recv, n, k->dt, (rank + N - 1) % N, k->comm, 0));
+    NCCL_OK(ncclSend(send, n, k->dt, (rank + 1) % N, k->comm, 0));
+    NCCL_OK(ncclGroupEnd());
+    download(k->got, recv, n, k->dt);
+    check_result("ring shift (ncclSend/ncclRecv)", rank, k->dt, k->got, k->x + (size_t)((rank + N - 1) % N) * n, n);
+    cudaFree(send);
+    cudaFree(recv);
+}
+
 // Integer types, once: int32 sum and int64 max.
 static void test_integers(ncclComm_t comm, int rank, int N) {
     enum { n = 1001 };
@@ -557,6 +588,7 @@ static void collectives_child(int rank, int nranks, const ncclUniqueId* id, cons
             test_broadcast(&k);
             if (all) test_reduce(&k);
             if (all) test_group(&k);
+            test_sendrecv(&k);
             rep->hash = fnv(rep->hash ? rep->hash : 0xcbf29ce484222325ull, &k.hash, sizeof k.hash);
             free(k.x);
             free(k.want);
@@ -885,6 +917,46 @@ static void* blocked_allreduce(void* arg) {
     return NULL;
 }
 
+// Point to point on 3 ranks, and the bytes counted (NCCL_EMU_STATS): an all-to-all of 10 floats per pair
+// (each rank sends 2 x 40 bytes; to itself nothing) and an AllReduce of 30 floats (2 (P-1)/P x 120 bytes =
+// 160) make 240 bytes in 2 calls; then a group whose counts do not match (rank 0 sends 100 floats to rank 1,
+// which receives 101) fails on every rank with ncclInvalidUsage and is not counted.
+static void p2p_child(int rank, int nranks, const ncclUniqueId* id, const void* arg, Report* rep) {
+    char path[256];
+    snprintf(path, sizeof path, "%s", (const char*)arg);
+    setenv("NCCL_EMU_STATS", path, 1);
+    ncclComm_t comm = NULL;
+    NCCL_OK(ncclCommInitRank(&comm, nranks, *id, rank));
+    float* d = (float*)dev_alloc(101 * 3 * sizeof(float));
+    float* e = (float*)dev_alloc(101 * 3 * sizeof(float));
+    NCCL_OK(ncclGroupStart());
+    for (int q = 0; q < nranks; q++) {
+        NCCL_OK(ncclSend(d + q * 10, 10, ncclFloat32, q, comm, 0));
+        NCCL_OK(ncclRecv(e + q * 10, 10, ncclFloat32, q, comm, 0));
+    }
+    NCCL_OK(ncclGroupEnd());
+    NCCL_OK(ncclAllReduce(d, d, 30, ncclFloat32, ncclSum, comm, 0));
+    NCCL_OK(ncclGroupStart());
+    if (rank == 0) NCCL_OK(ncclSend(d, 100, ncclFloat32, 1, comm, 0));
+    if (rank == 1) NCCL_OK(ncclRecv(e, 101, ncclFloat32, 0, comm, 0));
+    if (rank == 2) NCCL_OK(ncclSend(d, 5, ncclFloat32, 2, comm, 0));
+    if (rank == 2) NCCL_OK(ncclRecv(e, 5, ncclFloat32, 2, comm, 0));
+    ncclResult_t r = ncclGroupEnd();
+    CHECK(r == ncclInvalidUsage, "rank %d: mismatched ncclSend/ncclRecv counts gave %s, want invalid usage", rank,
+          ncclGetErrorString(r));
+    NCCL_OK(ncclCommDestroy(comm));
+    char file[300], line[200] = "", want[200];
+    snprintf(file, sizeof file, "%s.%d", path, rank);
+    FILE* f = fopen(file, "r");
+    if (f && !fgets(line, sizeof line, f)) line[0] = 0;
+    if (f) fclose(f);
+    snprintf(want, sizeof want, "nccl-emu-stats rank %d nranks 3 calls 2 bytes_sent 240\n", rank);
+    CHECK(!strcmp(line, want), "rank %d: NCCL_EMU_STATS wrote '%s', want '%s'", rank, line, want);
+    cudaFree(d);
+    cudaFree(e);
+    rep->seconds = -1;
+}
+
 static void abort_child(int rank, int nranks, const ncclUniqueId* id, const void* arg, Report* rep) {
     (void)arg;
     ncclComm_t comm = NULL;
@@ -1138,6 +1210,16 @@ int main(void) {
     run_ranks(3, 2, noshow_child, NULL, 20, reps, st);
     absorb("rank never joins", 2, reps, st, -1);
     printf("rank that never calls ncclCommInitRank, NCCL_EMU_TIMEOUT_S=1: error after %.3f s\n", reps[0].seconds);
+
+    char stats[64];
+    snprintf(stats, sizeof stats, "/tmp/mlm_nccl_stats_%d", (int)getpid());
+    run_ranks(3, 3, p2p_child, stats, 20, reps, st);
+    absorb("point to point, byte counts", 3, reps, st, -1);
+    for (int q = 0; q < 3; q++) {
+        char f[96];
+        snprintf(f, sizeof f, "%s.%d", stats, q);
+        unlink(f);
+    }
 
     run_ranks(2, 2, abort_child, NULL, 20, reps, st);
     absorb("abort", 2, reps, st, -1);

@@ -1,0 +1,304 @@
+// test_compress.cu: the 1-bit Adam kernels of compress.h (--comm onebit) against plain C.
+//   - onebit_worker: x = (b1 m + (1 - b1) clip g) / (sqrt(v / bc2) + eps) + e, one sign bit per element and
+//     |x|_1 / n per group of ONEBIT_GROUP, the chunks of P ranks in their messages, the new worker error; the
+//     slab's end inside a group (padding not counted), clipping by the norm
+//   - onebit_server: the average of P ranks' decompressed chunks plus the server error, compressed again
+//   - onebit_adam_update: the decompressed average as the step (frozen v), weight decay on n_decay elements,
+//     m = u (sqrt(v / bc2) + eps), the bf16 copy within one bf16 step of the master weight
+//   - the whole compressed all-reduce of 3 simulated ranks (workers, the all-to-all and all-gather done on the
+//     host) gives every element of the plain C pipeline
+//   - error feedback on one rank through onebit_step: after T steps the sum of the applied updates equals the
+//     sum of the inputs less the two final errors, and the errors stay bounded
+//   - the sizes: the message is chunk / 8 + 4 chunk / ONEBIT_GROUP bytes, >= 16x fewer than fp32's all-reduce
+#include "../kernels.cuh"
+#pragma GCC diagnostic ignored "-Wunused-function"  // comm.h's start-up functions, which this test does not call
+#include "../compress.h"
+#include "testing.h"
+
+#include <string.h>
+
+static uint64_t rng = 777;
+static float urand(void) {  // uniform in [-1, 1)
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng >> 40) / (double)(1 << 24)) * 2.f - 1.f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plain C
+
+// ref_compress: a group's n_valid elements of x (the rest padding, taken as 0) into words, *scale and q.
+static void ref_compress(const float* x, int n_valid, uint32_t* words, float* scale, float* q) {
+    double s = 0;
+    for (int e = 0; e < n_valid; e++) s += fabsf(x[e]);
+    float sc = (float)(s / (n_valid > 0 ? n_valid : 1));
+    for (int w = 0; w < ONEBIT_GROUP / 32; w++) words[w] = 0;
+    for (int e = 0; e < ONEBIT_GROUP; e++) {
+        int pos = (e < n_valid ? x[e] : 0.f) >= 0.f;
+        words[e / 32] |= (uint32_t)pos << (e % 32);
+        q[e] = pos ? sc : -sc;
+    }
+    *scale = sc;
+}
+// ref_decompress: element e of a message of `chunk` elements.
+static float ref_decompress(const unsigned char* msg, size_t chunk, size_t e) {
+    uint32_t w;
+    float sc;
+    memcpy(&w, msg + e / 32 * 4, 4);
+    memcpy(&sc, msg + chunk / 8 + e / ONEBIT_GROUP * 4, 4);
+    return (w >> (e % 32)) & 1u ? sc : -sc;
+}
+static void ref_worker(unsigned char* msgs, float* err, const float* g, const float* m, const float* v, size_t n,
+                       size_t chunk, int world, float b1, float clip, float bc2, float eps) {
+    size_t mb = onebit_msg_bytes(chunk), groups = (size_t)world * chunk / ONEBIT_GROUP;
+    float x[ONEBIT_GROUP], q[ONEBIT_GROUP];
+    for (size_t G = 0; G < groups; G++) {
+        size_t base = G * ONEBIT_GROUP, j = base / chunk, e0 = base % chunk;
+        int n_valid = base >= n ? 0 : (n - base < ONEBIT_GROUP ? (int)(n - base) : ONEBIT_GROUP);
+        for (int e = 0; e < ONEBIT_GROUP; e++) {
+            size_t i = base + e;
+            x[e] = i < n ? (b1 * m[i] + (1.f - b1) * clip * g[i]) / (sqrtf(v[i] / bc2) + eps) + err[i] : 0.f;
+        }
+        float sc;
+        ref_compress(x, n_valid, (uint32_t*)(msgs + j * mb) + e0 / 32, &sc, q);
+        memcpy(msgs + j * mb + chunk / 8 + e0 / ONEBIT_GROUP * 4, &sc, 4);
+        for (int e = 0; e < n_valid; e++) err[base + e] = x[e] - q[e];
+    }
+}
+static void ref_server(unsigned char* out, float* err, const unsigned char* recv, int world, size_t chunk, size_t first,
+                       size_t n) {
+    size_t mb = onebit_msg_bytes(chunk);
+    float y[ONEBIT_GROUP], q[ONEBIT_GROUP];
+    for (size_t G = 0; G < chunk / ONEBIT_GROUP; G++) {
+        size_t base = first + G * ONEBIT_GROUP;
+        int n_valid = base >= n ? 0 : (n - base < ONEBIT_GROUP ? (int)(n - base) : ONEBIT_GROUP);
+        for (int e = 0; e < ONEBIT_GROUP; e++) {
+            float s = 0.f;
+            for (int r = 0; r < world; r++) s += ref_decompress(recv + r * mb, chunk, G * ONEBIT_GROUP + e);
+            y[e] = e < n_valid ? s / (float)world + err[G * ONEBIT_GROUP + e] : 0.f;
+        }
+        float sc;
+        ref_compress(y, n_valid, (uint32_t*)out + G * (ONEBIT_GROUP / 32), &sc, q);
+        memcpy(out + chunk / 8 + G * 4, &sc, 4);
+        for (int e = 0; e < n_valid; e++) err[G * ONEBIT_GROUP + e] = y[e] - q[e];
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+static void* dalloc(size_t bytes) {
+    void* p = NULL;
+    CUDA_OK(cudaMalloc(&p, bytes));
+    return p;
+}
+static void* up(const void* h, size_t bytes) {
+    void* d = dalloc(bytes);
+    CUDA_OK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+static void down(void* h, const void* d, size_t bytes) { CUDA_OK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost)); }
+static float* frand(size_t n, float scale) {
+    float* h = (float*)malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) h[i] = urand() * scale;
+    return h;
+}
+
+// msgs_match: the sign bits (a bit may differ only where the reference's value is within tol of 0) and the
+// scales (relative 1e-5) of `count` messages.
+static int msgs_match(const char* what, const unsigned char* got, const unsigned char* want, const float* x_ref,
+                      size_t chunk, int count, size_t n_x) {
+    size_t mb = onebit_msg_bytes(chunk), bad_bits = 0, bad_scales = 0;
+    for (int j = 0; j < count; j++)
+        for (size_t e = 0; e < chunk; e++) {
+            float a = ref_decompress(got + j * mb, chunk, e), b = ref_decompress(want + j * mb, chunk, e);
+            size_t i = (size_t)j * chunk + e;
+            int sign_differs = (a >= 0) != (b >= 0);
+            if (sign_differs && !(x_ref && i < n_x && fabsf(x_ref[i]) < 1e-6f) && b != 0.f) bad_bits++;
+            if (!(fabsf(fabsf(a) - fabsf(b)) <= 1e-5f * fabsf(b) + 1e-12f)) bad_scales++;
+        }
+    CHECK(bad_bits == 0 && bad_scales == 0, "%s: %zu signs and %zu scales differ from plain C", what, bad_bits,
+          bad_scales);
+    return bad_bits == 0 && bad_scales == 0;
+}
+
+static void test_sizes(void) {
+    CHECK(onebit_chunk(1000, 4) == 256, "onebit_chunk(1000, 4) = %zu, want 256", onebit_chunk(1000, 4));
+    CHECK(onebit_chunk(1025, 1) == 1280, "onebit_chunk(1025, 1) = %zu, want 1280", onebit_chunk(1025, 1));
+    CHECK(onebit_server_elems(1000, 256, 3) == 232 && onebit_server_elems(1000, 256, 4) == 0,
+          "onebit_server_elems: %zu %zu, want 232 0", onebit_server_elems(1000, 256, 3),
+          onebit_server_elems(1000, 256, 4));
+    CHECK(onebit_msg_bytes(2048) == 2048 / 8 + 2048 / ONEBIT_GROUP * 4, "onebit_msg_bytes(2048) = %zu",
+          onebit_msg_bytes(2048));
+    // bert-base's slab on 64 ranks: at least 16x fewer bytes than fp32's ring all-reduce (2 (P-1)/P 4 n)
+    OneBit ob;
+    onebit_layout(&ob, 109514304, 64, 0, 10);
+    double fp32 = 2.0 * 63 / 64 * 4 * 109514304.0, one = (double)onebit_step_bytes(&ob);
+    CHECK(fp32 / one >= 16, "bert-base on 64 ranks: %.0f bytes per step, fp32 %.0f: only %.1fx fewer", one, fp32,
+          fp32 / one);
+    printf("bytes per step, bert-base on 64 ranks: onebit %.0f, fp32 %.0f (%.1fx fewer)\n", one, fp32, fp32 / one);
+}
+
+// The worker, the server and the update of 3 simulated ranks, and the pipeline as a whole.
+static void test_pipeline(void) {
+    const int P = 3;
+    const size_t n = 2000, n_decay = 1500;  // chunk 768: 3 chunks, the last group cut by the slab's end
+    size_t chunk = onebit_chunk(n, P), mb = onebit_msg_bytes(chunk);
+    CHECK(chunk == 768, "chunk %zu, want 768", chunk);
+    const float b1 = 0.9f, b2 = 0.98f, eps = 1e-6f, lr = 1e-2f, wd = 0.1f, bc1 = 0.6f, bc2 = 1.f - powf(b2, 5.f);
+    float *m = frand(n, 0.01f), *v = frand(n, 1e-4f), *w = frand(n, 1.f);
+    for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]) + (i % 97 == 0 ? 0.f : 1e-8f);  // a few v = 0
+    float* g[P];
+    float* werr[P];
+    unsigned char *send_ref = (unsigned char*)calloc(P, P * mb), *send_got = (unsigned char*)calloc(P, P * mb);
+    float* x_ref = (float*)malloc(P * n * sizeof(float));
+    float norm = 2.5f, max_norm = 1.f, clip = max_norm / norm;
+    float* d_norm = (float*)up(&norm, 4);
+    float* d_m = (float*)up(m, n * 4);
+    float* d_v = (float*)up(v, n * 4);
+    // 1. the workers
+    for (int r = 0; r < P; r++) {
+        g[r] = frand(n, 0.05f);
+        werr[r] = frand(n, 1e-3f);
+        for (size_t i = 0; i < n; i++)  // the value the reference compresses, for the sign check
+            x_ref[r * n + i] = (b1 * m[i] + (1.f - b1) * clip * g[r][i]) / (sqrtf(v[i] / bc2) + eps) + werr[r][i];
+        float* d_g = (float*)up(g[r], n * 4);
+        float* d_e = (float*)up(werr[r], n * 4);
+        unsigned char* d_msgs = (unsigned char*)dalloc(P * mb);
+        CUDA_OK(cudaMemset(d_msgs, 0xab, P * mb));
+        size_t groups = P * chunk / ONEBIT_GROUP;
+        launch(onebit_worker, dim3(2), dim3(ONEBIT_THREADS), 0, (cudaStream_t)0, d_msgs, d_e, (const float*)d_g,
+               (const float*)d_m, n, chunk, groups, b1, (const float*)d_norm, max_norm, (const float*)d_v, bc2, eps);
+        float* e_got = (float*)malloc(n * 4);
+        down(send_got + r * P * mb, d_msgs, P * mb);
+        down(e_got, d_e, n * 4);
+        ref_worker(send_ref + r * P * mb, werr[r], g[r], m, v, n, chunk, P, b1, clip, bc2, eps);
+        char what[64];
+        snprintf(what, sizeof what, "onebit_worker, rank %d", r);
+        msgs_match(what, send_got + r * P * mb, send_ref + r * P * mb, x_ref + r * n, chunk, P, n);
+        snprintf(what, sizeof what, "onebit_worker's error, rank %d", r);
+        check_close(what, e_got, werr[r], n, 1e-4f, 1e-4f);
+        free(e_got);
+        cudaFree(d_g), cudaFree(d_e), cudaFree(d_msgs);
+    }
+    // 2. the all-to-all (on the host, from the kernel's messages); 3. the servers; 4. the all-gather
+    unsigned char *gathered_ref = (unsigned char*)calloc(P, mb), *gathered_got = (unsigned char*)calloc(P, mb);
+    unsigned char* gathered_c = (unsigned char*)calloc(P, mb);  // plain C from the workers on
+    for (int j = 0; j < P; j++) {
+        unsigned char* recv = (unsigned char*)malloc(P * mb);
+        for (int q = 0; q < P; q++) memcpy(recv + q * mb, send_got + q * P * mb + j * mb, mb);
+        float* serr = frand(chunk, 1e-3f);
+        for (size_t e = onebit_server_elems(n, chunk, j); e < chunk; e++) serr[e] = 0.f;
+        float* serr_c = (float*)malloc(chunk * 4);
+        unsigned char* recv_c = (unsigned char*)malloc(P * mb);
+        memcpy(serr_c, serr, chunk * 4);
+        for (int q = 0; q < P; q++) memcpy(recv_c + q * mb, send_ref + q * P * mb + j * mb, mb);
+        ref_server(gathered_c + j * mb, serr_c, recv_c, P, chunk, (size_t)j * chunk, n);
+        free(serr_c), free(recv_c);
+        unsigned char* d_recv = (unsigned char*)up(recv, P * mb);
+        float* d_serr = (float*)up(serr, chunk * 4);
+        unsigned char* d_out = (unsigned char*)dalloc(mb);
+        launch(onebit_server, dim3(2), dim3(ONEBIT_THREADS), 0, (cudaStream_t)0, d_out, d_serr,
+               (const unsigned char*)d_recv, P, chunk, (size_t)j * chunk, n);
+        float* serr_got = (float*)malloc(chunk * 4);
+        down(gathered_got + j * mb, d_out, mb);
+        down(serr_got, d_serr, chunk * 4);
+        ref_server(gathered_ref + j * mb, serr, recv, P, chunk, (size_t)j * chunk, n);
+        char what[64];
+        snprintf(what, sizeof what, "onebit_server, rank %d", j);
+        msgs_match(what, gathered_got + j * mb, gathered_ref + j * mb, NULL, chunk, 1, 0);
+        snprintf(what, sizeof what, "onebit_server's error, rank %d", j);
+        check_close(what, serr_got, serr, chunk, 1e-5f, 1e-4f);
+        free(recv), free(serr), free(serr_got);
+        cudaFree(d_recv), cudaFree(d_serr), cudaFree(d_out);
+    }
+    // 4. the update from the gathered messages
+    float* d_w = (float*)up(w, n * 4);
+    floatX* d_x = (floatX*)dalloc(n * sizeof(floatX));
+    unsigned char* d_all = (unsigned char*)up(gathered_got, P * mb);
+    launch(onebit_adam_update, dim3(3), dim3(256), 0, (cudaStream_t)0, d_w, d_x, d_m, (const float*)d_v,
+           (const unsigned char*)d_all, n, n_decay, chunk, lr, eps, wd, bc1, bc2, 42u);
+    float *w_got = (float*)malloc(n * 4), *m_got = (float*)malloc(n * 4), *w_want = (float*)malloc(n * 4),
+          *m_want = (float*)malloc(n * 4);
+    floatX* x_got = (floatX*)malloc(n * sizeof(floatX));
+    down(w_got, d_w, n * 4);
+    down(m_got, d_m, n * 4);
+    down(x_got, d_x, n * sizeof(floatX));
+    int far = 0;
+    for (size_t i = 0; i < n; i++) {
+        float u = ref_decompress(gathered_got + i / chunk * mb, chunk, i % chunk);
+        w_want[i] = w[i] - lr * (u / bc1 + (i < n_decay ? wd * w[i] : 0.f));
+        m_want[i] = u * (sqrtf(v[i] / bc2) + eps);
+        float xf = (float)x_got[i], step = fabsf(w_want[i]) * (sizeof(floatX) == 2 ? 1.f / 128 : 1e-6f);
+        far += !(fabsf(xf - w_want[i]) <= step + 1e-30f);
+    }
+    check_close("onebit_adam_update: master weights", w_got, w_want, n, 1e-6f, 1e-5f);
+    check_close("onebit_adam_update: momentum", m_got, m_want, n, 1e-9f, 1e-5f);
+    CHECK(far == 0, "onebit_adam_update: %d floatX weights more than one step from the master weight", far);
+    // the pipeline as a whole, in plain C from the workers on: the same averaged step (a sign may flip where a
+    // sum in the kernels' and in plain C's float order differ near 0: at most 0.5% of the elements)
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        float a = ref_decompress(gathered_c + i / chunk * mb, chunk, i % chunk);
+        float b = ref_decompress(gathered_got + i / chunk * mb, chunk, i % chunk);
+        bad += !(fabsf(a - b) <= 1e-5f * fabsf(a));
+    }
+    CHECK(bad <= (int)(n / 200), "3 ranks: %d of %zu elements of the averaged step differ from the plain C pipeline",
+          bad, n);
+    free(gathered_c);
+    for (int r = 0; r < P; r++) free(g[r]), free(werr[r]);
+    free(m), free(v), free(w), free(send_ref), free(send_got), free(x_ref), free(gathered_ref), free(gathered_got);
+    free(w_got), free(m_got), free(w_want), free(m_want), free(x_got);
+    cudaFree(d_norm), cudaFree(d_m), cudaFree(d_v), cudaFree(d_w), cudaFree(d_x), cudaFree(d_all);
+}
+
+// Error feedback, through onebit_step on one rank: with b1 = 0, v = 0, eps = 1, lr = 1, no decay, the step
+// applies u_t and w_T = w_0 - sum_t u_t = w_0 - (sum_t g_t - e_worker - e_server).
+static void test_error_feedback(void) {
+    const size_t n = 1000;
+    const int T = 40;
+    Comm c;
+    memset(&c, 0, sizeof c);
+    c.world = 1;
+    OneBit ob;
+    onebit_layout(&ob, n, 1, 0, 1);
+    onebit_alloc(&ob);
+    float *w = (float*)calloc(n, 4), *sum_g = (float*)calloc(n, 4), *zero = (float*)calloc(n, 4);
+    float* d_w = (float*)up(w, n * 4);
+    floatX* d_x = (floatX*)dalloc(n * sizeof(floatX));
+    float* d_m = (float*)up(zero, n * 4);
+    float* d_v = (float*)up(zero, n * 4);
+    float* d_g = (float*)dalloc(n * 4);
+    float big = 1e30f;
+    float* d_norm = (float*)up(&big, 4);
+    double max_err = 0, max_g = 0;
+    float *ew = (float*)malloc(n * 4), *es = (float*)malloc(n * 4);
+    for (int t = 1; t <= T; t++) {
+        float* g = frand(n, 1.f);
+        for (size_t i = 0; i < n; i++) g[i] = g[i] * (1.f + (float)(i % 10)) + 0.3f, sum_g[i] += g[i];
+        for (size_t i = 0; i < n; i++) max_g = fabs(g[i]) > max_g ? fabs(g[i]) : max_g;
+        CUDA_OK(cudaMemcpy(d_g, g, n * 4, cudaMemcpyHostToDevice));
+        onebit_step(&ob, &c, (cudaStream_t)0, t + 1, d_w, d_x, d_g, d_m, d_v, 0, d_norm, 1.f, 0.f, 0.5f, 1.f, 0.f, 0.f);
+        down(ew, ob.worker_err, n * 4);
+        down(es, ob.server_err, n * 4);
+        for (size_t i = 0; i < n; i++) {
+            max_err = fabs(ew[i]) > max_err ? fabs(ew[i]) : max_err;
+            max_err = fabs(es[i]) > max_err ? fabs(es[i]) : max_err;
+        }
+        free(g);
+    }
+    down(w, d_w, n * 4);
+    float* want = (float*)malloc(n * 4);
+    for (size_t i = 0; i < n; i++) want[i] = -(sum_g[i] - ew[i] - es[i]);
+    check_close("error feedback: w_T = -(sum of g - worker error - server error)", w, want, n, 2e-3f, 1e-4f);
+    CHECK(max_err < 8 * max_g, "error feedback: an error reached %g (inputs up to %g): not bounded", max_err, max_g);
+    printf("error feedback over %d steps: largest error %.3g, largest input %.3g\n", T, max_err, max_g);
+    onebit_free(&ob);
+    free(w), free(sum_g), free(zero), free(ew), free(es), free(want);
+    cudaFree(d_w), cudaFree(d_x), cudaFree(d_m), cudaFree(d_v), cudaFree(d_g), cudaFree(d_norm);
+}
+
+int main(void) {
+    test_sizes();
+    test_pipeline();
+    test_error_feedback();
+    return test_summary();
+}

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# test_onebit.sh: --comm onebit (1-bit Adam, compress.h) end to end on the CPU build, 4 processes (NCCL over
+# shared memory, rank and world from hand-set SLURM_* variables), tiny model, T=32, B=8, 16 steps:
+#   - the same run with --comm fp32 and with --comm onebit --comm-warmup 4: identical losses during the warm-up
+#     (it is fp32 AdamW); after it each step's loss within 5% of fp32's at the same step (measured: at most
+#     2.8% to 3.6% above it in three runs; the shards are made from cpu/ and tests/, so the figure moves a
+#     little as those files change; the test prints it), and falling (the last step's below the warm-up's last);
+#   - comm_bytes (the trainer's own count, in the log and metrics.jsonl): after the warm-up at least 16x fewer
+#     than fp32's per step (measured: 6,090 against 169,242 bytes, 27.8x: the step's loss all-reduce is in both);
+#   - every rank's total ("comm: rank R sent B bytes in N NCCL calls") equals the CPU NCCL's own count
+#     (NCCL_EMU_STATS), in both modes;
+#   - every rank ends with the same weights (MLM_TEST_WEIGHTS_CRC);
+#   - --resume: a run stopped after 10 steps (--run-steps) and resumed on 4 ranks ends with a checkpoint
+#     identical to the uninterrupted one (the ranks' 1-bit Adam errors are in the checkpoint); resumed on 2
+#     ranks it says that the errors are for another number of ranks and finishes;
+#   - one process: the compression still runs (its loss differs from fp32's after the warm-up), 0 bytes sent;
+#     an infinite gradient (MLM_TEST_INF_GRAD) skips the step and the run goes on; the memory plan counts the
+#     1-bit Adam buffers (what is allocated before step 1 equals the plan);
+#   - --comm-refresh 3 (2 ranks): steps 7, 10, 13, 16 are fp32 steps (over 16x the bytes of the others);
+#   - bad input: unknown --comm / --optimizer, --optimizer lamb, --comm-warmup >= --steps, --comm-warmup or
+#     --comm-refresh without onebit, --comm-refresh 0, onebit with --zero 1 or --bench: one line naming the
+#     flag, exit 1, nothing written.
+# Run by tests/run.sh; needs tools/requirements.txt (python3 tools/prepare.py). About a minute on 2 cores.
+cd "$(dirname "$0")/.."
+TRAINER=${TRAINER:-./trainer_cpu}
+pass=0; fail=0
+ok()  { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL test_onebit: $*"; }
+check() { if eval "$1"; then ok; else bad "$2"; fi; }
+W=$(mktemp -d /tmp/mlm_onebit_XXXXXX)
+trap 'rm -rf "$W"' EXIT
+
+python3 tools/prepare.py bytes --input cpu tests --out "$W/data" --seq-len 32 --val-fraction 0 >"$W/prep.log" 2>&1
+check '[ -f "$W/data/train_00000.bin" ]' "tools/prepare.py made no shards: $(tail -n 3 "$W/prep.log")"
+COMMON=(--data "$W/data/train_*.bin" --preset tiny --seq 32 --batch 8 --lr 5e-3 --warmup 2 --seed 7 --steps 16)
+loss_at() { grep -E "^step +$1/" "$2" | sed -E 's/.*loss ([0-9.]+).*/\1/'; }
+bytes_at() { grep -E "^step +$1/" "$2" | sed -E 's/.*comm_bytes ([0-9]+).*/\1/'; }
+
+# runn NAME N ARGS...: N ranks, logs $W/NAME.R.log, output in $W/NAME, the CPU NCCL's counts in $W/NAME.stats.R
+runn() {
+  local name=$1 n=$2 r; shift 2
+  for r in $(seq 0 $((n - 1))); do
+    SLURM_NTASKS=$n SLURM_PROCID=$r SLURM_LOCALID=0 NCCL_EMU_TIMEOUT_S=60 MLM_TEST_WEIGHTS_CRC=1 \
+      NCCL_EMU_STATS="$W/$name.stats" $TRAINER "${COMMON[@]}" --out "$W/$name" "$@" >"$W/$name.$r.log" 2>&1 &
+  done
+  wait
+}
+# counts_agree NAME N: every rank's own total equals the CPU NCCL's count for it
+counts_agree() {
+  local name=$1 n=$2 r own emu same=1
+  for r in $(seq 0 $((n - 1))); do
+    own=$(sed -n -E "s/^comm: rank $r sent ([0-9]+) bytes in ([0-9]+) NCCL calls/\1 \2/p" "$W/$name.$r.log")
+    emu=$(sed -n -E 's/^nccl-emu-stats rank [0-9]+ nranks [0-9]+ calls ([0-9]+) bytes_sent ([0-9]+)/\2 \1/p' \
+      "$W/$name.stats.$r" 2>/dev/null)
+    [ -n "$own" ] && [ "$own" = "$emu" ] || { same=0; echo "  $name rank $r: trainer '$own', CPU NCCL '$emu' (bytes calls)"; }
+  done
+  [ $same = 1 ]
+}
+same_weights() {
+  local name=$1 n=$2 r a b
+  a=$(sed -n -E 's/^rank 0 weights: (.*)/\1/p' "$W/$name.0.log")
+  for r in $(seq 1 $((n - 1))); do
+    b=$(sed -n -E "s/^rank $r weights: (.*)/\\1/p" "$W/$name.$r.log")
+    [ -n "$a" ] && [ "$a" = "$b" ] || { echo "  rank 0: '$a', rank $r: '$b'"; return 1; }
+  done
+}
+
+# 1. fp32 and onebit on 4 ranks
+runn fp32 4 --comm fp32
+runn onebit 4 --comm onebit --comm-warmup 4
+for m in fp32 onebit; do
+  check 'grep -qE "^step +16/16" "$W/$m.0.log" && [ -f "$W/$m/model.safetensors" ]' \
+    "4 ranks, --comm $m: the run failed: $(tail -n 3 "$W/$m.0.log" "$W/$m.1.log")"
+  check 'counts_agree $m 4' "--comm $m: the trainer's byte counts differ from the CPU NCCL's"
+  check 'same_weights $m 4' "--comm $m: the ranks' weights differ"
+done
+for s in 1 2 3 4; do
+  check '[ "$(loss_at $s "$W/fp32.0.log")" = "$(loss_at $s "$W/onebit.0.log")" ]' \
+    "step $s (warm-up): onebit's loss $(loss_at $s "$W/onebit.0.log") differs from fp32's $(loss_at $s "$W/fp32.0.log")"
+done
+for s in $(seq 5 16); do
+  a=$(loss_at $s "$W/fp32.0.log"); b=$(loss_at $s "$W/onebit.0.log")
+  check 'awk -v a="$a" -v b="$b" "BEGIN { d = (b - a) / a; if (d < 0) d = -d; exit !(a != \"\" && b != \"\" && d <= 0.05) }"' \
+    "step $s: onebit's loss $b is not within 5% of fp32's $a"
+  fb=$(bytes_at $s "$W/fp32.0.log"); ob=$(bytes_at $s "$W/onebit.0.log")
+  check '[ -n "$fb" ] && [ -n "$ob" ] && [ $((ob * 16)) -le "$fb" ]' \
+    "step $s: onebit sent $ob bytes, fp32 $fb: not 16x fewer"
+done
+check 'awk -v a="$(loss_at 4 "$W/onebit.0.log")" -v b="$(loss_at 16 "$W/onebit.0.log")" "BEGIN { exit !(b < a - 0.1) }"' \
+  "onebit's loss did not fall after the warm-up: $(loss_at 4 "$W/onebit.0.log") at step 4, $(loss_at 16 "$W/onebit.0.log") at 16"
+check 'grep -q "\"comm_bytes\":$(bytes_at 16 "$W/onebit.0.log")}" "$W/onebit/metrics.jsonl"' \
+  "metrics.jsonl lacks step 16's comm_bytes $(bytes_at 16 "$W/onebit.0.log"): $(tail -n 1 "$W/onebit/metrics.jsonl")"
+worst=$(for s in $(seq 5 16); do echo "$(loss_at $s "$W/fp32.0.log") $(loss_at $s "$W/onebit.0.log") $s"; done |
+  awk '{ d = ($2 - $1) / $1; if (d > w) { w = d; at = $3 } } END { printf "%.2f%% at step %d", 100 * w, at }')
+echo "after the warm-up onebit's loss is at most $worst above fp32's"
+echo "4 ranks, step 16: fp32 loss $(loss_at 16 "$W/fp32.0.log"), $(bytes_at 16 "$W/fp32.0.log") bytes; onebit loss $(loss_at 16 "$W/onebit.0.log"), $(bytes_at 16 "$W/onebit.0.log") bytes"
+
+# 2. resume: stopped after step 10, resumed on 4 ranks: the uninterrupted run's checkpoint, byte for byte
+runn part 4 --comm onebit --comm-warmup 4 --run-steps 10
+cp -r "$W/part" "$W/part2"
+runn part 4 --comm onebit --comm-warmup 4 --resume
+check 'cmp -s "$W/part/checkpoint.bin" "$W/onebit/checkpoint.bin"' \
+  "a run resumed at step 10 ended with another checkpoint than the uninterrupted one: $(tail -n 2 "$W/part.0.log")"
+# ... on 2 ranks: the errors are for 4 ranks; it says so and finishes
+runn part2 2 --comm onebit --comm-warmup 4 --resume --grad-accum 2
+check 'grep -qE "^step +16/16" "$W/part2.0.log" && grep -q "errors are for another number of ranks" "$W/part2.0.log"' \
+  "a 4-rank onebit checkpoint resumed on 2 ranks: $(tail -n 3 "$W/part2.0.log")"
+
+# 3. one process: the compression runs (the loss leaves fp32's after the warm-up), nothing is sent
+MLM_TEST_INF_GRAD=9 runn one 1 --comm onebit --comm-warmup 4 --grad-accum 4
+check 'grep -qE "^step +16/16" "$W/one.0.log"' "1 rank, onebit: the run failed: $(tail -n 3 "$W/one.0.log")"
+check 'grep -q "step 9: .*not finite; update skipped" "$W/one.0.log"' \
+  "1 rank, onebit: an infinite gradient at step 9 was not skipped: $(grep -m1 "step 9" "$W/one.0.log")"
+check 'grep -qE "allocated before step 1: ([0-9]+) bytes \(the plan: \1 bytes\)" "$W/one.0.log"' \
+  "1 rank, onebit: the plan differs from what was allocated: $(grep "allocated before" "$W/one.0.log")"
+check '[ "$(loss_at 4 "$W/one.0.log")" = "$(loss_at 4 "$W/fp32.0.log")" ] && [ "$(loss_at 8 "$W/one.0.log")" != "$(loss_at 8 "$W/fp32.0.log")" ]' \
+  "1 rank, onebit: step 4 should equal fp32's and step 8 differ: $(loss_at 4 "$W/one.0.log") $(loss_at 8 "$W/one.0.log")"
+check '[ "$(bytes_at 8 "$W/one.0.log")" = 0 ]' "1 rank: comm_bytes $(bytes_at 8 "$W/one.0.log"), want 0"
+
+# 4. --comm-refresh 3 on 2 ranks: steps 7, 10, 13, 16 send fp32's bytes (over 16x the others), the rest compressed
+runn refresh 2 --comm onebit --comm-warmup 4 --comm-refresh 3 --grad-accum 2
+check 'grep -qE "^step +16/16" "$W/refresh.0.log"' "--comm-refresh 3: the run failed: $(tail -n 3 "$W/refresh.0.log")"
+low=$(bytes_at 5 "$W/refresh.0.log") want=" 7 10 13 16" got=""
+for s in $(seq 5 16); do
+  b=$(bytes_at $s "$W/refresh.0.log")
+  [ -n "$b" ] && [ "$b" -gt $((16 * low)) ] && got="$got $s"
+done
+check '[ -n "$low" ] && [ "$got" = "$want" ]' "--comm-refresh 3: fp32-sized steps '$got', want '$want' (step 5: $low bytes)"
+check 'counts_agree refresh 2' "--comm-refresh 3: the trainer's byte counts differ from the CPU NCCL's"
+
+# 5. bad input: one line naming the flag, exit 1, nothing written
+bad_input() {  # bad_input WHAT EXPECTED ARGS...
+  local what=$1 want=$2 out rc; shift 2
+  out=$($TRAINER "${COMMON[@]}" --out "$W/bad" "$@" 2>&1); rc=$?
+  [ $rc = 1 ] && [ "$(printf '%s\n' "$out" | wc -l)" = 1 ] && printf '%s' "$out" | grep -q -- "$want" && [ ! -e "$W/bad" ] ||
+    { echo "  $what: rc $rc, output: $out"; return 1; }
+}
+check 'bad_input "unknown --comm" "--comm int8: expected fp32, bf16 or onebit" --comm int8' "unknown --comm accepted"
+check 'bad_input "unknown --optimizer" "--optimizer sgd: expected adamw or lamb" --optimizer sgd' "unknown --optimizer"
+check 'bad_input "lamb" "--optimizer lamb" --optimizer lamb' "--optimizer lamb"
+check 'bad_input "warm-up too long" "--comm-warmup 16" --comm onebit --comm-warmup 16' "--comm-warmup 16 of 16 steps"
+check 'bad_input "warm-up without onebit" "--comm-warmup: only with --comm onebit" --comm-warmup 3' "--comm-warmup alone"
+check 'bad_input "onebit with zero" "--comm onebit with --zero 1" --comm onebit --zero 1' "onebit with --zero 1"
+check 'bad_input "refresh without onebit" "--comm-refresh: only with --comm onebit" --comm-refresh 5' "--comm-refresh alone"
+check 'bad_input "refresh 0" "--comm-refresh 0: expected an integer" --comm onebit --comm-refresh 0' "--comm-refresh 0"
+out=$($TRAINER --bench --preset tiny --seq 32 --batch 4 --comm onebit 2>&1); rc=$?
+check '[ $rc = 1 ] && printf "%s" "$out" | grep -q "not with --bench"' "onebit with --bench: rc $rc: $out"
+
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
