@@ -125,6 +125,7 @@ if python3 -c "import torch, transformers" 2>/dev/null; then
   echo "test_bench: torch and transformers are installed here: their missing-package errors are not checked"
 else
   one_line_error "needs PyTorch and transformers" python3 tools/bench_peer.py --preset tiny
+  : >"$W/batch_and_logits.bin"  # what test_model_fp32 writes beside its export: compare_hf.py then needs torch
   one_line_error "needs PyTorch and transformers" python3 tools/compare_hf.py "$W"
   one_line_error "the peer cannot run: .*needs PyTorch" env TRAINER=./trainer_cpu tools/bench_vs_peer.sh
 fi

@@ -134,14 +134,18 @@ out=$("$TRAINER" "${T[@]}" --out "$W/r2" --resume 2>&1); rc=$?
 if [ $rc = 1 ] && echo "$out" | grep -q "checkpoint.bin: truncated: 20 bytes, shorter than a header"; then ok; else
   bad "a 20-byte checkpoint.bin: exit $rc, $(echo "$out" | tail -n 1)"
 fi
-# a checkpoint (CRC recomputed) whose header says its weights were 4-byte ones: x_bytes at offset 56
+# a checkpoint (CRC recomputed) of 4-byte weights (an fp32 build's): x_bytes at offset 56, body_bytes at 72
 mkdir -p "$W/r3" && cp "$W/s/checkpoint.bin" "$W/r3/"
 python3 - "$W/r3/checkpoint.bin" <<'EOF'
 import struct, sys, zlib
 p = sys.argv[1]
 b = bytearray(open(p, "rb").read())
-assert struct.unpack_from("<i", b, 56)[0] in (2, 4), "x_bytes not at offset 56"
-struct.pack_into("<i", b, 56, 6 - struct.unpack_from("<i", b, 56)[0])  # 2 <-> 4
+assert struct.unpack_from("<i", b, 56)[0] == 2, "x_bytes (2: bf16) not at offset 56"
+hb, = struct.unpack_from("<I", b, 12)
+numel, body = struct.unpack_from("<QQ", b, 64)
+struct.pack_into("<i", b, 56, 4)  # 4-byte weights: an fp32 build keeps no bf16 copy after its fp32 arrays
+del b[hb + 12 * numel:hb + 14 * numel]
+struct.pack_into("<Q", b, 72, body - 2 * numel)
 struct.pack_into("<II", b, len(b) - 8, zlib.crc32(bytes(b[:-8])), 0)
 open(p, "wb").write(b)
 EOF
