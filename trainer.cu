@@ -49,6 +49,7 @@ typedef struct {
     float device_mem;                  // GB of device memory for --plan-only's planner (0: this device's)
     float bucket_mb;                   // gradient bucket size (MB of fp32 gradients)
     int grad_reduce_bf16, zero;        // --grad-reduce bf16; --zero 1 (ZeRO-1)
+    int lamb;                          // --optimizer lamb (else AdamW)
     long long tokens;                  // --tokens N: about N real tokens, as steps (resolve_run_length)
     double epochs;                     // --epochs E: E passes over the training shards, as steps
     const char* eval;                  // --eval SRC: evaluate a checkpoint or an export on --val; no training
@@ -90,6 +91,8 @@ static void usage(void) {
         "  --lr X              peak learning rate (default 5e-4), linear warmup then linear decay to 0\n"
         "  --warmup N          warmup steps (default 1%% of --steps)\n"
         "  --wd X --beta1 X --beta2 X --eps X --clip X   AdamW (0.01, 0.9, 0.98, 1e-6) and clipping (1.0)\n"
+        "  --optimizer NAME    adamw (default) or lamb: AdamW's moments and decay, each tensor's step scaled by its\n"
+        "                      trust ratio |w| / |update| (for large global batches; not with --zero 1)\n"
         "  --seed N            data order, masking and initialisation (default 1337)\n"
         "  --loader-threads N  threads preparing batches (default 2); --ring N slots (default 4)\n"
         "  --stage-dir DIR     copy the shards to this node-local directory first, once per node\n"
@@ -321,7 +324,13 @@ static Options parse_options(int argc, char** argv) {
             o.bucket_mb = parse_float(a, v, 0.001, 1 << 20);
         else if (!strcmp(a, "--zero"))
             o.zero = (int)parse_int(a, v, 0, 1);
-        else if (!strcmp(a, "--grad-reduce")) {
+        else if (!strcmp(a, "--optimizer")) {
+            if (strcmp(v, "adamw") && strcmp(v, "lamb")) {
+                fprintf(stderr, "trainer: --optimizer %s: expected adamw or lamb\n", v);
+                exit(1);
+            }
+            o.lamb = !strcmp(v, "lamb");
+        } else if (!strcmp(a, "--grad-reduce")) {
             if (strcmp(v, "fp32") && strcmp(v, "bf16")) {
                 fprintf(stderr, "trainer: --grad-reduce %s: expected fp32 or bf16\n", v);
                 exit(1);
@@ -335,6 +344,12 @@ static Options parse_options(int argc, char** argv) {
     if (!o.preset) o.preset = o.bench ? "bert-base,bert-large" : "bert-base";
     if (o.device_mem > 0 && !o.plan_only) {
         fprintf(stderr, "trainer: --device-mem: only with --plan-only (a real run plans for its device)\n");
+        exit(1);
+    }
+    if (o.lamb && o.zero) {  // LAMB's trust ratios need each tensor's whole norms; ZeRO-1 shards the state
+        fprintf(stderr,
+                "trainer: --optimizer lamb: not with --zero 1 (its per-tensor trust ratios need whole tensors; "
+                "ZeRO-1 splits them over the ranks)\n");
         exit(1);
     }
     if (o.bench && o.grad_accum == 0) {
@@ -1131,6 +1146,8 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     } else if (gr->zero) {
         zero_adamw_step(m, gr, o, lr);
         zero_allgather(gr, m->w, m->stream);
+    } else if (o->lamb) {
+        bert_lamb_step(m, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
     } else {
         bert_adamw_step(m, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
     }
@@ -1623,7 +1640,8 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
                       (double)o->bucket_mb,
                       (double)o->grad_reduce_bf16,
                       (double)o->tokens,
-                      o->epochs};
+                      o->epochs,
+                      (double)o->lamb};
     const uint64_t h0 = 0xcbf29ce484222325ull;
     // The first four are numbers (the message shows them); the next four fingerprints; the last the micro-batch.
     CommValue v[] = {
@@ -1635,7 +1653,7 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
          (int64_t)fingerprint(h0, cfg, sizeof *cfg), 0, 0},
         {"other training flags (--lr --warmup --wd --beta1 --beta2 --eps --clip --seed --resume --run-steps "
          "--val-every "
-         "--val-batches --max-bad-steps --zero --bucket-mb --grad-reduce --tokens --epochs)",
+         "--val-batches --max-bad-steps --zero --bucket-mb --grad-reduce --tokens --epochs --optimizer)",
          (int64_t)fingerprint(h0, flags, sizeof flags), 0, 0},
         {"training data (the --data shards: names in order, sizes, checksums)", (int64_t)data_fp, 0, 0},
         {"validation data (the --val shards)", (int64_t)val_fp, 0, 0},
