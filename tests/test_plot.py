@@ -221,7 +221,7 @@ def test_overlay():
         assert rc == 0 and "losses at equal tokens: 5120 tokens" in out and out.splitlines()[2].startswith("A "), out
         # bad input: one line each, no figure written
         os.remove(png)
-        for args, want in (((a, b, "--labels", "x"), "--labels x: expected 2 non-empty names"),
+        for args, want in (((a, b, "--labels", "x", "--out", png), "--labels x: expected 2 non-empty names"),
                            ((a, b), "--overlay: needs --out FILE.png"),
                            ((a, os.path.join(d, "nope"), "--out", png), "nope: no such directory"),
                            ((a, b, "--out", png, "--window", "0"), "--window 0: expected at least 1")):

@@ -15,7 +15,8 @@ per ./trainer --eval (step 0 for an export). Writes one figure of four panels:
   throughput     tokens/s (real tokens, padding not counted)
   optimizer      learning rate, and the gradient norm before clipping on a second axis
 With --overlay RUN RUN ..., one figure of two panels instead, every run a colour (labelled by its folder's
-name, or --labels): the training loss (its moving mean over --window logged steps, the raw values faint) and
+name, or --labels): the training loss (its moving mean over --window logged steps, the raw values faint; with
+--x tokens, --window steps of the run with the fewest tokens per step, and the same tokens for the others) and
 the validation loss; and a table on stdout of each run's losses at equal tokens, the fewest tokens any run
 reached (X): the mean training loss over its records in (0.9 X, X], the validation loss of its last validation
 at or before X, each with its difference to the first run in percent.
@@ -226,6 +227,19 @@ def overlay_table(runs, labels):
     return lines
 
 
+def overlay_windows(runs, window, x):
+    """Each run's moving-mean window in logged steps: window against steps; against tokens, window steps of the
+    run with the fewest tokens per logged step and as many tokens in the others (a run of 8x the batch: window/8)."""
+    if x == "step":
+        return [window for _ in runs]
+    per = []
+    for m in runs:
+        t = [r["tokens"] for r in m["train"] if not math.isnan(r["tokens"])]
+        per.append((t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else math.nan)
+    least = min((p for p in per if p > 0), default=math.nan)
+    return [max(1, round(window * least / p)) if p > 0 and least > 0 else window for p in per]
+
+
 def plot_overlay(runs, labels, out_path, x="tokens", window=25):
     """Several runs' training (moving mean) and validation losses, one colour each, in two panels."""
     try:
@@ -236,16 +250,18 @@ def plot_overlay(runs, labels, out_path, x="tokens", window=25):
     except ImportError as e:
         raise MetricsError(f"needs matplotlib ({e}): {PIP}") from None
     fig, (a_train, a_val) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=80)
+    windows = overlay_windows(runs, window, x)
     for i, (m, lab) in enumerate(zip(runs, labels)):
         train, val, c = m["train"], m["val"], f"C{i}"
         if train:
             xt, loss = x_of(train, x, train), column(train, "loss")
             a_train.plot(xt, loss, color=c, alpha=0.15, lw=0.6)
-            a_train.plot(xt, moving_average(loss, window), color=c, lw=1.6, label=lab)
+            a_train.plot(xt, moving_average(loss, windows[i]), color=c, lw=1.6, label=lab)
         if val:
             a_val.plot(x_of(val, x, train), column(val, "val_loss"), "o-", color=c, ms=4, lw=1.4, label=lab)
     xlabel = "step" if x == "step" else "tokens seen"
-    for a, t in ((a_train, f"training loss (mean of the last {window} logged steps)"), (a_val, "validation loss")):
+    what = f"the last {window} logged steps" if x == "step" else f"{window} steps of the smallest batch"
+    for a, t in ((a_train, f"training loss (moving mean over {what})"), (a_val, "validation loss")):
         a.set_title(t)
         a.set_xlabel(xlabel)
         a.set_ylabel("MLM loss (masked tokens)")
@@ -255,7 +271,8 @@ def plot_overlay(runs, labels, out_path, x="tokens", window=25):
     if not any(m["val"] for m in runs):
         a_val.text(0.5, 0.5, "no validation records", ha="center", va="center", transform=a_val.transAxes,
                    color="gray")
-    lows = [v for m in runs for v in moving_average(column(m["train"], "loss"), window)[window:] if not math.isnan(v)]
+    lows = [v for m, k in zip(runs, windows) for v in moving_average(column(m["train"], "loss"), k)[k:]
+            if not math.isnan(v)]
     if lows:  # the interesting part: from the moving means' highest after the first window down
         top, bottom = max(lows), min(lows)
         a_train.set_ylim(bottom - 0.05 * (top - bottom + 1e-9), top + 0.1 * (top - bottom + 1e-9))
