@@ -8,6 +8,7 @@
 #   onebit  --comm onebit (1-bit Adam), the same (skipped, with a note, when the trainer has no --comm onebit)
 #   lamb    --optimizer lamb at LAMB_ACCUM x the global batch (--grad-accum LAMB_ACCUM), STEPS / LAMB_ACCUM
 #           steps (the same tokens), at LAMB_LR
+#   adamw-big  (only when MODES names it) the control: AdamW at lamb's global batch and steps, at LR x 2
 # The shards (this machine's ELF functions, as train.sh makes them, at SEQ) go to data/elf_T$SEQ_$DATA_TOKENS;
 # runs to $OUT/MODE (default runs/compare); a run whose metrics.jsonl already reaches its last step is kept
 # (rerun the script to finish the others; delete a run's folder to redo it). The figure: $FIG (default
@@ -98,7 +99,10 @@ for mode in $MODES; do
     lamb)
       run lamb $((STEPS / LAMB_ACCUM)) --optimizer lamb --grad-accum "$LAMB_ACCUM" --lr "$LAMB_LR" \
         --warmup $((WARMUP / LAMB_ACCUM)) --val-every $(((VAL_EVERY + LAMB_ACCUM - 1) / LAMB_ACCUM)) || exit 1 ;;
-    *) die "MODES: unknown mode '$mode' (expected fp32, bf16, onebit, lamb)" ;;
+    adamw-big)  # the control: AdamW at lamb's global batch and steps (LR x 2)
+      run adamw-big $((STEPS / LAMB_ACCUM)) --grad-accum "$LAMB_ACCUM" --lr "$(awk -v x="$LR" 'BEGIN { printf "%g", 2 * x }')" \
+        --warmup $((WARMUP / LAMB_ACCUM)) --val-every $(((VAL_EVERY + LAMB_ACCUM - 1) / LAMB_ACCUM)) || exit 1 ;;
+    *) die "MODES: unknown mode '$mode' (expected fp32, bf16, onebit, lamb, adamw-big)" ;;
   esac
   runs+=("$OUT/$mode")
 done

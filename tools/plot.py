@@ -18,8 +18,8 @@ With --overlay RUN RUN ..., one figure of two panels instead, every run a colour
 name, or --labels): the training loss (its moving mean over --window logged steps, the raw values faint; with
 --x tokens, --window steps of the run with the fewest tokens per step, and the same tokens for the others) and
 the validation loss; and a table on stdout of each run's losses at equal tokens, the fewest tokens any run
-reached (X): the mean training loss over its records in (0.9 X, X], the validation loss of its last validation
-at or before X, each with its difference to the first run in percent.
+reached (X): the mean training loss over its records in (0.9 X, X], the validation loss of its validation
+nearest X, each with its difference to the first run in percent.
 Unknown kinds and fields are ignored; a null (a value that was not finite) leaves a gap. A step
 logged twice (a resumed run that repeated it) keeps its last record. An unfinished last line (the
 run is still writing it) is skipped with a note; any other bad line is an error naming its number.
@@ -212,11 +212,11 @@ def overlay_table(runs, labels):
     rows = []
     for m in runs:
         window = [r["loss"] for r in m["train"] if 0.9 * x < r["tokens"] <= x and not math.isnan(r["loss"])]
-        val = [r["val_loss"] for r in m["val"] if r["tokens"] <= x and not math.isnan(r["val_loss"])]
-        rows.append((sum(window) / len(window) if window else math.nan, val[-1] if val else math.nan))
+        val = [(abs(r["tokens"] - x), r["val_loss"]) for r in m["val"] if not math.isnan(r["val_loss"])]
+        rows.append((sum(window) / len(window) if window else math.nan, min(val)[1] if val else math.nan))
     ref = rows[0]
     lines = [f"losses at equal tokens: {x:.0f} tokens (the fewest any run reached); train: the mean over (0.9 x, x];"
-             f" val: the last validation at or before; vs {labels[0]}: the relative difference",
+             f" val: the validation nearest x; vs {labels[0]}: the relative difference",
              f"{'run':<16} {'train loss':>10} {'vs ' + labels[0]:>12} {'val loss':>10} {'vs ' + labels[0]:>12}"]
 
     def rel(a, b):
