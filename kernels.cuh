@@ -873,6 +873,108 @@ __global__ void adamw_update(float* master, floatX* params, const float* grad, f
     }
 }
 
+// ---- LAMB (You et al. 2019), per tensor of the parameter table, in three kernels ----
+// A tensor's elements in the slab: [off, off + n), n its numel rounded up to 8 (the slab's padding, which stays
+// zero: it adds nothing to either norm); decay: AdamW's weight decay applies to it.
+typedef struct {
+    size_t off, n;
+    int decay;
+} LambTensor;
+
+// block_sum_256: the sum of s over a block of 256 threads, in a fixed order (warps, then warp 0's lanes);
+// valid in thread 0. red: 8 floats of shared memory, not reused before the next __syncthreads.
+__device__ inline float block_sum_256(float s, float* red) {
+    s = warp_sum(s);
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = s;
+    __syncthreads();
+    float t = 0.f;
+    if (threadIdx.x == 0)
+        for (int i = 0; i < 8; i++) t += red[i];
+    return t;
+}
+
+// lamb_moments: Adam's moments and LAMB's update direction u of tensor t, and its partial norms:
+//   g = grad * clip, clip = min(1, max_norm / norm[0]) (none when max_norm <= 0), as adamw_update
+//   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+//   u = (m / bc1) / (sqrt(v / bc2) + eps) + wd * w   (bias-corrected moments; wd only if the tensor decays)
+//   u is written over grad (the step zeroes the gradients after); partial[(t * P + x) * 2 + 0, 1] = the sums of
+//   w^2 and u^2 over block x's slice (P = gridDim.x; fixed-order sums: deterministic).
+// Layout: blockIdx.y = tensor t; the P blocks of x stride over its elements in groups of 4 (128-bit
+// loads). Block 256.
+__global__ void lamb_moments(const float* master, float* grad, float* m, float* v, const LambTensor* tensors,
+                             float* partial, float b1, float b2, float eps, float wd, float bc1, float bc2,
+                             const float* norm, float max_norm) {
+    __shared__ float red_w[8], red_u[8];
+    LambTensor tt = tensors[blockIdx.y];
+    float clip = 1.f;
+    if (norm && max_norm > 0.f && norm[0] > max_norm) clip = max_norm / norm[0];
+    float decay = tt.decay ? wd : 0.f, sw = 0.f, su = 0.f;
+    for (size_t j = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4; j < tt.n;
+         j += (size_t)gridDim.x * blockDim.x * 4) {
+        size_t i = tt.off + j;
+        float4 w = *(const float4*)(master + i), g = *(const float4*)(grad + i), mi = *(float4*)(m + i),
+               vi = *(float4*)(v + i);
+        float gx[4] = {g.x, g.y, g.z, g.w}, wx[4] = {w.x, w.y, w.z, w.w}, mx[4] = {mi.x, mi.y, mi.z, mi.w},
+              vx[4] = {vi.x, vi.y, vi.z, vi.w}, ux[4];
+        for (int k = 0; k < 4; k++) {
+            float gk = gx[k] * clip;
+            mx[k] = b1 * mx[k] + (1.f - b1) * gk;
+            vx[k] = b2 * vx[k] + (1.f - b2) * gk * gk;
+            ux[k] = mx[k] / bc1 / (sqrtf(vx[k] / bc2) + eps) + decay * wx[k];
+            sw += wx[k] * wx[k];
+            su += ux[k] * ux[k];
+        }
+        *(float4*)(m + i) = make_float4(mx[0], mx[1], mx[2], mx[3]);
+        *(float4*)(v + i) = make_float4(vx[0], vx[1], vx[2], vx[3]);
+        *(float4*)(grad + i) = make_float4(ux[0], ux[1], ux[2], ux[3]);
+    }
+    sw = block_sum_256(sw, red_w);
+    su = block_sum_256(su, red_u);
+    if (threadIdx.x == 0) {
+        size_t p = ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * 2;
+        partial[p] = sw;
+        partial[p + 1] = su;
+    }
+}
+
+// lamb_trust_ratio: ratio[t] = |w_t| / |u_t| for tensor t, 1 when either norm is 0, the norms summed from
+// the parts partials of lamb_moments in order (deterministic). One thread per tensor, blocks of 256.
+__global__ void lamb_trust_ratio(float* ratio, const float* partial, int n_tensors, int parts) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n_tensors) return;
+    float w2 = 0.f, u2 = 0.f;
+    for (int x = 0; x < parts; x++) {
+        w2 += partial[((size_t)t * parts + x) * 2];
+        u2 += partial[((size_t)t * parts + x) * 2 + 1];
+    }
+    float wn = sqrtf(w2), un = sqrtf(u2);
+    ratio[t] = wn > 0.f && un > 0.f ? wn / un : 1.f;
+}
+
+// lamb_apply: w -= lr * ratio[t] * u for tensor t (u from lamb_moments, in grad), then the floatX copy of w
+// refreshed with stochastic rounding exactly as adamw_update does (hash of the slab index and the seed).
+// Layout: as lamb_moments (blockIdx.y = tensor, gridDim.x blocks striding over it in groups of 4). Block 256.
+__global__ void lamb_apply(float* master, floatX* params, const float* grad, const LambTensor* tensors,
+                           const float* ratio, float lr, uint32_t seed) {
+    LambTensor tt = tensors[blockIdx.y];
+    float step = lr * ratio[blockIdx.y];
+    uint32_t hs = hash_u32(seed);
+    for (size_t j = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4; j < tt.n;
+         j += (size_t)gridDim.x * blockDim.x * 4) {
+        size_t i = tt.off + j;
+        float4 w = *(float4*)(master + i), u = *(const float4*)(grad + i);
+        w.x -= step * u.x;
+        w.y -= step * u.y;
+        w.z -= step * u.z;
+        w.w -= step * u.w;
+        *(float4*)(master + i) = w;
+        store_rounded(params + i, w.x, hash_u32((uint32_t)i * 0x9E3779B9u ^ hs));
+        store_rounded(params + i + 1, w.y, hash_u32((uint32_t)(i + 1) * 0x9E3779B9u ^ hs));
+        store_rounded(params + i + 2, w.z, hash_u32((uint32_t)(i + 2) * 0x9E3779B9u ^ hs));
+        store_rounded(params + i + 3, w.w, hash_u32((uint32_t)(i + 3) * 0x9E3779B9u ^ hs));
+    }
+}
+
 // grad_to_bf16: dst[i] = bf16(g[i]) rounded to nearest even for i < n, 0 for n <= i < n_padded (a
 // bucket's bf16 copy for a bf16 reduction; the zeros pad it to a multiple of the world size). Grid-stride.
 __global__ void grad_to_bf16(__nv_bfloat16* dst, const float* g, size_t n, size_t n_padded) {

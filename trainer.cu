@@ -104,6 +104,8 @@ static void usage(void) {
         "  --lr X              peak learning rate (default 5e-4), linear warmup then linear decay to 0\n"
         "  --warmup N          warmup steps (default 1%% of --steps)\n"
         "  --wd X --beta1 X --beta2 X --eps X --clip X   AdamW (0.01, 0.9, 0.98, 1e-6) and clipping (1.0)\n"
+        "  --optimizer NAME    adamw (default) or lamb: AdamW's moments and decay, each tensor's step scaled by its\n"
+        "                      trust ratio |w| / |update| (for large global batches; not with --zero 1)\n"
         "  --seed N            data order, masking and initialisation (default 1337)\n"
         "  --loader-threads N  threads preparing batches (default 2); --ring N slots (default 4)\n"
         "  --stage-dir DIR     copy the shards to this node-local directory first, once per node\n"
@@ -249,8 +251,10 @@ static void check_flag_combinations(const Options* o) {
 // check_comm_options: --comm onebit, --comm-warmup and --optimizer against the other flags (one line and exit 1).
 static void check_comm_options(const Options* o) {
     const char* why = NULL;
-    if (o->optimizer == OPT_LAMB)
-        why = "--optimizer lamb: not in this build (adamw is)";
+    if (o->optimizer == OPT_LAMB && o->onebit)
+        why =
+            "--optimizer lamb with --comm onebit: 1-bit Adam freezes Adam's variance and compresses its momentum; "
+            "1-bit LAMB is not implemented: use --comm fp32 or bf16 with lamb, or adamw with onebit";
     else if (o->comm_warmup && !o->onebit)
         why = "--comm-warmup: only with --comm onebit";
     else if (o->comm_refresh && !o->onebit)
@@ -498,6 +502,13 @@ static Options parse_options(int argc, char** argv) {
     }
     if (o.global_batch && o.bench) {
         fprintf(stderr, "trainer: --global-batch: not with --bench; give --grad-accum\n");
+        exit(1);
+    }
+    if (o.optimizer == OPT_LAMB &&
+        o.zero) {  // LAMB's trust ratios need each tensor's whole norms; ZeRO-1 shards the state
+        fprintf(stderr,
+                "trainer: --optimizer lamb: not with --zero 1 (its per-tensor trust ratios need whole tensors; "
+                "ZeRO-1 splits them over the ranks)\n");
         exit(1);
     }
     if (o.bench && o.grad_accum == 0) {
@@ -1784,6 +1795,8 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
         zero_allgather(gr, m->w, m->stream);
     } else if (ob && m->step + 1 > ob->warmup) {  // --comm-refresh: an fp32 step updates the frozen v
         onebit_refresh_step(m, ob, o, lr);
+    } else if (o->optimizer == OPT_LAMB) {
+        bert_lamb_step(m, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
     } else {
         bert_adamw_step(m, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
     }

@@ -192,6 +192,58 @@ def test_without_matplotlib():
         assert "Traceback" not in r.stderr, r.stderr
 
 
+def overlay_run(path, scale, steps=40, tokens_per_step=256, val_every=10):
+    """A hand-made run whose losses are scale x the handmade curve (its table values are known)."""
+    os.makedirs(path)
+    lines = []
+    for s in range(1, steps + 1):
+        r = train_record(s, scale * (5.6 * math.exp(-s / 15) + 1.0))
+        r["tokens"] = tokens_per_step * s
+        lines.append(json.dumps(r))
+        if s % val_every == 0:
+            lines.append(json.dumps({"kind": "val", "step": s, "tokens": tokens_per_step * s, "elapsed_s": 0.1 * s,
+                                     "val_loss": scale * 2.0, "val_accuracy": 0.3, "val_masked": 612}))
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def test_overlay():
+    """--overlay: one figure of several runs (each its colour), and the table of losses at equal tokens."""
+    with tempfile.TemporaryDirectory() as d:
+        a, b, c = (os.path.join(d, n) for n in ("fp32", "half", "big"))
+        overlay_run(a, 1.0)
+        overlay_run(b, 1.01)
+        overlay_run(c, 1.0, steps=10, tokens_per_step=4 * 256, val_every=5)  # 4x the batch: 40 x 256 tokens too
+        png = os.path.join(d, "o.png")
+        rc, out, err = run_tool("--overlay", a, b, c, "--x", "tokens", "--out", png)
+        assert rc == 0, err
+        assert f"wrote {png} (3 runs overlaid)" in out, out
+        w, h, size = png_info(png)
+        assert (w, h) == (960, 360) and 10000 < size < 200000, (w, h, size)  # 12 x 4.5 inches at 80 dpi
+        assert colour_pixels(png, C0) > 200 and colour_pixels(png, C1) > 200 and colour_pixels(png, C2) > 40
+        # the table: at 10240 tokens (all end there), the mean train loss over (9216, 10240] and the last val
+        rows = {ln.split()[0]: ln.split()[1:] for ln in out.splitlines()[2:5]}
+        assert "losses at equal tokens: 10240 tokens" in out.splitlines()[0], out
+        want_a = sum(5.6 * math.exp(-s / 15) + 1.0 for s in (37, 38, 39, 40)) / 4
+        assert abs(float(rows["fp32"][0]) - want_a) < 1e-4 and rows["fp32"][1] == "+0.00%", rows
+        assert rows["half"][1] == "+1.00%" and rows["half"][3] == "+1.00%" and float(rows["half"][2]) == 2.02, rows
+        assert rows["big"][0] == f"{5.6 * math.exp(-10 / 15) + 1.0:.4f}" and rows["big"][3] == "+0.00%", rows
+        # --labels; a run that ends first sets the equal tokens
+        short = os.path.join(d, "short")
+        overlay_run(short, 1.0, steps=20)
+        rc, out, err = run_tool("--overlay", a, short, "--labels", "A,B", "--out", png, "--window", "5")
+        assert rc == 0 and "losses at equal tokens: 5120 tokens" in out and out.splitlines()[2].startswith("A "), out
+        # bad input: one line each, no figure written
+        os.remove(png)
+        for args, want in (((a, b, "--labels", "x", "--out", png), "--labels x: expected 2 non-empty names"),
+                           ((a, b), "--overlay: needs --out FILE.png"),
+                           ((a, os.path.join(d, "nope"), "--out", png), "nope: no such directory"),
+                           ((a, b, "--out", png, "--window", "0"), "--window 0: expected at least 1")):
+            rc, out, err = run_tool("--overlay", *args)
+            assert rc == 1 and want in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+            assert not os.path.exists(png), args
+
+
 def test_real_run():
     """End to end: ./trainer_cpu trains the tiny preset a few steps with validation; plot.py draws its --out."""
     trainer = os.environ.get("TRAINER") or os.path.join(ROOT, "trainer_cpu")  # TRAINER overrides ./trainer_cpu

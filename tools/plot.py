@@ -4,6 +4,7 @@
     python3 tools/plot.py runs/a                    # writes runs/a/metrics.png
     python3 tools/plot.py runs/a --out loss.png     # or that file (--out DIR: DIR/metrics.png)
     python3 tools/plot.py runs/a --x tokens         # against tokens seen instead of steps
+    python3 tools/plot.py --overlay runs/a runs/b --x tokens --out ab.png [--labels A,B]   # runs overlaid
 
 Reads DIR/metrics.jsonl, which the trainer's rank 0 appends in --out: one JSON object per line,
 {"kind": "train", ...} per logged step, {"kind": "val", ...} per validation, {"kind": "eval", ...}
@@ -14,6 +15,12 @@ per ./trainer --eval (step 0 for an export). Writes one figure of four panels:
   accuracy       masked-token accuracy on the validation set (and --eval's)
   throughput     tokens/s (real tokens, padding not counted)
   optimizer      learning rate, and the gradient norm before clipping on a second axis
+With --overlay RUN RUN ..., one figure of two panels instead, every run a colour (labelled by its folder's
+name, or --labels): the training loss (its moving mean over --window logged steps, the raw values faint; with
+--x tokens, --window steps of the run with the fewest tokens per step, and the same tokens for the others) and
+the validation loss; and a table on stdout of each run's losses at equal tokens, the fewest tokens any run
+reached (X): the mean training loss over its records in (0.9 X, X], the validation loss of its validation
+nearest X, each with its difference to the first run in percent.
 Unknown kinds and fields are ignored; a null (a value that was not finite) leaves a gap. A step
 logged twice (a resumed run that repeated it) keeps its last record. An unfinished last line (the
 run is still writing it) is skipped with a note; so is any other bad line (not UTF-8, not JSON, a
@@ -219,6 +226,125 @@ def plot(metrics, out_path, x="step", title=None):
             os.remove(tmp)
 
 
+def overlay_table(runs, labels):
+    """The table of losses at equal tokens (see the docstring) as lines of text; the first run is the reference."""
+    ends = [r["train"][-1]["tokens"] for r in runs if r["train"]]
+    if len(ends) < len(runs):
+        raise MetricsError("--overlay: a run has no train record: no loss at equal tokens")
+    x = min(ends)
+    rows = []
+    for m in runs:
+        window = [r["loss"] for r in m["train"] if 0.9 * x < r["tokens"] <= x and not math.isnan(r["loss"])]
+        val = [(abs(r["tokens"] - x), r["val_loss"]) for r in m["val"] if not math.isnan(r["val_loss"])]
+        rows.append((sum(window) / len(window) if window else math.nan, min(val)[1] if val else math.nan))
+    ref = rows[0]
+    lines = [f"losses at equal tokens: {x:.0f} tokens (the fewest any run reached); train: the mean over (0.9 x, x];"
+             f" val: the validation nearest x; vs {labels[0]}: the relative difference",
+             f"{'run':<16} {'train loss':>10} {'vs ' + labels[0]:>12} {'val loss':>10} {'vs ' + labels[0]:>12}"]
+
+    def rel(a, b):
+        return f"{100 * (a - b) / b:+.2f}%" if not (math.isnan(a) or math.isnan(b)) else "-"
+
+    for lab, (t, v) in zip(labels, rows):
+        lines.append(f"{lab:<16} {t:>10.4f} {rel(t, ref[0]):>12} {v:>10.4f} {rel(v, ref[1]):>12}")
+    return lines
+
+
+def overlay_windows(runs, window, x):
+    """Each run's moving-mean window in logged steps: window against steps; against tokens, window steps of the
+    run with the fewest tokens per logged step and as many tokens in the others (a run of 8x the batch: window/8)."""
+    if x == "step":
+        return [window for _ in runs]
+    per = []
+    for m in runs:
+        t = [r["tokens"] for r in m["train"] if not math.isnan(r["tokens"])]
+        per.append((t[-1] - t[0]) / (len(t) - 1) if len(t) > 1 else math.nan)
+    least = min((p for p in per if p > 0), default=math.nan)
+    return [max(1, round(window * least / p)) if p > 0 and least > 0 else window for p in per]
+
+
+def plot_overlay(runs, labels, out_path, x="tokens", window=25):
+    """Several runs' training (moving mean) and validation losses, one colour each, in two panels."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        raise MetricsError(f"needs matplotlib ({e}): {PIP}") from None
+    fig, (a_train, a_val) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=80)
+    windows = overlay_windows(runs, window, x)
+    for i, (m, lab) in enumerate(zip(runs, labels)):
+        train, val, c = m["train"], m["val"], f"C{i}"
+        if train:
+            xt, loss = x_of(train, x, train), column(train, "loss")
+            a_train.plot(xt, loss, color=c, alpha=0.15, lw=0.6)
+            a_train.plot(xt, moving_average(loss, windows[i]), color=c, lw=1.6, label=lab)
+        if val:
+            a_val.plot(x_of(val, x, train), column(val, "val_loss"), "o-", color=c, ms=4, lw=1.4, label=lab)
+    xlabel = "step" if x == "step" else "tokens seen"
+    what = f"the last {window} logged steps" if x == "step" else f"{window} steps of the smallest batch"
+    for a, t in ((a_train, f"training loss (moving mean over {what})"), (a_val, "validation loss")):
+        a.set_title(t)
+        a.set_xlabel(xlabel)
+        a.set_ylabel("MLM loss (masked tokens)")
+        a.grid(alpha=0.3)
+        if a.get_legend_handles_labels()[0]:
+            a.legend(loc="best", fontsize=9)
+    if not any(m["val"] for m in runs):
+        a_val.text(0.5, 0.5, "no validation records", ha="center", va="center", transform=a_val.transAxes,
+                   color="gray")
+    lows = [v for m, k in zip(runs, windows) for v in moving_average(column(m["train"], "loss"), k)[k:]
+            if not math.isnan(v)]
+    if lows:  # the interesting part: from the moving means' highest after the first window down
+        top, bottom = max(lows), min(lows)
+        a_train.set_ylim(bottom - 0.05 * (top - bottom + 1e-9), top + 0.1 * (top - bottom + 1e-9))
+    fig.tight_layout()
+    tmp = out_path + ".tmp.png"
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, out_path)
+    except OSError as e:
+        raise MetricsError(f"{out_path}: cannot write: {e.strerror}") from None
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def metrics_path(run):
+    """A run's --out directory or its metrics.jsonl: the metrics file and the run's directory."""
+    if os.path.isdir(run):
+        return os.path.join(run, "metrics.jsonl"), run
+    if os.path.exists(run) or run.endswith(".jsonl"):
+        return run, os.path.dirname(run) or "."
+    raise MetricsError(f"{run}: no such directory (expected a run's --out directory)")
+
+
+def main_overlay(args):
+    """--overlay: the runs' metrics, the figure and the table."""
+    if args.run is not None:
+        raise MetricsError(f"{args.run}: with --overlay, give every run after it (--overlay A B ...)")
+    if not args.out or not args.out.lower().endswith(".png"):
+        raise MetricsError(f"--overlay: needs --out FILE.png (got {args.out or 'none'})")
+    out = output_path(".", args.out)
+    names = [os.path.basename(os.path.normpath(metrics_path(r)[1])) for r in args.overlay]
+    labels = args.labels.split(",") if args.labels is not None else names
+    if len(labels) != len(args.overlay) or not all(labels):
+        raise MetricsError(f"--labels {args.labels}: expected {len(args.overlay)} non-empty names, one per run")
+    runs = []
+    for r in args.overlay:
+        metrics, notes = read_metrics(metrics_path(r)[0])
+        for note in notes:
+            print(f"plot.py: {note}", file=sys.stderr)
+        runs.append(metrics)
+    table = overlay_table(runs, labels)
+    plot_overlay(runs, labels, out, args.x, args.window)
+    print("\n".join(table))
+    print(f"plot.py: wrote {out} ({len(runs)} runs overlaid)")
+    return 0
+
+
 def output_path(run_dir, out):
     """--out FILE.png, or --out DIR (created) for DIR/metrics.png; by default the run's directory."""
     if out is None:
@@ -239,10 +365,22 @@ def output_path(run_dir, out):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("run", help="a run's --out directory (or its metrics.jsonl)")
+    p.add_argument("run", nargs="?", help="a run's --out directory (or its metrics.jsonl)")
     p.add_argument("--out", help="FILE.png, or a directory for metrics.png (default: the run's directory)")
     p.add_argument("--x", choices=("step", "tokens"), default="step", help="the x axis (default step)")
+    p.add_argument("--overlay", nargs="+", metavar="RUN", help="overlay these runs in one figure (needs --out FILE.png)")
+    p.add_argument("--labels", help="--overlay: the runs' names in the legend and table, comma-separated")
+    p.add_argument("--window", type=int, default=25, help="--overlay: the moving mean's logged steps (default 25)")
     args = p.parse_args(argv)
+    if args.overlay:
+        try:
+            if args.window < 1:
+                raise MetricsError(f"--window {args.window}: expected at least 1")
+            return main_overlay(args)
+        except MetricsError as e:
+            die(str(e))
+    if args.run is None:
+        die("give a run's directory, or --overlay RUN RUN ... (see --help)")
     try:
         if os.path.isdir(args.run):
             path, run_dir = os.path.join(args.run, "metrics.jsonl"), args.run
