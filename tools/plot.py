@@ -43,6 +43,7 @@ FIELDS = {
 }
 
 
+
 def covers(name, r):
     """A validation or --eval line's label with what it covered: "validation (all 358 sequences once)",
     "validation (64 of 358 sequences)"; just the name for records without the counts (older trainers)."""
@@ -162,6 +163,20 @@ def x_of(records, x, train):
     return [r["tokens"] if "tokens" in r else at.get(r["step"], math.nan) for r in records]
 
 
+def save_png(fig, plt, out_path):
+    """Writes fig to out_path whole (a temporary file, then renamed: a reader never sees half a PNG)."""
+    fig.tight_layout()
+    tmp = out_path + ".tmp.png"
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, out_path)
+    except OSError as e:
+        raise MetricsError(f"{out_path}: cannot write: {e.strerror}") from None
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
 def plot(metrics, out_path, x="step", title=None):
     try:
         import matplotlib
@@ -213,17 +228,7 @@ def plot(metrics, out_path, x="step", title=None):
         a_acc.text(0.5, 0.5, "no validation yet\n(--val GLOB --val-every N)", ha="center", va="center",
                    transform=a_acc.transAxes, color="gray")
     fig.suptitle(title or "")
-    fig.tight_layout()
-    tmp = out_path + ".tmp.png"  # written whole, then renamed: a reader never sees half a PNG
-    try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, out_path)
-    except OSError as e:
-        raise MetricsError(f"{out_path}: cannot write: {e.strerror}") from None
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    save_png(fig, plt, out_path)
 
 
 def overlay_table(runs, labels):
@@ -299,17 +304,7 @@ def plot_overlay(runs, labels, out_path, x="tokens", window=25):
     if lows:  # the interesting part: from the moving means' highest after the first window down
         top, bottom = max(lows), min(lows)
         a_train.set_ylim(bottom - 0.05 * (top - bottom + 1e-9), top + 0.1 * (top - bottom + 1e-9))
-    fig.tight_layout()
-    tmp = out_path + ".tmp.png"
-    try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, out_path)
-    except OSError as e:
-        raise MetricsError(f"{out_path}: cannot write: {e.strerror}") from None
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    save_png(fig, plt, out_path)
 
 
 def metrics_path(run):
