@@ -17,7 +17,7 @@
 #     an infinite gradient (MLM_TEST_INF_GRAD) skips the step and the run goes on; the memory plan counts the
 #     1-bit Adam buffers (what is allocated before step 1 equals the plan);
 #   - --comm-refresh 3 (2 ranks): steps 7, 10, 13, 16 are fp32 steps (over 16x the bytes of the others);
-#   - bad input: unknown --comm / --optimizer, --optimizer lamb, --comm-warmup >= --steps, --comm-warmup or
+#   - bad input: unknown --comm / --optimizer, onebit with --optimizer lamb, --comm-warmup >= --steps, --comm-warmup or
 #     --comm-refresh without onebit, --comm-refresh 0, onebit with --zero 1 or --bench: one line naming the
 #     flag, exit 1, nothing written.
 # Run by tests/run.sh; needs tools/requirements.txt (python3 tools/prepare.py). About a minute on 2 cores.
@@ -137,7 +137,7 @@ bad_input() {  # bad_input WHAT EXPECTED ARGS...
 }
 check 'bad_input "unknown --comm" "--comm int8: expected fp32, bf16 or onebit" --comm int8' "unknown --comm accepted"
 check 'bad_input "unknown --optimizer" "--optimizer sgd: expected adamw or lamb" --optimizer sgd' "unknown --optimizer"
-check 'bad_input "lamb" "--optimizer lamb" --optimizer lamb' "--optimizer lamb"
+check 'bad_input "lamb" "--optimizer lamb with --comm onebit" --comm onebit --optimizer lamb' "onebit with --optimizer lamb"
 check 'bad_input "warm-up too long" "--comm-warmup 16" --comm onebit --comm-warmup 16' "--comm-warmup 16 of 16 steps"
 check 'bad_input "warm-up without onebit" "--comm-warmup: only with --comm onebit" --comm-warmup 3' "--comm-warmup alone"
 check 'bad_input "onebit with zero" "--comm onebit with --zero 1" --comm onebit --zero 1' "onebit with --zero 1"
