@@ -145,7 +145,6 @@ static void usage(void) {
         "                      at least 1; must be below --steps)\n"
         "  --comm-refresh K    --comm onebit: every K steps after the warm-up one fp32 AdamW step updates the\n"
         "                      frozen variance (default 0: never, as 1-bit Adam)\n"
-        "  --optimizer NAME    adamw (default)\n"
         "  --zero N            1: ZeRO-1, each GPU keeps 1/world of the fp32 master weights and AdamW state\n"
         "                      (gradients reduce-scattered, weights all-gathered); 0: off (default)\n"
         "  --info              print the device and this process's place in the job, then exit\n"
@@ -2608,9 +2607,9 @@ static void scaling_work_free(ScalingWork* w) {
     free(w->bucket_event);
 }
 
-// scaling_mode_of: the scaling.h mode this run communicates in (--grad-reduce; onebit when --comm lands).
+// scaling_mode_of: the scaling.h mode this run communicates in (--comm).
 static const ScalingModeDesc* scaling_mode_of(const Options* o) {
-    return &scaling_modes[o->grad_reduce_bf16 ? SCALING_BF16 : SCALING_FP32];
+    return &scaling_modes[o->onebit ? SCALING_ONEBIT : o->grad_reduce_bf16 ? SCALING_BF16 : SCALING_FP32];
 }
 
 // predict_scaling: --plan-only prints the scaling tables (scaling.h) for --nodes x --gpus-per-node, one per
