@@ -22,7 +22,9 @@
 #include <unistd.h>
 
 // ----------------------------------------------------------------------------
-// Flags
+// Flags: one table (flags[]) says, for every flag, where its value goes, how it is read, its default and its
+// --help text; parse_options reads argv by it and usage() prints it, so a flag cannot be parsed without being
+// documented.
 
 typedef struct {
     const char* data;       // glob of the training shards
@@ -36,7 +38,7 @@ typedef struct {
     long long seed;
     int loader_threads, ring_slots;
     int log_every, val_every, val_batches, ckpt_every, run_steps;
-    int resume, plan_only;
+    int resume, plan_only, info;
     int keep, max_bad_steps;               // checkpoints kept; consecutive non-finite steps before the run stops
     float ckpt_minutes;                    // a checkpoint at least this often (wall clock; 0: only --ckpt-every)
     int inf_grad[2], inf_loss[2];          // test hooks (MLM_TEST_INF_GRAD / MLM_TEST_INF_LOSS): see test_hook_env
@@ -54,31 +56,193 @@ typedef struct {
     float micro_ms;                    // --micro-ms: a measured micro-batch (ms) instead of FLOPs / (peak x MFU)
     long long global_batch;            // --global-batch S: sequences per step (0: from --grad-accum)
     long long max_global_batch;        // --max-global-batch S: --grad-accum auto's cap
-    int grad_reduce_bf16, zero;        // --grad-reduce bf16; --zero 1 (ZeRO-1)
+    const char* comm;                  // --comm fp32 | bf16 | onebit (--grad-reduce: its old name)
+    int grad_reduce_bf16, zero;        // --comm bf16; --zero 1 (ZeRO-1)
     int onebit, comm_warmup;           // --comm onebit (1-bit Adam, compress.h); --comm-warmup (0: default)
     int comm_refresh;                  // --comm-refresh K: an fp32 step updates v every K steps (0: never)
-    int optimizer;                     // --optimizer: OPT_ADAMW or OPT_LAMB
+    const char* optimizer_name;        // --optimizer adamw | lamb
+    int optimizer;                     // OPT_ADAMW or OPT_LAMB (from optimizer_name)
     long long tokens;                  // --tokens N: about N real tokens, as steps (resolve_run_length)
     double epochs;                     // --epochs E: E passes over the training shards, as steps
     const char* eval;                  // --eval SRC: evaluate a checkpoint or an export on --val; no training
     int seq_given;                     // --seq was given (--eval otherwise takes the source's)
     int overwrite;                     // --overwrite: a new run may replace the run already in --out
     int seed_given, preset_given;      // --seed, --preset were given (checked against --resume, --init-from)
+    int accum_given;                   // --grad-accum was given (--global-batch is its alternative)
 } Options;
 enum { OPT_ADAMW, OPT_LAMB };
 
-static void usage(void) {
-    printf(
-        "usage: trainer --data 'DIR/train_*.bin' --out DIR --steps N [options]\n"
-        "  (srun -K ./trainer ... for several GPUs; ./trainer_cpu: the same program on the CPU, without a GPU)\n"
-        "  --data GLOB         training shards (tools/prepare.py makes them)\n"
-        "  --val GLOB          validation shards: MLM loss and masked-token accuracy every --val-every steps, on\n"
-        "                      every validation sequence once (a fixed masking) whatever the number of GPUs\n"
-        "  --out DIR           (created with its parents) checkpoint.bin, metrics.jsonl (a JSON object per logged\n"
-        "                      step and per validation), the final Hugging Face export (model.safetensors,\n"
-        "                      config.json) and the tokenizer files (tokenizer.json + tokenizer_config.json +\n"
-        "                      special_tokens_map.json for text shards, byte_tokenizer.json for byte shards)\n"
-        "  --preset NAME       default bert-base; the vocabulary size comes from the shards:\n");
+// How a flag's value is read (read_flag): a switch takes none; a string is kept as given; a choice is one of
+// the words of Flag.value ("tcp|file"); numbers must lie in [lo, hi]; INT_AUTO also takes "auto" (as 0); COUNT
+// is a number of tokens with a K/M/B/T suffix; DOUBLE is read as a float and kept in a double.
+enum { F_SWITCH, F_STR, F_CHOICE, F_INT, F_INT_AUTO, F_LL, F_FLOAT, F_DOUBLE, F_COUNT, F_HELP };
+typedef struct {
+    const char* name;   // "--seq"; NULL: a heading in --help (help is its text)
+    const char* value;  // the value's name in --help ("T"); an F_CHOICE's words; NULL for a switch
+    int kind;           // F_*
+    size_t at;          // where the value goes: offsetof(Options, field)
+    double lo, hi;      // a number's range
+    const char* def;    // the default, read as a given value is (NULL: 0, or what the help says)
+    const char* help;   // --help's text; '\n' starts a new, indented line
+} Flag;
+#define AT(field) offsetof(Options, field)
+#define STRINGIFY_(x) #x
+#define STRINGIFY(x) STRINGIFY_(x)
+
+static const Flag flags[] = {
+    {"--data", "GLOB", F_STR, AT(data), 0, 0, NULL, "training shards (tools/prepare.py makes them)"},
+    {"--val", "GLOB", F_STR, AT(val), 0, 0, NULL,
+     "validation shards: MLM loss and masked-token accuracy every --val-every steps, on\n"
+     "every validation sequence once (a fixed masking) whatever the number of GPUs"},
+    {"--out", "DIR", F_STR, AT(out), 0, 0, NULL,
+     "(created with its parents) checkpoint.bin, metrics.jsonl (a JSON object per logged\n"
+     "step and per validation), the final Hugging Face export (model.safetensors,\n"
+     "config.json) and the tokenizer files (tokenizer.json + tokenizer_config.json +\n"
+     "special_tokens_map.json for text shards, byte_tokenizer.json for byte shards)"},
+    {"--preset", "NAME", F_STR, AT(preset), 0, 0, NULL,
+     "default bert-base; the vocabulary size comes from the shards:"},  // usage() lists the presets here
+    {"--init-from", "DIR", F_STR, AT(init_from), 0, 0, NULL,
+     "start from a Hugging Face BertForMaskedLM checkpoint instead"},
+    {"--resume", NULL, F_SWITCH, AT(resume), 0, 0, NULL,
+     "continue from DIR/checkpoint.bin (weights, optimizer, data position)"},
+    {"--overwrite", NULL, F_SWITCH, AT(overwrite), 0, 0, NULL,
+     "start a new run in an --out that holds another run's checkpoints or export,\n"
+     "deleting them and its metrics first (without it, or --resume, it is refused)"},
+    {"--seq", "T", F_INT, AT(T), 2, 1 << 16, "512", "tokens per row"},
+    {"--batch", "B", F_INT, AT(B), 0, 1 << 20, NULL,
+     "rows per micro-batch per GPU (default 0: the largest that fits in GPU memory)"},
+    {"--grad-accum", "N", F_INT_AUTO, AT(grad_accum), 1, SCALING_MAX_ACCUM, "1",
+     "micro-batches per optimizer step; auto: the fewest that hide the gradient\n"
+     "all-reduce behind compute (predicted, see --plan-only)"},
+    {"--steps", "N", F_INT, AT(steps), 1, 1 << 30, NULL, "optimizer steps; or instead:"},
+    {"--tokens", "N", F_COUNT, AT(tokens), 1, 1e15, NULL,
+     "about N real tokens (1e9, 500M, 2B: K M B T suffixes), as steps of the global batch"},
+    {"--epochs", "E", F_DOUBLE, AT(epochs), 1e-6, 1e6, NULL,
+     "E passes over the training shards (E x their tokens / tokens per step, rounded up)"},
+    {"--lr", "X", F_FLOAT, AT(lr), 0, 1, "5e-4", "peak learning rate, linear warmup then linear decay to 0"},
+    {"--warmup", "N", F_INT, AT(warmup), 0, 1 << 30, NULL, "warmup steps (default 1% of --steps)"},
+    {"--wd", "X", F_FLOAT, AT(wd), 0, 1, "0.01", "AdamW's weight decay (not on biases and LayerNorm)"},
+    {"--beta1", "X", F_FLOAT, AT(beta1), 0, 0.999999, "0.9", "AdamW's momentum decay"},
+    {"--beta2", "X", F_FLOAT, AT(beta2), 0, 0.999999, "0.98", "AdamW's variance decay"},
+    {"--eps", "X", F_FLOAT, AT(eps), 1e-30, 1, "1e-6", "AdamW's epsilon"},
+    {"--clip", "X", F_FLOAT, AT(clip), 0, 1e30, "1.0", "the gradient norm is clipped to X (0: no clipping)"},
+    {"--optimizer", "adamw|lamb", F_CHOICE, AT(optimizer_name), 0, 0, "adamw",
+     "adamw, or lamb: AdamW's moments and decay, each tensor's step scaled by its trust\n"
+     "ratio |w| / |update| (for large global batches; not with --zero 1)"},
+    {"--seed", "N", F_LL, AT(seed), 0, (double)(1LL << 62), "1337", "data order, masking and initialisation"},
+    {"--loader-threads", "N", F_INT, AT(loader_threads), 1, 256, "2", "threads preparing batches"},
+    {"--ring", "N", F_INT, AT(ring_slots), 2, 1024, "4", "slots of prepared batches in the loaders' ring"},
+    {"--stage-dir", "DIR", F_STR, AT(stage_dir), 0, 0, NULL,
+     "copy the shards to this node-local directory first, once per node"},
+    {"--log-every", "N", F_INT, AT(log_every), 1, 1 << 30, "1", "a log line (and metrics record) every N steps"},
+    {"--val-every", "N", F_INT, AT(val_every), 0, 1 << 30, NULL, "validation every N steps (default 0: only --eval)"},
+    {"--val-batches", "N", F_INT, AT(val_batches), 0, 1 << 20, NULL,
+     "only the first N micro-batches of B rows (over all GPUs together) of the\n"
+     "validation split; 0, the default: the whole split, each sequence once"},
+    {"--ckpt-every", "N", F_INT, AT(ckpt_every), 0, 1 << 30, NULL,
+     "a checkpoint every N steps (default 0: only at the end)"},
+    {"--ckpt-minutes", "X", F_FLOAT, AT(ckpt_minutes), 0, 1e6, "30",
+     "also a checkpoint when X minutes passed since the last one (0: off)"},
+    {"--keep", "K", F_INT, AT(keep), 1, 1000, "2",
+     "checkpoints kept: DIR/checkpoint.bin and the K-1 before it as checkpoint-STEP.bin;\n"
+     "--resume takes the newest intact one (each has a CRC-32)"},
+    {"--max-bad-steps", "N", F_INT, AT(max_bad_steps), 1, 1 << 30, "3",
+     "a step whose loss or gradient norm is not finite is skipped (weights and AdamW\n"
+     "state untouched); N in a row stop the run with exit code 2"},
+    {"--run-steps", "N", F_INT, AT(run_steps), 1, 1 << 30, NULL,
+     "stop after N steps of this run, with a checkpoint (to fit a job's time limit;\n"
+     "--resume continues)"},
+
+    {NULL, NULL, F_HELP, 0, 0, 0, NULL, "how gradients cross the network:"},
+    {"--comm", "fp32|bf16|onebit", F_CHOICE, AT(comm), 0, 0, "fp32",
+     "fp32: buckets all-reduced in fp32; bf16: half the bytes; onebit: 1-bit Adam,\n"
+     "after --comm-warmup steps of fp32 AdamW the variance is frozen and only the\n"
+     "momentum's signs and one scale per 256 elements are sent, about 28x fewer bytes\n"
+     "than fp32 (also on one GPU, to see its effect)"},
+    {"--grad-reduce", "fp32|bf16", F_CHOICE, AT(comm), 0, 0, NULL, "the older name of --comm fp32 | bf16"},
+    {"--comm-warmup", "N", F_INT, AT(comm_warmup), 1, INT_MAX, NULL,
+     "--comm onebit: steps of fp32 AdamW before compression (default 10% of --steps,\n"
+     "at least 1; must be below --steps)"},
+    {"--comm-refresh", "K", F_INT, AT(comm_refresh), 1, INT_MAX, NULL,
+     "--comm onebit: every K steps after the warm-up one fp32 AdamW step updates the\n"
+     "frozen variance (default 0: never, as 1-bit Adam)"},
+    {"--bucket-mb", "X", F_FLOAT, AT(bucket_mb), 0.001, 1 << 20, "25",
+     "gradients are reduced over GPUs in buckets of X MB (fp32), each as soon as the\n"
+     "backward has made it, overlapping the rest of the backward"},
+    {"--zero", "N", F_INT, AT(zero), 0, 1, NULL,
+     "1: ZeRO-1, each GPU keeps 1/world of the fp32 master weights and AdamW state\n"
+     "(gradients reduce-scattered, weights all-gathered); 0: off (default)"},
+
+    {NULL, NULL, F_HELP, 0, 0, 0, NULL, "the memory plan and the scaling prediction:"},
+    {"--plan-only", NULL, F_SWITCH, AT(plan_only), 0, 0, NULL,
+     "print the memory plan and the scaling prediction, then exit (--data and --out\n"
+     "optional: without --data the preset's vocabulary)"},
+    {"--nodes", "N", F_INT, AT(nodes), 1, 1 << 16, NULL,
+     "nodes predicted (--plan-only: default 1; a run: SLURM_NNODES)"},
+    {"--gpus-per-node", "G", F_INT, AT(gpus_per_node), 1, 1024, NULL,
+     "GPUs per node predicted (--plan-only: default 1; a run: its ranks over the nodes)"},
+    {"--net-gbps", "X", F_FLOAT, AT(net_gbps), 1e-3, 1e6, NULL, "network between nodes, Gbit/s one way (default 25)"},
+    {"--nvlink-gbps", "X", F_FLOAT, AT(nvlink_gbps), 1e-3, 1e6, NULL,
+     "inside a node, Gbit/s one way (default 2400: H100 NVL's NVLink bridge)"},
+    {"--mfu", "X", F_FLOAT, AT(mfu), 1e-4, 1, NULL,
+     "share of the device's bf16 peak a step reaches (default 0.404: paper-120m on\n"
+     "an H100; ./trainer --bench prints it as mfu=)"},
+    {"--link-efficiency", "X", F_FLOAT, AT(link_efficiency), 1e-3, 1, NULL,
+     "share of --net-gbps NCCL reaches on large messages (default 0.6: NCCL over TCP)"},
+    {"--alpha-us", "X", F_FLOAT, AT(alpha_us), 0, 1e7, NULL,
+     "latency of one network step of a collective, microseconds (default 40: TCP)"},
+    {"--micro-ms", "X", F_FLOAT, AT(micro_ms), 1e-6, 1e9, NULL,
+     "predict from a measured micro-batch (forward + backward of B, ms) instead of MFU"},
+    {"--global-batch", "S", F_LL, AT(global_batch), 1, (double)(1LL << 40), NULL,
+     "sequences per optimizer step over all GPUs: the accumulation S / (GPUs x B)\n"
+     "(--plan-only: per node count, with a smaller B where one micro-batch exceeds S)"},
+    {"--max-global-batch", "S", F_LL, AT(max_global_batch), 1, (double)(1LL << 40), STRINGIFY(SCALING_MAX_GLOBAL_BATCH),
+     "the largest global batch --grad-accum auto may choose"},
+    {"--device", "NAME", F_STR, AT(device), 0, 0, NULL,
+     "predict for this device (e.g. \"NVIDIA H100 NVL\") instead of this one"},
+    {"--device-mem", "GB", F_FLOAT, AT(device_mem), 0.001, 1e6, NULL,
+     "with --plan-only: plan for this much device memory instead of this one's"},
+    {"--info", NULL, F_SWITCH, AT(info), 0, 0, NULL,
+     "print the device and this process's place in the job, then exit (alone)"},
+    {"--help", NULL, F_HELP, 0, 0, 0, NULL, "this text (also -h)"},
+
+    {NULL, NULL, F_HELP, 0, 0, 0, NULL,
+     "several processes (srun -K ./trainer ..., or RANK/WORLD_SIZE/LOCAL_RANK as torchrun sets them):"},
+    {"--bootstrap", "tcp|file", F_CHOICE, AT(bootstrap), 0, 0, "tcp",
+     "how the ranks get rank 0's NCCL id: tcp from MASTER_ADDR:MASTER_PORT, by default\n"
+     "the first host of the Slurm node list and a port from the job and step id; file:\n"
+     "through --out, which must be on a file system every rank sees"},
+    {"--nccl-timeout", "S", F_FLOAT, AT(nccl_timeout), 0.1, 1e7, STRINGIFY(COMM_DEFAULT_TIMEOUT_S),
+     "a rank that waits S seconds for the others (start-up, a collective) aborts the\n"
+     "communicator and exits 1 naming the step and collective; while rank 0 writes a\n"
+     "checkpoint or the export, 60 s + its size at 20 MB/s more"},
+
+    {NULL, NULL, F_HELP, 0, 0, 0, NULL,
+     "\nusage: trainer --bench [--preset A,B,..] [--seq T] [--batch B] [options]   (no shards needed)\n"
+     "  times the training step on synthetic packed batches and prints, for each preset (default\n"
+     "  bert-base,bert-large with the preset's vocabulary), the time per phase, tokens/s, MFU and the\n"
+     "  planner's largest micro-batch; --batch picks the micro-batch run (default: that largest one);\n"
+     "  --out DIR is needed only with several processes and --bootstrap file"},
+    {"--bench", NULL, F_SWITCH, AT(bench), 0, 0, NULL, "time the training step (no --data, --out or --steps)"},
+    {"--bench-steps", "N", F_INT, AT(bench_steps), 1, 1 << 20, "10", "timed steps"},
+    {"--bench-warmup", "N", F_INT, AT(bench_warmup), 0, 1 << 20, "3", "untimed steps before them"},
+
+    {NULL, NULL, F_HELP, 0, 0, 0, NULL,
+     "\nusage: trainer --eval SRC --val GLOB [--batch B] [--seq T] [--val-batches N] [--out DIR]"},
+    {"--eval", "SRC", F_STR, AT(eval), 0, 0, NULL,
+     "evaluate SRC, a checkpoint file (DIR/checkpoint.bin) or a Hugging Face export\n"
+     "directory (config.json + model.safetensors), on the validation shards as training\n"
+     "validates, without training; prints \"eval: loss X | accuracy Y | N masked tokens\n"
+     "in K sequences (...)\"; with --out it appends an \"eval\" record to\n"
+     "DIR/metrics.jsonl. --seq defaults to the checkpoint's (an export: the shards'\n"
+     "--seq-len). By default every validation sequence once, with the same masking as\n"
+     "the run's validation at that --seq: the same sequences and masked tokens as the\n"
+     "run's last validation, whatever --batch"},
+};
+enum { N_FLAGS = (int)(sizeof flags / sizeof flags[0]) };
+
+// print_presets: every preset's shape and size (--help, after --preset).
+static void print_presets(void) {
     for (int i = 0; i < BERT_NUM_PRESETS; i++) {
         BertConfig c;
         bert_preset(bert_presets[i].name, &c);
@@ -89,91 +253,41 @@ static void usage(void) {
                bert_param_count(&p) / 1e6, c.vocab_size);
         bert_params_free(&p);
     }
+}
+
+// usage: --help, from flags[]: each flag with its value's name, its text and its default; the presets' shapes
+// after --preset.
+static void usage(void) {
     printf(
-        "  --init-from DIR     start from a Hugging Face BertForMaskedLM checkpoint instead\n"
-        "  --resume            continue from DIR/checkpoint.bin (weights, optimizer, data position)\n"
-        "  --overwrite         start a new run in an --out that holds another run's checkpoints or export,\n"
-        "                      deleting them and its metrics first (without it, or --resume, it is refused)\n"
-        "  --seq T             tokens per row (default 512)\n"
-        "  --batch B           rows per micro-batch per GPU (default 0: the largest that fits in GPU memory)\n"
-        "  --grad-accum N      micro-batches per optimizer step (default 1); auto: the fewest that hide the\n"
-        "                      gradient all-reduce behind compute (predicted, see --plan-only)\n"
-        "  --steps N           optimizer steps; or instead:\n"
-        "  --tokens N          about N real tokens (1e9, 500M, 2B: K M B T suffixes), as steps of the global batch\n"
-        "  --epochs E          E passes over the training shards (E x their tokens / tokens per step, rounded up)\n"
-        "  --lr X              peak learning rate (default 5e-4), linear warmup then linear decay to 0\n"
-        "  --warmup N          warmup steps (default 1%% of --steps)\n"
-        "  --wd X --beta1 X --beta2 X --eps X --clip X   AdamW (0.01, 0.9, 0.98, 1e-6) and clipping (1.0)\n"
-        "  --optimizer NAME    adamw (default) or lamb: AdamW's moments and decay, each tensor's step scaled by its\n"
-        "                      trust ratio |w| / |update| (for large global batches; not with --zero 1)\n"
-        "  --seed N            data order, masking and initialisation (default 1337)\n"
-        "  --loader-threads N  threads preparing batches (default 2); --ring N slots (default 4)\n"
-        "  --stage-dir DIR     copy the shards to this node-local directory first, once per node\n"
-        "  --log-every N --val-every N --val-batches N --ckpt-every N   (1, 0, 0, 0: only at the end);\n"
-        "                      --val-batches N: only the first N micro-batches of B rows (over all GPUs together)\n"
-        "                      of the validation split; 0, the default: the whole split, each sequence once\n"
-        "  --ckpt-minutes X    also a checkpoint when X minutes passed since the last one (default 30; 0: off)\n"
-        "  --keep K            checkpoints kept: DIR/checkpoint.bin and the K-1 before it as checkpoint-STEP.bin\n"
-        "                      (default 2); --resume takes the newest intact one (each has a CRC-32)\n"
-        "  --max-bad-steps N   a step whose loss or gradient norm is not finite is skipped (weights and AdamW\n"
-        "                      state untouched); N in a row stop the run with exit code 2 (default 3)\n"
-        "  --run-steps N       stop after N steps of this run, with a checkpoint (to fit a job's time limit;\n"
-        "                      --resume continues)\n"
-        "  --plan-only         print the memory plan and the scaling prediction, then exit (--data and --out\n"
-        "                      optional: without --data the preset's vocabulary)\n"
-        "  --nodes N --gpus-per-node G   the layout predicted (--plan-only: default 1 x 1; a run: SLURM_NNODES\n"
-        "                      and its ranks spread over them)\n"
-        "  --net-gbps X        network between nodes, Gbit/s one way (default 25); --nvlink-gbps X inside a\n"
-        "                      node (default 2400: H100 NVL's NVLink bridge, 300 GB/s each way)\n"
-        "  --mfu X             share of the device's bf16 peak a step reaches (default 0.404: paper-120m on\n"
-        "                      an H100; ./trainer --bench prints it as mfu=)\n"
-        "  --link-efficiency X share of --net-gbps NCCL reaches on large messages (default 0.6: NCCL over TCP)\n"
-        "  --alpha-us X        latency of one network step of a collective, microseconds (default 40: TCP)\n"
-        "  --micro-ms X        predict from a measured micro-batch (forward + backward of B, ms) instead of MFU\n"
-        "  --global-batch S    sequences per optimizer step over all GPUs: the accumulation S / (GPUs x B)\n"
-        "                      (--plan-only: per node count, with a smaller B where one micro-batch exceeds S)\n"
-        "  --max-global-batch S  the largest global batch --grad-accum auto may choose (default 65536)\n"
-        "  --device NAME       predict for this device (e.g. \"NVIDIA H100 NVL\") instead of this one\n"
-        "  --device-mem GB     with --plan-only: plan for this much device memory instead of this one's\n"
-        "  --bucket-mb X       gradients are reduced over GPUs in buckets of X MB (fp32; default 25), each as\n"
-        "                      soon as the backward has made it, overlapping the rest of the backward\n"
-        "  --comm MODE         how gradients cross the network: fp32 (default: buckets all-reduced in fp32), bf16\n"
-        "                      (half the bytes), onebit (1-bit Adam: after --comm-warmup steps of fp32 AdamW the\n"
-        "                      variance is frozen and only the momentum's signs and one scale per 256 elements\n"
-        "                      are sent, about 28x fewer bytes than fp32; also on one GPU, to see its effect)\n"
-        "  --comm-warmup N     --comm onebit: steps of fp32 AdamW before compression (default 10%% of --steps,\n"
-        "                      at least 1; must be below --steps)\n"
-        "  --comm-refresh K    --comm onebit: every K steps after the warm-up one fp32 AdamW step updates the\n"
-        "                      frozen variance (default 0: never, as 1-bit Adam)\n"
-        "  --zero N            1: ZeRO-1, each GPU keeps 1/world of the fp32 master weights and AdamW state\n"
-        "                      (gradients reduce-scattered, weights all-gathered); 0: off (default)\n"
-        "  --info              print the device and this process's place in the job, then exit\n"
-        "several processes (srun -K ./trainer ..., or RANK/WORLD_SIZE/LOCAL_RANK as torchrun sets them):\n"
-        "  --bootstrap tcp|file  how the ranks get rank 0's NCCL id: tcp (default) from MASTER_ADDR:MASTER_PORT,\n"
-        "                      by default the first host of the Slurm node list and a port from the job and step\n"
-        "                      id; file: through --out, which must be on a file system every rank sees\n"
-        "  --nccl-timeout S    a rank that waits S seconds for the others (start-up, a collective) aborts the\n"
-        "                      communicator and exits 1 naming the step and collective (default 120); while\n"
-        "                      rank 0 writes a checkpoint or the export, 60 s + its size at 20 MB/s more\n"
+        "usage: trainer --data 'DIR/train_*.bin' --out DIR --steps N [options]\n"
+        "  (srun -K ./trainer ... for several GPUs; ./trainer_cpu: the same program on the CPU, without a GPU)\n");
+    for (int i = 0; i < N_FLAGS; i++) {
+        const Flag* f = &flags[i];
+        if (!f->name) {
+            printf("%s\n", f->help);
+            continue;
+        }
+        char head[64];
+        snprintf(head, sizeof head, "%s%s%s", f->name, f->value ? " " : "", f->value ? f->value : "");
+        if (strlen(head) > 19)
+            printf("  %s\n%22s", head, "");  // a long name: its text on the next line
+        else
+            printf("  %-19s ", head);
+        for (const char* s = f->help; *s; s++) {
+            if (*s == '\n')
+                printf("\n%22s", "");
+            else
+                putchar(*s);
+        }
+        if (f->def) printf(" (default %s)", f->def);
+        printf("\n");
+        if (!strcmp(f->name, "--preset")) print_presets();
+    }
+    printf(
         "signals: SIGTERM, SIGINT (Ctrl-C), SIGHUP, SIGUSR1 stop the run after the current micro-batch with a\n"
         "  checkpoint of the last complete step; one run per --out at a time (DIR/lock names the holder)\n"
         "exit codes: 0 done or stopped by a signal with a checkpoint; 1 bad input or an error; 2 diverged;\n"
-        "  128+N a signal N (SIGTERM, SIGINT, SIGHUP, SIGUSR1) before step 1: no checkpoint or export was written\n"
-        "\n"
-        "usage: trainer --bench [--preset A,B,..] [--seq T] [--batch B] [options]   (no shards needed)\n"
-        "  times the training step on synthetic packed batches and prints, for each preset (default\n"
-        "  bert-base,bert-large with the preset's vocabulary), the time per phase, tokens/s, MFU and the\n"
-        "  planner's largest micro-batch; --batch picks the micro-batch run (default: that largest one)\n"
-        "  --bench-steps N     timed steps (default 10), after --bench-warmup N untimed ones (default 3)\n"
-        "  --out DIR           needed only with several processes and --bootstrap file\n"
-        "\n"
-        "usage: trainer --eval SRC --val GLOB [--batch B] [--seq T] [--val-batches N] [--out DIR]\n"
-        "  evaluates SRC, a checkpoint file (DIR/checkpoint.bin) or a Hugging Face export directory (config.json +\n"
-        "  model.safetensors), on the validation shards as training validates, without training; prints\n"
-        "  \"eval: loss X | accuracy Y | N masked tokens in K sequences (...)\"; with --out it appends an \"eval\"\n"
-        "  record to DIR/metrics.jsonl. --seq defaults to the checkpoint's (an export: the shards' --seq-len). By\n"
-        "  default every validation sequence once, with the same masking as the run's validation at that --seq:\n"
-        "  the same sequences and masked tokens as the run's last validation, whatever --batch\n");
+        "  128+N a signal N (SIGTERM, SIGINT, SIGHUP, SIGUSR1) before step 1: no checkpoint or export was written\n");
 }
 
 // parse_int / parse_float: the value of flag `name`, or exit with a message naming flag and value.
@@ -319,227 +433,150 @@ static void resolve_comm_warmup(Options* o) {
     }
 }
 
-static Options parse_options(int argc, char** argv) {
-    Options o;
-    memset(&o, 0, sizeof o);
-    o.bench_steps = 10, o.bench_warmup = 3;
-    o.T = 512, o.grad_accum = 1, o.warmup = -1;
-    o.lr = 5e-4f, o.wd = 0.01f, o.beta1 = 0.9f, o.beta2 = 0.98f, o.eps = 1e-6f, o.clip = 1.0f;
-    o.seed = 1337, o.loader_threads = 2, o.ring_slots = 4;
-    o.log_every = 1, o.val_batches = 0;  // --val-batches 0: the whole validation split
-    o.keep = 2, o.max_bad_steps = 3, o.ckpt_minutes = 30;
-    o.bootstrap = "tcp", o.nccl_timeout = (float)COMM_DEFAULT_TIMEOUT_S;
-    o.bucket_mb = 25;
-    o.max_global_batch = SCALING_MAX_GLOBAL_BATCH;
-    o.alpha_us = -1;  // the default
-    int accum_given = 0;
-    for (int i = 1; i < argc; i++) {
-        const char* a = argv[i];
-        if (!strcmp(a, "--resume")) {
-            o.resume = 1;
-            continue;
-        }
-        if (!strcmp(a, "--plan-only")) {
-            o.plan_only = 1;
-            continue;
-        }
-        if (!strcmp(a, "--bench")) {
-            o.bench = 1;
-            continue;
-        }
-        if (!strcmp(a, "--overwrite")) {
-            o.overwrite = 1;
-            continue;
-        }
-        if (i + 1 >= argc) {
-            fprintf(stderr, "trainer: %s: unknown flag, or missing its value (see --help)\n", a);
-            exit(1);
-        }
-        const char* v = argv[++i];
-        if (v[0] == '-' && v[1] == '-') {  // `--out --resume`: a flag where the value should be
-            fprintf(stderr, "trainer: %s: missing its value (got the flag %s; see --help)\n", a, v);
-            exit(1);
-        }
-        if (!strcmp(a, "--data"))
-            o.data = v;
-        else if (!strcmp(a, "--eval"))
-            o.eval = v;
-        else if (!strcmp(a, "--tokens"))
-            o.tokens = parse_count(a, v);
-        else if (!strcmp(a, "--epochs"))
-            o.epochs = parse_float(a, v, 1e-6, 1e6);
-        else if (!strcmp(a, "--val"))
-            o.val = v;
-        else if (!strcmp(a, "--out"))
-            o.out = v;
-        else if (!strcmp(a, "--preset"))
-            o.preset = v, o.preset_given = 1;
-        else if (!strcmp(a, "--init-from"))
-            o.init_from = v;
-        else if (!strcmp(a, "--stage-dir"))
-            o.stage_dir = v;
-        else if (!strcmp(a, "--seq"))
-            o.T = (int)parse_int(a, v, 2, 1 << 16), o.seq_given = 1;
-        else if (!strcmp(a, "--batch"))
-            o.B = (int)parse_int(a, v, 0, 1 << 20);
-        else if (!strcmp(a, "--grad-accum"))
-            o.grad_accum = !strcmp(v, "auto") ? 0 : (int)parse_int(a, v, 1, SCALING_MAX_ACCUM), accum_given = 1;
-        else if (!strcmp(a, "--nodes"))
-            o.nodes = (int)parse_int(a, v, 1, 1 << 16);
-        else if (!strcmp(a, "--gpus-per-node"))
-            o.gpus_per_node = (int)parse_int(a, v, 1, 1024);
-        else if (!strcmp(a, "--net-gbps"))
-            o.net_gbps = parse_float(a, v, 1e-3, 1e6);
-        else if (!strcmp(a, "--nvlink-gbps"))
-            o.nvlink_gbps = parse_float(a, v, 1e-3, 1e6);
-        else if (!strcmp(a, "--mfu"))
-            o.mfu = parse_float(a, v, 1e-4, 1);
-        else if (!strcmp(a, "--link-efficiency"))
-            o.link_efficiency = parse_float(a, v, 1e-3, 1);
-        else if (!strcmp(a, "--alpha-us"))
-            o.alpha_us = parse_float(a, v, 0, 1e7);
-        else if (!strcmp(a, "--micro-ms"))
-            o.micro_ms = parse_float(a, v, 1e-6, 1e9);
-        else if (!strcmp(a, "--global-batch"))
-            o.global_batch = parse_int(a, v, 1, 1LL << 40);
-        else if (!strcmp(a, "--max-global-batch"))
-            o.max_global_batch = parse_int(a, v, 1, 1LL << 40);
-        else if (!strcmp(a, "--device"))
-            o.device = v;
-        else if (!strcmp(a, "--device-mem"))
-            o.device_mem = parse_float(a, v, 0.001, 1e6);
-        else if (!strcmp(a, "--steps"))
-            o.steps = (int)parse_int(a, v, 1, 1 << 30);
-        else if (!strcmp(a, "--warmup"))
-            o.warmup = (int)parse_int(a, v, 0, 1 << 30);
-        else if (!strcmp(a, "--lr"))
-            o.lr = parse_float(a, v, 0, 1);
-        else if (!strcmp(a, "--wd"))
-            o.wd = parse_float(a, v, 0, 1);
-        else if (!strcmp(a, "--beta1"))
-            o.beta1 = parse_float(a, v, 0, 0.999999);
-        else if (!strcmp(a, "--beta2"))
-            o.beta2 = parse_float(a, v, 0, 0.999999);
-        else if (!strcmp(a, "--eps"))
-            o.eps = parse_float(a, v, 1e-30, 1);
-        else if (!strcmp(a, "--clip"))
-            o.clip = parse_float(a, v, 0, 1e30);
-        else if (!strcmp(a, "--seed"))
-            o.seed = parse_int(a, v, 0, (1LL << 62)), o.seed_given = 1;
-        else if (!strcmp(a, "--loader-threads"))
-            o.loader_threads = (int)parse_int(a, v, 1, 256);
-        else if (!strcmp(a, "--ring"))
-            o.ring_slots = (int)parse_int(a, v, 2, 1024);
-        else if (!strcmp(a, "--log-every"))
-            o.log_every = (int)parse_int(a, v, 1, 1 << 30);
-        else if (!strcmp(a, "--val-every"))
-            o.val_every = (int)parse_int(a, v, 0, 1 << 30);
-        else if (!strcmp(a, "--val-batches"))
-            o.val_batches = (int)parse_int(a, v, 0, 1 << 20);
-        else if (!strcmp(a, "--ckpt-every"))
-            o.ckpt_every = (int)parse_int(a, v, 0, 1 << 30);
-        else if (!strcmp(a, "--run-steps"))
-            o.run_steps = (int)parse_int(a, v, 1, 1 << 30);
-        else if (!strcmp(a, "--ckpt-minutes"))
-            o.ckpt_minutes = parse_float(a, v, 0, 1e6);
-        else if (!strcmp(a, "--keep"))
-            o.keep = (int)parse_int(a, v, 1, 1000);
-        else if (!strcmp(a, "--max-bad-steps"))
-            o.max_bad_steps = (int)parse_int(a, v, 1, 1 << 30);
-        else if (!strcmp(a, "--bench-steps"))
-            o.bench_steps = (int)parse_int(a, v, 1, 1 << 20);
-        else if (!strcmp(a, "--bench-warmup"))
-            o.bench_warmup = (int)parse_int(a, v, 0, 1 << 20);
-        else if (!strcmp(a, "--nccl-timeout"))
-            o.nccl_timeout = parse_float(a, v, 0.1, 1e7);
-        else if (!strcmp(a, "--bootstrap")) {
-            if (strcmp(v, "tcp") && strcmp(v, "file")) {
-                fprintf(stderr, "trainer: --bootstrap %s: expected tcp or file\n", v);
-                exit(1);
-            }
-            o.bootstrap = v;
-        } else if (!strcmp(a, "--bucket-mb"))
-            o.bucket_mb = parse_float(a, v, 0.001, 1 << 20);
-        else if (!strcmp(a, "--zero"))
-            o.zero = (int)parse_int(a, v, 0, 1);
-        else if (!strcmp(a, "--grad-reduce")) {
-            if (strcmp(v, "fp32") && strcmp(v, "bf16")) {
-                fprintf(stderr, "trainer: --grad-reduce %s: expected fp32 or bf16\n", v);
-                exit(1);
-            }
-            o.grad_reduce_bf16 = !strcmp(v, "bf16");
-        } else if (!strcmp(a, "--comm")) {  // --grad-reduce is its old name (fp32 and bf16 only)
-            if (strcmp(v, "fp32") && strcmp(v, "bf16") && strcmp(v, "onebit")) {
-                fprintf(stderr, "trainer: --comm %s: expected fp32, bf16 or onebit\n", v);
-                exit(1);
-            }
-            o.grad_reduce_bf16 = !strcmp(v, "bf16");
-            o.onebit = !strcmp(v, "onebit");
-        } else if (!strcmp(a, "--comm-warmup"))
-            o.comm_warmup = (int)parse_int(a, v, 1, INT_MAX);
-        else if (!strcmp(a, "--comm-refresh"))
-            o.comm_refresh = (int)parse_int(a, v, 1, INT_MAX);
-        else if (!strcmp(a, "--optimizer")) {
-            if (strcmp(v, "adamw") && strcmp(v, "lamb")) {
-                fprintf(stderr, "trainer: --optimizer %s: expected adamw or lamb\n", v);
-                exit(1);
-            }
-            o.optimizer = !strcmp(v, "lamb") ? OPT_LAMB : OPT_ADAMW;
-        } else {
-            fprintf(stderr, "trainer: %s: unknown flag (see --help)\n", a);
-            exit(1);
-        }
-    }
-    if (!o.preset) o.preset = o.bench ? "bert-base,bert-large" : "bert-base";
-    if (o.device_mem > 0 && !o.plan_only) {
-        fprintf(stderr, "trainer: --device-mem: only with --plan-only (a real run plans for its device)\n");
+// check_options: what the flags mean together: one line and exit 1 for a combination that cannot run (or
+// would silently ignore a flag); then the mode's required flags; --comm onebit's warm-up; the test hooks.
+static void check_options(Options* o) {
+    const char* why = NULL;
+    if (o->info)
+        why = "--info: give it alone (trainer --info)";
+    else if (o->device_mem > 0 && !o->plan_only)
+        why = "--device-mem: only with --plan-only (a real run plans for its device)";
+    else if (o->global_batch && o->accum_given)
+        why = "--global-batch and --grad-accum are alternatives: give one of them";
+    else if (o->global_batch && o->bench)
+        why = "--global-batch: not with --bench; give --grad-accum";
+    else if (o->optimizer == OPT_LAMB && o->zero)  // LAMB's trust ratios need each tensor's whole norms
+        why =
+            "--optimizer lamb: not with --zero 1 (its per-tensor trust ratios need whole tensors; ZeRO-1 splits them "
+            "over the ranks)";
+    else if (o->bench && o->grad_accum == 0)
+        why = "--grad-accum auto: not with --bench; give a number";
+    if (why) {
+        fprintf(stderr, "trainer: %s\n", why);
         exit(1);
     }
-    if (o.global_batch && accum_given) {
-        fprintf(stderr, "trainer: --global-batch and --grad-accum are alternatives: give one of them\n");
-        exit(1);
-    }
-    if (o.global_batch && o.bench) {
-        fprintf(stderr, "trainer: --global-batch: not with --bench; give --grad-accum\n");
-        exit(1);
-    }
-    if (o.optimizer == OPT_LAMB &&
-        o.zero) {  // LAMB's trust ratios need each tensor's whole norms; ZeRO-1 shards the state
-        fprintf(stderr,
-                "trainer: --optimizer lamb: not with --zero 1 (its per-tensor trust ratios need whole tensors; "
-                "ZeRO-1 splits them over the ranks)\n");
-        exit(1);
-    }
-    if (o.bench && o.grad_accum == 0) {
-        fprintf(stderr, "trainer: --grad-accum auto: not with --bench; give a number\n");
-        exit(1);
-    }
-    check_comm_options(&o);
-    if (o.bench) return o;  // --bench needs no shards, output directory or step count
-    if (o.eval) {           // --eval: only the evaluation's flags
-        if (!o.val || o.data || o.steps || o.tokens || o.epochs || o.resume || o.init_from) {
+    check_comm_options(o);
+    if (o->bench) return;  // --bench needs no shards, output directory or step count
+    if (o->eval) {         // --eval: only the evaluation's flags
+        if (!o->val || o->data || o->steps || o->tokens || o->epochs || o->resume || o->init_from) {
             fprintf(stderr,
                     "trainer: --eval %s: needs --val GLOB and takes no --data, --steps, --tokens, --epochs, "
                     "--resume or --init-from (see --help)\n",
-                    o.eval);
+                    o->eval);
             exit(1);
         }
-        return o;
+        return;
     }
-    int lengths = (o.steps > 0) + (o.tokens > 0) + (o.epochs > 0);
+    int lengths = (o->steps > 0) + (o->tokens > 0) + (o->epochs > 0);
     if (lengths > 1) {
         fprintf(stderr, "trainer: --steps, --tokens and --epochs are alternatives: give one of them\n");
         exit(1);
     }
-    if (!o.plan_only && (!o.data || !o.out || !lengths)) {
+    if (!o->plan_only && (!o->data || !o->out || !lengths)) {
         fprintf(stderr, "trainer: --data, --out and --steps (or --tokens, or --epochs) are required (see --help)\n");
         exit(1);
     }
-    check_flag_combinations(&o);
-    if (o.steps > 0) resolve_comm_warmup(&o);  // else after resolve_run_length
-    test_hook_env("MLM_TEST_INF_GRAD", o.inf_grad);
-    test_hook_env("MLM_TEST_INF_LOSS", o.inf_loss);
-    test_hook_env("MLM_TEST_STALL", o.stall);
+    check_flag_combinations(o);
+    if (o->steps > 0) resolve_comm_warmup(o);  // else after resolve_run_length
+    test_hook_env("MLM_TEST_INF_GRAD", o->inf_grad);
+    test_hook_env("MLM_TEST_INF_LOSS", o->inf_loss);
+    test_hook_env("MLM_TEST_STALL", o->stall);
+}
+
+// find_flag: flags[]'s entry for the argument a (NULL: not a flag).
+static const Flag* find_flag(const char* a) {
+    for (int i = 0; i < N_FLAGS; i++)
+        if (flags[i].name && !strcmp(flags[i].name, a)) return &flags[i];
+    return NULL;
+}
+
+// choice: v if it is one of f->value's words ("tcp|file"), else exit 1 naming them ("expected tcp or file").
+static const char* choice(const Flag* f, const char* v) {
+    char words[128];
+    snprintf(words, sizeof words, "%s", f->value);
+    int n = 0;
+    const char* w[8];
+    for (char *save = NULL, *t = strtok_r(words, "|", &save); t && n < 8; t = strtok_r(NULL, "|", &save)) w[n++] = t;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(w[i], v)) return v;
+    fprintf(stderr, "trainer: %s %s: expected ", f->name, v);
+    for (int i = 0; i < n; i++) fprintf(stderr, "%s%s", w[i], i + 2 < n ? ", " : i + 2 == n ? " or " : "\n");
+    exit(1);
+}
+
+// read_flag: flag f's value v (NULL for a switch) into its field of o, or exit 1 with a line naming the flag,
+// the value and what was expected.
+static void read_flag(Options* o, const Flag* f, const char* v) {
+    char* at = (char*)o + f->at;
+    long long lo = (long long)f->lo, hi = (long long)f->hi;
+    switch (f->kind) {
+        case F_SWITCH:
+            *(int*)at = 1;
+            break;
+        case F_STR:
+            *(const char**)at = v;
+            break;
+        case F_CHOICE:
+            *(const char**)at = choice(f, v);
+            break;
+        case F_INT:
+            *(int*)at = (int)parse_int(f->name, v, lo, hi);
+            break;
+        case F_INT_AUTO:
+            *(int*)at = !strcmp(v, "auto") ? 0 : (int)parse_int(f->name, v, lo, hi);
+            break;
+        case F_LL:
+            *(long long*)at = parse_int(f->name, v, lo, hi);
+            break;
+        case F_FLOAT:
+            *(float*)at = parse_float(f->name, v, f->lo, f->hi);
+            break;
+        case F_DOUBLE:
+            *(double*)at = parse_float(f->name, v, f->lo, f->hi);
+            break;
+        case F_COUNT:
+            *(long long*)at = parse_count(f->name, v);
+            break;
+    }
+}
+
+// parse_options: the defaults of flags[], then argv read by flags[], then the checks of what they mean together.
+static Options parse_options(int argc, char** argv) {
+    Options o;
+    memset(&o, 0, sizeof o);
+    for (int i = 0; i < N_FLAGS; i++)
+        if (flags[i].def) read_flag(&o, &flags[i], flags[i].def);
+    o.warmup = -1, o.alpha_us = -1;  // defaults resolved later (from --steps; scaling.h's)
+    unsigned char given[N_FLAGS];
+    memset(given, 0, sizeof given);
+    for (int i = 1; i < argc; i++) {
+        const Flag* f = find_flag(argv[i]);
+        const char* v = NULL;
+        if (!f) {
+            fprintf(stderr, "trainer: %s: unknown flag (see --help)\n", argv[i]);
+            exit(1);
+        }
+        if (f->kind == F_HELP) usage(), exit(0);
+        if (f->kind != F_SWITCH) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "trainer: %s: missing its value (see --help)\n", argv[i]);
+                exit(1);
+            }
+            v = argv[++i];
+            if (v[0] == '-' && v[1] == '-') {  // `--out --resume`: a flag where the value should be
+                fprintf(stderr, "trainer: %s: missing its value (got the flag %s; see --help)\n", argv[i - 1], v);
+                exit(1);
+            }
+        }
+        read_flag(&o, f, v);
+        given[f - flags] = 1;
+    }
+    o.seq_given = given[find_flag("--seq") - flags], o.seed_given = given[find_flag("--seed") - flags];
+    o.preset_given = given[find_flag("--preset") - flags], o.accum_given = given[find_flag("--grad-accum") - flags];
+    o.grad_reduce_bf16 = !strcmp(o.comm, "bf16"), o.onebit = !strcmp(o.comm, "onebit");
+    o.optimizer = !strcmp(o.optimizer_name, "lamb") ? OPT_LAMB : OPT_ADAMW;
+    if (!o.preset) o.preset = o.bench ? "bert-base,bert-large" : "bert-base";
+    check_options(&o);
     return o;
 }
 
@@ -1869,6 +1906,68 @@ static int bench_preset(const Options* o, const char* preset, Comm* comm, const 
     grad_reduce_free(&gr);
     return rc;
 }
+// bench_data: --bench's synthetic shard (random tokens, written to a temporary directory, mapped and deleted at
+// once) and its loader, for every step: 10% more than the rows needed (packing leaves a few percent empty), so
+// that no epoch ends inside the benchmark. 1, or 0 after saying why.
+static int bench_data(const Options* o, const Comm* comm, const BertConfig* cfg, int B, DataLoader* train) {
+    int T = o->T;
+    char dir[4096], err[DATA_ERR_LEN] = "";
+    const char* tmp = getenv("TMPDIR");
+    snprintf(dir, sizeof dir, "%s/mlm_bench_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "trainer: --bench: cannot create a temporary directory %s: %s\n", dir, strerror(errno));
+        return 0;
+    }
+    size_t rows = (size_t)(o->bench_warmup + 2 * o->bench_steps) * o->grad_accum * comm->world * B;
+    size_t tokens = (size_t)(1.1 * rows * T) + 64 * (size_t)T;
+    char pattern[4200], path[4200];
+    snprintf(pattern, sizeof pattern, "%s/bench_*.bin", dir);
+    snprintf(path, sizeof path, "%s/bench_00000.bin", dir);
+    DataLoaderConfig dcfg = dataloader_default_config(pattern, B, T);
+    dcfg.rank = comm->rank, dcfg.world = comm->world, dcfg.num_threads = o->loader_threads;
+    dcfg.ring_slots = o->ring_slots, dcfg.seed = (uint64_t)o->seed, dcfg.vocab_size = cfg->vocab_size;
+    dcfg.verbose = comm->rank == 0;
+    int rc =
+        bench_write_shard(dir, cfg->vocab_size, T, tokens, (uint64_t)o->seed, err) ? -1 : dataloader_init(train, &dcfg);
+    if (rc) fprintf(stderr, "trainer: --bench: %s\n", err[0] ? err : train->error);
+    unlink(path);  // the loader keeps its mapping: nothing is left on disk
+    rmdir(dir);
+    return rc == 0;
+}
+
+// bench_print: rank 0's table of one preset's --bench figures, and its machine-readable bench-result line.
+static void bench_print(const Options* o, const char* preset, const BenchResult* res, const Plan* largest,
+                        size_t free_bytes, int world, double flops_token, double peak_tflops, const char* device) {
+    double sum = 0;
+    for (int p = 0; p < PHASE_END; p++) sum += res->phase_ms[p];
+    char mfu[64];
+    mfu_text(mfu, sizeof mfu, res->tokens_per_s / world * flops_token, peak_tflops);
+    printf(
+        "bench %s: T=%d, B=%d (the planner's largest: %d), %d process(es) x %d micro-batch(es) per step, %s, "
+        "%d + %d steps\n",
+        preset, o->T, res->B, largest->B, world, o->grad_accum, FLOATX_NAME, o->bench_warmup, o->bench_steps);
+    printf("  %-34s %10s %7s\n", "phase (CUDA events)", "ms/step", "share");
+    for (int p = 0; p < PHASE_END; p++)
+        printf("  %-34s %10.3f %6.1f%%\n", phase_name(p), res->phase_ms[p],
+               sum > 0 ? 100 * res->phase_ms[p] / sum : 0.0);
+    printf("  %-34s %10.3f %6.1f%%\n", "sum of phases", sum, 100.0);
+    printf("  %-34s %10.3f\n", "step with phase events (wall clock)", res->phased_step_ms);
+    printf("  %-34s %10.3f\n", "step (wall clock)", res->step_ms);
+    printf("  %-34s %10.0f  (real tokens: %.1f%% of positions)\n", "tokens/s", res->tokens_per_s,
+           100 * res->real_fraction);
+    printf("  %-34s %s\n", "MFU", peak_tflops > 0 ? mfu : "n/a: unknown dense bf16 peak for this device");
+    printf("  %-34s %10d  (plan %.3f GiB of %.3f GiB free)\n", "largest micro-batch (planner)", largest->B,
+           largest->total / (double)(1 << 30), free_bytes / (double)(1 << 30));
+    printf("bench-result preset=%s T=%d batch=%d max_batch=%d world=%d tokens_per_s=%.0f step_ms=%.3f mfu=", preset,
+           o->T, res->B, largest->B, world, res->tokens_per_s, res->step_ms);
+    if (res->mfu >= 0)
+        printf("%.4f", res->mfu);
+    else
+        printf("na");
+    printf(" device=\"%s\"\n", device);
+    fflush(stdout);
+}
+
 // bench_run: bench_preset with the gradient buckets made.
 static int bench_run(const Options* o, const char* preset, GradReduce* gr, const cudaDeviceProp* prop,
                      double peak_tflops, BenchResult* res) {
@@ -1893,31 +1992,8 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     int B = plan.B;
     res->B = B, res->max_B = largest.B;
 
-    // Synthetic data for every step, 10% more than the rows needed (packing leaves a few percent
-    // empty), so that no epoch ends inside the benchmark.
-    char dir[4096], err[DATA_ERR_LEN] = "";
-    const char* tmp = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/mlm_bench_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) {
-        fprintf(stderr, "trainer: --bench: cannot create a temporary directory %s: %s\n", dir, strerror(errno));
-        return 1;
-    }
-    size_t rows = (size_t)(o->bench_warmup + 2 * o->bench_steps) * o->grad_accum * comm->world * B;
-    size_t tokens = (size_t)(1.1 * rows * T) + 64 * (size_t)T;
-    char pattern[4200], path[4200];
-    snprintf(pattern, sizeof pattern, "%s/bench_*.bin", dir);
-    snprintf(path, sizeof path, "%s/bench_00000.bin", dir);
-    DataLoaderConfig dcfg = dataloader_default_config(pattern, B, T);
-    dcfg.rank = comm->rank, dcfg.world = comm->world, dcfg.num_threads = o->loader_threads;
-    dcfg.ring_slots = o->ring_slots, dcfg.seed = (uint64_t)o->seed, dcfg.vocab_size = cfg.vocab_size;
-    dcfg.verbose = main_rank;
     DataLoader train;
-    int rc =
-        bench_write_shard(dir, cfg.vocab_size, T, tokens, (uint64_t)o->seed, err) ? -1 : dataloader_init(&train, &dcfg);
-    if (rc) fprintf(stderr, "trainer: --bench: %s\n", err[0] ? err : train.error);
-    unlink(path);  // the loader keeps its mapping: nothing is left on disk
-    rmdir(dir);
-    if (rc) return 1;
+    if (!bench_data(o, comm, &cfg, B, &train)) return 1;
 
     // The model and the batch buffers, as in training.
     cudaStream_t stream;
@@ -1966,36 +2042,7 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
         return 1;
     }
 
-    if (main_rank) {
-        double sum = 0;
-        for (int p = 0; p < PHASE_END; p++) sum += res->phase_ms[p];
-        char mfu[64];
-        mfu_text(mfu, sizeof mfu, res->tokens_per_s / comm->world * flops_token, peak_tflops);
-        printf(
-            "bench %s: T=%d, B=%d (the planner's largest: %d), %d process(es) x %d micro-batch(es) per step, %s, "
-            "%d + %d steps\n",
-            preset, T, B, largest.B, comm->world, o->grad_accum, FLOATX_NAME, o->bench_warmup, o->bench_steps);
-        printf("  %-34s %10s %7s\n", "phase (CUDA events)", "ms/step", "share");
-        for (int p = 0; p < PHASE_END; p++)
-            printf("  %-34s %10.3f %6.1f%%\n", phase_name(p), res->phase_ms[p],
-                   sum > 0 ? 100 * res->phase_ms[p] / sum : 0.0);
-        printf("  %-34s %10.3f %6.1f%%\n", "sum of phases", sum, 100.0);
-        printf("  %-34s %10.3f\n", "step with phase events (wall clock)", res->phased_step_ms);
-        printf("  %-34s %10.3f\n", "step (wall clock)", res->step_ms);
-        printf("  %-34s %10.0f  (real tokens: %.1f%% of positions)\n", "tokens/s", res->tokens_per_s,
-               100 * res->real_fraction);
-        printf("  %-34s %s\n", "MFU", peak_tflops > 0 ? mfu : "n/a: unknown dense bf16 peak for this device");
-        printf("  %-34s %10d  (plan %.3f GiB of %.3f GiB free)\n", "largest micro-batch (planner)", largest.B,
-               largest.total / (double)(1 << 30), free_bytes / (double)(1 << 30));
-        printf("bench-result preset=%s T=%d batch=%d max_batch=%d world=%d tokens_per_s=%.0f step_ms=%.3f mfu=", preset,
-               T, B, largest.B, comm->world, res->tokens_per_s, res->step_ms);
-        if (res->mfu >= 0)
-            printf("%.4f", res->mfu);
-        else
-            printf("na");
-        printf(" device=\"%s\"\n", prop->name);
-        fflush(stdout);
-    }
+    if (main_rank) bench_print(o, preset, res, &largest, free_bytes, comm->world, flops_token, peak_tflops, prop->name);
     dataloader_free(&train);
     cudaFree(bm.seg_lo);
     cudaFreeHost(bm.host);
@@ -2946,6 +2993,76 @@ static int export_now(const Options* o, Comm* comm, Ckpts* ck, BertModel* model,
     return write_end(comm, ck, ww, ok);
 }
 
+// eval_source: --eval SRC's model: a checkpoint file (its config, T and step in *h) or a Hugging Face export
+// directory (its weights in *w, their table in *hp); --seq defaults to the checkpoint's (an export: the
+// shards' --seq-len, vh). 1, or 0 after saying why.
+static int eval_source(Options* o, const ShardHeader* vh, BertConfig* cfg, CkptHeader* h, BertParams* hp, float** w,
+                       int* is_dir) {
+    char why[256];
+    struct stat st;
+    memset(h, 0, sizeof *h);
+    memset(hp, 0, sizeof *hp);
+    *is_dir = stat(o->eval, &st) == 0 && S_ISDIR(st.st_mode);
+    if (stat(o->eval, &st) != 0) {
+        fprintf(stderr, "trainer: --eval %s: %s (expected a checkpoint file or a Hugging Face export directory)\n",
+                o->eval, strerror(errno));
+        return 0;
+    }
+    if (*is_dir && !bert_load_hf(o->eval, cfg, hp, w)) {
+        fprintf(stderr, "trainer: --eval %s: cannot load config.json + model.safetensors from this directory\n",
+                o->eval);
+        return 0;
+    }
+    if (!*is_dir && !ckpt_verify(o->eval, h, why, sizeof why)) {
+        fprintf(stderr, "trainer: --eval %s: %s\n", o->eval, why);
+        return 0;
+    }
+    if (!*is_dir && h->x_bytes != (int32_t)sizeof(floatX)) {
+        fprintf(stderr, "trainer: --eval %s: saved by a trainer with %d-byte weights; this one is %s\n", o->eval,
+                h->x_bytes, FLOATX_NAME);
+        return 0;
+    }
+    if (!*is_dir) *cfg = h->cfg;
+    if (!o->seq_given) o->T = *is_dir ? (int)vh->max_len : h->T;
+    if (o->T > cfg->max_position) {
+        fprintf(stderr, "trainer: --eval %s: --seq %d is longer than the model's %d positions\n", o->eval, o->T,
+                cfg->max_position);
+        return 0;
+    }
+    return 1;
+}
+
+// eval_report: --eval's line on stdout and, with --out, its "eval" record in DIR/metrics.jsonl (rank 0).
+// 0 when the record could not be written.
+static int eval_report(const Options* o, const EvalResult* e, int step) {
+    int ok = 1;
+    char cov[160];
+    printf("eval: loss %.4f | accuracy %.4f | %lld masked tokens in %lld sequences (%s)\n", e->loss, e->accuracy,
+           e->masked, e->samples, validation_coverage(e, cov, sizeof cov));
+    fflush(stdout);
+    double unused;
+    MetricsFile mf;
+    char* buf;
+    size_t len;
+    if (o->out && metrics_open(&mf, o->out, 0, 0, &unused)) {
+        FILE* f = metrics_record(&buf, &len);
+        if (f) {
+            fprintf(f, "{\"kind\":\"eval\",\"step\":%d", step);
+            json_str(f, "source", o->eval);
+            json_num(f, "val_loss", e->loss);
+            json_num(f, "val_accuracy", e->accuracy);
+            fprintf(f, ",\"val_masked\":%lld,\"val_sequences\":%lld,\"val_split\":%lld", e->masked, e->samples,
+                    e->split);
+            json_end(f);
+        }
+        if (!metrics_append(&mf, f, &buf, &len, step)) ok = 0;
+        close(mf.fd);
+    } else if (o->out) {
+        ok = 0;
+    }
+    return ok;
+}
+
 // run_eval: ./trainer --eval SRC: a checkpoint's or an export's weights on the validation shards, exactly as
 // training validates (evaluate), without training. One line on stdout; with --out, a metrics.jsonl record.
 static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t free_bytes, size_t total_bytes,
@@ -2961,7 +3078,7 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
     if (o->out && !make_out_dir(o->out)) return 1;
     Shard* shards;
     int nshards;
-    char err[DATA_ERR_LEN], why[256];
+    char err[DATA_ERR_LEN];
     if (shards_open_all(o->val, &shards, &nshards, 1, err)) {
         fprintf(stderr, "trainer: --val: %s\n", err);
         return 1;
@@ -2970,41 +3087,12 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
     for (int i = 0; i < nshards; i++) shard_close(&shards[i]);
     free(shards);
 
-    // The source: a checkpoint file (its config, T and step in its header) or an export directory.
-    struct stat st;
     BertConfig cfg;
     CkptHeader h;
     BertParams hp;
     float* w = NULL;
-    memset(&h, 0, sizeof h);
-    memset(&hp, 0, sizeof hp);
-    int is_dir = stat(o->eval, &st) == 0 && S_ISDIR(st.st_mode);
-    if (stat(o->eval, &st) != 0) {
-        fprintf(stderr, "trainer: --eval %s: %s (expected a checkpoint file or a Hugging Face export directory)\n",
-                o->eval, strerror(errno));
-        return 1;
-    }
-    if (is_dir && !bert_load_hf(o->eval, &cfg, &hp, &w)) {
-        fprintf(stderr, "trainer: --eval %s: cannot load config.json + model.safetensors from this directory\n",
-                o->eval);
-        return 1;
-    }
-    if (!is_dir && !ckpt_verify(o->eval, &h, why, sizeof why)) {
-        fprintf(stderr, "trainer: --eval %s: %s\n", o->eval, why);
-        return 1;
-    }
-    if (!is_dir && h.x_bytes != (int32_t)sizeof(floatX)) {
-        fprintf(stderr, "trainer: --eval %s: saved by a trainer with %d-byte weights; this one is %s\n", o->eval,
-                h.x_bytes, FLOATX_NAME);
-        return 1;
-    }
-    if (!is_dir) cfg = h.cfg;
-    if (!o->seq_given) o->T = is_dir ? (int)vh.max_len : h.T;
-    if (o->T > cfg.max_position) {
-        fprintf(stderr, "trainer: --eval %s: --seq %d is longer than the model's %d positions\n", o->eval, o->T,
-                cfg.max_position);
-        return 1;
-    }
+    int is_dir;
+    if (!eval_source(o, &vh, &cfg, &h, &hp, &w, &is_dir)) return 1;
     GradReduce gr;  // (no gradients are reduced: make_plan and ckpt_load take the layout)
     grad_reduce_setup(&gr, &cfg, comm, o);
     Plan plan;
@@ -3029,32 +3117,7 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
     comm_init(comm, &boot);
     EvalResult e = evaluate(&model, &v, &bm, comm);
     int step = is_dir ? 0 : h.step, rc = 0;
-    if (main_rank) {
-        char cov[160];
-        printf("eval: loss %.4f | accuracy %.4f | %lld masked tokens in %lld sequences (%s)\n", e.loss, e.accuracy,
-               e.masked, e.samples, validation_coverage(&e, cov, sizeof cov));
-        fflush(stdout);
-        double unused;
-        MetricsFile mf;
-        char* buf;
-        size_t len;
-        if (o->out && metrics_open(&mf, o->out, 0, 0, &unused)) {
-            FILE* f = metrics_record(&buf, &len);
-            if (f) {
-                fprintf(f, "{\"kind\":\"eval\",\"step\":%d", step);
-                json_str(f, "source", o->eval);
-                json_num(f, "val_loss", e.loss);
-                json_num(f, "val_accuracy", e.accuracy);
-                fprintf(f, ",\"val_masked\":%lld,\"val_sequences\":%lld,\"val_split\":%lld", e.masked, e.samples,
-                        e.split);
-                json_end(f);
-            }
-            if (!metrics_append(&mf, f, &buf, &len, step)) rc = 1;
-            close(mf.fd);
-        } else if (o->out) {
-            rc = 1;
-        }
-    }
+    if (main_rank && !eval_report(o, &e, step)) rc = 1;
     // finite weights can still overflow (huge values): a loss that is not finite is not a result (the same on
     // every rank: an all-reduced sum)
     if (!isfinite(e.loss)) {
@@ -3073,278 +3136,361 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
     return rc;
 }
 
-int main(int argc, char** argv) {
-    install_stop_handlers();  // first: a stop during start-up exits cleanly (see request_stop)
-    double started = comm_realtime_s();
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-        usage();
-        return argc < 2 ? 1 : 0;
-    }
-    double t_start = now_s();
-    setvbuf(stdout, NULL, _IOLBF, 0);  // every line as it is printed: start-up lines show at once under srun
-    Comm comm = comm_from_env();       // rank, world, local rank: srun, torchrun-style variables, or one process
-    cudaDeviceProp prop;
-    size_t free_bytes, total_bytes;
-    use_device(&comm, &prop, &free_bytes, &total_bytes);
-    if (!strcmp(argv[1], "--info")) {
-        printf("rank %d of %d (local %d): device %d, %s, sm_%d%d, %d SMs, %.1f GB free of %.1f GB\n", comm.rank,
-               comm.world, comm.local_rank, comm.device, prop.name, prop.major, prop.minor, prop.multiProcessorCount,
-               free_bytes / 1e9, total_bytes / 1e9);
-        return 0;
-    }
-    Options o = parse_options(argc, argv);
-    comm.timeout_s = o.nccl_timeout;
-    stall_hook_init(&comm, &o);
-    if (o.bench) return run_bench(&o, &comm, &prop, started);
-    if (o.eval) return run_eval(&o, &comm, &prop, free_bytes, total_bytes, started);
-    int main_rank = comm.rank == 0;
-    if (o.device_mem > 0) free_bytes = total_bytes = (size_t)(o.device_mem * 1e9);  // --plan-only for another device
-    if (o.out && !make_out_dir(o.out)) return 1;                                    // (--plan-only may have none)
-    // One run per --out (see "The run directory"): the lock before the bootstrap, so a second launch never joins.
-    if (!o.plan_only && (run_lock(o.out, comm.rank) < 0 || !run_dir_check(o.out, &o))) return 1;
+// ----------------------------------------------------------------------------
+// The run: main() tells its story, one phase per function. Run holds what the phases hand on to each other.
 
-    // The communicator of all ranks, before anything is planned: the ranks agree on the plan.
-    CommBootstrap boot = {o.bootstrap, o.out, o.out, started};
-    if (!o.plan_only) comm_init(&comm, &boot);  // --plan-only plans for the world size alone: no other rank
+typedef struct {
+    Options o;
+    Comm comm;                       // this rank's place in the job; its communicator after open_run
+    cudaDeviceProp prop;             // the device
+    size_t free_bytes, total_bytes;  // its memory at start-up (--device-mem with --plan-only)
+    double started, t_start;         // wall clock at start-up (comm_realtime_s), and now_s() then
+    int main_rank;                   // rank 0: prints, logs, writes checkpoints and the export
+    BertConfig cfg;                  // the model (choose_model)
+    float* init_w;                   // --init-from: its weights on the host until load_weights
+    BertParams init_p;               // --init-from: their table
+    ShardHeader data_h;              // the training shards' vocabulary and special ids
+    double epoch_tokens;             // real tokens in the training shards: one epoch
+    uint64_t data_fp, val_fp;        // fingerprints of --data and --val, compared over the ranks
+    GradReduce gr;                   // the gradient buckets (comm.h)
+    OneBit ob;                       // --comm onebit: 1-bit Adam's errors and message buffers (compress.h)
+    Plan plan;                       // every device byte (plan_run)
+    char train_pattern[4096];        // the training shards (node-local copies with --stage-dir)
+    char val_pattern[4096];          // the validation shards, likewise
+    cudaStream_t stream;             // the compute stream
+    BertModel model;                 // weights, gradients, AdamW state, activations (model.h)
+    BatchMaker bm;                   // the device side of a micro-batch
+    float* scratch;                  // the step's sums over the ranks (S_LOSS ...)
+    DataLoader train;                // the ring of loader threads (data.h)
+    Validation val;                  // --val
+    Ckpts ck;                        // DIR/checkpoint*.bin
+    RunLog lg;                       // the log lines and DIR/metrics.jsonl
+    MetricsFile metrics;
+} Run;
 
-    // The model: a preset with the shards' vocabulary, or a Hugging Face checkpoint.
-    BertConfig cfg;
-    float* init_w = NULL;
-    BertParams init_p;
-    ShardHeader data_h;  // the vocabulary and its special ids (all shards agree: data.h checks)
-    memset(&data_h, 0, sizeof data_h);
-    double epoch_tokens = 0;  // real tokens in the training shards
-    uint64_t data_fp = o.data ? data_fingerprint("--data", o.data, &data_h, &epoch_tokens) : 0;
-    uint64_t val_fp = o.val ? data_fingerprint("--val", o.val, NULL, NULL) : 0;
-    int data_vocab = (int)data_h.vocab_size, pad_id = data_h.pad_id;  // no --data (--plan-only): 0, the preset's
-    if (o.init_from) {
-        if (!bert_load_hf(o.init_from, &cfg, &init_p, &init_w)) {
-            fprintf(stderr, "trainer: --init-from %s: cannot load config.json + model.safetensors\n", o.init_from);
-            return 1;
+// print_info: --info: the device and this process's place in the job.
+static int print_info(const Run* r) {
+    printf("rank %d of %d (local %d): device %d, %s, sm_%d%d, %d SMs, %.1f GB free of %.1f GB\n", r->comm.rank,
+           r->comm.world, r->comm.local_rank, r->comm.device, r->prop.name, r->prop.major, r->prop.minor,
+           r->prop.multiProcessorCount, r->free_bytes / 1e9, r->total_bytes / 1e9);
+    return 0;
+}
+
+// open_run: the output directory; one run per --out (see "The run directory": the lock comes before the
+// bootstrap, so a second launch never joins); then the communicator of all ranks, before anything is
+// planned: the ranks agree on the plan. --plan-only plans for the world size alone: no other rank.
+static int open_run(Run* r) {
+    Options* o = &r->o;
+    if (o->device_mem > 0) r->free_bytes = r->total_bytes = (size_t)(o->device_mem * 1e9);  // another device
+    if (o->out && !make_out_dir(o->out)) return 0;  // (--plan-only may have none)
+    if (!o->plan_only && (run_lock(o->out, r->comm.rank) < 0 || !run_dir_check(o->out, o))) return 0;
+    CommBootstrap boot = {o->bootstrap, o->out, o->out, r->started};
+    if (!o->plan_only) comm_init(&r->comm, &boot);
+    return 1;
+}
+
+// choose_model: a preset with the shards' vocabulary, or a Hugging Face checkpoint (--init-from).
+static int choose_model(Run* r) {
+    Options* o = &r->o;
+    if (o->data) r->data_fp = data_fingerprint("--data", o->data, &r->data_h, &r->epoch_tokens);
+    if (o->val) r->val_fp = data_fingerprint("--val", o->val, NULL, NULL);
+    int data_vocab = (int)r->data_h.vocab_size;  // no --data (--plan-only): 0, the preset's
+    if (o->init_from) {
+        if (!bert_load_hf(o->init_from, &r->cfg, &r->init_p, &r->init_w)) {
+            fprintf(stderr, "trainer: --init-from %s: cannot load config.json + model.safetensors\n", o->init_from);
+            return 0;
         }
-        if (!init_matches_preset(&o, &cfg)) return 1;
+        if (!init_matches_preset(o, &r->cfg)) return 0;
     } else {
-        if (!bert_preset(o.preset, &cfg)) {
-            fprintf(stderr, "trainer: --preset %s: unknown; one of:", o.preset);
+        if (!bert_preset(o->preset, &r->cfg)) {
+            fprintf(stderr, "trainer: --preset %s: unknown; one of:", o->preset);
             for (int i = 0; i < BERT_NUM_PRESETS; i++) fprintf(stderr, " %s", bert_presets[i].name);
             fprintf(stderr, "\n");
-            return 1;
+            return 0;
         }
-        if (data_vocab) cfg.vocab_size = data_vocab;
+        if (data_vocab) r->cfg.vocab_size = data_vocab;
     }
-    if (o.T > cfg.max_position) {
-        fprintf(stderr, "trainer: --seq %d is longer than the model's %d positions\n", o.T, cfg.max_position);
-        return 1;
+    if (o->T > r->cfg.max_position) {
+        fprintf(stderr, "trainer: --seq %d is longer than the model's %d positions\n", o->T, r->cfg.max_position);
+        return 0;
     }
+    return 1;
+}
 
-    // The gradient buckets, the memory plan, and the micro-batch it allows (the seed paper's recommendation 5):
-    // the same on every rank, the smallest any rank can hold.
-    GradReduce gr;
-    grad_reduce_setup(&gr, &cfg, &comm, &o);
-    int loaders = o.val ? 2 : 1;
-    Plan plan =
-        o.B ? make_plan(&cfg, o.B, o.T, loaders, &gr) : choose_batch(&cfg, o.T, loaders, &gr, free_bytes, total_bytes);
-    if (!o.plan_only) plan = make_plan(&cfg, agree(&comm, &o, &cfg, plan.B, data_fp, val_fp), o.T, loaders, &gr);
-    if (o.val) plan_add_validation(&plan, o.val_batches, o.val);
-    if (main_rank) {
-        printf("device: %s, %.1f GB free of %.1f GB; %d process(es)\n", prop.name, free_bytes / 1e9, total_bytes / 1e9,
-               comm.world);
-        bert_print_mem_plan(&plan.model, plan.B, plan.T, plan.M, (int)sizeof(floatX));
-        if (comm.world > 1)
-            printf("  gradients reduced in %d buckets of up to %g MB, %s%s; bf16 staging %.3f GiB\n", gr.n, o.bucket_mb,
-                   o.grad_reduce_bf16 ? "bf16" : "fp32", gr.zero ? ", ZeRO-1 (reduce-scatter, all-gather)" : "",
-                   (plan.reduce_bytes - gr.onebit_bytes) / (double)(1 << 30));
-        if (o.onebit)
-            printf("  1-bit Adam (--comm onebit): errors and messages %.3f GiB\n", gr.onebit_bytes / (double)(1 << 30));
+// plan_run: the gradient buckets, the memory plan and the micro-batch it allows (the seed paper's
+// recommendation 5): the same on every rank, the smallest any rank can hold; then the scaling prediction.
+static int plan_run(Run* r) {
+    Options* o = &r->o;
+    GradReduce* gr = &r->gr;
+    grad_reduce_setup(gr, &r->cfg, &r->comm, o);
+    int loaders = o->val ? 2 : 1;
+    Plan* plan = &r->plan;
+    *plan = o->B ? make_plan(&r->cfg, o->B, o->T, loaders, gr)
+                 : choose_batch(&r->cfg, o->T, loaders, gr, r->free_bytes, r->total_bytes);
+    if (!o->plan_only)
+        *plan = make_plan(&r->cfg, agree(&r->comm, o, &r->cfg, plan->B, r->data_fp, r->val_fp), o->T, loaders, gr);
+    if (o->val) plan_add_validation(plan, o->val_batches, o->val);
+    if (r->main_rank) {
+        printf("device: %s, %.1f GB free of %.1f GB; %d process(es)\n", r->prop.name, r->free_bytes / 1e9,
+               r->total_bytes / 1e9, r->comm.world);
+        bert_print_mem_plan(&plan->model, plan->B, plan->T, plan->M, (int)sizeof(floatX));
+        if (r->comm.world > 1)
+            printf("  gradients reduced in %d buckets of up to %g MB, %s%s; bf16 staging %.3f GiB\n", gr->n,
+                   o->bucket_mb, o->grad_reduce_bf16 ? "bf16" : "fp32",
+                   gr->zero ? ", ZeRO-1 (reduce-scatter, all-gather)" : "",
+                   (plan->reduce_bytes - gr->onebit_bytes) / (double)(1 << 30));
+        if (o->onebit)
+            printf("  1-bit Adam (--comm onebit): errors and messages %.3f GiB\n",
+                   gr->onebit_bytes / (double)(1 << 30));
         printf("  batch buffers %.3f GiB; total %.3f GiB for B=%d (%s)\n",
-               (plan.batch_bytes + plan.maker_bytes + plan.val_bytes) / (double)(1 << 30),
-               plan.total / (double)(1 << 30), plan.B, o.B ? "--batch" : "the largest that fits");
+               (plan->batch_bytes + plan->maker_bytes + plan->val_bytes) / (double)(1 << 30),
+               plan->total / (double)(1 << 30), plan->B, o->B ? "--batch" : "the largest that fits");
     }
-    if (plan.total > free_bytes) {
+    if (plan->total > r->free_bytes) {
         fprintf(stderr,
                 "trainer: the model needs %.3f GiB at B=%d but %.3f GiB are free: use a smaller --seq, "
                 "--preset or --batch\n",
-                plan.total / (double)(1 << 30), plan.B, free_bytes / (double)(1 << 30));
-        return 1;
+                plan->total / (double)(1 << 30), plan->B, r->free_bytes / (double)(1 << 30));
+        return 0;
     }
-    if (!predict_scaling(&o, &cfg, &plan, &comm, o.device ? o.device : prop.name)) return 1;
-    if (o.plan_only) return 0;
-    if (!reserve_plan(&plan, &o)) return 1;
-    int B = plan.B, T = o.T;
-    resolve_run_length(&o, &comm, B, epoch_tokens, main_rank);  // --tokens, --epochs: steps of the global batch
-    resolve_comm_warmup(&o);
+    return predict_scaling(o, &r->cfg, plan, &r->comm, o->device ? o->device : r->prop.name);
+}
 
-    // Node-local copies of the shards (the seed paper's recommendation 2); the ranks wait for the slowest
-    // node (up to an hour more than --nccl-timeout).
-    char train_pattern[4096], val_pattern[4096], err[DATA_ERR_LEN];
-    snprintf(train_pattern, sizeof train_pattern, "%s", o.data);
-    snprintf(val_pattern, sizeof val_pattern, "%s", o.val ? o.val : "");
-    if (o.stage_dir) {
-        if (dataloader_stage(o.data, o.stage_dir, comm.local_rank, 3600, train_pattern, sizeof train_pattern, err) ||
-            (o.val &&
-             dataloader_stage(o.val, o.stage_dir, comm.local_rank, 3600, val_pattern, sizeof val_pattern, err))) {
-            fprintf(stderr, "trainer: --stage-dir: %s\n", err);
-            return 1;
-        }
-        CommValue staged = {"staged", 1, 0, 0};
-        comm.timeout_s += 3600;
-        comm_agree(&comm, &staged, 1);
-        comm.timeout_s = o.nccl_timeout;
+// stage_shards: node-local copies of the shards (the seed paper's recommendation 2); the ranks wait for the
+// slowest node (up to an hour more than --nccl-timeout). Without --stage-dir, the shards where they are.
+static int stage_shards(Run* r) {
+    Options* o = &r->o;
+    char err[DATA_ERR_LEN];
+    snprintf(r->train_pattern, sizeof r->train_pattern, "%s", o->data);
+    snprintf(r->val_pattern, sizeof r->val_pattern, "%s", o->val ? o->val : "");
+    if (!o->stage_dir) return 1;
+    if (dataloader_stage(o->data, o->stage_dir, r->comm.local_rank, 3600, r->train_pattern, sizeof r->train_pattern,
+                         err) ||
+        (o->val && dataloader_stage(o->val, o->stage_dir, r->comm.local_rank, 3600, r->val_pattern,
+                                    sizeof r->val_pattern, err))) {
+        fprintf(stderr, "trainer: --stage-dir: %s\n", err);
+        return 0;
     }
+    CommValue staged = {"staged", 1, 0, 0};
+    r->comm.timeout_s += 3600;
+    comm_agree(&r->comm, &staged, 1);
+    r->comm.timeout_s = o->nccl_timeout;
+    return 1;
+}
 
-    // Everything on the device, allocated once.
-    cudaStream_t stream;
-    CUDA_CHECK(cudaStreamCreate(&stream));
-    BertModel model;
-    if (!bert_alloc_sharded(&model, &cfg, B, T, plan.M, stream, gr.zero ? gr.state_numel : 0, gr.slack)) return 1;
-    grad_reduce_start(&gr);
-    OneBit ob;  // --comm onebit: 1-bit Adam's errors and message buffers
-    memset(&ob, 0, sizeof ob);
-    if (o.onebit) {
-        onebit_layout(&ob, model.p.numel, comm.world, comm.rank, o.comm_warmup);
-        ob.refresh = o.comm_refresh;
-        onebit_alloc(&ob);
-        gr.onebit = &ob;
-        if (main_rank)
-            printf(
-                "comm: onebit (1-bit Adam): fp32 AdamW for %d steps, then the momentum's signs and scales: %llu "
-                "bytes sent per rank per step (fp32 all-reduce: %llu)\n",
-                ob.warmup, (unsigned long long)onebit_step_bytes(&ob),
-                (unsigned long long)(comm.world > 1
-                                         ? 2 * (uint64_t)(comm.world - 1) * (model.p.numel * 4) / (uint64_t)comm.world
-                                         : 0));
+// onebit_setup: --comm onebit's errors and message buffers (compress.h), and what it will send.
+static void onebit_setup(Run* r) {
+    OneBit* ob = &r->ob;
+    onebit_layout(ob, r->model.p.numel, r->comm.world, r->comm.rank, r->o.comm_warmup);
+    ob->refresh = r->o.comm_refresh;
+    onebit_alloc(ob);
+    r->gr.onebit = ob;
+    uint64_t fp32 =
+        r->comm.world > 1 ? 2 * (uint64_t)(r->comm.world - 1) * (r->model.p.numel * 4) / (uint64_t)r->comm.world : 0;
+    if (r->main_rank)
+        printf(
+            "comm: onebit (1-bit Adam): fp32 AdamW for %d steps, then the momentum's signs and scales: %llu "
+            "bytes sent per rank per step (fp32 all-reduce: %llu)\n",
+            ob->warmup, (unsigned long long)onebit_step_bytes(ob), (unsigned long long)fp32);
+}
+
+// allocate_run: everything on the device, allocated once (the plan's bytes), and the loader threads.
+static int allocate_run(Run* r) {
+    Options* o = &r->o;
+    int B = r->plan.B, T = o->T;
+    CUDA_CHECK(cudaStreamCreate(&r->stream));
+    if (!bert_alloc_sharded(&r->model, &r->cfg, B, T, r->plan.M, r->stream, r->gr.zero ? r->gr.state_numel : 0,
+                            r->gr.slack))
+        return 0;
+    grad_reduce_start(&r->gr);
+    if (o->onebit) onebit_setup(r);
+    r->scratch = batch_maker_alloc(&r->bm, &r->plan, r->data_h.pad_id);  // the step's sums: see S_LOSS
+
+    DataLoaderConfig dcfg = dataloader_default_config(r->train_pattern, B, T);
+    dcfg.rank = r->comm.rank, dcfg.world = r->comm.world, dcfg.num_threads = o->loader_threads;
+    dcfg.ring_slots = o->ring_slots, dcfg.seed = (uint64_t)o->seed, dcfg.vocab_size = r->cfg.vocab_size;
+    dcfg.verbose = r->main_rank;
+    if (dataloader_init(&r->train, &dcfg)) {
+        fprintf(stderr, "trainer: %s\n", r->train.error);
+        return 0;
     }
-    BatchMaker bm;
-    float* scratch = batch_maker_alloc(&bm, &plan, pad_id);  // the step's sums: see S_LOSS
+    if (o->val)
+        validation_init(&r->val, r->val_pattern, &r->plan, &r->comm, r->cfg.vocab_size, o->val_batches, r->main_rank);
+    return 1;
+}
 
-    DataLoaderConfig dcfg = dataloader_default_config(train_pattern, B, T);
-    dcfg.rank = comm.rank, dcfg.world = comm.world, dcfg.num_threads = o.loader_threads;
-    dcfg.ring_slots = o.ring_slots, dcfg.seed = (uint64_t)o.seed, dcfg.vocab_size = cfg.vocab_size;
-    dcfg.verbose = main_rank;
-    DataLoader train;
-    if (dataloader_init(&train, &dcfg)) {
-        fprintf(stderr, "trainer: %s\n", train.error);
-        return 1;
-    }
-    Validation val;
-    if (o.val) validation_init(&val, val_pattern, &plan, &comm, cfg.vocab_size, o.val_batches, main_rank);
-
-    // Weights: from the checkpoint, from Hugging Face, or BERT's random initialisation.
-    Ckpts ck;
-    memset(&ck, 0, sizeof ck);
-    ck.dir = o.out, ck.keep = o.keep, ck.step = -1;
-    if (o.resume) {
-        resume_checkpoint(&ck, &model, &gr, &train, o.steps, main_rank);
-        if (o.seed_given && train.cfg.seed != (uint64_t)o.seed) {  // the data order and masking are the checkpoint's
-            if (main_rank)
+// load_weights: from the checkpoint (--resume), from Hugging Face (--init-from), or BERT's random
+// initialisation; then every rank at the same data position, and the device memory in use from here on.
+static int load_weights(Run* r) {
+    Options* o = &r->o;
+    BertModel* m = &r->model;
+    r->ck.dir = o->out, r->ck.keep = o->keep, r->ck.step = -1;
+    if (o->resume) {
+        resume_checkpoint(&r->ck, m, &r->gr, &r->train, o->steps, r->main_rank);
+        if (o->seed_given && r->train.cfg.seed != (uint64_t)o->seed) {  // the data order and masking are its own
+            if (r->main_rank)
                 fprintf(stderr,
                         "trainer: --seed %lld: the run in %s was started with --seed %llu; drop --seed to resume\n",
-                        o.seed, o.out, (unsigned long long)train.cfg.seed);
-            return 1;
+                        o->seed, o->out, (unsigned long long)r->train.cfg.seed);
+            return 0;
         }
     } else {
-        if (!init_w && !(init_w = (float*)malloc(model.p.numel * sizeof(float)))) {
-            fprintf(stderr, "trainer: out of host memory for the %zu initial weights\n", model.p.numel);
-            return 1;
+        if (!r->init_w && !(r->init_w = (float*)malloc(m->p.numel * sizeof(float)))) {
+            fprintf(stderr, "trainer: out of host memory for the %zu initial weights\n", m->p.numel);
+            return 0;
         }
-        if (!o.init_from) bert_init_host(&model.p, init_w, (uint64_t)o.seed);
-        model_set_params(&model, &gr, init_w);
+        if (!o->init_from) bert_init_host(&m->p, r->init_w, (uint64_t)o->seed);
+        model_set_params(m, &r->gr, r->init_w);
     }
-    free(init_w);
-    if (o.init_from) bert_params_free(&init_p);
-    agree_on_position(&comm, &model, &train);
-    bert_zero_grad(&model);
+    free(r->init_w);
+    if (o->init_from) bert_params_free(&r->init_p);
+    agree_on_position(&r->comm, m, &r->train);
+    bert_zero_grad(m);
     size_t free_before_step1;  // from here on nothing is allocated: the log shows it
-    CUDA_CHECK(cudaMemGetInfo(&free_before_step1, &total_bytes));
-    if (main_rank)
+    CUDA_CHECK(cudaMemGetInfo(&free_before_step1, &r->total_bytes));
+    if (r->main_rank)
         printf("device memory allocated before step 1: %zu bytes (the plan: %zu bytes)\n",
-               free_bytes - free_before_step1, plan.total);
+               r->free_bytes - free_before_step1, r->plan.total);
+    return 1;
+}
 
-    double flops_token = bert_flops_per_token(&cfg, T, 0.15).model, peak_tflops = device_peak_tflops(prop.name);
-    if (main_rank) printf("training: %d steps, %s\n", o.steps, FLOATX_NAME);
-    int last_step = o.run_steps && model.step + o.run_steps < o.steps ? model.step + o.run_steps : o.steps;
-    RunLog lg;  // progress: the log lines' elapsed time, ETA and epoch, and DIR/metrics.jsonl
-    memset(&lg, 0, sizeof lg);
-    lg.t_start = t_start, lg.first_step = model.step + 1, lg.last_step = last_step;
-    lg.tokens = (long long)ck.tokens, lg.epoch_tokens = epoch_tokens;
-    if (main_rank && o.overwrite) run_dir_clear(o.out);  // the new run is ready: the earlier one's files go
-    if (main_rank && !o.resume && !o.overwrite) run_dir_keep_metrics(o.out);
-    if (main_rank) run_schedule(o.out, &o, comm.world, B, model.step);
-    MetricsFile metrics;
-    if (main_rank && !metrics_open(&metrics, o.out, 1, o.resume ? model.step : -1, &lg.elapsed0)) return 1;
-    if (main_rank) lg.f = &metrics;
+// start_log: the progress log and DIR/metrics.jsonl (rank 0), for steps up to last_step; a new run in --out
+// with --overwrite clears the earlier run's files first.
+static int start_log(Run* r, int last_step) {
+    Options* o = &r->o;
+    RunLog* lg = &r->lg;
+    if (r->main_rank) printf("training: %d steps, %s\n", o->steps, FLOATX_NAME);
+    lg->t_start = r->t_start, lg->first_step = r->model.step + 1, lg->last_step = last_step;
+    lg->tokens = (long long)r->ck.tokens, lg->epoch_tokens = r->epoch_tokens;
+    if (!r->main_rank) return 1;
+    if (o->overwrite) run_dir_clear(o->out);  // the new run is ready: the earlier one's files go
+    if (!o->resume && !o->overwrite) run_dir_keep_metrics(o->out);
+    run_schedule(o->out, o, r->comm.world, r->plan.B, r->model.step);
+    if (!metrics_open(&r->metrics, o->out, 1, o->resume ? r->model.step : -1, &lg->elapsed0)) return 0;
+    lg->f = &r->metrics;
+    return 1;
+}
+
+// train: the training loop, from the step after the checkpoint's to --steps (or --run-steps of them, or to a
+// stop on a signal). 0 when it ends so, else the exit code (1: a checkpoint failed; 2: the run diverged).
+static int train(Run* r) {
+    Options* o = &r->o;
+    BertModel* m = &r->model;
+    int main_rank = r->main_rank;
+    int last_step = o->run_steps && m->step + o->run_steps < o->steps ? m->step + o->run_steps : o->steps;
+    if (!start_log(r, last_step)) return 1;
+    double flops_token = bert_flops_per_token(&r->cfg, o->T, 0.15).model,
+           peak_tflops = device_peak_tflops(r->prop.name);
     int bad_steps = 0;  // consecutive steps skipped for a loss or gradient norm that was not finite
     double last_ckpt = now_s();
     training = 1;  // from here a signal finishes the step and saves a checkpoint
-    lg.t_loop = now_s();
-    while (model.step < last_step) {
-        int step = model.step + 1;
+    r->lg.t_loop = now_s();
+    while (m->step < last_step) {
+        int step = m->step + 1;
         double t0 = now_s();
         // rank 0's clock decides --ckpt-minutes, and the step's all-reduce tells every rank
-        int want_ckpt = main_rank && o.ckpt_minutes > 0 && now_s() - last_ckpt >= 60.0 * o.ckpt_minutes;
-        DataLoaderState step_start = dataloader_state(&train);  // where a dropped step's checkpoint resumes
-        StepResult r = train_step(&model, &train, &bm, &gr, scratch, &o, lr_at(&o, step), want_ckpt);
-        if (r.dropped) {  // a signal between micro-batches (every rank agreed): save the last complete step
+        int want_ckpt = main_rank && o->ckpt_minutes > 0 && now_s() - last_ckpt >= 60.0 * o->ckpt_minutes;
+        DataLoaderState step_start = dataloader_state(&r->train);  // where a dropped step's checkpoint resumes
+        StepResult s = train_step(m, &r->train, &r->bm, &r->gr, r->scratch, o, lr_at(o, step), want_ckpt);
+        if (s.dropped) {  // a signal between micro-batches (every rank agreed): save the last complete step
             if (main_rank)
                 printf(
                     "stopped on a signal between micro-batches of step %d: that step is dropped; the checkpoint "
                     "is of step %d\n",
-                    step, model.step);
-            if (!checkpoint_at(&ck, &model, &gr, &step_start, model.step)) return 1;
-            last_step = model.step;
-            break;
+                    step, m->step);
+            return checkpoint_at(&r->ck, m, &r->gr, &step_start, m->step) ? 0 : 1;
         }
-        if (r.stop) last_step = step;  // some rank got a signal: every rank stops after this step
-        bad_steps = r.skipped ? bad_steps + 1 : 0;
-        ck.tokens = lg.tokens += r.all_tokens;
-        if (main_rank) log_step(&o, &r, step, bad_steps, now_s() - t0, comm.world, flops_token, peak_tflops, &bm, &lg);
-        if (bad_steps >= o.max_bad_steps) return diverged(&o, &ck, step, bad_steps, main_rank);
-        if (o.val && o.val_every && (step % o.val_every == 0 || step == o.steps)) {
-            EvalResult e = evaluate(&model, &val, &bm, &comm);
-            if (main_rank) log_validation(&lg, step, &e);
+        if (s.stop) last_step = step;  // some rank got a signal: every rank stops after this step
+        bad_steps = s.skipped ? bad_steps + 1 : 0;
+        r->ck.tokens = r->lg.tokens += s.all_tokens;
+        if (main_rank)
+            log_step(o, &s, step, bad_steps, now_s() - t0, r->comm.world, flops_token, peak_tflops, &r->bm, &r->lg);
+        if (bad_steps >= o->max_bad_steps) return diverged(o, &r->ck, step, bad_steps, main_rank);
+        if (o->val && o->val_every && (step % o->val_every == 0 || step == o->steps)) {
+            EvalResult e = evaluate(m, &r->val, &r->bm, &r->comm);
+            if (main_rank) log_validation(&r->lg, step, &e);
         }
         // A checkpoint every --ckpt-every steps, every --ckpt-minutes, and at the end; never of a skipped step
         // but the last (the weights are the last good ones either way).
         // Every rank decides the same (under ZeRO-1 all of them gather the shards for rank 0 to write).
-        int due = (o.ckpt_every && step % o.ckpt_every == 0) || r.ckpt;
+        int due = (o->ckpt_every && step % o->ckpt_every == 0) || s.ckpt;
         if ((due && !bad_steps) || step == last_step) {
-            if (!checkpoint_now(&ck, &model, &gr, &train, step)) return 1;
+            if (!checkpoint_now(&r->ck, m, &r->gr, &r->train, step)) return 1;
             last_ckpt = now_s();
         }
     }
+    return 0;
+}
 
+// finish_run: the final weights as a Hugging Face BertForMaskedLM (model.safetensors + config.json) when the
+// run reached --steps; then everything freed. The exit code.
+static int finish_run(Run* r) {
+    Options* o = &r->o;
+    BertModel* m = &r->model;
     size_t free_after;
-    CUDA_CHECK(cudaMemGetInfo(&free_after, &total_bytes));
-    if (main_rank) printf("device memory allocated after the last step: %zu bytes\n", free_bytes - free_after);
-
-    // The final weights as a Hugging Face BertForMaskedLM (model.safetensors + config.json).
-    if (main_rank && model.step < o.steps)
-        printf("stopped after step %d (%s); --resume continues\n", model.step,
+    CUDA_CHECK(cudaMemGetInfo(&free_after, &r->total_bytes));
+    if (r->main_rank) printf("device memory allocated after the last step: %zu bytes\n", r->free_bytes - free_after);
+    if (r->main_rank && m->step < o->steps)
+        printf("stopped after step %d (%s); --resume continues\n", m->step,
                stop_requested ? "on a signal" : "--run-steps");
-    float* w =
-        model.step == o.steps || getenv("MLM_TEST_WEIGHTS_CRC") ? (float*)malloc(model.p.numel * sizeof(float)) : NULL;
-    if (model.step == o.steps || getenv("MLM_TEST_WEIGHTS_CRC"))
-        model_get_params(&model, &gr, w);  // every rank: under ZeRO-1 they gather the shards (w NULL: no copy)
     // test hook (tests/test_data_parallel.sh): MLM_TEST_WEIGHTS_CRC=1 makes every rank print checksums of the
     // weights it holds, which must be the same on all ranks
-    if (w && getenv("MLM_TEST_WEIGHTS_CRC")) print_weights_crc(&model, w, comm.rank);
-    if (model.step == o.steps && !export_now(&o, &comm, &ck, &model, w, &data_h, &cfg)) return 1;
+    int crc = getenv("MLM_TEST_WEIGHTS_CRC") != NULL;
+    float* w = m->step == o->steps || crc ? (float*)malloc(m->p.numel * sizeof(float)) : NULL;
+    if (m->step == o->steps || crc) model_get_params(m, &r->gr, w);  // every rank: under ZeRO-1 they gather
+    if (w && crc) print_weights_crc(m, w, r->comm.rank);
+    if (m->step == o->steps && !export_now(o, &r->comm, &r->ck, m, w, &r->data_h, &r->cfg)) return 1;
     free(w);
-    dataloader_free(&train);
-    if (o.val) validation_free(&val);
-    if (lg.f && lg.f->lost)
-        fprintf(stderr, "trainer: warning: %s lacks %lld record(s) that could not be written (see above)\n", lg.f->path,
-                lg.f->lost);
-    if (lg.f) close(lg.f->fd);
-    grad_reduce_free(&gr);
-    onebit_free(&ob);
+    dataloader_free(&r->train);
+    if (o->val) validation_free(&r->val);
+    if (r->lg.f && r->lg.f->lost)
+        fprintf(stderr, "trainer: warning: %s lacks %lld record(s) that could not be written (see above)\n",
+                r->lg.f->path, r->lg.f->lost);
+    if (r->lg.f) close(r->lg.f->fd);
+    grad_reduce_free(&r->gr);
+    onebit_free(&r->ob);
     // every rank: what it sent (tests/test_onebit.sh compares it with the CPU NCCL's own count)
-    printf("comm: rank %d sent %llu bytes in %llu NCCL calls\n", comm.rank, (unsigned long long)comm.sent,
-           (unsigned long long)comm.calls);
-    comm_free(&comm);
-    cudaFree(bm.seg_lo);
-    cudaFreeHost(bm.host);
-    cudaEventDestroy(bm.stop_ev);
-    bert_free(&model);
+    printf("comm: rank %d sent %llu bytes in %llu NCCL calls\n", r->comm.rank, (unsigned long long)r->comm.sent,
+           (unsigned long long)r->comm.calls);
+    comm_free(&r->comm);
+    cudaFree(r->bm.seg_lo);
+    cudaFreeHost(r->bm.host);
+    cudaEventDestroy(r->bm.stop_ev);
+    bert_free(m);
     return 0;
+}
+
+int main(int argc, char** argv) {
+    install_stop_handlers();  // first: a stop during start-up exits cleanly (see request_stop)
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage();
+        return argc < 2 ? 1 : 0;
+    }
+    static Run run;  // (zeroed; static: it holds the whole model's state)
+    Run* r = &run;
+    r->started = comm_realtime_s(), r->t_start = now_s();
+    setvbuf(stdout, NULL, _IOLBF, 0);  // every line as it is printed: start-up lines show at once under srun
+    r->comm = comm_from_env();         // rank, world, local rank: srun, torchrun-style variables, or one process
+    use_device(&r->comm, &r->prop, &r->free_bytes, &r->total_bytes);
+    if (!strcmp(argv[1], "--info")) return print_info(r);
+    r->o = parse_options(argc, argv);
+    r->comm.timeout_s = r->o.nccl_timeout;
+    stall_hook_init(&r->comm, &r->o);
+    if (r->o.bench) return run_bench(&r->o, &r->comm, &r->prop, r->started);
+    if (r->o.eval) return run_eval(&r->o, &r->comm, &r->prop, r->free_bytes, r->total_bytes, r->started);
+    r->main_rank = r->comm.rank == 0;
+
+    if (!open_run(r)) return 1;      // --out, its lock, and the communicator of all ranks
+    if (!choose_model(r)) return 1;  // a preset with the shards' vocabulary, or a Hugging Face checkpoint
+    if (!plan_run(r)) return 1;      // the buckets, the memory plan (the micro-batch), the scaling prediction
+    if (r->o.plan_only) return 0;
+    if (!reserve_plan(&r->plan, &r->o)) return 1;
+    resolve_run_length(&r->o, &r->comm, r->plan.B, r->epoch_tokens, r->main_rank);  // --tokens, --epochs: steps
+    resolve_comm_warmup(&r->o);
+    if (!stage_shards(r)) return 1;  // --stage-dir: node-local copies of the shards
+    if (!allocate_run(r)) return 1;  // every device buffer, once; the loader threads
+    if (!load_weights(r)) return 1;  // the checkpoint, --init-from, or a random initialisation
+    int rc = train(r);               // the training loop
+    if (rc) return rc;
+    return finish_run(r);  // the export; everything freed
 }
