@@ -563,6 +563,7 @@ typedef struct {
     int B, T;             // rows per micro-batch on this rank, tokens per row
     int rank, world;      // this process's slice of each global micro-batch of B*world rows
     int num_threads;      // loader threads filling the ring (>= 1)
+    int max_threads;      // threads dataloader_set_threads may start (their buffers are made at init; 0: num_threads)
     int ring_slots;       // micro-batches buffered in pinned host memory (>= 2)
     uint64_t seed;        // shuffle and masking seed
     int shuffle;          // 1: a new shuffle each epoch (training); 0: file order (validation)
@@ -638,6 +639,8 @@ typedef struct {
     DataLoader* dl;
     pthread_t thread;
     Job job;
+    double fill_s;  // seconds this thread spent filling batches (fill_batch), and how many it filled
+    int64_t fills;
 } Worker;
 
 struct DataLoader {
@@ -665,6 +668,8 @@ struct DataLoader {
     pthread_cond_t cv_ready, cv_free;
     Slot* slots;
     Worker* workers;
+    int num_workers;  // workers[] made at init: max(num_threads, max_threads)
+    int64_t filled;   // batches the loader threads have filled since init
     int running, stop, failed;
     int64_t prod_seq, prod_epoch, prod_row;
     int64_t cons_seq, next_epoch, next_row;
@@ -970,9 +975,12 @@ static inline void* loader_thread(void* arg) {
         s->state = SLOT_FILLING;
         pthread_mutex_unlock(&dl->lock);
         if (was_copying) cudaEventSynchronize(s->copied);  // its host-to-device copy must be done
+        double t0 = data_now();
         int rc = fill_batch(dl, &w->job, s->host);
+        double dt = data_now() - t0;
         pthread_mutex_lock(&dl->lock);
         if (rc) break;
+        w->fill_s += dt, w->fills++, dl->filled++;
         s->seq = w->job.seq;
         s->epoch = w->job.epoch;
         s->row = w->job.row;
@@ -1029,8 +1037,8 @@ static inline int dataloader_init(DataLoader* dl, const DataLoaderConfig* cfg) {
     dl->pattern = strdup(cfg->pattern);
     dl->cfg.pattern = dl->pattern;
     if (cfg->B < 1 || cfg->T < 2 || (int64_t)cfg->B * cfg->T > (1 << 26) || cfg->world < 1 || cfg->rank < 0 ||
-        cfg->rank >= cfg->world || cfg->num_threads < 1 || cfg->num_threads > 256 || cfg->ring_slots < 2 ||
-        !(cfg->mask_prob >= 0 && cfg->mask_prob < 1)) {
+        cfg->rank >= cfg->world || cfg->num_threads < 1 || cfg->num_threads > 256 || cfg->max_threads < 0 ||
+        cfg->max_threads > 256 || cfg->ring_slots < 2 || !(cfg->mask_prob >= 0 && cfg->mask_prob < 1)) {
         data_err(err,
                  "data: %s: bad loader settings B=%d T=%d rank=%d world=%d threads=%d slots=%d mask_prob=%g (expected "
                  "B>=1, T>=2, B*T<=2^26, 0<=rank<world, 1..256 threads, >=2 slots, 0<=mask_prob<1)",
@@ -1071,7 +1079,8 @@ static inline int dataloader_init(DataLoader* dl, const DataLoaderConfig* cfg) {
                  (unsigned long long)dl->num_samples);
         goto fail;
     }
-    if (cfg->verify && shards_verify(dl->shards, dl->num_shards, cfg->num_threads, err)) goto fail;
+    dl->num_workers = cfg->max_threads > cfg->num_threads ? cfg->max_threads : cfg->num_threads;
+    if (cfg->verify && shards_verify(dl->shards, dl->num_shards, dl->num_workers, err)) goto fail;
     dl->fingerprint = shards_fingerprint(dl->shards, dl->num_shards);
     dl->special[0] = (uint32_t)dl->h.pad_id;
     dl->special[1] = (uint32_t)dl->h.cls_id;
@@ -1091,14 +1100,14 @@ static inline int dataloader_init(DataLoader* dl, const DataLoaderConfig* cfg) {
         }
         dl->open_sample = (uint32_t*)malloc(sizeof(uint32_t) * DATA_OPEN_ROWS * T);
         dl->slots = (Slot*)calloc(K, sizeof(Slot));
-        dl->workers = (Worker*)calloc(cfg->num_threads, sizeof(Worker));
+        dl->workers = (Worker*)calloc(dl->num_workers, sizeof(Worker));
         if (!dl->plan.order || !dl->plan.row_start || !dl->next_plan.order || !dl->next_plan.row_start ||
             !dl->open_sample || !dl->slots || !dl->workers) {
             data_err(err, "data: %s: out of host memory for the plan of %llu samples", cfg->pattern,
                      (unsigned long long)dl->num_samples);
             goto fail;
         }
-        for (int i = 0; i < cfg->num_threads; i++) {
+        for (int i = 0; i < dl->num_workers; i++) {
             Worker* w = &dl->workers[i];
             w->dl = dl;
             w->job.row_count = (int*)malloc(sizeof(int) * B);
@@ -1210,6 +1219,30 @@ static inline int dataloader_next(DataLoader* dl, cudaStream_t stream, Batch* ou
     return 0;
 }
 
+// dataloader_fill_ms: the mean time one loader thread took to fill a batch, once n batches have been filled
+// since init (waits for them; n at most ring_slots, so that the loader needs no consumer); -1 if a loader
+// thread failed (dl->error says why).
+static inline double dataloader_fill_ms(DataLoader* dl, int n) {
+    if (n > dl->cfg.ring_slots) n = dl->cfg.ring_slots;
+    pthread_mutex_lock(&dl->lock);
+    while (!dl->failed && dl->filled < n) pthread_cond_wait(&dl->cv_ready, &dl->lock);
+    double s = 0;
+    int64_t k = 0;
+    for (int i = 0; i < dl->num_workers; i++) s += dl->workers[i].fill_s, k += dl->workers[i].fills;
+    int failed = dl->failed;
+    pthread_mutex_unlock(&dl->lock);
+    return failed || k == 0 ? -1 : 1e3 * s / (double)k;
+}
+
+// dataloader_set_threads: from now on n loader threads (1 .. the num_workers made at init) fill the ring. The
+// ring restarts from the consumer's position: a batch is the same whichever thread fills it, and however many.
+static inline void dataloader_set_threads(DataLoader* dl, int n) {
+    if (n < 1 || n > dl->num_workers || n == dl->cfg.num_threads) return;
+    loader_stop(dl);
+    dl->cfg.num_threads = n;
+    loader_start(dl);
+}
+
 // dataloader_epoch0_rows: the global rows of epoch 0, all ranks together: ceil(rows / B) micro-batches of B rows
 // cover every sample once, the last one partial (its rows past the end are padding: no sample, nothing masked).
 // Validation (shuffle 0: file order, the same plan every epoch) reads exactly these from the start.
@@ -1292,7 +1325,7 @@ static inline void dataloader_free(DataLoader* dl) {
     }
     if (dl->copy_stream) cudaStreamDestroy(dl->copy_stream);
     if (dl->workers) {
-        for (int i = 0; i < dl->cfg.num_threads; i++) {
+        for (int i = 0; i < dl->num_workers; i++) {
             free(dl->workers[i].job.row_count);
             free(dl->workers[i].job.sample);
             free(dl->workers[i].job.bits);

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -130,7 +131,9 @@ static const Flag flags[] = {
      "adamw, or lamb: AdamW's moments and decay, each tensor's step scaled by its trust\n"
      "ratio |w| / |update| (for large global batches; not with --zero 1)"},
     {"--seed", "N", F_LL, AT(seed), 0, (double)(1LL << 62), "1337", "data order, masking and initialisation"},
-    {"--loader-threads", "N", F_INT, AT(loader_threads), 1, 256, "2", "threads preparing batches"},
+    {"--loader-threads", "N", F_INT_AUTO, AT(loader_threads), 1, 256, "auto",
+     "threads preparing batches; auto: as many as the step needs, from one thread's measured\n"
+     "rate and the predicted micro-batch time (printed with the reason)"},
     {"--ring", "N", F_INT, AT(ring_slots), 2, 1024, "4", "slots of prepared batches in the loaders' ring"},
     {"--stage-dir", "DIR", F_STR, AT(stage_dir), 0, 0, NULL,
      "copy the shards to this node-local directory first, once per node"},
@@ -1908,7 +1911,8 @@ static int bench_preset(const Options* o, const char* preset, Comm* comm, const 
 }
 // bench_data: --bench's synthetic shard (random tokens, written to a temporary directory, mapped and deleted at
 // once) and its loader, for every step: 10% more than the rows needed (packing leaves a few percent empty), so
-// that no epoch ends inside the benchmark. 1, or 0 after saying why.
+// that no epoch ends inside the benchmark; --loader-threads auto: 2 threads (the benchmark times the GPU). 1, or 0
+// after saying why.
 static int bench_data(const Options* o, const Comm* comm, const BertConfig* cfg, int B, DataLoader* train) {
     int T = o->T;
     char dir[4096], err[DATA_ERR_LEN] = "";
@@ -1924,7 +1928,7 @@ static int bench_data(const Options* o, const Comm* comm, const BertConfig* cfg,
     snprintf(pattern, sizeof pattern, "%s/bench_*.bin", dir);
     snprintf(path, sizeof path, "%s/bench_00000.bin", dir);
     DataLoaderConfig dcfg = dataloader_default_config(pattern, B, T);
-    dcfg.rank = comm->rank, dcfg.world = comm->world, dcfg.num_threads = o->loader_threads;
+    dcfg.rank = comm->rank, dcfg.world = comm->world, dcfg.num_threads = o->loader_threads ? o->loader_threads : 2;
     dcfg.ring_slots = o->ring_slots, dcfg.seed = (uint64_t)o->seed, dcfg.vocab_size = cfg->vocab_size;
     dcfg.verbose = comm->rank == 0;
     int rc =
@@ -3294,6 +3298,53 @@ static void onebit_setup(Run* r) {
             ob->warmup, (unsigned long long)onebit_step_bytes(ob), (unsigned long long)fp32);
 }
 
+// loader_thread_cap: the most loader threads --loader-threads auto may start: this rank's share of the CPUs it
+// may run on (all of them, when Slurm binds it to its own; else the node's split over its ranks), less one
+// for the thread that drives the GPU when there are more than 2; at least 1.
+static int loader_thread_cap(const Comm* comm) {
+    cpu_set_t set;
+    int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    const char* env_nodes = getenv("SLURM_NNODES");
+    int nodes = env_nodes && atoi(env_nodes) > 0 ? atoi(env_nodes) : 1;
+    int per_node = (comm->world + nodes - 1) / nodes;
+    if (cpus >= sysconf(_SC_NPROCESSORS_ONLN) && per_node > 1) cpus /= per_node;  // not bound: share the node
+    int cap = cpus > 2 ? cpus - 1 : cpus;
+    return cap < 1 ? 1 : cap > 256 ? 256 : cap;
+}
+
+// tune_loader: --loader-threads auto, the seed paper's third recommendation ("parallelize data loading, but
+// only just as much as necessary"): one loader thread fills the ring's first batches, timed (fill ms per
+// batch); the GPU takes a micro-batch every micro ms (B T FLOPs per token / (peak x MFU), or --micro-ms);
+// threads = ceil(1.5 fill / micro): enough to keep up with half again as much work, at least 1, at most
+// loader_thread_cap. Where the device's peak is unknown (the CPU runtime) the demand is not predicted: 2
+// threads, as before auto. Printed with the reason.
+static void tune_loader(Run* r) {
+    Options* o = &r->o;
+    const char* device = o->device ? o->device : r->prop.name;
+    int cap = r->train.num_workers, B = r->plan.B;
+    double fill_ms = dataloader_fill_ms(&r->train, 3);
+    if (fill_ms < 0) return;  // a loader thread failed: the first dataloader_next says why
+    double peak = device_peak_tflops(device), mfu = o->mfu > 0 ? o->mfu : SCALING_MFU;
+    double flops = (double)B * o->T * bert_flops_per_token(&r->cfg, o->T, 0.15).model;
+    double micro_ms = o->micro_ms > 0 ? o->micro_ms : peak > 0 ? 1e3 * flops / (peak * 1e12 * mfu) : 0;
+    int n = micro_ms > 0 ? (int)ceil(1.5 * fill_ms / micro_ms) : 2;
+    n = n < 1 ? 1 : n > cap ? cap : n;
+    dataloader_set_threads(&r->train, n);
+    if (!r->main_rank) return;
+    if (micro_ms > 0)
+        printf(
+            "loader: %d thread(s) (--loader-threads auto: one fills a micro-batch of %d x %d in %.3g ms; %s takes one "
+            "every %.3g ms%s: ceil(1.5 x %.3g / %.3g) = %d, at most %d here)\n",
+            n, B, o->T, fill_ms, device, micro_ms, o->micro_ms > 0 ? " (--micro-ms)" : " (predicted at its peak x MFU)",
+            fill_ms, micro_ms, (int)ceil(1.5 * fill_ms / micro_ms), cap);
+    else
+        printf(
+            "loader: %d thread(s) (--loader-threads auto: one fills a micro-batch of %d x %d in %.3g ms; the bf16 peak "
+            "of %s is unknown, so its demand is not predicted: 2, at most %d here; --device NAME or --micro-ms "
+            "predicts it)\n",
+            n, B, o->T, fill_ms, device, cap);
+}
+
 // allocate_run: everything on the device, allocated once (the plan's bytes), and the loader threads.
 static int allocate_run(Run* r) {
     Options* o = &r->o;
@@ -3310,10 +3361,12 @@ static int allocate_run(Run* r) {
     dcfg.rank = r->comm.rank, dcfg.world = r->comm.world, dcfg.num_threads = o->loader_threads;
     dcfg.ring_slots = o->ring_slots, dcfg.seed = (uint64_t)o->seed, dcfg.vocab_size = r->cfg.vocab_size;
     dcfg.verbose = r->main_rank;
+    if (!o->loader_threads) dcfg.num_threads = 1, dcfg.max_threads = loader_thread_cap(&r->comm);  // auto
     if (dataloader_init(&r->train, &dcfg)) {
         fprintf(stderr, "trainer: %s\n", r->train.error);
         return 0;
     }
+    if (!o->loader_threads) tune_loader(r);
     if (o->val)
         validation_init(&r->val, r->val_pattern, &r->plan, &r->comm, r->cfg.vocab_size, o->val_batches, r->main_rank);
     return 1;

@@ -996,6 +996,48 @@ static void test_wait_measure(void) {
     corpus_free(&c);
 }
 
+// --loader-threads auto's two calls: dataloader_fill_ms measures one thread's fill time once the ring holds
+// its first batches; dataloader_set_threads then restarts the ring with more threads (up to max_threads), and
+// the batches are the same as a loader that ran with that many threads from the start.
+static void test_fill_rate_and_threads(void) {
+    char dir[512], pattern[600];
+    subdir(dir, "threads");
+    Corpus c = make_dataset(dir, "train", 2, 400, 64);
+    snprintf(pattern, sizeof(pattern), "%s/train_*.bin", dir);
+    const int B = 8, T = 64;
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    Reader r = reader_make(B, T), r2 = reader_make(B, T);
+    DataLoader a, b;
+    DataLoaderConfig ca = dataloader_default_config(pattern, B, T), cb = ca;
+    ca.num_threads = 1, ca.max_threads = 4;
+    cb.num_threads = 3;
+    if (init_two(&a, &ca, &b, &cb)) return;
+    CHECK(a.num_workers == 4 && b.num_workers == 3, "workers made: %d (max_threads 4), %d", a.num_workers,
+          b.num_workers);
+    double ms = dataloader_fill_ms(&a, 3);
+    CHECK(ms > 0 && ms < 10000 && a.filled >= 3, "fill time of one thread: %g ms after %lld batches", ms,
+          (long long)a.filled);
+    dataloader_set_threads(&a, 3);
+    CHECK(a.cfg.num_threads == 3 && a.running, "dataloader_set_threads(3): %d threads running", a.cfg.num_threads);
+    dataloader_set_threads(&a, 9);  // more than made at init: ignored
+    CHECK(a.cfg.num_threads == 3, "dataloader_set_threads(9) past max_threads 4 is ignored: %d", a.cfg.num_threads);
+    int same = 1;
+    for (int i = 0; i < 40; i++) {
+        Batch x, y;
+        if (next_host(&a, s, &r, &x) || next_host(&b, s, &r2, &y)) {
+            same = 0;
+            break;
+        }
+        same &= batch_equal(&r, r.host, r2.host);
+    }
+    CHECK(same, "after set_threads the batches equal a 3-thread loader's, from the first one");
+    dataloader_free(&a);
+    dataloader_free(&b);
+    cudaStreamDestroy(s);
+    corpus_free(&c);
+}
+
 int main(void) {
     snprintf(tmp_root, sizeof(tmp_root), "/tmp/test_data_XXXXXX");
     if (!mkdtemp(tmp_root)) {
@@ -1011,6 +1053,7 @@ int main(void) {
     test_bad_input();
     test_staging();
     test_wait_measure();
+    test_fill_rate_and_threads();
     rm_tree(tmp_root);
     return test_summary();
 }
