@@ -138,7 +138,8 @@ static const Flag flags[] = {
     {"--stage-dir", "DIR", F_STR, AT(stage_dir), 0, 0, NULL,
      "copy the shards to this node-local directory first, once per node"},
     {"--log-every", "N", F_INT, AT(log_every), 1, 1 << 30, "1", "a log line (and metrics record) every N steps"},
-    {"--val-every", "N", F_INT, AT(val_every), 0, 1 << 30, NULL, "validation every N steps (default 0: only --eval)"},
+    {"--val-every", "N", F_INT, AT(val_every), 0, 1 << 30, NULL,
+     "validation every N steps and at the last (default 0: none while training)"},
     {"--val-batches", "N", F_INT, AT(val_batches), 0, 1 << 20, NULL,
      "only the first N micro-batches of B rows (over all GPUs together) of the\n"
      "validation split; 0, the default: the whole split, each sequence once"},
