@@ -302,6 +302,68 @@ __device__ inline void warp_mm_pb(float acc[MT][HD / 8][4], float p[MT][N / 8][4
     }
 }
 
+// AttBlock: what a block of the three kernels works on. Grid (ceil(T / R), NH, B): block (x, h, b) owns R rows
+// of head h of sequence b from row0 (queries in the forward and dQ, keys in dK dV), its warp w the 16 MT of them
+// from wrow; it streams the tiles of CT rows of the other side (keys, or queries) that its rows' ranges reach:
+// ntiles tiles from row start (none when every row is padding).
+struct AttBlock {
+    int row0, h, b, w, wrow;
+    int C;               // NH HD: the row width of out and dout
+    size_t C3;           // 3C: the row stride of qkv
+    const floatX* base;  // qkv at row 0 of sequence b, head h: its Q; K at base + C, V at base + 2C
+    const int *lo, *hi;  // sequence b's key ranges (T)
+    int start, ntiles;   // the streamed tiles
+};
+// att_block: the opening of the three kernels: the block's rows, head and sequence, the union of its rows' ranges
+// (att_range, a block barrier: every thread calls it), and the CT-row tiles that cover that union. (Each kernel
+// then takes its warp's ranges, warp_range: kept out of AttBlock, as a member of it cost the forward 7 registers.)
+template <int HD, int MT, int R, int CT>
+__device__ inline AttBlock att_block(const floatX* qkv, const int* seg_lo, const int* seg_hi, int T, int NH, int* red) {
+    AttBlock blk;
+    blk.row0 = blockIdx.x * R, blk.h = blockIdx.y, blk.b = blockIdx.z, blk.w = threadIdx.x / 32;
+    blk.wrow = blk.row0 + 16 * MT * blk.w, blk.C = NH * HD, blk.C3 = (size_t)3 * blk.C;
+    blk.base = qkv + (size_t)blk.b * T * blk.C3 + (size_t)blk.h * HD;
+    blk.lo = seg_lo + (size_t)blk.b * T, blk.hi = seg_hi + (size_t)blk.b * T;
+    int lo, hi;
+    att_range(blk.lo, blk.hi, blk.row0, R, T, red, &lo, &hi);
+    blk.start = lo / CT * CT, blk.ntiles = hi > lo ? (hi - blk.start + CT - 1) / CT : 0;
+    return blk;
+}
+// att_copy_queries: the first copies of the forward and dQ (not yet committed), when there are key tiles: the
+// block's Q tile (R rows) into Qs, and the first key tile (KC rows) of K and V into buffer 0 of Ks and Vs.
+template <int HD, int R, int KC>
+__device__ inline void att_copy_queries(floatX* Qs, floatX* Ks, floatX* Vs, const AttBlock& blk, int T) {
+    if (!blk.ntiles) return;
+    att_copy_tile<HD, R>(Qs, blk.base, blk.C3, blk.row0, T);
+    att_copy_tile<HD, KC>(Ks, blk.base + blk.C, blk.C3, blk.start, T);
+    att_copy_tile<HD, KC>(Vs, blk.base + 2 * blk.C, blk.C3, blk.start, T);
+}
+// att_next_keys: the top of the forward's and dQ's loop over key tiles, at tile it. Waits for it (this thread's
+// copies, then everyone's: a block barrier, after which every warp is also done with tile it - 1), then starts
+// copying tile it + 1 of K and V into the other buffer (buffer (it + 1) & 1 of Ks, Vs: [2][KC][LD] each).
+template <int HD, int KC>
+__device__ inline void att_next_keys(floatX* Ks, floatX* Vs, const AttBlock& blk, int it, int T) {
+    constexpr int LD = att_ld(HD);
+    cp_async_wait<0>();
+    __syncthreads();
+    if (it + 1 < blk.ntiles) {
+        int kt = blk.start + (it + 1) * KC, buf = (it + 1) & 1;
+        att_copy_tile<HD, KC>(Ks + buf * KC * LD, blk.base + blk.C, blk.C3, kt, T);
+        att_copy_tile<HD, KC>(Vs + buf * KC * LD, blk.base + 2 * blk.C, blk.C3, kt, T);
+    }
+    cp_async_commit();
+}
+// att_query_stats: dK dV's per-query terms of the QC-row query tile from row q0, into one buffer of each:
+// lse_s = lse log2(e) and dl_s = delta (0 for rows >= T); threads 0 .. QC - 1, one row each.
+template <int QC>
+__device__ inline void att_query_stats(float* lse_s, float* dl_s, const float* lse_r, const float* delta_r, int q0,
+                                       int T) {
+    if (threadIdx.x >= QC) return;
+    int q = q0 + threadIdx.x;
+    lse_s[threadIdx.x] = q < T ? lse_r[q] * 1.44269504088896341f : 0.f;
+    dl_s[threadIdx.x] = q < T ? delta_r[q] : 0.f;
+}
+
 // ---------------------------------------------------------------------------------------------
 // attention_forward: out (B, T, C) = softmax(Q K^T / sqrt(HD) + mask) V per head; lse (B, NH, T) = the
 // log-sum-exp of each query row's scaled, masked scores (0 for padding queries).
@@ -325,35 +387,19 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_FWD))
     floatX* Qs = (floatX*)dyn_smem;  // [R][LD]
     floatX* Ks = Qs + R * LD;        // [2][KC][LD]
     floatX* Vs = Ks + 2 * KC * LD;   // [2][KC][LD]
-    int q0 = blockIdx.x * R, h = blockIdx.y, b = blockIdx.z, w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int g = lane / 4, C = NH * HD, wrow = q0 + 16 * MT * w;  // the warp's first row
-    size_t C3 = (size_t)3 * C;
-    const floatX* base = qkv + (size_t)b * T * C3 + (size_t)h * HD;
-    const int *lo = seg_lo + (size_t)b * T, *hi = seg_hi + (size_t)b * T;
-    int klo, khi;
-    att_range(lo, hi, q0, R, T, red, &klo, &khi);
-    WarpRange wr = warp_range<MT>(lo, hi, wrow, T);
-    int kstart = klo / KC * KC, ntiles = khi > klo ? (khi - kstart + KC - 1) / KC : 0;
-    if (ntiles) {
-        att_copy_tile<HD, R>(Qs, base, C3, q0, T);
-        att_copy_tile<HD, KC>(Ks, base + C, C3, kstart, T);
-        att_copy_tile<HD, KC>(Vs, base + 2 * C, C3, kstart, T);
-    }
+    AttBlock blk = att_block<HD, MT, R, KC>(qkv, seg_lo, seg_hi, T, NH, red);
+    WarpRange wr = warp_range<MT>(blk.lo, blk.hi, blk.wrow, T);
+    int lane = threadIdx.x % 32, g = lane / 4;
+    att_copy_queries<HD, R, KC>(Qs, Ks, Vs, blk, T);
     cp_async_commit();
     const float sl2 = 1.44269504088896341f / sqrtf((float)HD);  // log2(e) / sqrt(HD): exp(x / sqrt(HD)) = exp2(x sl2)
     float o[MT][DT][4] = {}, mrun[MT][2], lrun[MT][2] = {};
     for (int m = 0; m < MT; m++) mrun[m][0] = mrun[m][1] = -INFINITY;
     FragA qf[MT][HD / 16];
-    floatX* Qw = Qs + 16 * MT * w * LD;  // the warp's query rows
-    for (int it = 0; it < ntiles; it++) {
-        int kt = kstart + it * KC, buf = it & 1;
-        cp_async_wait<0>();  // tile it has landed (this thread's copies) ...
-        __syncthreads();     // ... and everyone's; everyone is done with tile it - 1, whose buffer is next
-        if (it + 1 < ntiles) {
-            att_copy_tile<HD, KC>(Ks + (buf ^ 1) * KC * LD, base + C, C3, kt + KC, T);
-            att_copy_tile<HD, KC>(Vs + (buf ^ 1) * KC * LD, base + 2 * C, C3, kt + KC, T);
-        }
-        cp_async_commit();
+    floatX* Qw = Qs + 16 * MT * blk.w * LD;  // the warp's query rows
+    for (int it = 0; it < blk.ntiles; it++) {
+        int kt = blk.start + it * KC, buf = it & 1;
+        att_next_keys<HD, KC>(Ks, Vs, blk, it, T);  // key tile it is here; tile it + 1 is on its way
         if (it == 0)
 #pragma unroll
             for (int m = 0; m < MT; m++)
@@ -412,7 +458,7 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_FWD))
         }
         warp_mm_pb<MT, KC, HD>(o, s, Vt, LD);  // O += P V
     }
-    float* L = lse + ((size_t)b * NH + h) * T;
+    float* L = lse + ((size_t)blk.b * NH + blk.h) * T;
 #pragma unroll
     for (int m = 0; m < MT; m++) {
         float inv[2];
@@ -422,7 +468,7 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_FWD))
             l += __shfl_xor_sync(0xffffffffu, l, 1);
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             inv[r] = l > 0.f ? 1.f / l : 0.f;
-            int q = wrow + 16 * m + 8 * r + g;  // lse = ln(2^m l) = m ln 2 + ln l
+            int q = blk.wrow + 16 * m + 8 * r + g;  // lse = ln(2^m l) = m ln 2 + ln l
             if (lane % 4 == 0 && q < T) L[q] = l > 0.f ? mrun[m][r] * 0.69314718055994531f + logf(l) : 0.f;
         }
         att_stage<HD>(Qw + 16 * m * LD, o[m], inv[0], inv[1]);  // the warp's own Q rows are free now
@@ -430,7 +476,8 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_FWD))
     __syncwarp();
 #pragma unroll
     for (int m = 0; m < MT; m++)
-        att_store_rows<HD>(out + (size_t)b * T * C + (size_t)h * HD, C, Qw + 16 * m * LD, wrow + 16 * m, T);
+        att_store_rows<HD>(out + (size_t)blk.b * T * blk.C + (size_t)blk.h * HD, blk.C, Qw + 16 * m * LD,
+                           blk.wrow + 16 * m, T);
 }
 
 // attention_backward_delta: delta[b, h, t] = sum_d dout[b, t, h, d] * out[b, t, h, d] (= rowsum(P * dP)),
@@ -469,42 +516,27 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DQ))
     floatX* dOs = Qs + R * LD;       // [R][LD]
     floatX* Ks = dOs + R * LD;       // [2][KC][LD]
     floatX* Vs = Ks + 2 * KC * LD;   // [2][KC][LD]
-    int q0 = blockIdx.x * R, h = blockIdx.y, b = blockIdx.z, w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int g = lane / 4, C = NH * HD, wrow = q0 + 16 * MT * w;
-    size_t C3 = (size_t)3 * C;
-    const floatX* base = qkv + (size_t)b * T * C3 + (size_t)h * HD;
-    const int *lo = seg_lo + (size_t)b * T, *hi = seg_hi + (size_t)b * T;
-    int klo, khi;
-    att_range(lo, hi, q0, R, T, red, &klo, &khi);
-    WarpRange wr = warp_range<MT>(lo, hi, wrow, T);
-    int kstart = klo / KC * KC, ntiles = khi > klo ? (khi - kstart + KC - 1) / KC : 0;
-    if (ntiles) {
-        att_copy_tile<HD, R>(Qs, base, C3, q0, T);
-        att_copy_tile<HD, R>(dOs, dout + (size_t)b * T * C + (size_t)h * HD, C, q0, T);
-        att_copy_tile<HD, KC>(Ks, base + C, C3, kstart, T);
-        att_copy_tile<HD, KC>(Vs, base + 2 * C, C3, kstart, T);
-    }
+    AttBlock blk = att_block<HD, MT, R, KC>(qkv, seg_lo, seg_hi, T, NH, red);
+    WarpRange wr = warp_range<MT>(blk.lo, blk.hi, blk.wrow, T);
+    int g = threadIdx.x % 32 / 4;
+    att_copy_queries<HD, R, KC>(Qs, Ks, Vs, blk, T);
+    if (blk.ntiles)
+        att_copy_tile<HD, R>(dOs, dout + (size_t)blk.b * T * blk.C + (size_t)blk.h * HD, blk.C, blk.row0, T);
     cp_async_commit();
     const float sl2 = 1.44269504088896341f / sqrtf((float)HD), L2E = 1.44269504088896341f;
-    const float *lse_r = lse + ((size_t)b * NH + h) * T, *delta_r = delta + ((size_t)b * NH + h) * T;
+    const float *lse_r = lse + ((size_t)blk.b * NH + blk.h) * T, *delta_r = delta + ((size_t)blk.b * NH + blk.h) * T;
     float lse2[MT][2], dl[MT][2];  // lse log2(e) and delta of this lane's rows
     for (int m = 0; m < MT; m++)
         for (int r = 0; r < 2; r++) {
-            int q = wrow + 16 * m + 8 * r + g;
+            int q = blk.wrow + 16 * m + 8 * r + g;
             lse2[m][r] = q < T ? lse_r[q] * L2E : 0.f;
             dl[m][r] = q < T ? delta_r[q] : 0.f;
         }
     float dq[MT][DT][4] = {};
-    floatX *Qw = Qs + 16 * MT * w * LD, *dOw = dOs + 16 * MT * w * LD;
-    for (int it = 0; it < ntiles; it++) {
-        int kt = kstart + it * KC, buf = it & 1;
-        cp_async_wait<0>();
-        __syncthreads();
-        if (it + 1 < ntiles) {
-            att_copy_tile<HD, KC>(Ks + (buf ^ 1) * KC * LD, base + C, C3, kt + KC, T);
-            att_copy_tile<HD, KC>(Vs + (buf ^ 1) * KC * LD, base + 2 * C, C3, kt + KC, T);
-        }
-        cp_async_commit();
+    floatX *Qw = Qs + 16 * MT * blk.w * LD, *dOw = dOs + 16 * MT * blk.w * LD;
+    for (int it = 0; it < blk.ntiles; it++) {
+        int kt = blk.start + it * KC, buf = it & 1;
+        att_next_keys<HD, KC>(Ks, Vs, blk, it, T);
         if (kt >= wr.any_hi || kt + KC <= wr.any_lo) continue;
         const floatX *Kt = Ks + buf * KC * LD, *Vt = Vs + buf * KC * LD;
         float s[MT][NT][4] = {}, dp[MT][NT][4] = {};
@@ -529,7 +561,8 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DQ))
     __syncwarp();
 #pragma unroll
     for (int m = 0; m < MT; m++)
-        att_store_rows<HD>(dqkv + (size_t)b * T * C3 + (size_t)h * HD, C3, Qw + 16 * m * LD, wrow + 16 * m, T);
+        att_store_rows<HD>(dqkv + (size_t)blk.b * T * blk.C3 + (size_t)blk.h * HD, blk.C3, Qw + 16 * m * LD,
+                           blk.wrow + 16 * m, T);
 }
 
 // attention_backward_dkdv: dV = P^T dO and dK = dS^T Q / sqrt(HD) for the block's keys, written into the
@@ -556,44 +589,30 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DKDV))
     floatX* dOs = Qs + 2 * QC * LD;              // [2][QC][LD]
     float* lse_s = (float*)(dOs + 2 * QC * LD);  // [2][QC], lse log2(e)
     float* dl_s = lse_s + 2 * QC;                // [2][QC]
-    int k0 = blockIdx.x * R, h = blockIdx.y, b = blockIdx.z, w = threadIdx.x / 32, lane = threadIdx.x % 32;
-    int t = lane % 4, C = NH * HD, wrow = k0 + 16 * MT * w;
-    size_t C3 = (size_t)3 * C;
-    const floatX* base = qkv + (size_t)b * T * C3 + (size_t)h * HD;
-    const floatX* dbase = dout + (size_t)b * T * C + (size_t)h * HD;
-    const int *lo = seg_lo + (size_t)b * T, *hi = seg_hi + (size_t)b * T;
-    const float *lse_r = lse + ((size_t)b * NH + h) * T, *delta_r = delta + ((size_t)b * NH + h) * T;
-    int qlo, qhi;
-    att_range(lo, hi, k0, R, T, red, &qlo, &qhi);
-    WarpRange wr = warp_range<MT>(lo, hi, wrow, T);  // the keys' ranges: the queries that see them
-    int qstart = qlo / QC * QC, ntiles = qhi > qlo ? (qhi - qstart + QC - 1) / QC : 0;
-    if (ntiles) {
-        att_copy_tile<HD, R>(Ks, base + C, C3, k0, T);
-        att_copy_tile<HD, R>(Vs, base + 2 * C, C3, k0, T);
-        att_copy_tile<HD, QC>(Qs, base, C3, qstart, T);
-        att_copy_tile<HD, QC>(dOs, dbase, C, qstart, T);
+    AttBlock blk = att_block<HD, MT, R, QC>(qkv, seg_lo, seg_hi, T, NH, red);
+    WarpRange wr = warp_range<MT>(blk.lo, blk.hi, blk.wrow, T);  // the keys' ranges: the queries that see them
+    int t = threadIdx.x % 4;
+    const floatX* dbase = dout + (size_t)blk.b * T * blk.C + (size_t)blk.h * HD;
+    const float *lse_r = lse + ((size_t)blk.b * NH + blk.h) * T, *delta_r = delta + ((size_t)blk.b * NH + blk.h) * T;
+    if (blk.ntiles) {
+        att_copy_tile<HD, R>(Ks, blk.base + blk.C, blk.C3, blk.row0, T);
+        att_copy_tile<HD, R>(Vs, blk.base + 2 * blk.C, blk.C3, blk.row0, T);
+        att_copy_tile<HD, QC>(Qs, blk.base, blk.C3, blk.start, T);
+        att_copy_tile<HD, QC>(dOs, dbase, blk.C, blk.start, T);
     }
     cp_async_commit();
-    if (ntiles && threadIdx.x < QC) {
-        int q = qstart + threadIdx.x;
-        lse_s[threadIdx.x] = q < T ? lse_r[q] * 1.44269504088896341f : 0.f;
-        dl_s[threadIdx.x] = q < T ? delta_r[q] : 0.f;
-    }
+    if (blk.ntiles) att_query_stats<QC>(lse_s, dl_s, lse_r, delta_r, blk.start, T);
     const float sl2 = 1.44269504088896341f / sqrtf((float)HD);
     float dk[MT][DT][4] = {}, dv[MT][DT][4] = {};
-    floatX *Kw = Ks + 16 * MT * w * LD, *Vw = Vs + 16 * MT * w * LD;
-    for (int it = 0; it < ntiles; it++) {
-        int qt = qstart + it * QC, buf = it & 1;
+    floatX *Kw = Ks + 16 * MT * blk.w * LD, *Vw = Vs + 16 * MT * blk.w * LD;
+    for (int it = 0; it < blk.ntiles; it++) {
+        int qt = blk.start + it * QC, buf = it & 1;
         cp_async_wait<0>();
         __syncthreads();
-        if (it + 1 < ntiles) {
-            att_copy_tile<HD, QC>(Qs + (buf ^ 1) * QC * LD, base, C3, qt + QC, T);
-            att_copy_tile<HD, QC>(dOs + (buf ^ 1) * QC * LD, dbase, C, qt + QC, T);
-            if (threadIdx.x < QC) {
-                int q = qt + QC + threadIdx.x;
-                lse_s[(buf ^ 1) * QC + threadIdx.x] = q < T ? lse_r[q] * 1.44269504088896341f : 0.f;
-                dl_s[(buf ^ 1) * QC + threadIdx.x] = q < T ? delta_r[q] : 0.f;
-            }
+        if (it + 1 < blk.ntiles) {
+            att_copy_tile<HD, QC>(Qs + (buf ^ 1) * QC * LD, blk.base, blk.C3, qt + QC, T);
+            att_copy_tile<HD, QC>(dOs + (buf ^ 1) * QC * LD, dbase, blk.C, qt + QC, T);
+            att_query_stats<QC>(lse_s + (buf ^ 1) * QC, dl_s + (buf ^ 1) * QC, lse_r, delta_r, qt + QC, T);
         }
         cp_async_commit();
         if (qt >= wr.any_hi || qt + QC <= wr.any_lo) continue;
@@ -626,11 +645,11 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DKDV))
         att_stage<HD>(Vw + 16 * m * LD, dv[m], 1.f, 1.f);
     }
     __syncwarp();
-    floatX* dst = dqkv + (size_t)b * T * C3 + (size_t)h * HD;
+    floatX* dst = dqkv + (size_t)blk.b * T * blk.C3 + (size_t)blk.h * HD;
 #pragma unroll
     for (int m = 0; m < MT; m++) {
-        att_store_rows<HD>(dst + C, C3, Kw + 16 * m * LD, wrow + 16 * m, T);
-        att_store_rows<HD>(dst + 2 * C, C3, Vw + 16 * m * LD, wrow + 16 * m, T);
+        att_store_rows<HD>(dst + blk.C, blk.C3, Kw + 16 * m * LD, blk.wrow + 16 * m, T);
+        att_store_rows<HD>(dst + 2 * blk.C, blk.C3, Vw + 16 * m * LD, blk.wrow + 16 * m, T);
     }
 }
 

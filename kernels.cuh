@@ -263,10 +263,38 @@ __device__ inline void ln_write_partials(float* part, float* sm, const float* dg
     }
 }
 
+// ln_backward_row: the LayerNorm backward arithmetic of one row, as both LayerNorm backward kernels compute it.
+// This thread holds X128 columns of the row: x (the LayerNorm input, fp32), d (dout) and g (gamma); mean and rstd
+// are the row's stats; ok = the columns are real (col < C and row < N: otherwise xhat is 0, and so is d, so they
+// add nothing). With xhat = (x - mean) * rstd:
+//   dg += dout * xhat, db += dout                     (this thread's columns of dgamma, dbeta, over its rows)
+//   s1 = mean(dout * g), s2 = mean(dout * g * xhat)   (over the row's C columns: ln_row_sum2, a block barrier,
+//                                                       so every thread of the block calls this once per group)
+//   dx = rstd * (dout * g - s1 - xhat * s2)          (this thread's X128 columns of dx, fp32)
+// red: this row group's half of the kernel's reduction scratch (see ln_row_sum2).
+__device__ inline void ln_backward_row(float* dx, float* dg, float* db, const float* x, Pack128 d, const float* g,
+                                       float mean, float rstd, int ok, float* red, int C) {
+    float xh[16 / sizeof(floatX)], dy[16 / sizeof(floatX)], s1 = 0.f, s2 = 0.f;
+    for (int k = 0; k < X128; k++) {
+        xh[k] = ok ? (x[k] - mean) * rstd : 0.f;
+        dy[k] = tof(d.v[k]);
+        float gg = dy[k] * g[k];
+        s1 += gg;
+        s2 += gg * xh[k];
+        dg[k] += dy[k] * xh[k];
+        db[k] += dy[k];
+    }
+    ln_row_sum2(&s1, &s2, red);
+    s1 /= C;
+    s2 /= C;
+    for (int k = 0; k < X128; k++) dx[k] = rstd * (dy[k] * g[k] - s1 - xh[k] * s2);
+}
+
 // layernorm_backward: dinp = LayerNorm backward of dout at inp (the saved LayerNorm input, with its stats),
 // times GELU'(gelu_pre) when gelu_pre is given (the MLM head: LayerNorm(GELU(pre)), so dinp is dLoss/dpre);
 // part[b] = block b's partial (dgamma, dbeta). dinp is overwritten (for a residual LayerNorm it is the gradient
-// of both branches of the residual sum). Layout and data movement: see above (gelu_pre adds one read of it).
+// of both branches of the residual sum). Layout and data movement: see above (gelu_pre adds one read of it);
+// each row's arithmetic is ln_backward_row.
 __global__ void layernorm_backward(floatX* dinp, float* part, const floatX* dout, const floatX* inp, const float* stats,
                                    const floatX* gamma, const floatX* gelu_pre, int N, int C) {
     extern __shared__ __align__(16) unsigned char dyn_smem[];
@@ -277,28 +305,15 @@ __global__ void layernorm_backward(floatX* dinp, float* part, const floatX* dout
     // every thread runs the same number of iterations (rows past N count zero), so the barriers are uniform
     for (int r0 = blockIdx.x * blockDim.y; r0 < N; r0 += gridDim.x * blockDim.y, it++) {
         int n = r0 + threadIdx.y, ok = on && n < N;
-        float mean = n < N ? stats[2 * n] : 0.f, rstd = n < N ? stats[2 * n + 1] : 0.f, s1 = 0.f, s2 = 0.f;
-        float xh[16 / sizeof(floatX)], dy[16 / sizeof(floatX)];
+        float mean = n < N ? stats[2 * n] : 0.f, rstd = n < N ? stats[2 * n + 1] : 0.f;
+        float x[16 / sizeof(floatX)], v[16 / sizeof(floatX)];
         Pack128 d = ok ? load128(dout + (size_t)n * C + col) : Pack128{},
-                x = ok ? load128(inp + (size_t)n * C + col) : Pack128{};
-        for (int k = 0; k < X128; k++) {
-            xh[k] = ok ? (tof(x.v[k]) - mean) * rstd : 0.f;
-            dy[k] = tof(d.v[k]);
-            float gg = dy[k] * g[k];
-            s1 += gg;
-            s2 += gg * xh[k];
-            dg[k] += dy[k] * xh[k];
-            db[k] += dy[k];
-        }
-        ln_row_sum2(&s1, &s2, &red[it & 1][0][0][0]);
-        s1 /= C;
-        s2 /= C;
+                xp = ok ? load128(inp + (size_t)n * C + col) : Pack128{};
+        for (int k = 0; k < X128; k++) x[k] = tof(xp.v[k]);
+        ln_backward_row(v, dg, db, x, d, g, mean, rstd, ok, &red[it & 1][0][0][0], C);
         if (ok) {
             Pack128 o, pre = gelu_pre ? load128(gelu_pre + (size_t)n * C + col) : Pack128{};
-            for (int k = 0; k < X128; k++) {
-                float v = rstd * (dy[k] * g[k] - s1 - xh[k] * s2);
-                o.v[k] = fromf(gelu_pre ? v * gelu_erf_grad(tof(pre.v[k])) : v);
-            }
+            for (int k = 0; k < X128; k++) o.v[k] = fromf(gelu_pre ? v[k] * gelu_erf_grad(tof(pre.v[k])) : v[k]);
             store128(dinp + (size_t)n * C + col, o);
         }
     }
@@ -342,7 +357,8 @@ __global__ void layernorm_param_grad(float* dgamma, float* dbeta, const float* p
 
 // embedding_layernorm_backward: step 1. dx[n] = LayerNorm backward of dout[n] at x = wte[tok] + wpe[pos] +
 // wtt[type] (recomputed in fp32 exactly as the forward summed it), fp32; keys[3n + {0, 1, 2}] = the word,
-// position and type rows of token n; part[b] = block b's partial (dgamma, dbeta). Layout as layernorm_backward.
+// position and type rows of token n; part[b] = block b's partial (dgamma, dbeta). Layout as layernorm_backward,
+// and each row's arithmetic is the same (ln_backward_row), x read from the tables instead of a saved input.
 // Data movement per token: dout read once (128-bit), the three table rows read (the word rows of a small
 // vocabulary and the position rows stay in L2), dx written once in fp32 (2 x 128-bit per chunk), 24 bytes of keys.
 __global__ void embedding_layernorm_backward(float* dx, uint64_t* keys, float* part, const floatX* dout,
@@ -356,8 +372,7 @@ __global__ void embedding_layernorm_backward(float* dx, uint64_t* keys, float* p
     ln_backward_begin(g, dg, db, gamma, col, on);
     for (int r0 = blockIdx.x * blockDim.y; r0 < N; r0 += gridDim.x * blockDim.y, it++) {
         int n = r0 + threadIdx.y, ok = on && n < N;
-        float mean = 0.f, rstd = 0.f, s1 = 0.f, s2 = 0.f;
-        float xh[16 / sizeof(floatX)], dy[16 / sizeof(floatX)];
+        float mean = 0.f, rstd = 0.f, x[16 / sizeof(floatX)], o[16 / sizeof(floatX)];
         Pack128 d = {}, pa = {}, pb = {}, pc = {};
         if (n < N) {
             int t = n % T, lo = seg_lo[n], pos = seg_hi[n] > lo ? t - lo : 0, tok = tokens[n],
@@ -376,24 +391,11 @@ __global__ void embedding_layernorm_backward(float* dx, uint64_t* keys, float* p
                 keys[3 * (size_t)n + 2] = (uint64_t)(V + P + ty) << 32 | (uint32_t)n;
             }
         }
-        for (int k = 0; k < X128; k++) {
-            xh[k] = ok ? (tof(pa.v[k]) + tof(pb.v[k]) + tof(pc.v[k]) - mean) * rstd : 0.f;
-            dy[k] = tof(d.v[k]);
-            float gg = dy[k] * g[k];
-            s1 += gg;
-            s2 += gg * xh[k];
-            dg[k] += dy[k] * xh[k];
-            db[k] += dy[k];
-        }
-        ln_row_sum2(&s1, &s2, &red[it & 1][0][0][0]);
-        s1 /= C;
-        s2 /= C;
-        if (ok) {
-            float o[16 / sizeof(floatX)];
-            for (int k = 0; k < X128; k++) o[k] = rstd * (dy[k] * g[k] - s1 - xh[k] * s2);
+        for (int k = 0; k < X128; k++) x[k] = tof(pa.v[k]) + tof(pb.v[k]) + tof(pc.v[k]);
+        ln_backward_row(o, dg, db, x, d, g, mean, rstd, ok, &red[it & 1][0][0][0], C);
+        if (ok)
             for (int k = 0; k < X128; k += 4)
                 *(float4*)(dx + (size_t)n * C + col + k) = make_float4(o[k], o[k + 1], o[k + 2], o[k + 3]);
-        }
     }
     ln_write_partials(part + (size_t)blockIdx.x * 2 * C, (float*)dyn_smem, dg, db, col, C);
 }

@@ -233,6 +233,52 @@ static void test_layernorms(int N, int C) {
     cudaFree(d_part);
 }
 
+// The two LayerNorm backward kernels share their row arithmetic (ln_backward_row), so on the same rows they give
+// the same bits: embedding_layernorm_backward at x = wte[tok] (position and type tables zero, so x is a floatX
+// value) and layernorm_backward at inp[n] = wte[tok[n]], with the same stats (from embedding_layernorm_forward).
+// dx: the embedding's fp32 rounded to floatX is the LayerNorm's floatX; dgamma, dbeta: the same fp32 bits.
+static void test_ln_backward_agree(int N, int C) {
+    int V = 11;
+    std::vector<int> tok(N), ty(N, 0), lo(N, 0), hi(N, N);  // one sample of N tokens, type 0
+    for (int n = 0; n < N; n++) tok[n] = (int)test_uniform(0, V - 0.01f);
+    vf wte, g, be, dout;
+    floatX *d_wte = dev_rand(&wte, (size_t)V * C, -1, 1), *d_g = dev_rand(&g, C, 0.5f, 1.5f),
+           *d_b = dev_rand(&be, C, -0.5f, 0.5f), *d_dout = dev_rand(&dout, (size_t)N * C, -1, 1);
+    floatX *d_wpe = dev_x((size_t)N * C), *d_wtt = dev_x(2 * C), *d_out = dev_x((size_t)N * C),
+           *d_inp = dev_x((size_t)N * C), *d_dxl = dev_x((size_t)N * C);
+    for (int n = 0; n < N; n++)
+        CUDA_CHECK(cudaMemcpy(d_inp + (size_t)n * C, d_wte + (size_t)tok[n] * C, C * sizeof(floatX),
+                              cudaMemcpyDeviceToDevice));
+    int *d_tok = dev_i(tok), *d_ty = dev_i(ty), *d_lo = dev_i(lo), *d_hi = dev_i(hi);
+    float *d_stats = dev_f(2 * N), *d_dxe = dev_f((size_t)N * C), *d_gbe = dev_f(2 * C), *d_gbl = dev_f(2 * C),
+          *d_grads = dev_f((size_t)(V + N + 2) * C), *d_carry = dev_f(emb_carry_floats(C)),
+          *d_part = dev_f(ln_part_floats(C));
+    uint64_t* d_keys;
+    CUDA_CHECK(cudaMalloc((void**)&d_keys, emb_keys_count(N) * sizeof(uint64_t)));
+    launch(embedding_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, (cudaStream_t)0, d_out, d_stats,
+           (const int*)d_tok, (const int*)d_ty, (const int*)d_lo, (const int*)d_hi, (const floatX*)d_wte,
+           (const floatX*)d_wpe, (const floatX*)d_wtt, (const floatX*)d_g, (const floatX*)d_b, N, N, C, 1e-5f);
+    launch_embedding_backward((cudaStream_t)0, d_grads, d_grads + (size_t)V * C, d_grads + (size_t)(V + N) * C, d_gbe,
+                              d_gbe + C, d_dxe, d_keys, d_carry, d_part, d_dout, d_stats, d_tok, d_ty, d_lo, d_hi,
+                              d_wte, d_wpe, d_wtt, d_g, N, N, C, V, N);
+    launch_layernorm_backward((cudaStream_t)0, d_dxl, d_gbl, d_gbl + C, d_part, d_dout, d_inp, d_stats, d_g, NULL, N,
+                              C);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    vf dxe = get_f(d_dxe, (size_t)N * C), dxl = get_x(d_dxl, (size_t)N * C);
+    for (float& v : dxe) v = hf(hx(v));
+    CHECK(same_bits(dxe, dxl),
+          "LayerNorm backward N=%d C=%d: embedding_layernorm_backward's dx (rounded to %s) has "
+          "the bits of layernorm_backward's at the same rows",
+          N, C, FLOATX_NAME);
+    CHECK(same_bits(get_f(d_gbe, 2 * C), get_f(d_gbl, 2 * C)),
+          "LayerNorm backward N=%d C=%d: the two kernels' dgamma, dbeta have the same bits", N, C);
+    for (void* q :
+         {(void*)d_wte, (void*)d_g,   (void*)d_b,   (void*)d_dout,  (void*)d_wpe,   (void*)d_wtt,  (void*)d_out,
+          (void*)d_inp, (void*)d_dxl, (void*)d_tok, (void*)d_ty,    (void*)d_lo,    (void*)d_hi,   (void*)d_stats,
+          (void*)d_dxe, (void*)d_gbe, (void*)d_gbl, (void*)d_grads, (void*)d_carry, (void*)d_part, (void*)d_keys})
+        cudaFree(q);
+}
+
 static void test_gelu_gather(void) {
     size_t n = 8 * 37;
     vf x, d;
@@ -482,6 +528,8 @@ int main(void) {
     test_embedding(264);   // 33 chunks: two warps per row, the second nearly empty
     test_layernorms(37, 40);
     test_layernorms(5, 264);
+    test_ln_backward_agree(37, 40);  // 5 chunks per row, fewer than a warp
+    test_ln_backward_agree(9, 264);  // two warps per row
     test_gelu_gather();
     test_cross_entropy();
     test_argmax_hits();
