@@ -32,7 +32,8 @@
 //       the compression (memory-bound: SCALING_ONEBIT_BYTES_PER_PARAM of device memory per parameter), then
 //       one all-to-all and one all-gather of the compressed momentum, each of P messages of C/8 bytes of signs
 //       + 4 bytes of scale per group of 256 (C = n/P rounded up to 256: compress.h's onebit_msg_bytes):
-//       nothing overlapped.
+//       nothing overlapped; with --comm-refresh K (default 40) one step in K is an fp32 step instead, so the
+//       time, the communication and the bytes after the warm-up are (K-1)/K onebit's + 1/K fp32's.
 //     every mode: the step's host sync, one all-reduce of a few floats (latency only).
 //   exposed = the communication still running when the last backward ends + what runs after it
 //   step = compute + exposed; efficiency = compute / step (time per sample on 1 GPU / per GPU on P).
@@ -119,6 +120,7 @@ typedef struct {
     int n_events;            // bert_grad_ready_count
     double event_frac[SCALING_MAX_EVENTS];  // the share of the backward done when event k is recorded
     double warmup_share;                    // onebit: the share of the steps at fp32
+    int refresh;                            // onebit: every refresh-th step after the warm-up is fp32 (0: none)
 } ScalingWork;
 
 typedef struct {
@@ -229,6 +231,13 @@ static inline ScalingPrediction scaling_predict(const ScalingCluster* c, const S
     p.micro_s = w->micro_s_at_B > 0 ? w->micro_s_at_B * B / w->B
                                     : (double)B * w->T * w->flops_per_token / (w->peak_tflops * 1e12 * w->mfu);
     p.exposed_s = scaling_exposed(c, w, m, p.micro_s, &p);  // independent of accum: only the last one overlaps
+    if (m->compressed && w->refresh > 0) {  // --comm-refresh K: one step in K after the warm-up is fp32's
+        ScalingPrediction f;
+        double fx = scaling_exposed(c, w, &scaling_modes[SCALING_FP32], p.micro_s, &f), K = w->refresh;
+        p.exposed_s = ((K - 1) * p.exposed_s + fx) / K;
+        p.comm_s = ((K - 1) * p.comm_s + f.comm_s) / K;
+        p.bytes_sent = ((K - 1) * p.bytes_sent + f.bytes_sent) / K;
+    }
     if (accum <= 0) {
         double need = p.exposed_s * (1 - SCALING_EXPOSED_MAX) / (SCALING_EXPOSED_MAX * p.micro_s);
         accum = need <= 1 ? 1 : need >= SCALING_MAX_ACCUM ? SCALING_MAX_ACCUM : (int)ceil(need - 1e-9);

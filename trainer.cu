@@ -167,9 +167,9 @@ static const Flag flags[] = {
     {"--comm-warmup", "N", F_INT, AT(comm_warmup), 1, INT_MAX, NULL,
      "--comm onebit: steps of fp32 AdamW before compression (default 10% of --steps,\n"
      "at least 1; must be below --steps)"},
-    {"--comm-refresh", "K", F_INT, AT(comm_refresh), 1, INT_MAX, NULL,
+    {"--comm-refresh", "K", F_INT, AT(comm_refresh), 0, INT_MAX, NULL,
      "--comm onebit: every K steps after the warm-up one fp32 AdamW step updates the\n"
-     "frozen variance (default 0: never, as 1-bit Adam)"},
+     "frozen variance (default " STRINGIFY(ONEBIT_REFRESH_DEFAULT) "; 0: never, as 1-bit Adam)"},
     {"--bucket-mb", "X", F_FLOAT, AT(bucket_mb), 0.001, 1 << 20, "25",
      "gradients are reduced over GPUs in buckets of X MB (fp32), each as soon as the\n"
      "backward has made it, overlapping the rest of the backward"},
@@ -374,7 +374,7 @@ static void check_comm_options(const Options* o) {
             "1-bit LAMB is not implemented: use --comm fp32 or bf16 with lamb, or adamw with onebit";
     else if (o->comm_warmup && !o->onebit)
         why = "--comm-warmup: only with --comm onebit";
-    else if (o->comm_refresh && !o->onebit)
+    else if (o->comm_refresh >= 0 && !o->onebit)  // (-1: not given)
         why = "--comm-refresh: only with --comm onebit";
     else if (o->onebit && o->zero)
         why =
@@ -550,7 +550,7 @@ static Options parse_options(int argc, char** argv) {
     memset(&o, 0, sizeof o);
     for (int i = 0; i < N_FLAGS; i++)
         if (flags[i].def) read_flag(&o, &flags[i], flags[i].def);
-    o.warmup = -1, o.alpha_us = -1;  // defaults resolved later (from --steps; scaling.h's)
+    o.warmup = -1, o.alpha_us = -1, o.comm_refresh = -1;  // defaults resolved later (--steps; scaling.h; below)
     unsigned char given[N_FLAGS];
     memset(given, 0, sizeof given);
     for (int i = 1; i < argc; i++) {
@@ -581,6 +581,7 @@ static Options parse_options(int argc, char** argv) {
     o.optimizer = !strcmp(o.optimizer_name, "lamb") ? OPT_LAMB : OPT_ADAMW;
     if (!o.preset) o.preset = o.bench ? "bert-base,bert-large" : "bert-base";
     check_options(&o);
+    if (o.comm_refresh < 0) o.comm_refresh = o.onebit ? ONEBIT_REFRESH_DEFAULT : 0;
     return o;
 }
 
@@ -2628,6 +2629,7 @@ static ScalingWork scaling_work(const Options* o, const BertConfig* cfg, const P
     w.weight_bytes = sizeof(floatX);
     w.sync_bytes = 8 * sizeof(float);  // the step's host sync: a handful of floats (S_STEP_N)
     w.warmup_share = SCALING_ONEBIT_WARMUP_SHARE;
+    w.refresh = o->onebit ? o->comm_refresh : ONEBIT_REFRESH_DEFAULT;  // the onebit table: this run's, or the default
     BertParams params;
     bert_params_build(&params, cfg);
     w.params = (double)params.numel;
