@@ -16,7 +16,8 @@
 #   - one process: the compression still runs (its loss differs from fp32's after the warm-up), 0 bytes sent;
 #     an infinite gradient (MLM_TEST_INF_GRAD) skips the step and the run goes on; the memory plan counts the
 #     1-bit Adam buffers (what is allocated before step 1 equals the plan);
-#   - --comm-refresh 3 (2 ranks): steps 7, 10, 13, 16 are fp32 steps (over 16x the bytes of the others);
+#   - --comm-refresh 3 (2 ranks): steps 7, 10, 13, 16 are fp32 steps (over 16x the bytes of the others); stopped
+#     after step 8 and resumed, it ends with the uninterrupted run's checkpoint, byte for byte;
 #   - bad input: unknown --comm / --optimizer, onebit with --optimizer lamb, --comm-warmup >= --steps, --comm-warmup or
 #     --comm-refresh without onebit, --comm-refresh 0, onebit with --zero 1 or --bench: one line naming the
 #     flag, exit 1, nothing written.
@@ -127,6 +128,12 @@ for s in $(seq 5 16); do
 done
 check '[ -n "$low" ] && [ "$got" = "$want" ]' "--comm-refresh 3: fp32-sized steps '$got', want '$want' (step 5: $low bytes)"
 check 'counts_agree refresh 2' "--comm-refresh 3: the trainer's byte counts differ from the CPU NCCL's"
+# ... stopped after step 8 (between the refreshes of steps 7 and 10) and resumed: the lazy refresh's v and its
+# bias correction depend on the step alone, so the resumed run crosses steps 10, 13 and 16 as the uninterrupted one
+runn rpart 2 --comm onebit --comm-warmup 4 --comm-refresh 3 --grad-accum 2 --run-steps 8
+runn rpart 2 --comm onebit --comm-warmup 4 --comm-refresh 3 --grad-accum 2 --resume
+check 'grep -qE "^step +16/16" "$W/rpart.0.log" && cmp -s "$W/rpart/checkpoint.bin" "$W/refresh/checkpoint.bin"' \
+  "--comm-refresh 3 resumed at step 8 ended with another checkpoint than the uninterrupted run: $(tail -n 2 "$W/rpart.0.log")"
 
 # 5. bad input: one line naming the flag, exit 1, nothing written
 bad_input() {  # bad_input WHAT EXPECTED ARGS...
