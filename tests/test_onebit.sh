@@ -10,6 +10,8 @@
 #   - every rank's total ("comm: rank R sent B bytes in N NCCL calls") equals the CPU NCCL's own count
 #     (NCCL_EMU_STATS), in both modes;
 #   - every rank ends with the same weights (MLM_TEST_WEIGHTS_CRC);
+#   - --comm-refresh 1 (a lazy refresh every step is AdamW): every step's loss and the final
+#     weights (their CRC) equal fp32's;
 #   - --resume: a run stopped after 10 steps (--run-steps) and resumed on 4 ranks ends with a checkpoint
 #     identical to the uninterrupted one (the ranks' 1-bit Adam errors are in the checkpoint); resumed on 2
 #     ranks it says that the errors are for another number of ranks and finishes;
@@ -95,6 +97,15 @@ worst=$(for s in $(seq 5 16); do echo "$(loss_at $s "$W/fp32.0.log") $(loss_at $
   awk '{ d = ($2 - $1) / $1; if (d > w) { w = d; at = $3 } } END { printf "%.2f%% at step %d", 100 * w, at }')
 echo "after the warm-up onebit's loss is at most $worst above fp32's"
 echo "4 ranks, step 16: fp32 loss $(loss_at 16 "$W/fp32.0.log"), $(bytes_at 16 "$W/fp32.0.log") bytes; onebit loss $(loss_at 16 "$W/onebit.0.log"), $(bytes_at 16 "$W/onebit.0.log") bytes"
+
+# ... --comm-refresh 1: every step after the warm-up is a refresh whose v decays by b2^1 with bc2 = 1 - b2^t, which is
+# AdamW itself: every step's loss and the final weights are fp32's, bit for bit
+runn every 4 --comm onebit --comm-warmup 4 --comm-refresh 1
+same=1
+for s in $(seq 1 16); do [ -n "$(loss_at $s "$W/every.0.log")" ] && [ "$(loss_at $s "$W/every.0.log")" = "$(loss_at $s "$W/fp32.0.log")" ] || same=0; done
+wa=$(sed -n -E 's/^rank 0 weights: (.*)/\1/p' "$W/every.0.log") wb=$(sed -n -E 's/^rank 0 weights: (.*)/\1/p' "$W/fp32.0.log")
+check '[ $same = 1 ] && [ -n "$wa" ] && [ "$wa" = "$wb" ]' \
+  "--comm-refresh 1 (AdamW every step) differs from fp32: step 16 $(loss_at 16 "$W/every.0.log") vs $(loss_at 16 "$W/fp32.0.log"), weights '$wa' vs '$wb'"
 
 # 2. resume: stopped after step 10, resumed on 4 ranks: the uninterrupted run's checkpoint, byte for byte
 runn part 4 --comm onebit --comm-warmup 4 --run-steps 10
