@@ -202,16 +202,24 @@ static inline size_t onebit_server_elems(size_t numel, size_t chunk, int q) {
     return lo >= numel ? 0 : (numel - lo < chunk ? numel - lo : chunk);
 }
 
-// Variance refresh (--comm-refresh K, an option; 0/1 Adam's idea): step warmup + K, warmup + 2K, ... are fp32
-// AdamW steps (the averaged gradient; m and v updated), the others compressed. v has then been updated
-// onebit_v_updates(t) times by the end of step t, and its bias correction is 1 - b2^that.
+// Variance refresh (--comm-refresh K, an option; 0/1 Adam's idea): steps warmup + K, warmup + 2K, ... are fp32
+// AdamW steps (the averaged gradient g; m and v updated), the others compressed. A refresh is lazy: v, last
+// updated K steps before, is updated as if each of the K steps since had seen this step's g^2,
+//   v = b2^K v + (1 - b2^K) g^2          (onebit_refresh_decay: b2^K)
+// so that v keeps the horizon of AdamW's (1 / (1 - b2) steps) rather than of K updates, and its bias correction
+// is AdamW's at the step of v's last update t_v (onebit_v_step): bc2 = 1 - b2^t_v (if every step's g^2 has the
+// same mean s, E[v] = (1 - b2^t_v) s). The kept share b2^K bounds how far one noisy g^2 can shrink v: an
+// element's step grows at most 1 / sqrt(b2^K) (1.66x at K = 50, b2 = 0.98).
 static inline int onebit_is_refresh(const OneBit* ob, int t) {
     return ob->refresh > 0 && t > ob->warmup && (t - ob->warmup) % ob->refresh == 0;
 }
-static inline int onebit_v_updates(const OneBit* ob, int t) {
+// onebit_v_step: the step of v's last update by the end of step t (t itself during the warm-up).
+static inline int onebit_v_step(const OneBit* ob, int t) {
     if (t <= ob->warmup) return t;
-    return ob->warmup + (ob->refresh > 0 ? (t - ob->warmup) / ob->refresh : 0);
+    return ob->warmup + (ob->refresh > 0 ? (t - ob->warmup) / ob->refresh * ob->refresh : 0);
 }
+// onebit_refresh_decay: the share b2^K of v that a refresh keeps.
+static inline float onebit_refresh_decay(const OneBit* ob, float b2) { return powf(b2, (float)ob->refresh); }
 
 // onebit_layout: the sizes for a slab of numel elements on `world` ranks (no device memory yet).
 static inline void onebit_layout(OneBit* ob, size_t numel, int world, int rank, int warmup) {
@@ -284,7 +292,7 @@ static inline void onebit_step(OneBit* ob, Comm* c, cudaStream_t s, int m_step, 
                                const float* g, float* m, const float* v, size_t n_decay, const float* norm, float lr,
                                float b1, float b2, float eps, float wd, float max_norm) {
     size_t groups = (size_t)ob->world * ob->chunk / ONEBIT_GROUP, mb = ob->msg_bytes;
-    float bc1 = 1.f - powf(b1, (float)m_step), bc2 = 1.f - powf(b2, (float)onebit_v_updates(ob, m_step));
+    float bc1 = 1.f - powf(b1, (float)m_step), bc2 = 1.f - powf(b2, (float)onebit_v_step(ob, m_step));
     launch(onebit_worker, onebit_grid(groups), dim3(ONEBIT_THREADS), 0, s, ob->send, ob->worker_err, g, (const float*)m,
            ob->numel, ob->chunk, groups, b1, norm, max_norm, v, bc2, eps);
     onebit_exchange(ob, c, s);
@@ -297,6 +305,18 @@ static inline void onebit_step(OneBit* ob, Comm* c, cudaStream_t s, int m_step, 
     }
     launch(onebit_adam_update, onebit_grid((ob->numel + 255) / 256), dim3(256), 0, s, master, w, m, v,
            (const unsigned char*)ob->gathered, ob->numel, n_decay, ob->chunk, lr, eps, wd, bc1, bc2, (uint32_t)m_step);
+}
+
+// onebit_refresh_update: a refresh step (onebit_is_refresh(ob, m_step)) of the slab: adamw_update of the averaged
+// gradient g with v's decay b2^K (onebit_refresh_decay) and bc2 = 1 - b2^m_step (onebit_v_step), on stream s:
+//   m = b1 m + (1 - b1) g;  v = b2^K v + (1 - b2^K) g^2;  w -= lr (m / bc1 / (sqrt(v / bc2) + eps) + wd w)
+static inline void onebit_refresh_update(const OneBit* ob, cudaStream_t s, int m_step, float* master, floatX* w,
+                                         const float* g, float* m, float* v, size_t n_decay, const float* norm,
+                                         float lr, float b1, float b2, float eps, float wd, float max_norm) {
+    float bc1 = 1.f - powf(b1, (float)m_step), bc2 = 1.f - powf(b2, (float)onebit_v_step(ob, m_step));
+    launch(adamw_update, onebit_grid((ob->numel + 1023) / 1024), dim3(256), 0, s, master, w, g, m, v, ob->numel,
+           n_decay, lr, b1, onebit_refresh_decay(ob, b2), eps, wd, bc1, bc2, norm, max_norm, (uint32_t)m_step,
+           (size_t)0);
 }
 
 // ----------------------------------------------------------------------------

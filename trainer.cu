@@ -169,7 +169,9 @@ static const Flag flags[] = {
      "at least 1; must be below --steps)"},
     {"--comm-refresh", "K", F_INT, AT(comm_refresh), 0, INT_MAX, NULL,
      "--comm onebit: every K steps after the warm-up one fp32 AdamW step updates the\n"
-     "frozen variance (default " STRINGIFY(ONEBIT_REFRESH_DEFAULT) "; 0: never, as 1-bit Adam)"},
+     "frozen variance as if the K steps since had seen its g^2 (v = b2^K v + (1 - b2^K) g^2;\n"
+     "default " STRINGIFY(
+         ONEBIT_REFRESH_DEFAULT) "; 0: never, as 1-bit Adam; K >= 36 keeps 16x fewer bytes than fp32)"},
     {"--bucket-mb", "X", F_FLOAT, AT(bucket_mb), 0.001, 1 << 20, "25",
      "gradients are reduced over GPUs in buckets of X MB (fp32), each as soon as the\n"
      "backward has made it, overlapping the rest of the backward"},
@@ -1677,16 +1679,12 @@ static void zero_adamw_step(BertModel* m, const GradReduce* gr, const Options* o
     }
 }
 
-// onebit_refresh_step: an AdamW step of the averaged gradient (m, v updated) whose variance bias correction counts
-// only the steps that updated v (compress.h: onebit_v_updates).
+// onebit_refresh_step: an AdamW step of the averaged gradient (m, v updated) whose v update is lazy: v decays by
+// b2^K (the K steps since its last update) and bc2 = 1 - b2^t (compress.h: onebit_refresh_update).
 static void onebit_refresh_step(BertModel* m, const OneBit* ob, const Options* o, float lr) {
     m->step++;
-    float bc1 = 1.f - powf(o->beta1, (float)m->step), bc2 = 1.f - powf(o->beta2, (float)onebit_v_updates(ob, m->step));
-    size_t n = m->p.numel, blocks = (n + 1023) / 1024;
-    int grid = blocks < (size_t)launch_grid_cap() ? (int)blocks : launch_grid_cap();
-    launch(adamw_update, dim3(grid), dim3(256), 0, m->stream, m->master, m->w, (const float*)m->grad, m->adam_m,
-           m->adam_v, n, m->p.n_decay, lr, o->beta1, o->beta2, o->eps, o->wd, bc1, bc2, (const float*)m->norm, o->clip,
-           (uint32_t)m->step, (size_t)0);
+    onebit_refresh_update(ob, m->stream, m->step, m->master, m->w, m->grad, m->adam_m, m->adam_v, m->p.n_decay, m->norm,
+                          lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
 }
 
 // scratch (device floats, summed over ranks once per step): [0] loss sum, [1] masked count, [2] stop

@@ -9,6 +9,10 @@
 //     host) gives every element of the plain C pipeline
 //   - error feedback on one rank through onebit_step: after T steps the sum of the applied updates equals the
 //     sum of the inputs less the two final errors, and the errors stay bounded
+//   - --comm-refresh K: which steps refresh and the step of v's last update (onebit_is_refresh, onebit_v_step);
+//     one lazy refresh step (onebit_refresh_update, the kernel adamw_update with v's decay b2^K) against plain C
+//     that updates v K times with the step's g^2 (so v = b2^K v + (1 - b2^K) g^2) and corrects with 1 - b2^t,
+//     with clipping and weight decay; the floatX copy within one step of the master weight
 //   - the sizes: the message is chunk / 8 + 4 chunk / ONEBIT_GROUP bytes, >= 16x fewer than fp32's all-reduce
 #include "../kernels.cuh"
 #pragma GCC diagnostic ignored "-Wunused-function"  // comm.h's start-up functions, which this test does not call
@@ -296,9 +300,67 @@ static void test_error_feedback(void) {
     cudaFree(d_w), cudaFree(d_x), cudaFree(d_m), cudaFree(d_v), cudaFree(d_g), cudaFree(d_norm);
 }
 
+// --comm-refresh K (warm-up 5, K = 4): the schedule, and one lazy refresh step at t = 13 against plain C.
+static void test_refresh(void) {
+    OneBit ob;
+    onebit_layout(&ob, 1000, 1, 0, 5);
+    ob.refresh = 4;
+    const int steps[] = {3, 5, 6, 8, 9, 10, 12, 13, 16, 17}, want_v[] = {3, 5, 5, 5, 9, 9, 9, 13, 13, 17};
+    const int want_refresh[] = {0, 0, 0, 0, 1, 0, 0, 1, 0, 1};
+    int bad = 0;
+    for (int k = 0; k < 10; k++)
+        if (onebit_v_step(&ob, steps[k]) != want_v[k] || onebit_is_refresh(&ob, steps[k]) != want_refresh[k]) {
+            printf("  step %d: v_step %d (want %d), refresh %d (want %d)\n", steps[k], onebit_v_step(&ob, steps[k]),
+                   want_v[k], onebit_is_refresh(&ob, steps[k]), want_refresh[k]);
+            bad++;
+        }
+    CHECK(bad == 0, "refresh every 4 steps after a warm-up of 5: %d steps with the wrong schedule", bad);
+    ob.refresh = 0;
+    CHECK(onebit_v_step(&ob, 100) == 5 && !onebit_is_refresh(&ob, 9), "no refresh: v_step(100) = %d, want 5",
+          onebit_v_step(&ob, 100));
+    ob.refresh = 4;
+
+    const size_t n = 1000, n_decay = 600;
+    const int t = 13, K = 4;
+    const float lr = 0.01f, b1 = 0.9f, b2 = 0.9f, eps = 1e-8f, wd = 0.1f, max_norm = 1.f, norm = 2.f;  // clip 0.5
+    float *w = frand(n, 1.f), *g = frand(n, 1.f), *m = frand(n, 0.1f), *v = frand(n, 0.01f);
+    for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+    float *d_w = (float*)up(w, n * 4), *d_g = (float*)up(g, n * 4), *d_m = (float*)up(m, n * 4);
+    float *d_v = (float*)up(v, n * 4), *d_norm = (float*)up(&norm, 4);
+    floatX* d_x = (floatX*)dalloc(n * sizeof(floatX));
+    onebit_refresh_update(&ob, (cudaStream_t)0, t, d_w, d_x, d_g, d_m, d_v, n_decay, d_norm, lr, b1, b2, eps, wd,
+                          max_norm);
+    CUDA_OK(cudaDeviceSynchronize());
+    float *got_w = (float*)malloc(n * 4), *got_m = (float*)malloc(n * 4), *got_v = (float*)malloc(n * 4);
+    floatX* got_x = (floatX*)malloc(n * sizeof(floatX));
+    down(got_w, d_w, n * 4), down(got_m, d_m, n * 4), down(got_v, d_v, n * 4), down(got_x, d_x, n * sizeof(floatX));
+    float *want_w = (float*)malloc(n * 4), *want_m = (float*)malloc(n * 4), *want_vv = (float*)malloc(n * 4);
+    double bc1 = 1 - pow(b1, t), bc2 = 1 - pow(b2, t);
+    for (size_t i = 0; i < n; i++) {
+        double gi = 0.5 * g[i], mi = b1 * (double)m[i] + (1 - b1) * gi, vi = v[i];
+        for (int k = 0; k < K; k++) vi = b2 * vi + (1 - b2) * gi * gi;  // the K steps since v's last update
+        want_m[i] = (float)mi, want_vv[i] = (float)vi;
+        want_w[i] = (float)(w[i] - lr * (mi / bc1 / (sqrt(vi / bc2) + eps) + (i < n_decay ? wd * w[i] : 0.)));
+    }
+    check_close("lazy refresh: m = b1 m + (1 - b1) clip g", got_m, want_m, n, 1e-7f, 1e-5f);
+    check_close("lazy refresh: v = b2^K v + (1 - b2^K) (clip g)^2", got_v, want_vv, n, 1e-9f, 1e-5f);
+    check_close("lazy refresh: w -= lr (m / bc1 / (sqrt(v / bc2) + eps) + wd w), bc2 = 1 - b2^t", got_w, want_w, n,
+                1e-6f, 1e-5f);
+    int far = 0;
+    for (size_t i = 0; i < n; i++) {
+        float step = fabsf(got_w[i]) * (sizeof(floatX) == 2 ? 1.f / 128 : 1e-6f);
+        far += !(fabsf((float)got_x[i] - got_w[i]) <= step + 1e-30f);
+    }
+    CHECK(far == 0, "lazy refresh: %d floatX weights more than one step from the master weight", far);
+    free(w), free(g), free(m), free(v), free(got_w), free(got_m), free(got_v), free(got_x);
+    free(want_w), free(want_m), free(want_vv);
+    cudaFree(d_w), cudaFree(d_g), cudaFree(d_m), cudaFree(d_v), cudaFree(d_norm), cudaFree(d_x);
+}
+
 int main(void) {
     test_sizes();
     test_pipeline();
     test_error_feedback();
+    test_refresh();
     return test_summary();
 }

@@ -10,15 +10,18 @@
 #   - every rank's total ("comm: rank R sent B bytes in N NCCL calls") equals the CPU NCCL's own count
 #     (NCCL_EMU_STATS), in both modes;
 #   - every rank ends with the same weights (MLM_TEST_WEIGHTS_CRC);
+#   - --comm-refresh 1 (a lazy refresh every step is AdamW): every step's loss and the final
+#     weights (their CRC) equal fp32's;
 #   - --resume: a run stopped after 10 steps (--run-steps) and resumed on 4 ranks ends with a checkpoint
 #     identical to the uninterrupted one (the ranks' 1-bit Adam errors are in the checkpoint); resumed on 2
 #     ranks it says that the errors are for another number of ranks and finishes;
 #   - one process: the compression still runs (its loss differs from fp32's after the warm-up), 0 bytes sent;
 #     an infinite gradient (MLM_TEST_INF_GRAD) skips the step and the run goes on; the memory plan counts the
 #     1-bit Adam buffers (what is allocated before step 1 equals the plan);
-#   - --comm-refresh 3 (2 ranks): steps 7, 10, 13, 16 are fp32 steps (over 16x the bytes of the others);
+#   - --comm-refresh 3 (2 ranks): steps 7, 10, 13, 16 are fp32 steps (over 16x the bytes of the others); stopped
+#     after step 8 and resumed, it ends with the uninterrupted run's checkpoint, byte for byte;
 #   - bad input: unknown --comm / --optimizer, onebit with --optimizer lamb, --comm-warmup >= --steps, --comm-warmup or
-#     --comm-refresh without onebit, --comm-refresh 0, onebit with --zero 1 or --bench: one line naming the
+#     --comm-refresh without onebit, --comm-refresh -1, onebit with --zero 1 or --bench: one line naming the
 #     flag, exit 1, nothing written.
 # Run by tests/run.sh; needs tools/requirements.txt (python3 tools/prepare.py). About a minute on 2 cores.
 cd "$(dirname "$0")/.."
@@ -95,6 +98,15 @@ worst=$(for s in $(seq 5 16); do echo "$(loss_at $s "$W/fp32.0.log") $(loss_at $
 echo "after the warm-up onebit's loss is at most $worst above fp32's"
 echo "4 ranks, step 16: fp32 loss $(loss_at 16 "$W/fp32.0.log"), $(bytes_at 16 "$W/fp32.0.log") bytes; onebit loss $(loss_at 16 "$W/onebit.0.log"), $(bytes_at 16 "$W/onebit.0.log") bytes"
 
+# ... --comm-refresh 1: every step after the warm-up is a refresh whose v decays by b2^1 with bc2 = 1 - b2^t, which is
+# AdamW itself: every step's loss and the final weights are fp32's, bit for bit
+runn every 4 --comm onebit --comm-warmup 4 --comm-refresh 1
+same=1
+for s in $(seq 1 16); do [ -n "$(loss_at $s "$W/every.0.log")" ] && [ "$(loss_at $s "$W/every.0.log")" = "$(loss_at $s "$W/fp32.0.log")" ] || same=0; done
+wa=$(sed -n -E 's/^rank 0 weights: (.*)/\1/p' "$W/every.0.log") wb=$(sed -n -E 's/^rank 0 weights: (.*)/\1/p' "$W/fp32.0.log")
+check '[ $same = 1 ] && [ -n "$wa" ] && [ "$wa" = "$wb" ]' \
+  "--comm-refresh 1 (AdamW every step) differs from fp32: step 16 $(loss_at 16 "$W/every.0.log") vs $(loss_at 16 "$W/fp32.0.log"), weights '$wa' vs '$wb'"
+
 # 2. resume: stopped after step 10, resumed on 4 ranks: the uninterrupted run's checkpoint, byte for byte
 runn part 4 --comm onebit --comm-warmup 4 --run-steps 10
 cp -r "$W/part" "$W/part2"
@@ -127,6 +139,12 @@ for s in $(seq 5 16); do
 done
 check '[ -n "$low" ] && [ "$got" = "$want" ]' "--comm-refresh 3: fp32-sized steps '$got', want '$want' (step 5: $low bytes)"
 check 'counts_agree refresh 2' "--comm-refresh 3: the trainer's byte counts differ from the CPU NCCL's"
+# ... stopped after step 8 (between the refreshes of steps 7 and 10) and resumed: the lazy refresh's v and its
+# bias correction depend on the step alone, so the resumed run crosses steps 10, 13 and 16 as the uninterrupted one
+runn rpart 2 --comm onebit --comm-warmup 4 --comm-refresh 3 --grad-accum 2 --run-steps 8
+runn rpart 2 --comm onebit --comm-warmup 4 --comm-refresh 3 --grad-accum 2 --resume
+check 'grep -qE "^step +16/16" "$W/rpart.0.log" && cmp -s "$W/rpart/checkpoint.bin" "$W/refresh/checkpoint.bin"' \
+  "--comm-refresh 3 resumed at step 8 ended with another checkpoint than the uninterrupted run: $(tail -n 2 "$W/rpart.0.log")"
 
 # 5. bad input: one line naming the flag, exit 1, nothing written
 bad_input() {  # bad_input WHAT EXPECTED ARGS...
@@ -142,7 +160,7 @@ check 'bad_input "warm-up too long" "--comm-warmup 16" --comm onebit --comm-warm
 check 'bad_input "warm-up without onebit" "--comm-warmup: only with --comm onebit" --comm-warmup 3' "--comm-warmup alone"
 check 'bad_input "onebit with zero" "--comm onebit with --zero 1" --comm onebit --zero 1' "onebit with --zero 1"
 check 'bad_input "refresh without onebit" "--comm-refresh: only with --comm onebit" --comm-refresh 5' "--comm-refresh alone"
-check 'bad_input "refresh 0" "--comm-refresh 0: expected an integer" --comm onebit --comm-refresh 0' "--comm-refresh 0"
+check 'bad_input "refresh -1" "--comm-refresh -1: expected an integer in \[0," --comm onebit --comm-refresh -1' "--comm-refresh -1"
 out=$($TRAINER --bench --preset tiny --seq 32 --batch 4 --comm onebit 2>&1); rc=$?
 check '[ $rc = 1 ] && printf "%s" "$out" | grep -q "not with --bench"' "onebit with --bench: rc $rc: $out"
 

@@ -19,7 +19,8 @@
 #
 # Environment (defaults): TRAINER (./trainer_cpu), RANKS (4), SEQ (64), BATCH (8), STEPS (500), LR (2e-3),
 # WARMUP (STEPS / 20), LAMB_ACCUM (8), LAMB_LR (LR x 10: LAMB's step is lr x |w| per tensor), VAL_EVERY (STEPS / 5), MODES ("fp32 bf16 onebit lamb"),
-# OUT (runs/compare), FIG (docs/comm_curves.png), DATA_TOKENS (4000000), SEED (1337).
+# OUT (runs/compare), FIG (docs/comm_curves.png), DATA_TOKENS (4000000), SEED (1337), EXTRA (none: more trainer
+# flags for every run, split at spaces, e.g. EXTRA="--comm-refresh 50" MODES=onebit OUT=runs/r50).
 set -u
 cd "$(dirname "$0")/.."
 TRAINER=${TRAINER:-./trainer_cpu}
@@ -37,6 +38,7 @@ OUT=${OUT:-runs/compare}
 FIG=${FIG:-docs/comm_curves.png}
 DATA_TOKENS=${DATA_TOKENS:-4000000}
 SEED=${SEED:-1337}
+EXTRA=${EXTRA:-}
 PYTHON=${PYTHON:-python3}
 die() { echo "compare_comm.sh: $*" >&2; exit 1; }
 
@@ -76,7 +78,7 @@ run() {
   for ((r = 0; r < RANKS; r++)); do
     SLURM_NTASKS=$RANKS SLURM_PROCID=$r SLURM_LOCALID=0 NCCL_EMU_TIMEOUT_S=1200 \
       "$TRAINER" --data "$DATA/train_*.bin" --val "$DATA/val_*.bin" --out "$dir" --preset mini --seq "$SEQ" \
-      --batch "$BATCH" --steps "$steps" --val-every "$VAL_EVERY" --seed "$SEED" --nccl-timeout 1200 "$@" \
+      --batch "$BATCH" --steps "$steps" --val-every "$VAL_EVERY" --seed "$SEED" --nccl-timeout 1200 "$@" $EXTRA \
       >"$dir/rank$r.log" 2>&1 &
     pids+=($!)
   done
