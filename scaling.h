@@ -32,7 +32,7 @@
 //       the compression (memory-bound: SCALING_ONEBIT_BYTES_PER_PARAM of device memory per parameter), then
 //       one all-to-all and one all-gather of the compressed momentum, each of P messages of C/8 bytes of signs
 //       + 4 bytes of scale per group of 256 (C = n/P rounded up to 256: compress.h's onebit_msg_bytes):
-//       nothing overlapped; with --comm-refresh K (default 40) one step in K is an fp32 step instead, so the
+//       nothing overlapped; with --comm-refresh K (default 100) one step in K is an fp32 step instead, so the
 //       time, the communication and the bytes after the warm-up are (K-1)/K onebit's + 1/K fp32's.
 //     every mode: the step's host sync, one all-reduce of a few floats (latency only).
 //   exposed = the communication still running when the last backward ends + what runs after it
