@@ -203,9 +203,9 @@ static inline size_t onebit_server_elems(size_t numel, size_t chunk, int q) {
     return lo >= numel ? 0 : (numel - lo < chunk ? numel - lo : chunk);
 }
 
-// Variance refresh (--comm-refresh K, an option; 0/1 Adam's idea): steps warmup + K, warmup + 2K, ... are fp32
-// AdamW steps (the averaged gradient g; m and v updated), the others compressed. A refresh is lazy: v, last
-// updated K steps before, is updated as if each of the K steps since had seen this step's g^2,
+// Variance refresh (--comm-refresh K, default ONEBIT_REFRESH_DEFAULT; 0/1 Adam's idea): steps warmup + K, warmup + 2K,
+// ... are fp32 AdamW steps (the averaged gradient g; m and v updated), the others compressed. A refresh is lazy: v,
+// last updated K steps before, is updated as if each of the K steps since had seen this step's g^2,
 //   v = b2^K v + (1 - b2^K) g^2          (onebit_refresh_decay: b2^K)
 // so that v keeps the horizon of AdamW's (1 / (1 - b2) steps) rather than of K updates, and its bias correction
 // is AdamW's at the step of v's last update t_v (onebit_v_step): bc2 = 1 - b2^t_v (if every step's g^2 has the
