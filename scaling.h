@@ -221,6 +221,13 @@ static inline double scaling_exposed(const ScalingCluster* c, const ScalingWork*
     return exposed;
 }
 
+// scaling_micro_s: one micro-batch of B sequences (forward + backward): the measured one (--micro-ms, scaled
+// from the planner's B), else B x T x model FLOPs per token / (peak x MFU).
+static inline double scaling_micro_s(const ScalingWork* w, int B) {
+    return w->micro_s_at_B > 0 ? w->micro_s_at_B * B / w->B
+                               : (double)B * w->T * w->flops_per_token / (w->peak_tflops * 1e12 * w->mfu);
+}
+
 // scaling_predict: one step of mode m with `accum` micro-batches of B sequences per GPU (accum 0:
 // --grad-accum auto, the smallest accumulation with exposed <= 5% of the step, but at most
 // max_global / (GPUs x B), and at least 1).
@@ -228,8 +235,7 @@ static inline ScalingPrediction scaling_predict(const ScalingCluster* c, const S
                                                 int accum, int B, long long max_global) {
     ScalingPrediction p;
     p.gpus = c->nodes * c->gpus_per_node, p.B = B, p.capped = 0;
-    p.micro_s = w->micro_s_at_B > 0 ? w->micro_s_at_B * B / w->B
-                                    : (double)B * w->T * w->flops_per_token / (w->peak_tflops * 1e12 * w->mfu);
+    p.micro_s = scaling_micro_s(w, B);
     p.exposed_s = scaling_exposed(c, w, m, p.micro_s, &p);  // independent of accum: only the last one overlaps
     if (m->compressed && w->refresh > 0) {  // --comm-refresh K: one step in K after the warm-up is fp32's
         ScalingPrediction f;

@@ -2664,13 +2664,18 @@ static const ScalingModeDesc* scaling_mode_of(const Options* o) {
     return &scaling_modes[o->onebit ? SCALING_ONEBIT : o->grad_reduce_bf16 ? SCALING_BF16 : SCALING_FP32];
 }
 
+// job_nodes: the nodes this job runs on: --nodes, else Slurm's SLURM_NNODES, else 1.
+static int job_nodes(const Options* o) {
+    const char* env = getenv("SLURM_NNODES");
+    return o->nodes ? o->nodes : env && atoi(env) > 0 ? atoi(env) : 1;
+}
+
 // predict_scaling: --plan-only prints the scaling tables (scaling.h) for --nodes x --gpus-per-node, one per
 // communication mode; in a run, --grad-accum auto and --global-batch become the accumulation they imply for
 // this job's layout (SLURM_NNODES nodes, the ranks spread over them) on `device`. 0 (with the reason) when
 // that cannot be resolved.
 static int predict_scaling(Options* o, const BertConfig* cfg, const Plan* plan, const Comm* comm, const char* device) {
-    const char* env_nodes = getenv("SLURM_NNODES");
-    int nodes = o->nodes ? o->nodes : o->plan_only ? 1 : env_nodes && atoi(env_nodes) > 0 ? atoi(env_nodes) : 1;
+    int nodes = o->nodes || !o->plan_only ? job_nodes(o) : 1;
     int world = o->plan_only ? nodes * (o->gpus_per_node ? o->gpus_per_node : 1) : comm->world;
     if (o->global_batch && !o->plan_only) {  // the accumulation a global batch implies: world x accum x B
         long long per_step = (long long)world * plan->B;
@@ -3302,12 +3307,10 @@ static void onebit_setup(Run* r) {
 // loader_thread_cap: the most loader threads --loader-threads auto may start: this rank's share of the CPUs it
 // may run on (all of them, when Slurm binds it to its own; else the node's split over its ranks), less one
 // for the thread that drives the GPU when there are more than 2; at least 1.
-static int loader_thread_cap(const Comm* comm) {
+static int loader_thread_cap(const Options* o, const Comm* comm) {
     cpu_set_t set;
     int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
-    const char* env_nodes = getenv("SLURM_NNODES");
-    int nodes = env_nodes && atoi(env_nodes) > 0 ? atoi(env_nodes) : 1;
-    int per_node = (comm->world + nodes - 1) / nodes;
+    int nodes = job_nodes(o), per_node = (comm->world + nodes - 1) / nodes;
     if (cpus >= sysconf(_SC_NPROCESSORS_ONLN) && per_node > 1) cpus /= per_node;  // not bound: share the node
     int cap = cpus > 2 ? cpus - 1 : cpus;
     return cap < 1 ? 1 : cap > 256 ? 256 : cap;
@@ -3315,7 +3318,8 @@ static int loader_thread_cap(const Comm* comm) {
 
 // tune_loader: --loader-threads auto, the seed paper's third recommendation ("parallelize data loading, but
 // only just as much as necessary"): one loader thread fills the ring's first batches, timed (fill ms per
-// batch); the GPU takes a micro-batch every micro ms (B T FLOPs per token / (peak x MFU), or --micro-ms);
+// batch); the GPU takes a micro-batch every micro ms (scaling.h's: B T FLOPs per token / (peak x MFU), or
+// --micro-ms);
 // threads = ceil(1.5 fill / micro): enough to keep up with half again as much work, at least 1, at most
 // loader_thread_cap. Where the device's peak is unknown (the CPU runtime) the demand is not predicted: 2
 // threads, as before auto. Printed with the reason.
@@ -3325,9 +3329,9 @@ static void tune_loader(Run* r) {
     int cap = r->train.num_workers, B = r->plan.B;
     double fill_ms = dataloader_fill_ms(&r->train, 3);
     if (fill_ms < 0) return;  // a loader thread failed: the first dataloader_next says why
-    double peak = device_peak_tflops(device), mfu = o->mfu > 0 ? o->mfu : SCALING_MFU;
-    double flops = (double)B * o->T * bert_flops_per_token(&r->cfg, o->T, 0.15).model;
-    double micro_ms = o->micro_ms > 0 ? o->micro_ms : peak > 0 ? 1e3 * flops / (peak * 1e12 * mfu) : 0;
+    ScalingWork w = scaling_work(o, &r->cfg, &r->plan, r->comm.world, device);
+    double micro_ms = w.peak_tflops > 0 ? 1e3 * scaling_micro_s(&w, B) : 0;  // (--micro-ms needs no peak)
+    scaling_work_free(&w);
     int n = micro_ms > 0 ? (int)ceil(1.5 * fill_ms / micro_ms) : 2;
     n = n < 1 ? 1 : n > cap ? cap : n;
     dataloader_set_threads(&r->train, n);
@@ -3362,7 +3366,7 @@ static int allocate_run(Run* r) {
     dcfg.rank = r->comm.rank, dcfg.world = r->comm.world, dcfg.num_threads = o->loader_threads;
     dcfg.ring_slots = o->ring_slots, dcfg.seed = (uint64_t)o->seed, dcfg.vocab_size = r->cfg.vocab_size;
     dcfg.verbose = r->main_rank;
-    if (!o->loader_threads) dcfg.num_threads = 1, dcfg.max_threads = loader_thread_cap(&r->comm);  // auto
+    if (!o->loader_threads) dcfg.num_threads = 1, dcfg.max_threads = loader_thread_cap(o, &r->comm);  // auto
     if (dataloader_init(&r->train, &dcfg)) {
         fprintf(stderr, "trainer: %s\n", r->train.error);
         return 0;
