@@ -14,22 +14,28 @@
 // DeepSpeed's 1-bit Adam v2 masks them, mlm.c does not). Measured on the tiny model (1 rank, 5 warm-up steps,
 // 15 compressed, groups of 2048), the loss after step 20 was 4.647 compressing u and 4.693 compressing m
 // (fp32 AdamW 4.563; frozen v without compression 4.460).
-//   1. worker (every rank r, its accumulated gradient g_r, clipped): x = D (b1 m + (1 - b1) g_r) + e_r, where
-//      m is the averaged momentum of the last step (the same on every rank) and e_r this rank's worker error;
+// The slab is cut into parts (onebit_layout: the gradient buckets of comm.h, those final only at the backward's end
+// merged into one), and each part goes through steps 1 to 3 and the all-gather on the communication stream as soon
+// as the last micro-batch's backward has made its gradients, while the backward goes on (as the fp32 buckets do):
+//   1. worker (every rank r, its accumulated gradient g_r): x = D (b1 m + (1 - b1) c g_r) + e_r, where m is the
+//      averaged momentum of the last step (the same on every rank), e_r this rank's worker error and c the clip
+//      factor of the latest fp32 step (the step's own norm is not known until its whole backward is done);
 //      x is compressed (below) and e_r = x - decompress(compress(x)).
-//   2. all-to-all (ncclSend/ncclRecv in a group): the slab, padded to P chunks of `chunk` elements, is cut
+//   2. all-to-all (ncclSend/ncclRecv in a group): the part, padded to P chunks of `chunk` elements, is cut
 //      into P chunks; rank j receives every rank's compressed chunk j.
 //   3. server (rank j): y = (1/P) sum_q decompress(q's chunk j) + s_j (its server error), compressed again,
 //      s_j = y - decompress(compress(y)).
 //   4. all-gather of the P compressed chunks: every rank decompresses the same bits, u, so every rank holds
-//      the same averaged momentum m = u / D and applies w -= lr (u / bc1 + wd w).
+//      the same averaged momentum m = u / D and, after the step's host sync, applies w -= lr (u / bc1 + wd w).
+// The errors are written to second buffers and become current only when the step updates the weights, so a
+// step that is skipped (a non-finite loss or norm) or dropped (a stop) leaves the state as it was.
 // Compression of a group of n elements x: one bit per element, set when x >= 0, and the scale
 // s = |x|_1 / n; decompressed, x_i ~ (bit ? s : -s). (|x|_1 / n is the scale that minimizes the squared
 // error of s * sign(x).) Elements past the slab's end (the last chunk's padding) are 0 and not counted.
 // A compressed chunk of C elements (a message): C / 32 uint32 sign words (bit b of word w: element
 // 32 w + b), then C / ONEBIT_GROUP fp32 scales: C / 8 + 4 C / ONEBIT_GROUP bytes.
-// Bytes a rank sends per step: (P - 1) messages in the all-to-all and (P - 1) in the all-gather, about
-// 2 (P-1)/P (n/8 + 4 n / ONEBIT_GROUP) for n parameters, against fp32's ring all-reduce 2 (P-1)/P 4 n: 28.4x
+// Bytes a rank sends per step: (P - 1) messages of each part in the all-to-all and (P - 1) in the all-gather,
+// about 2 (P-1)/P (n/8 + 4 n / ONEBIT_GROUP) for n parameters, against fp32's ring all-reduce 2 (P-1)/P 4 n: 28.4x
 // fewer (ONEBIT_GROUP 2048 would give 31.5x; 256 lowered the tiny model's loss after step 20 from 4.647 to 4.631).
 // With P = 1 the same compression runs (the all-to-all and all-gather are copies), so its effect on the loss
 // shows on one GPU.
@@ -87,17 +93,22 @@ __device__ inline float onebit_sign(const uint32_t* words, float scale, int e) {
     return (words[e / 32] >> (e % 32)) & 1u ? scale : -scale;
 }
 
-// onebit_worker: step 1 for the slab's n elements, padded to `groups` groups (world chunks of `chunk`):
-//   x = (b1 m + (1 - b1) clip g) / (sqrt(v / bc2) + eps) + err,  clip = min(1, max_norm / norm[0]) (none when
-//   max_norm <= 0)
-//   msgs: the compressed x, chunk j at j * onebit_msg_bytes(chunk); err = x - decompressed (i < n).
+// onebit_at: the slab index of element j of a part whose elements are the slab's [lo, lo + n1) and then
+// [lo2, lo2 + (n - n1)) (every part but the last has one range: n1 = n).
+__host__ __device__ inline size_t onebit_at(size_t j, size_t lo, size_t n1, size_t lo2) {
+    return j < n1 ? lo + j : lo2 + (j - n1);
+}
+
+// onebit_worker: step 1 for a part's n elements (slab indices onebit_at(j, lo, n1, lo2)), padded to `groups`
+// groups (world chunks of `chunk`):
+//   x = (b1 m + (1 - b1) clip g) / (sqrt(v / bc2) + eps) + err_in
+//   msgs: the compressed x, chunk j at j * onebit_msg_bytes(chunk); err_out = x - decompressed (j < n).
+// err_in and err_out are two buffers (the step commits err_out only when it updates the weights).
 // Layout: one block of 256 threads per group (grid-stride over groups); thread t: elements k * 256 + t.
-__global__ void onebit_worker(unsigned char* msgs, float* err, const float* g, const float* m, size_t n, size_t chunk,
-                              size_t groups, float b1, const float* norm, float max_norm, const float* v, float bc2,
-                              float eps) {
+__global__ void onebit_worker(unsigned char* msgs, float* err_out, const float* err_in, const float* g, const float* m,
+                              const float* v, size_t lo, size_t n1, size_t lo2, size_t n, size_t chunk, size_t groups,
+                              float b1, float clip, float bc2, float eps) {
     __shared__ float red[ONEBIT_THREADS / 32];
-    float clip = 1.f;
-    if (max_norm > 0.f && norm[0] > max_norm) clip = max_norm / norm[0];
     size_t per_chunk = chunk / ONEBIT_GROUP, mb = onebit_msg_bytes(chunk);
     for (size_t G = blockIdx.x; G < groups; G += gridDim.x) {
         size_t base = G * ONEBIT_GROUP, j = G / per_chunk, gg = G % per_chunk;
@@ -106,24 +117,24 @@ __global__ void onebit_worker(unsigned char* msgs, float* err, const float* g, c
         int n_valid = base >= n ? 0 : (n - base < ONEBIT_GROUP ? (int)(n - base) : ONEBIT_GROUP);
         float x[ONEBIT_PER_THREAD], q[ONEBIT_PER_THREAD];
         for (int k = 0; k < ONEBIT_PER_THREAD; k++) {
-            size_t i = base + k * ONEBIT_THREADS + threadIdx.x;
-            x[k] = i < n ? (b1 * m[i] + (1.f - b1) * clip * g[i]) / (sqrtf(v[i] / bc2) + eps) + err[i] : 0.f;
+            size_t e = base + k * ONEBIT_THREADS + threadIdx.x, i = onebit_at(e, lo, n1, lo2);
+            x[k] = e < n ? (b1 * m[i] + (1.f - b1) * clip * g[i]) / (sqrtf(v[i] / bc2) + eps) + err_in[i] : 0.f;
         }
         onebit_compress_group(x, n_valid, words, scale, red, q);
         for (int k = 0; k < ONEBIT_PER_THREAD; k++) {
-            size_t i = base + k * ONEBIT_THREADS + threadIdx.x;
-            if (i < n) err[i] = x[k] - q[k];
+            size_t e = base + k * ONEBIT_THREADS + threadIdx.x;
+            if (e < n) err_out[onebit_at(e, lo, n1, lo2)] = x[k] - q[k];
         }
     }
 }
 
-// onebit_server: step 3 on this rank's chunk (its elements start at slab index `first`): recv holds the
-// world ranks' messages for it, rank q's at q * onebit_msg_bytes(chunk);
-//   y = (sum over q = 0 .. world-1, in that order, of q's decompressed value) / world + err
-// compressed into out (one message); err = y - decompressed (elements first + e < n only; past the slab's
+// onebit_server: step 3 on this rank's chunk of a part of n elements (the chunk's elements start at the part's
+// element `first`): recv holds the world ranks' messages for it, rank q's at q * onebit_msg_bytes(chunk);
+//   y = (sum over q = 0 .. world-1, in that order, of q's decompressed value) / world + err_in
+// compressed into out (one message); err_out = y - decompressed (elements first + e < n only; past the part's
 // end y = 0). Layout: one block of 256 threads per group of the chunk (grid-stride); thread t: k * 256 + t.
-__global__ void onebit_server(unsigned char* out, float* err, const unsigned char* recv, int world, size_t chunk,
-                              size_t first, size_t n) {
+__global__ void onebit_server(unsigned char* out, float* err_out, const float* err_in, const unsigned char* recv,
+                              int world, size_t chunk, size_t first, size_t n) {
     __shared__ float red[ONEBIT_THREADS / 32];
     size_t per_chunk = chunk / ONEBIT_GROUP, mb = onebit_msg_bytes(chunk);
     for (size_t G = blockIdx.x; G < per_chunk; G += gridDim.x) {
@@ -139,30 +150,30 @@ __global__ void onebit_server(unsigned char* out, float* err, const unsigned cha
         }
         for (int k = 0; k < ONEBIT_PER_THREAD; k++) {
             int e = k * ONEBIT_THREADS + threadIdx.x;
-            y[k] = e < n_valid ? y[k] / (float)world + err[G * ONEBIT_GROUP + e] : 0.f;
+            y[k] = e < n_valid ? y[k] / (float)world + err_in[G * ONEBIT_GROUP + e] : 0.f;
         }
         onebit_compress_group(y, n_valid, (uint32_t*)out + G * (ONEBIT_GROUP / 32), (float*)(out + chunk / 8) + G, red,
                               q);
         for (int k = 0; k < ONEBIT_PER_THREAD; k++) {
             int e = k * ONEBIT_THREADS + threadIdx.x;
-            if (e < n_valid) err[G * ONEBIT_GROUP + e] = y[k] - q[k];
+            if (e < n_valid) err_out[G * ONEBIT_GROUP + e] = y[k] - q[k];
         }
     }
 }
 
-// onebit_adam_update: step 4 for the slab's n elements: u = the decompressed average (all: the world
-// messages, chunk j at j * onebit_msg_bytes(chunk)), then with the frozen v
-//   w -= lr * (u / bc1 + wd * w)   (weight decay on the first n_decay elements);  m = u * (sqrt(v / bc2) + eps)
+// onebit_adam_update: step 4 for a part's n elements (slab indices onebit_at(j, lo, n1, lo2)): u = the
+// decompressed average (all: the world messages, chunk c at c * onebit_msg_bytes(chunk)), then with the frozen v
+//   w -= lr * (u / bc1 + wd * w)   (weight decay on the slab's first n_decay elements);  m = u * (sqrt(v / bc2) + eps)
 // and the floatX copy of w refreshed with stochastic rounding, hashed as adamw_update hashes (slab index,
 // step). Layout: one thread per element, grid-stride.
 __global__ void onebit_adam_update(float* master, floatX* params, float* m, const float* v, const unsigned char* all,
-                                   size_t n, size_t n_decay, size_t chunk, float lr, float eps, float wd, float bc1,
-                                   float bc2, uint32_t seed) {
+                                   size_t lo, size_t n1, size_t lo2, size_t n, size_t n_decay, size_t chunk, float lr,
+                                   float eps, float wd, float bc1, float bc2, uint32_t seed) {
     size_t mb = onebit_msg_bytes(chunk);
     uint32_t hs = hash_u32(seed);
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        size_t j = i / chunk, e = i % chunk;
-        const unsigned char* msg = all + j * mb;
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
+        size_t c = j / chunk, e = j % chunk, i = onebit_at(j, lo, n1, lo2);
+        const unsigned char* msg = all + c * mb;
         float ui = onebit_sign((const uint32_t*)msg, ((const float*)(msg + chunk / 8))[e / ONEBIT_GROUP], (int)e);
         float w = master[i];
         w -= lr * (ui / bc1 + (i < n_decay ? wd * w : 0.f));
@@ -175,19 +186,36 @@ __global__ void onebit_adam_update(float* master, floatX* params, float* m, cons
 // ----------------------------------------------------------------------------
 // The host side: buffers, and one step.
 
+// A part: a range of the slab compressed and exchanged on its own, as soon as the backward has made it final
+// (onebit_layout). Its elements j = 0 .. n-1 are the slab's [lo, lo + n1) and then [lo2, lo2 + n - n1).
+typedef struct {
+    size_t lo, n1, lo2, n;
+    size_t chunk;       // elements per rank's chunk of the part: world * chunk >= n, a multiple of ONEBIT_GROUP
+    size_t msg_bytes;   // bytes of one compressed chunk
+    size_t msg_off;     // where the part's world messages start in send, recv and gathered
+    size_t server_off;  // where this rank's server error for its chunk of the part starts in server_err
+    int event;          // the backward event (GradReduce.ready) after which the part's gradients are final
+} OneBitPart;
+
 typedef struct OneBit {
     int refresh;  // --comm-refresh: every `refresh` steps after the warm-up an fp32 AdamW step updates v (0: never)
     int warmup;   // --comm-warmup: steps of AdamW with fp32 all-reduce; v is frozen after step `warmup`
     int world, rank;
-    size_t numel;      // the slab's elements
-    size_t chunk;      // elements per rank's chunk: world * chunk >= numel, a multiple of ONEBIT_GROUP
-    size_t msg_bytes;  // bytes of one compressed chunk
-    // the device side (onebit_alloc)
-    float* worker_err;        // (numel) this rank's worker error e_r
-    float* server_err;        // (chunk) this rank's server error s_j, for its chunk j = rank
-    unsigned char* send;      // (world * msg_bytes) this rank's compressed x, chunk j for rank j
-    unsigned char* recv;      // (world * msg_bytes) every rank's compressed chunk `rank`
-    unsigned char* gathered;  // (world * msg_bytes) the compressed averaged momentum, chunk j from rank j
+    size_t numel;         // the slab's elements
+    int n_parts;          // parts, in launch order
+    OneBitPart* part;     // (n_parts)
+    size_t msg_total;     // bytes of world messages of every part (the size of send, recv and gathered)
+    size_t server_total;  // elements of this rank's server errors (its chunk of every part)
+    float clip;           // the gradient scale of compressed steps: the clip factor of the latest fp32 step
+    // the device side (onebit_alloc). The errors are double buffered: a step reads err[cur] and writes
+    // err[1 - cur], and onebit_update (a step that updates the weights) makes those current.
+    int cur;
+    size_t err_elems;         // elements of each worker error buffer: max(numel, server_total) (onebit_fetch_servers)
+    float* worker_err[2];     // (numel) this rank's worker error e_r, by slab index
+    float* server_err[2];     // (server_total) this rank's server error s_j for its chunk j = rank of every part
+    unsigned char* send;      // (msg_total) this rank's compressed x, part p's chunk j for rank j
+    unsigned char* recv;      // (msg_total) every rank's compressed chunk `rank` of every part
+    unsigned char* gathered;  // (msg_total) the compressed averaged momentum, part p's chunk j from rank j
 } OneBit;
 
 // onebit_chunk: elements per rank's chunk for a slab of numel elements on `world` ranks: world * chunk >= numel,
@@ -197,7 +225,8 @@ static inline size_t onebit_chunk(size_t numel, int world) {
     size_t chunk = (per + ONEBIT_GROUP - 1) / ONEBIT_GROUP * ONEBIT_GROUP;
     return chunk ? chunk : ONEBIT_GROUP;
 }
-// onebit_server_elems: elements of rank q's chunk that lie inside the slab (the rest of its server error is 0).
+// onebit_server_elems: elements of rank q's chunk that lie inside a part (or slab) of numel elements (the rest of its
+// server error is 0).
 static inline size_t onebit_server_elems(size_t numel, size_t chunk, int q) {
     size_t lo = (size_t)q * chunk;
     return lo >= numel ? 0 : (numel - lo < chunk ? numel - lo : chunk);
@@ -222,46 +251,92 @@ static inline int onebit_v_step(const OneBit* ob, int t) {
 // onebit_refresh_decay: the share b2^K of v that a refresh keeps.
 static inline float onebit_refresh_decay(const OneBit* ob, float b2) { return powf(b2, (float)ob->refresh); }
 
-// onebit_layout: the sizes for a slab of numel elements on `world` ranks (no device memory yet).
-static inline void onebit_layout(OneBit* ob, size_t numel, int world, int rank, int warmup) {
+// onebit_tail_event: the first backward event (of n_events: comm.h's) whose buckets go into the last part: layer
+// 0's (bert_grad_ready_lo: after it only the embedding backward runs, a gather with no matmul) and the last.
+static inline int onebit_tail_event(int n_events) { return n_events > 2 ? n_events - 2 : n_events - 1; }
+
+// onebit_layout: the parts of the slab of g's gradient buckets (comm.h: grad_reduce_layout) on g->comm's world
+// ranks, and their sizes (no device memory yet). Every bucket final before layer 0's backward ends is a part of
+// its own, exchanged while the backward goes on; the buckets final after it (layer 0's, the vector region
+// [v, numel) and the embeddings: two ranges, [v, numel) and [0, h)) are one part, exchanged after the backward's
+// last event, so that what the backward cannot hide pays one latency. Exits with a message if they are not two
+// ranges.
+static inline void onebit_layout(OneBit* ob, const GradReduce* g, int rank, int warmup) {
     memset(ob, 0, sizeof *ob);
-    ob->warmup = warmup, ob->world = world, ob->rank = rank, ob->numel = numel;
-    ob->chunk = onebit_chunk(numel, world);
-    ob->msg_bytes = onebit_msg_bytes(ob->chunk);
+    ob->warmup = warmup, ob->world = g->comm->world, ob->rank = rank, ob->numel = g->numel, ob->clip = 1.f;
+    ob->part = (OneBitPart*)calloc((size_t)g->n + 1, sizeof(OneBitPart));
+    if (!ob->part) {
+        fprintf(stderr, "compress: out of host memory for %d parts\n", g->n + 1);
+        exit(1);
+    }
+    int last = onebit_tail_event(g->n_events), ranges = 0;
+    size_t lo[2] = {0, 0}, hi[2] = {0, 0};  // the last event's buckets as ranges, merged
+    for (int i = 0; i < g->n; i++) {
+        const GradBucket* b = &g->b[i];
+        if (b->event < last) {  // a part of its own
+            OneBitPart* p = &ob->part[ob->n_parts++];
+            p->lo = p->lo2 = b->lo, p->n1 = p->n = b->n, p->event = b->event;
+            continue;
+        }
+        int r = 0;
+        while (r < ranges && b->lo + b->n != lo[r] && b->lo != hi[r]) r++;
+        if (r == 2) {
+            fprintf(stderr, "compress: the gradients final at the backward's end are not two ranges of the slab\n");
+            exit(1);
+        }
+        if (r == ranges) lo[r] = hi[r] = b->lo, ranges++;
+        if (b->lo < lo[r]) lo[r] = b->lo;
+        if (b->lo + b->n > hi[r]) hi[r] = b->lo + b->n;
+    }
+    if (ranges) {
+        OneBitPart* p = &ob->part[ob->n_parts++];
+        p->lo = lo[0], p->n1 = hi[0] - lo[0], p->lo2 = ranges > 1 ? lo[1] : hi[0];
+        p->n = p->n1 + (ranges > 1 ? hi[1] - lo[1] : 0), p->event = g->n_events - 1;
+    }
+    for (int i = 0; i < ob->n_parts; i++) {
+        OneBitPart* p = &ob->part[i];
+        p->chunk = onebit_chunk(p->n, ob->world);
+        p->msg_bytes = onebit_msg_bytes(p->chunk);
+        p->msg_off = ob->msg_total, p->server_off = ob->server_total;
+        ob->msg_total += (size_t)ob->world * p->msg_bytes;
+        ob->server_total += p->chunk;
+    }
+    ob->err_elems = ob->numel > ob->server_total ? ob->numel : ob->server_total;
 }
 
 // onebit_device_bytes: what onebit_alloc allocates (for the memory plan).
 static inline size_t onebit_device_bytes(const OneBit* ob) {
-    return (ob->numel + ob->chunk) * sizeof(float) + 3 * (size_t)ob->world * ob->msg_bytes;
+    return 2 * (ob->err_elems + ob->server_total) * sizeof(float) + 3 * ob->msg_total;
 }
 
-// onebit_step_bytes: bytes this rank sends in one compressed step (the all-to-all and the all-gather).
+// onebit_step_bytes: bytes this rank sends in one compressed step (every part's all-to-all and all-gather).
 static inline uint64_t onebit_step_bytes(const OneBit* ob) {
-    return ob->world > 1 ? 2 * (uint64_t)(ob->world - 1) * ob->msg_bytes : 0;
+    uint64_t b = 0;
+    for (int i = 0; ob->world > 1 && i < ob->n_parts; i++) b += 2 * (uint64_t)(ob->world - 1) * ob->part[i].msg_bytes;
+    return b;
 }
 
 static inline void onebit_alloc(OneBit* ob) {
-    size_t mbs = (size_t)ob->world * ob->msg_bytes;
-    CUDA_CHECK(cudaMalloc((void**)&ob->worker_err, ob->numel * sizeof(float)));
-    CUDA_CHECK(cudaMalloc((void**)&ob->server_err, ob->chunk * sizeof(float)));
-    CUDA_CHECK(cudaMalloc((void**)&ob->send, mbs));
-    CUDA_CHECK(cudaMalloc((void**)&ob->recv, mbs));
-    CUDA_CHECK(cudaMalloc((void**)&ob->gathered, mbs));
-    CUDA_CHECK(cudaMemset(ob->worker_err, 0, ob->numel * sizeof(float)));
-    CUDA_CHECK(cudaMemset(ob->server_err, 0, ob->chunk * sizeof(float)));
-    CUDA_CHECK(cudaMemset(ob->send, 0, mbs));
-    CUDA_CHECK(cudaMemset(ob->recv, 0, mbs));
-    CUDA_CHECK(cudaMemset(ob->gathered, 0, mbs));
+    for (int k = 0; k < 2; k++) {
+        CUDA_CHECK(cudaMalloc((void**)&ob->worker_err[k], ob->err_elems * sizeof(float)));
+        CUDA_CHECK(cudaMalloc((void**)&ob->server_err[k], ob->server_total * sizeof(float)));
+        CUDA_CHECK(cudaMemset(ob->worker_err[k], 0, ob->err_elems * sizeof(float)));
+        CUDA_CHECK(cudaMemset(ob->server_err[k], 0, ob->server_total * sizeof(float)));
+    }
+    unsigned char** bufs[3] = {&ob->send, &ob->recv, &ob->gathered};
+    for (int k = 0; k < 3; k++) {
+        CUDA_CHECK(cudaMalloc((void**)bufs[k], ob->msg_total));
+        CUDA_CHECK(cudaMemset(*bufs[k], 0, ob->msg_total));
+    }
 }
 
 static inline void onebit_free(OneBit* ob) {
-    cudaFree(ob->worker_err);
-    cudaFree(ob->server_err);
+    for (int k = 0; k < 2; k++) cudaFree(ob->worker_err[k]), cudaFree(ob->server_err[k]);
     cudaFree(ob->send);
     cudaFree(ob->recv);
     cudaFree(ob->gathered);
-    ob->worker_err = ob->server_err = NULL;
-    ob->send = ob->recv = ob->gathered = NULL;
+    free(ob->part);
+    memset(ob, 0, sizeof *ob);
 }
 
 static inline dim3 onebit_grid(size_t blocks) {
@@ -269,43 +344,82 @@ static inline dim3 onebit_grid(size_t blocks) {
     return dim3((unsigned)(blocks < 1 ? 1 : blocks > cap ? cap : blocks));
 }
 
-// onebit_exchange: the all-to-all of step 2 (send -> recv), in one group of sends and receives.
-static inline void onebit_exchange(OneBit* ob, Comm* c, cudaStream_t s) {
+// onebit_exchange: the all-to-all of step 2 for part p (its send -> recv), in one group of sends and receives.
+static inline void onebit_exchange(OneBit* ob, const OneBitPart* p, Comm* c, cudaStream_t s) {
+    unsigned char *send = ob->send + p->msg_off, *recv = ob->recv + p->msg_off;
+    size_t mb = p->msg_bytes;
     if (ob->world == 1) {
-        CUDA_CHECK(cudaMemcpyAsync(ob->recv, ob->send, ob->msg_bytes, cudaMemcpyDeviceToDevice, s));
+        CUDA_CHECK(cudaMemcpyAsync(recv, send, mb, cudaMemcpyDeviceToDevice, s));
         return;
     }
-    size_t mb = ob->msg_bytes;
     comm_check(c, ncclGroupStart(), "1-bit all-to-all (ncclGroupStart)");
     for (int q = 0; q < ob->world; q++) {
-        comm_check(c, ncclSend(ob->send + q * mb, mb, ncclUint8, q, c->nccl, s), "1-bit all-to-all (ncclSend)");
-        comm_check(c, ncclRecv(ob->recv + q * mb, mb, ncclUint8, q, c->nccl, s), "1-bit all-to-all (ncclRecv)");
+        comm_check(c, ncclSend(send + q * mb, mb, ncclUint8, q, c->nccl, s), "1-bit all-to-all (ncclSend)");
+        comm_check(c, ncclRecv(recv + q * mb, mb, ncclUint8, q, c->nccl, s), "1-bit all-to-all (ncclRecv)");
         comm_count(c, COMM_SEND, mb, q);
     }
     comm_check(c, ncclGroupEnd(), "1-bit all-to-all");
     c->calls++;
 }
 
-// onebit_step: one compressed 1-bit Adam step (steps 1 to 4 above) of the model's step m_step (counted
-// from 1, > warmup): g, m, v, master and w are the slab's gradient, AdamW moments, fp32 and floatX
-// weights; norm (device) the norm for clipping. All on stream s.
-static inline void onebit_step(OneBit* ob, Comm* c, cudaStream_t s, int m_step, float* master, floatX* w,
-                               const float* g, float* m, const float* v, size_t n_decay, const float* norm, float lr,
-                               float b1, float b2, float eps, float wd, float max_norm) {
-    size_t groups = (size_t)ob->world * ob->chunk / ONEBIT_GROUP, mb = ob->msg_bytes;
-    float bc1 = 1.f - powf(b1, (float)m_step), bc2 = 1.f - powf(b2, (float)onebit_v_step(ob, m_step));
-    launch(onebit_worker, onebit_grid(groups), dim3(ONEBIT_THREADS), 0, s, ob->send, ob->worker_err, g, (const float*)m,
-           ob->numel, ob->chunk, groups, b1, norm, max_norm, v, bc2, eps);
-    onebit_exchange(ob, c, s);
-    unsigned char* mine = ob->gathered + (size_t)ob->rank * mb;
-    launch(onebit_server, onebit_grid(ob->chunk / ONEBIT_GROUP), dim3(ONEBIT_THREADS), 0, s, mine, ob->server_err,
-           (const unsigned char*)ob->recv, ob->world, ob->chunk, (size_t)ob->rank * ob->chunk, ob->numel);
-    if (ob->world > 1) {
-        comm_check(c, ncclAllGather(mine, ob->gathered, mb, ncclUint8, c->nccl, s), "1-bit all-gather");
-        comm_count(c, COMM_ALLGATHER, mb, 0);
+// onebit_launch: steps 1 to 3 and the all-gather of a compressed step of the model's step m_step (counted from 1,
+// > warmup), part by part on g's communication stream, each after its backward event (as grad_reduce_launch
+// does for fp32: call it after the last micro-batch's backward was enqueued with BertModel.grad_ready =
+// g->ready); then onebit_wait before the weights are updated. g, m, v: the slab's gradient and AdamW moments;
+// ob->clip scales g. The errors written are not current until onebit_update.
+static inline void onebit_launch(OneBit* ob, GradReduce* g, int m_step, const float* grad, const float* m,
+                                 const float* v, float b1, float b2, float eps) {
+    Comm* c = g->comm;
+    cudaStream_t s = g->stream;
+    int in = ob->cur, out = 1 - ob->cur;
+    float bc2 = 1.f - powf(b2, (float)onebit_v_step(ob, m_step));
+    for (int i = 0; i < ob->n_parts; i++) {
+        const OneBitPart* p = &ob->part[i];
+        size_t groups = (size_t)ob->world * p->chunk / ONEBIT_GROUP;
+        unsigned char* mine = ob->gathered + p->msg_off + (size_t)ob->rank * p->msg_bytes;
+        CUDA_CHECK(cudaStreamWaitEvent(s, g->ready[p->event], 0));
+        launch(onebit_worker, onebit_grid(groups), dim3(ONEBIT_THREADS), 0, s, ob->send + p->msg_off,
+               ob->worker_err[out], (const float*)ob->worker_err[in], grad, m, v, p->lo, p->n1, p->lo2, p->n, p->chunk,
+               groups, b1, ob->clip, bc2, eps);
+        onebit_exchange(ob, p, c, s);
+        launch(onebit_server, onebit_grid(p->chunk / ONEBIT_GROUP), dim3(ONEBIT_THREADS), 0, s, mine,
+               ob->server_err[out] + p->server_off, (const float*)ob->server_err[in] + p->server_off,
+               (const unsigned char*)ob->recv + p->msg_off, ob->world, p->chunk, (size_t)ob->rank * p->chunk, p->n);
+        if (ob->world > 1) {
+            comm_check(c, ncclAllGather(mine, ob->gathered + p->msg_off, p->msg_bytes, ncclUint8, c->nccl, s),
+                       "1-bit all-gather");
+            comm_count(c, COMM_ALLGATHER, p->msg_bytes, 0);
+        }
     }
-    launch(onebit_adam_update, onebit_grid((ob->numel + 255) / 256), dim3(256), 0, s, master, w, m, v,
-           (const unsigned char*)ob->gathered, ob->numel, n_decay, ob->chunk, lr, eps, wd, bc1, bc2, (uint32_t)m_step);
+    CUDA_CHECK(cudaEventRecord(g->done, s));
+}
+
+// onebit_wait: the compute stream waits for the last part's all-gather (one rank too: its parts run on the
+// communication stream as well).
+static inline void onebit_wait(GradReduce* g, cudaStream_t compute) {
+    CUDA_CHECK(cudaStreamWaitEvent(compute, g->done, 0));
+}
+
+// onebit_update: step 4 of the step onebit_launch exchanged, on stream s: every part's decompressed average updates
+// master, w and m (onebit_adam_update), and the errors that step wrote become current.
+static inline void onebit_update(OneBit* ob, cudaStream_t s, int m_step, float* master, floatX* w, float* m,
+                                 const float* v, size_t n_decay, float lr, float b1, float b2, float eps, float wd) {
+    float bc1 = 1.f - powf(b1, (float)m_step), bc2 = 1.f - powf(b2, (float)onebit_v_step(ob, m_step));
+    for (int i = 0; i < ob->n_parts; i++) {
+        const OneBitPart* p = &ob->part[i];
+        launch(onebit_adam_update, onebit_grid((p->n + 255) / 256), dim3(256), 0, s, master, w, m, v,
+               (const unsigned char*)ob->gathered + p->msg_off, p->lo, p->n1, p->lo2, p->n, n_decay, p->chunk, lr, eps,
+               wd, bc1, bc2, (uint32_t)m_step);
+    }
+    ob->cur = 1 - ob->cur;
+}
+
+// onebit_clip_after: after an fp32 step whose averaged gradient had this norm, the scale of the compressed
+// steps' gradients until the next fp32 step: --clip's factor min(1, max_norm / norm) (1 when max_norm <= 0).
+// A compressed step exchanges each part while the backward still runs, before the step's norm is known, so it
+// clips with the factor of the latest fp32 step (the warm-up's last, or the latest --comm-refresh).
+static inline void onebit_clip_after(OneBit* ob, float norm, float max_norm) {
+    ob->clip = max_norm > 0.f && norm > max_norm ? max_norm / norm : 1.f;
 }
 
 // onebit_refresh_update: a refresh step (onebit_is_refresh(ob, m_step)) of the slab: adamw_update of the averaged
@@ -321,30 +435,69 @@ static inline void onebit_refresh_update(const OneBit* ob, cudaStream_t s, int m
 }
 
 // ----------------------------------------------------------------------------
-// Checkpoints. The compression state is each rank's worker error (numel) and server error (its chunk's
-// elements inside the slab: onebit_server_elems); the momentum m is the same on every rank and v is AdamW's,
-// both already in the checkpoint. The trainer appends, after the AdamW regions, rank 0's worker error, rank 1's,
-// ..., then rank 0's server error, rank 1's, ...: (world + 1) numel floats in all (onebit_ckpt_bytes). A run
+// Checkpoints. The compression state is each rank's worker error (numel) and server error (its chunk of every
+// part); the momentum m is the same on every rank and v is AdamW's, both already in the checkpoint; the clip
+// factor of the compressed steps is in the checkpoint's header. The trainer appends, after the AdamW regions,
+// rank 0's worker error, rank 1's, ..., then the server errors of all ranks by slab index (each element of the
+// slab is in exactly one rank's chunk of one part): (world + 1) numel floats in all (onebit_ckpt_bytes). A run
 // resumed on the same number of ranks continues with the very errors (byte-identical to an uninterrupted run).
 
 static inline uint64_t onebit_ckpt_bytes(size_t numel, int world) {
     return world > 0 ? ((uint64_t)world + 1) * numel * sizeof(float) : 0;
 }
 
-// onebit_fetch: rank q's worker error (server = 0) or server error (server = 1) into dst on every rank (an
-// ncclBroadcast from q; one rank: a copy); gives its number of elements. Synchronizes s.
-static inline size_t onebit_fetch(OneBit* ob, Comm* c, int q, int server, float* dst, cudaStream_t s) {
-    size_t n = server ? onebit_server_elems(ob->numel, ob->chunk, q) : ob->numel;
-    const float* src = server ? ob->server_err : ob->worker_err;
+// onebit_bcast: n floats of rank q's src into dst on every rank (ncclBroadcast; one rank: a copy), on stream s.
+static inline void onebit_bcast(OneBit* ob, Comm* c, int q, const float* src, float* dst, size_t n, cudaStream_t s) {
+    if (!n) return;
     if (ob->world == 1) {
-        if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s));
-        CUDA_CHECK(cudaStreamSynchronize(s));
-    } else {
-        if (n) {
-            comm_check(c, ncclBroadcast(src, dst, n, ncclFloat32, q, c->nccl, s), "checkpoint Broadcast (1-bit Adam)");
-            comm_count(c, COMM_BROADCAST, n * sizeof(float), q);
-        }
-        comm_wait(c, s, "checkpoint Broadcast (1-bit Adam)");
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s));
+        return;
     }
-    return n;
+    comm_check(c, ncclBroadcast(src, dst, n, ncclFloat32, q, c->nccl, s), "checkpoint Broadcast (1-bit Adam)");
+    comm_count(c, COMM_BROADCAST, n * sizeof(float), q);
+}
+
+// onebit_part_copy: elements [j0, j0 + n) of part p between an array by slab index and a compact array (element
+// j0 + e at compact[e]): to_slab 1 copies compact -> slab, 0 slab -> compact. On stream s.
+static inline void onebit_part_copy(const OneBitPart* p, float* slab, float* compact, size_t j0, size_t n, int to_slab,
+                                    cudaStream_t s) {
+    for (size_t e = 0; e < n;) {  // at most two runs: the part's two ranges
+        size_t j = j0 + e, run = j < p->n1 ? p->n1 - j : p->n - j;
+        if (run > n - e) run = n - e;
+        float *a = slab + onebit_at(j, p->lo, p->n1, p->lo2), *b = compact + e;
+        CUDA_CHECK(cudaMemcpyAsync(to_slab ? a : b, to_slab ? b : a, run * sizeof(float), cudaMemcpyDeviceToDevice, s));
+        e += run;
+    }
+}
+
+// onebit_fetch_worker: rank q's worker error (numel floats) into dst on every rank. Synchronizes s.
+static inline void onebit_fetch_worker(OneBit* ob, Comm* c, int q, float* dst, cudaStream_t s) {
+    onebit_bcast(ob, c, q, ob->worker_err[ob->cur], dst, ob->numel, s);
+    comm_wait(c, s, "checkpoint Broadcast (1-bit Adam)");
+}
+
+// onebit_fetch_servers: every rank's server errors by slab index into dst (numel floats) on every rank; the
+// unused worker error buffer holds each rank's in turn. Synchronizes s.
+static inline void onebit_fetch_servers(OneBit* ob, Comm* c, float* dst, cudaStream_t s) {
+    float* stage = ob->worker_err[1 - ob->cur];
+    for (int q = 0; q < ob->world; q++) {
+        onebit_bcast(ob, c, q, ob->server_err[ob->cur], stage, ob->server_total, s);
+        for (int i = 0; i < ob->n_parts; i++) {
+            const OneBitPart* p = &ob->part[i];
+            onebit_part_copy(p, dst, stage + p->server_off, (size_t)q * p->chunk,
+                             onebit_server_elems(p->n, p->chunk, q), 1, s);
+        }
+    }
+    comm_wait(c, s, "checkpoint Broadcast (1-bit Adam)");
+}
+
+// onebit_take_servers: this rank's server errors out of src, every rank's by slab index (numel floats).
+static inline void onebit_take_servers(OneBit* ob, float* src, cudaStream_t s) {
+    for (int i = 0; i < ob->n_parts; i++) {
+        const OneBitPart* p = &ob->part[i];
+        CUDA_CHECK(cudaMemsetAsync(ob->server_err[ob->cur] + p->server_off, 0, p->chunk * sizeof(float), s));
+        onebit_part_copy(p, src, ob->server_err[ob->cur] + p->server_off, (size_t)ob->rank * p->chunk,
+                         onebit_server_elems(p->n, p->chunk, ob->rank), 0, s);
+    }
+    CUDA_CHECK(cudaStreamSynchronize(s));
 }

@@ -28,12 +28,16 @@
 //       micro-batch (4 of a weight's 6 FLOPs), its events at the share of its FLOPs done (the head, then
 //       layer by layer). --zero 1: a reduce-scatter per bucket instead (same overlap), then after the
 //       optimizer an all-gather of the bf16 weights per bucket, never overlapped.
-//     onebit (1-bit Adam, after --comm-warmup steps at fp32): after the backward of the last micro-batch,
-//       the compression (memory-bound: SCALING_ONEBIT_BYTES_PER_PARAM of device memory per parameter), then
-//       one all-to-all and one all-gather of the compressed momentum, each of P messages of C/8 bytes of signs
-//       + 4 bytes of scale per group of 256 (C = n/P rounded up to 256: compress.h's onebit_msg_bytes):
-//       nothing overlapped; with --comm-refresh K (default 100) one step in K is an fp32 step instead, so the
-//       time, the communication and the bytes after the warm-up are (K-1)/K onebit's + 1/K fp32's.
+//     onebit (1-bit Adam, after --comm-warmup steps at fp32): compress.h's parts, one per gradient bucket final
+//       before the backward's last event, and one for all the buckets final at it (the embeddings and the vector
+//       region), on the communication stream in launch order, each from its backward event as the fp32 buckets:
+//       the compression (memory-bound: SCALING_ONEBIT_WORKER_BYTES of device memory per element), one all-to-all
+//       and one all-gather of P messages of C/8 bytes of signs + 4 bytes of scale per group of 256 (C = the
+//       part's n/P rounded up to 256: compress.h's onebit_msg_bytes); after the step's host sync the update
+//       (SCALING_ONEBIT_UPDATE_BYTES per parameter), never overlapped. With --comm-refresh K (default 100) one
+//       step in K is an fp32 step instead, so the time, the communication and the bytes after the warm-up are
+//       (K-1)/K onebit's + 1/K fp32's. (The compression shares the GPU with the backward; the model does not
+//       slow the backward for it: a memory-bound pass over the gradients, about 1% of a bert-base backward.)
 //     every mode: the step's host sync, one all-reduce of a few floats (latency only).
 //   exposed = the communication still running when the last backward ends + what runs after it
 //   step = compute + exposed; efficiency = compute / step (time per sample on 1 GPU / per GPU on P).
@@ -69,9 +73,11 @@
 #define SCALING_EXPOSED_MAX 0.05        // --grad-accum auto: exposed communication at most this share of a step
 #define SCALING_MAX_ACCUM (1 << 20)     // the largest --grad-accum
 #define SCALING_MAX_GLOBAL_BATCH 65536  // --max-global-batch default: sequences per step
-// onebit: the compression's device-memory traffic per parameter (read g, m, error; write m, error, the signs;
-// decompress and the server side: about 10 fp32 passes) at an H100 NVL's 3.9 TB/s (NVIDIA's datasheet)
-#define SCALING_ONEBIT_BYTES_PER_PARAM 40.0
+// onebit: device-memory traffic per element at an H100 NVL's 3.9 TB/s (NVIDIA's datasheet): the worker reads g,
+// m, v and the error and writes the new error (5 fp32; its signs and the server's 1/P are small); the update reads
+// v and the master weight and writes the master weight, m (fp32) and the bf16 weight
+#define SCALING_ONEBIT_WORKER_BYTES 20.0
+#define SCALING_ONEBIT_UPDATE_BYTES 18.0
 #define SCALING_HBM_GBS 3900.0
 #define SCALING_ONEBIT_WARMUP_SHARE 0.10  // --comm-warmup's default share of the steps run at fp32
 #define SCALING_ONEBIT_GROUP 256          // elements per fp32 scale (compress.h's ONEBIT_GROUP)
@@ -93,7 +99,7 @@ typedef struct {
     const char* name;
     double grad_bytes;   // bytes per gradient element in each bucket's collective (0: not per bucket)
     int overlapped;      // 1: the buckets are reduced while the last micro-batch's backward runs
-    int compressed;      // 1: 1-bit Adam: an all-to-all and an all-gather of n/8 bytes + 4 per chunk, after it
+    int compressed;      // 1: 1-bit Adam: per part an all-to-all and an all-gather of n/8 bytes + 4 per group
     int warmup_as_fp32;  // 1: the first --comm-warmup steps run as fp32
 } ScalingModeDesc;
 
@@ -101,7 +107,7 @@ enum { SCALING_FP32, SCALING_BF16, SCALING_ONEBIT, SCALING_NUM_MODES };
 static const ScalingModeDesc scaling_modes[SCALING_NUM_MODES] = {
     {"fp32", 4, 1, 0, 0},
     {"bf16", 2, 1, 0, 0},
-    {"onebit", 0, 0, 1, 1},
+    {"onebit", 0, 1, 1, 1},
 };
 
 typedef struct {
@@ -186,6 +192,10 @@ static inline double scaling_onebit_msg_bytes(double n, int P) {
     return C / 8 + 4 * C / SCALING_ONEBIT_GROUP;
 }
 
+// scaling_onebit_tail_event: the first backward event whose buckets are onebit's last part (compress.h's
+// onebit_tail_event): the last layer's (layer 0, after which only the embedding backward runs) and the last.
+static inline int scaling_onebit_tail_event(int n_events) { return n_events > 2 ? n_events - 2 : n_events - 1; }
+
 // scaling_exposed: the communication of one step in mode m that the backward does not hide (seconds),
 // with the step's collectives (their count, summed time, bytes sent by a rank) in *p. micro_s: one micro-batch.
 static inline double scaling_exposed(const ScalingCluster* c, const ScalingWork* w, const ScalingModeDesc* m,
@@ -197,11 +207,23 @@ static inline double scaling_exposed(const ScalingCluster* c, const ScalingWork*
     (t_ = scaling_coll_s(c, kind_, bytes_), p->comm_s += t_, p->collectives++, \
      p->bytes_sent += scaling_sent(kind_, bytes_, P), t_)  // the collective's time
     double t, exposed = 0;
+    double hbm = SCALING_HBM_GBS * 1e9;
     if (m->compressed) {
-        double bytes = P * scaling_onebit_msg_bytes(w->params, P);  // every rank's message
-        exposed += w->params * SCALING_ONEBIT_BYTES_PER_PARAM / (SCALING_HBM_GBS * 1e9);
-        exposed += SC_ADD(SCALING_ALLTOALL, bytes, t);
-        exposed += SC_ADD(SCALING_ALLGATHER, bytes, t);
+        // the parts on the communication stream, timed from the start of the last backward (i = n_buckets: the
+        // buckets of the last event, one part)
+        double bwd = SCALING_OVERLAP * micro_s, end = 0, tail = 0;
+        for (int i = 0; i <= w->n_buckets; i++) {
+            int at_end = i == w->n_buckets || w->bucket_event[i] >= scaling_onebit_tail_event(w->n_events);
+            if (at_end && i < w->n_buckets) tail += w->bucket_elems[i];
+            if (at_end && (i < w->n_buckets || tail == 0)) continue;
+            double n = at_end ? tail : w->bucket_elems[i],
+                   ready = at_end ? bwd : w->event_frac[w->bucket_event[i]] * bwd;
+            double bytes = P * scaling_onebit_msg_bytes(n, P);  // every rank's message
+            end = (ready > end ? ready : end) + n * SCALING_ONEBIT_WORKER_BYTES / hbm;
+            end += SC_ADD(SCALING_ALLTOALL, bytes, t);
+            end += SC_ADD(SCALING_ALLGATHER, bytes, t);
+        }
+        exposed = (end > bwd ? end - bwd : 0) + w->params * SCALING_ONEBIT_UPDATE_BYTES / hbm;
     } else {
         // the buckets on the communication stream, timed from the start of the last backward
         double bwd = SCALING_OVERLAP * micro_s, end = 0;
@@ -313,7 +335,7 @@ static inline void scaling_print(const ScalingCluster* c, const ScalingWork* w, 
     for (int mi = 0; mi < SCALING_NUM_MODES; mi++) {
         const ScalingModeDesc* m = &scaling_modes[mi];
         printf("\n--comm %s: %s\n", m->name,
-               m->compressed ? "1-bit Adam: all-to-all + all-gather of the signs after the backward, not overlapped"
+               m->compressed ? "1-bit Adam: all-to-all + all-gather of the signs per part during the last backward"
                : w->zero     ? "reduce-scatter per bucket during the last backward, weight all-gather after the step"
                              : "all-reduce per bucket during the last backward");
         printf(

@@ -657,8 +657,9 @@ static void grad_reduce_setup(GradReduce* gr, const BertConfig* cfg, Comm* comm,
                        o->grad_reduce_bf16);
     if (o->onebit) {  // the buffers of compress.h, for the plan
         OneBit ob;
-        onebit_layout(&ob, p.numel, comm->world, comm->rank, 1);
+        onebit_layout(&ob, gr, comm->rank, 1);
         gr->onebit_bytes = onebit_device_bytes(&ob);
+        free(ob.part);
     }
     free(ready_lo);
     bert_params_free(&p);
@@ -694,7 +695,9 @@ static Plan choose_batch(const BertConfig* c, int T, int loaders, const GradRedu
 // The CRC is computed while writing and checked before anything is loaded; then the header is checked
 // against the run (model, T, step within --steps; data.h checks the data position).
 #define CKPT_MAGIC "MLMCKPT3"
-#define CKPT_VERSION 3  // 3: the tokens trained on (for metrics.jsonl and the epoch fraction across resumes)
+#define CKPT_VERSION \
+    4  // 3: the tokens trained on (for metrics.jsonl and the epoch fraction across resumes);
+       // 4: --comm onebit's clip factor, its server errors by slab index
 #define CKPT_CHUNK ((size_t)16 << 20)  // bytes copied, checksummed and written at a time
 typedef struct {
     char magic[8];
@@ -705,7 +708,9 @@ typedef struct {
     int32_t onebit_world;        // --comm onebit: the ranks whose 1-bit Adam errors follow the AdamW state; else 0
     uint64_t numel, body_bytes;  // body: everything between the header and the CRC
     uint64_t tokens;             // real tokens trained on by all ranks up to this step
-    DataLoaderState data;        // (last: tests/test_checkpoints.sh finds it 64 bytes before the body)
+    float onebit_clip;           // --comm onebit: the clip factor of its compressed steps (compress.h); else 1
+    int32_t pad;
+    DataLoaderState data;  // (last: tests/test_checkpoints.sh finds it 64 bytes before the body)
 } CkptHeader;
 
 // What this run knows about DIR's checkpoints, for --keep and for the truth of its messages.
@@ -802,6 +807,7 @@ static int save_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, const 
     h.cfg = m->cfg, h.T = m->T, h.step = m->step, h.x_bytes = (int32_t)sizeof(floatX);
     h.numel = m->p.numel, h.body_bytes = ckpt_body_bytes(m), h.tokens = ck->tokens, h.data = *data;
     h.onebit_world = gr->onebit ? gr->onebit->world : 0;
+    h.onebit_clip = gr->onebit ? gr->onebit->clip : 1.f;
     h.body_bytes += onebit_ckpt_bytes(h.numel, h.onebit_world);
     unsigned char* buf = writer ? (unsigned char*)malloc(CKPT_CHUNK) : NULL;
     int fd = buf ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
@@ -825,17 +831,20 @@ static int save_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, const 
         // kill lands while the checkpoint is half written
         if (ok && r == 0 && getenv("MLM_TEST_CKPT_DELAY_MS")) usleep(1000 * atoi(getenv("MLM_TEST_CKPT_DELAY_MS")));
     }
-    if (gr->zero) bert_zero_grad(m);                    // the gradient buffer was the staging area
-    for (int part = 0; gr->onebit && part < 2; part++)  // every rank: the workers' errors, then the servers'
-        for (int q = 0; q < gr->onebit->world; q++) {
-            size_t n = onebit_fetch(gr->onebit, gr->comm, q, part, m->grad, m->stream) * sizeof(float);
-            for (size_t off = 0; ok && off < n; off += CKPT_CHUNK) {
-                size_t k = n - off < CKPT_CHUNK ? n - off : CKPT_CHUNK;
-                CUDA_CHECK(cudaMemcpy(buf, (const char*)m->grad + off, k, cudaMemcpyDeviceToHost));
-                crc = crc32_update(crc, buf, k);
-                if (!(ok = write_all(fd, buf, k))) why = errno;
-            }
+    if (gr->zero) bert_zero_grad(m);                              // the gradient buffer was the staging area
+    for (int q = 0; gr->onebit && q <= gr->onebit->world; q++) {  // every rank: the workers' errors, the servers'
+        if (q < gr->onebit->world)
+            onebit_fetch_worker(gr->onebit, gr->comm, q, m->grad, m->stream);
+        else
+            onebit_fetch_servers(gr->onebit, gr->comm, m->grad, m->stream);
+        size_t n = m->p.numel * sizeof(float);
+        for (size_t off = 0; ok && off < n; off += CKPT_CHUNK) {
+            size_t k = n - off < CKPT_CHUNK ? n - off : CKPT_CHUNK;
+            CUDA_CHECK(cudaMemcpy(buf, (const char*)m->grad + off, k, cudaMemcpyDeviceToHost));
+            crc = crc32_update(crc, buf, k);
+            if (!(ok = write_all(fd, buf, k))) why = errno;
         }
+    }
     if (gr->onebit) bert_zero_grad(m);
     if (!writer) return 1;
     uint32_t trailer[2] = {crc, 0};
@@ -989,26 +998,33 @@ static void ckpt_check_run(const char* path, const CkptHeader* h, const BertMode
 }
 
 // ckpt_load_onebit: the checkpoint's 1-bit Adam errors (h->onebit_world ranks' worth; read through for the CRC
-// in any case): this rank's into gr->onebit when it runs --comm onebit on that many ranks; else its errors stay
-// zero (rank 0 says why, when the checkpoint had errors or the run is past its warm-up). Gives 0 on a read error.
-static int ckpt_load_onebit(int fd, const GradReduce* gr, const CkptHeader* h, unsigned char* buf, uint32_t* crc) {
+// in any case): this rank's into gr->onebit when it runs --comm onebit on that many ranks (the servers' through
+// the gradient buffer, every rank's by slab index); else its errors stay zero (rank 0 says why, when the
+// checkpoint had errors or the run is past its warm-up). The clip factor is the checkpoint's in any case. Gives 0
+// on a read error.
+static int ckpt_load_onebit(int fd, BertModel* m, const GradReduce* gr, const CkptHeader* h, unsigned char* buf,
+                            uint32_t* crc) {
     OneBit* ob = gr->onebit;
     int W = h->onebit_world, use = ob && W == ob->world;
+    if (ob) ob->clip = h->onebit_clip;
     if (gr->comm->rank == 0 && ob && !use && (W || h->step > ob->warmup))
         printf("--resume: %s; 1-bit Adam starts from zero errors\n",
                W ? "the checkpoint's 1-bit Adam errors are for another number of ranks"
                  : "the checkpoint has no 1-bit Adam errors (written without --comm onebit)");
-    for (int part = 0; part < 2; part++)
-        for (int q = 0; q < W; q++) {
-            size_t n = part ? onebit_server_elems(h->numel, onebit_chunk(h->numel, W), q) : h->numel;
-            char* dst = use && q == gr->comm->rank ? (char*)(part ? ob->server_err : ob->worker_err) : NULL;
-            for (size_t off = 0; off < n * sizeof(float); off += CKPT_CHUNK) {
-                size_t k = n * sizeof(float) - off < CKPT_CHUNK ? n * sizeof(float) - off : CKPT_CHUNK;
-                if (!read_all(fd, buf, k)) return 0;
-                *crc = crc32_update(*crc, buf, k);
-                if (dst) CUDA_CHECK(cudaMemcpy(dst + off, buf, k, cudaMemcpyHostToDevice));
-            }
+    for (int q = 0; q <= W; q++) {  // the workers' errors, then the servers' (q = W)
+        size_t n = h->numel * sizeof(float);
+        char* dst = !use ? NULL : q == W ? (char*)m->grad : q == gr->comm->rank ? (char*)ob->worker_err[ob->cur] : NULL;
+        for (size_t off = 0; off < n; off += CKPT_CHUNK) {
+            size_t k = n - off < CKPT_CHUNK ? n - off : CKPT_CHUNK;
+            if (!read_all(fd, buf, k)) return 0;
+            *crc = crc32_update(*crc, buf, k);
+            if (dst) CUDA_CHECK(cudaMemcpy(dst + off, buf, k, cudaMemcpyHostToDevice));
         }
+    }
+    if (use) {
+        onebit_take_servers(ob, m->grad, m->stream);
+        bert_zero_grad(m);
+    }
     return 1;
 }
 
@@ -1032,7 +1048,7 @@ static void ckpt_load(const char* path, BertModel* m, const GradReduce* gr, Ckpt
         if (ok && ckpt_sharded(gr, r)) zero_scatter(gr, m->grad, (float*)dev[r], m->stream);
     }
     if (gr->zero) bert_zero_grad(m);
-    ok = ok && ckpt_load_onebit(fd, gr, h, buf, &crc);
+    ok = ok && ckpt_load_onebit(fd, m, gr, h, buf, &crc);
     ok = ok && read_all(fd, trailer, sizeof trailer) && trailer[0] == crc;
     free(buf);
     if (fd >= 0) close(fd);
@@ -1734,9 +1750,11 @@ static void onebit_local_sumsq(BertModel* m, float* acc) {
     launch(accumulate_sum, dim3(1), dim3(256), 0, m->stream, acc, (const float*)m->norm_partial, launch_grid_cap());
 }
 
-// Under --comm onebit (gr->onebit), after its warm-up a step reduces no gradient: the
-// norm (for the log, clipping and the non-finite check) is sqrt(mean over ranks of |g_r|^2), from the ranks'
-// local sums of squares in the step's one all-reduce, and onebit_step updates the weights (compress.h).
+// Under --comm onebit (gr->onebit), after its warm-up a step reduces no gradient: onebit_launch exchanges the
+// compressed momentum part by part while the last backward runs, as the fp32 buckets would be; the norm (for
+// the log and the non-finite check) is sqrt(mean over ranks of |g_r|^2), from the ranks' local sums of squares
+// in the step's one all-reduce, and onebit_update updates the weights (compress.h). The norm of an fp32 step
+// (the warm-up's, a --comm-refresh) sets the clip factor of the compressed steps after it (onebit_clip_after).
 static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, GradReduce* gr, float* scratch,
                              const Options* o, float lr, int want_ckpt) {
     StepResult r;
@@ -1784,7 +1802,10 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     // whose streams run as the GPU's do).
     bert_phase(m, PHASE_ALLREDUCE);
     if (test_hook_on(o->stall, m->step + 1)) stall_launch(comm, o, comm->world > 1 ? gr->stream : m->stream);
-    if (!compressed) {
+    if (compressed) {
+        onebit_launch(ob, gr, m->step + 1, m->grad, m->adam_m, m->adam_v, o->beta1, o->beta2, o->eps);
+        onebit_wait(gr, m->stream);
+    } else {
         grad_reduce_launch(gr, m->grad);
         grad_reduce_wait(gr, m->stream);
     }
@@ -1814,8 +1835,9 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     CUDA_CHECK(cudaMemcpyAsync(scratch + S_TOK_HI, tok, sizeof tok, cudaMemcpyHostToDevice, m->stream));
     all_ranks_sum(comm, scratch, S_STEP_N, h, m->stream, "step loss AllReduce (the step's host sync)");
     if (!gr->zero && !compressed) r.norm = *norm;  // pinned: complete after the sync
-    if (gr->zero || compressed) {
-        r.norm = sqrtf(compressed ? h[S_SUMSQ] / (float)comm->world : h[S_SUMSQ]);
+    if (compressed) r.norm = sqrtf(h[S_SUMSQ] / (float)comm->world);
+    if (gr->zero) {
+        r.norm = sqrtf(h[S_SUMSQ]);
         CUDA_CHECK(cudaMemcpyAsync(m->norm, &r.norm, sizeof r.norm, cudaMemcpyHostToDevice, m->stream));
     }
     r.loss = h[S_COUNT] > 0.f ? h[S_LOSS] / h[S_COUNT] : 0.f;
@@ -1826,8 +1848,8 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     if (r.skipped) {
         m->step++;
     } else if (compressed) {
-        onebit_step(ob, comm, m->stream, m->step + 1, m->master, m->w, m->grad, m->adam_m, m->adam_v, m->p.n_decay,
-                    m->norm, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
+        onebit_update(ob, m->stream, m->step + 1, m->master, m->w, m->adam_m, m->adam_v, m->p.n_decay, lr, o->beta1,
+                      o->beta2, o->eps, o->wd);
         m->step++;
     } else if (gr->zero) {
         zero_adamw_step(m, gr, o, lr);
@@ -1839,6 +1861,7 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     } else {
         bert_adamw_step(m, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
     }
+    if (ob && !compressed && !r.skipped) onebit_clip_after(ob, r.norm, o->clip);
     bert_zero_grad(m);
     bert_phase(m, PHASE_END);
     r.comm_bytes = comm->sent - sent0;
@@ -3291,7 +3314,7 @@ static int stage_shards(Run* r) {
 // onebit_setup: --comm onebit's errors and message buffers (compress.h), and what it will send.
 static void onebit_setup(Run* r) {
     OneBit* ob = &r->ob;
-    onebit_layout(ob, r->model.p.numel, r->comm.world, r->comm.rank, r->o.comm_warmup);
+    onebit_layout(ob, &r->gr, r->comm.rank, r->o.comm_warmup);
     ob->refresh = r->o.comm_refresh;
     onebit_alloc(ob);
     r->gr.onebit = ob;

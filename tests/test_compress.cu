@@ -1,14 +1,19 @@
 // test_compress.cu: the 1-bit Adam kernels of compress.h (--comm onebit) against plain C.
 //   - onebit_worker: x = (b1 m + (1 - b1) clip g) / (sqrt(v / bc2) + eps) + e, one sign bit per element and
-//     |x|_1 / n per group of ONEBIT_GROUP, the chunks of P ranks in their messages, the new worker error; the
-//     slab's end inside a group (padding not counted), clipping by the norm
+//     |x|_1 / n per group of ONEBIT_GROUP, the chunks of P ranks in their messages, the new worker error in the
+//     second buffer; the part's end inside a group (padding not counted), a part of two ranges of the slab (the
+//     elements outside it untouched), the clip factor
 //   - onebit_server: the average of P ranks' decompressed chunks plus the server error, compressed again
 //   - onebit_adam_update: the decompressed average as the step (frozen v), weight decay on n_decay elements,
 //     m = u (sqrt(v / bc2) + eps), the bf16 copy within one bf16 step of the master weight
 //   - the whole compressed all-reduce of 3 simulated ranks (workers, the all-to-all and all-gather done on the
 //     host) gives every element of the plain C pipeline
-//   - error feedback on one rank through onebit_step: after T steps the sum of the applied updates equals the
-//     sum of the inputs less the two final errors, and the errors stay bounded
+//   - the parts (onebit_layout): the buckets final before layer 0's event one part each, the rest one part of two
+//     ranges; together they cover the slab once
+//   - error feedback on one rank through onebit_launch and onebit_update (3 parts): after T steps the sum of the
+//     applied updates equals the sum of the inputs less the two final errors, and the errors stay bounded; a
+//     step exchanged but not updated (skipped) leaves the current errors as they were; the server errors by slab
+//     index (onebit_fetch_servers, the checkpoint's) go back into another OneBit (onebit_take_servers) unchanged
 //   - --comm-refresh K: which steps refresh and the step of v's last update (onebit_is_refresh, onebit_v_step);
 //     one lazy refresh step (onebit_refresh_update, the kernel adamw_update with v's decay b2^K) against plain C
 //     that updates v K times with the step's g^2 (so v = b2^K v + (1 - b2^K) g^2) and corrects with 1 - b2^t,
@@ -124,6 +129,28 @@ static int msgs_match(const char* what, const unsigned char* got, const unsigned
     return bad_bits == 0 && bad_scales == 0;
 }
 
+// The part of test_pipeline: elements j < PN1 at slab index PLO + j, the rest at PLO2 + (j - PN1), in a slab of
+// PSLAB elements; the arrays the kernels see are by slab index, the plain C ones by the part's index.
+#define PSLAB 2900
+#define PLO 400
+#define PN1 1200
+#define PLO2 1900
+static float* to_slab(const float* part, size_t n, float fill) {  // a slab array: part's values, fill elsewhere
+    float* a = (float*)malloc(PSLAB * 4);
+    for (size_t i = 0; i < PSLAB; i++) a[i] = fill;
+    for (size_t j = 0; j < n; j++) a[onebit_at(j, PLO, PN1, PLO2)] = part[j];
+    return a;
+}
+static float* from_slab(const float* d_slab, size_t n, int* outside, float fill) {  // the part's values; outside:
+    float* a = (float*)malloc(PSLAB * 4);                                           // += elements not fill there
+    float* part = (float*)malloc(n * 4);
+    down(a, d_slab, PSLAB * 4);
+    for (size_t j = 0; j < n; j++) part[j] = a[onebit_at(j, PLO, PN1, PLO2)], a[onebit_at(j, PLO, PN1, PLO2)] = fill;
+    for (size_t i = 0; outside && i < PSLAB; i++) *outside += a[i] != fill;
+    free(a);
+    return part;
+}
+
 static void test_sizes(void) {
     CHECK(onebit_chunk(1000, 4) == 256, "onebit_chunk(1000, 4) = %zu, want 256", onebit_chunk(1000, 4));
     CHECK(onebit_chunk(1025, 1) == 1280, "onebit_chunk(1025, 1) = %zu, want 1280", onebit_chunk(1025, 1));
@@ -132,13 +159,66 @@ static void test_sizes(void) {
           onebit_server_elems(1000, 256, 4));
     CHECK(onebit_msg_bytes(2048) == 2048 / 8 + 2048 / ONEBIT_GROUP * 4, "onebit_msg_bytes(2048) = %zu",
           onebit_msg_bytes(2048));
-    // bert-base's slab on 64 ranks: at least 16x fewer bytes than fp32's ring all-reduce (2 (P-1)/P 4 n)
+    // bert-base's slab on 64 ranks (its layout's events: the head, 12 layers, then the rest): at least 16x fewer
+    // bytes than fp32's ring all-reduce (2 (P-1)/P 4 n)
+    const size_t numel = 109514304, top = numel - 102144;
+    size_t ready_lo[13];
+    for (int k = 0; k < 13; k++) ready_lo[k] = top - 589824 - (size_t)k * 7077888;
+    Comm c;
+    memset(&c, 0, sizeof c);
+    c.world = 64;
+    GradReduce g;
+    grad_reduce_layout(&g, &c, numel, top, ready_lo, 14, 6553600, 0, 0);
     OneBit ob;
-    onebit_layout(&ob, 109514304, 64, 0, 10);
-    double fp32 = 2.0 * 63 / 64 * 4 * 109514304.0, one = (double)onebit_step_bytes(&ob);
+    onebit_layout(&ob, &g, 0, 10);
+    double fp32 = 2.0 * 63 / 64 * 4 * numel, one = (double)onebit_step_bytes(&ob);
     CHECK(fp32 / one >= 16, "bert-base on 64 ranks: %.0f bytes per step, fp32 %.0f: only %.1fx fewer", one, fp32,
           fp32 / one);
-    printf("bytes per step, bert-base on 64 ranks: onebit %.0f, fp32 %.0f (%.1fx fewer)\n", one, fp32, fp32 / one);
+    printf("bytes per step, bert-base on 64 ranks in %d parts: onebit %.0f, fp32 %.0f (%.1fx fewer)\n", ob.n_parts, one,
+           fp32, fp32 / one);
+    free(ob.part);
+    grad_reduce_free(&g);
+}
+
+// onebit_layout on a small slab: 5000 elements, the vector region from 4700, events at 4000, 2500, 1000 (layer 0's)
+// and the last; buckets of 600 elements on 3 ranks.
+static void test_parts(void) {
+    const size_t numel = 5000, ready_lo[3] = {4000, 2500, 1000};
+    Comm c;
+    memset(&c, 0, sizeof c);
+    c.world = 3;
+    GradReduce g;
+    grad_reduce_layout(&g, &c, numel, 4700, ready_lo, 4, 600, 0, 0);
+    OneBit ob;
+    onebit_layout(&ob, &g, 1, 5);
+    unsigned char* seen = (unsigned char*)calloc(numel, 1);
+    int bad = 0, tails = 0;
+    size_t msg = 0, server = 0;
+    for (int i = 0; i < ob.n_parts; i++) {
+        const OneBitPart* p = &ob.part[i];
+        for (size_t j = 0; j < p->n; j++) seen[onebit_at(j, p->lo, p->n1, p->lo2)]++;
+        tails += p->event == 3;
+        bad += (p->event == 3) != (i == ob.n_parts - 1);  // the last part, and only it, at the last event
+        bad += p->chunk != onebit_chunk(p->n, 3) || p->msg_off != msg || p->server_off != server;
+        msg += 3 * p->msg_bytes, server += p->chunk;
+    }
+    int once = 0;
+    for (size_t i = 0; i < numel; i++) once += seen[i] == 1;
+    const OneBitPart* t = &ob.part[ob.n_parts - 1];
+    CHECK(once == (int)numel, "the parts cover %d of the slab's %zu elements exactly once", once, numel);
+    CHECK(bad == 0 && tails == 1 && msg == ob.msg_total && server == ob.server_total,
+          "the parts: %d wrong, %d at the last event (want 1)", bad, tails);
+    // the buckets of the last two events (layer 0's and the last): [1092, 2892) and [0, 1092) are [0, 2892); then the
+    // vector region [4692, 5000) (from 4700 down to a multiple of 4 x 3)
+    CHECK(t->lo == 0 && t->n1 == 2892 && t->lo2 == 4692 && t->n == 3200 && ob.n_parts == g.n - 6 + 1,
+          "the last part: %zu elements ([%zu, +%zu) and [%zu, ...)), %d parts of %d buckets; want [0, +2892), [4692, "
+          "5000)",
+          t->n, t->lo, t->n1, t->lo2, ob.n_parts, g.n);
+    printf("%d buckets -> %d parts; the last: [%zu, %zu) and [%zu, %zu)\n", g.n, ob.n_parts, t->lo, t->lo + t->n1,
+           t->lo2, t->lo2 + t->n - t->n1);
+    free(seen);
+    free(ob.part);
+    grad_reduce_free(&g);
 }
 
 // The worker, the server and the update of 3 simulated ranks, and the pipeline as a whole.
@@ -154,26 +234,32 @@ static void test_pipeline(void) {
     float* werr[P];
     unsigned char *send_ref = (unsigned char*)calloc(P, P * mb), *send_got = (unsigned char*)calloc(P, P * mb);
     float* x_ref = (float*)malloc(P * n * sizeof(float));
-    float norm = 2.5f, max_norm = 1.f, clip = max_norm / norm;
-    float* d_norm = (float*)up(&norm, 4);
-    float* d_m = (float*)up(m, n * 4);
-    float* d_v = (float*)up(v, n * 4);
+    float clip = 0.4f;
+    int outside = 0;  // slab elements outside the part that a kernel changed
+    float *m_slab = to_slab(m, n, 0.f), *v_slab = to_slab(v, n, 1.f);
+    float* d_m = (float*)up(m_slab, PSLAB * 4);
+    float* d_v = (float*)up(v_slab, PSLAB * 4);
     // 1. the workers
     for (int r = 0; r < P; r++) {
         g[r] = frand(n, 0.05f);
         werr[r] = frand(n, 1e-3f);
         for (size_t i = 0; i < n; i++)  // the value the reference compresses, for the sign check
             x_ref[r * n + i] = (b1 * m[i] + (1.f - b1) * clip * g[r][i]) / (sqrtf(v[i] / bc2) + eps) + werr[r][i];
-        float* d_g = (float*)up(g[r], n * 4);
-        float* d_e = (float*)up(werr[r], n * 4);
+        float *g_slab = to_slab(g[r], n, 5.f), *e_slab = to_slab(werr[r], n, 3.f), *sentinel = to_slab(g[r], n, 7.f);
+        float* d_g = (float*)up(g_slab, PSLAB * 4);
+        float* d_e = (float*)up(e_slab, PSLAB * 4);
+        float* d_e_out = (float*)up(sentinel, PSLAB * 4);
         unsigned char* d_msgs = (unsigned char*)dalloc(P * mb);
         CUDA_OK(cudaMemset(d_msgs, 0xab, P * mb));
         size_t groups = P * chunk / ONEBIT_GROUP;
-        launch(onebit_worker, dim3(2), dim3(ONEBIT_THREADS), 0, (cudaStream_t)0, d_msgs, d_e, (const float*)d_g,
-               (const float*)d_m, n, chunk, groups, b1, (const float*)d_norm, max_norm, (const float*)d_v, bc2, eps);
-        float* e_got = (float*)malloc(n * 4);
+        launch(onebit_worker, dim3(2), dim3(ONEBIT_THREADS), 0, (cudaStream_t)0, d_msgs, d_e_out, (const float*)d_e,
+               (const float*)d_g, (const float*)d_m, (const float*)d_v, (size_t)PLO, (size_t)PN1, (size_t)PLO2, n,
+               chunk, groups, b1, clip, bc2, eps);
         down(send_got + r * P * mb, d_msgs, P * mb);
-        down(e_got, d_e, n * 4);
+        float* e_got = from_slab(d_e_out, n, &outside, 7.f);
+        float* e_in = from_slab(d_e, n, &outside, 3.f);  // the input error: not written
+        CHECK(memcmp(e_in, werr[r], n * 4) == 0, "onebit_worker wrote its input error (rank %d)", r);
+        free(e_in), free(g_slab), free(e_slab), free(sentinel);
         ref_worker(send_ref + r * P * mb, werr[r], g[r], m, v, n, chunk, P, b1, clip, bc2, eps);
         char what[64];
         snprintf(what, sizeof what, "onebit_worker, rank %d", r);
@@ -181,7 +267,7 @@ static void test_pipeline(void) {
         snprintf(what, sizeof what, "onebit_worker's error, rank %d", r);
         check_close(what, e_got, werr[r], n, 1e-4f, 1e-4f);
         free(e_got);
-        cudaFree(d_g), cudaFree(d_e), cudaFree(d_msgs);
+        cudaFree(d_g), cudaFree(d_e), cudaFree(d_e_out), cudaFree(d_msgs);
     }
     // 2. the all-to-all (on the host, from the kernel's messages); 3. the servers; 4. the all-gather
     unsigned char *gathered_ref = (unsigned char*)calloc(P, mb), *gathered_got = (unsigned char*)calloc(P, mb);
@@ -199,12 +285,14 @@ static void test_pipeline(void) {
         free(serr_c), free(recv_c);
         unsigned char* d_recv = (unsigned char*)up(recv, P * mb);
         float* d_serr = (float*)up(serr, chunk * 4);
+        float* d_serr_out = (float*)dalloc(chunk * 4);
+        CUDA_OK(cudaMemset(d_serr_out, 0, chunk * 4));  // as onebit_alloc: past the part's end it stays 0
         unsigned char* d_out = (unsigned char*)dalloc(mb);
-        launch(onebit_server, dim3(2), dim3(ONEBIT_THREADS), 0, (cudaStream_t)0, d_out, d_serr,
-               (const unsigned char*)d_recv, P, chunk, (size_t)j * chunk, n);
+        launch(onebit_server, dim3(2), dim3(ONEBIT_THREADS), 0, (cudaStream_t)0, d_out, d_serr_out,
+               (const float*)d_serr, (const unsigned char*)d_recv, P, chunk, (size_t)j * chunk, n);
         float* serr_got = (float*)malloc(chunk * 4);
         down(gathered_got + j * mb, d_out, mb);
-        down(serr_got, d_serr, chunk * 4);
+        down(serr_got, d_serr_out, chunk * 4);
         ref_server(gathered_ref + j * mb, serr, recv, P, chunk, (size_t)j * chunk, n);
         char what[64];
         snprintf(what, sizeof what, "onebit_server, rank %d", j);
@@ -212,24 +300,29 @@ static void test_pipeline(void) {
         snprintf(what, sizeof what, "onebit_server's error, rank %d", j);
         check_close(what, serr_got, serr, chunk, 1e-5f, 1e-4f);
         free(recv), free(serr), free(serr_got);
-        cudaFree(d_recv), cudaFree(d_serr), cudaFree(d_out);
+        cudaFree(d_recv), cudaFree(d_serr), cudaFree(d_serr_out), cudaFree(d_out);
     }
     // 4. the update from the gathered messages
-    float* d_w = (float*)up(w, n * 4);
-    floatX* d_x = (floatX*)dalloc(n * sizeof(floatX));
+    // (n_decay counts slab elements: the part's first n_decay - PLO elements decay)
+    float* w_slab = to_slab(w, n, 2.f);
+    float* d_w = (float*)up(w_slab, PSLAB * 4);
+    floatX* d_x = (floatX*)dalloc(PSLAB * sizeof(floatX));
     unsigned char* d_all = (unsigned char*)up(gathered_got, P * mb);
     launch(onebit_adam_update, dim3(3), dim3(256), 0, (cudaStream_t)0, d_w, d_x, d_m, (const float*)d_v,
-           (const unsigned char*)d_all, n, n_decay, chunk, lr, eps, wd, bc1, bc2, 42u);
-    float *w_got = (float*)malloc(n * 4), *m_got = (float*)malloc(n * 4), *w_want = (float*)malloc(n * 4),
-          *m_want = (float*)malloc(n * 4);
+           (const unsigned char*)d_all, (size_t)PLO, (size_t)PN1, (size_t)PLO2, n, n_decay, chunk, lr, eps, wd, bc1,
+           bc2, 42u);
+    float *w_want = (float*)malloc(n * 4), *m_want = (float*)malloc(n * 4);
+    float *w_got = from_slab(d_w, n, &outside, 2.f), *m_got = from_slab(d_m, n, &outside, 0.f);
+    floatX* x_slab = (floatX*)malloc(PSLAB * sizeof(floatX));
     floatX* x_got = (floatX*)malloc(n * sizeof(floatX));
-    down(w_got, d_w, n * 4);
-    down(m_got, d_m, n * 4);
-    down(x_got, d_x, n * sizeof(floatX));
+    down(x_slab, d_x, PSLAB * sizeof(floatX));
+    for (size_t j = 0; j < n; j++) x_got[j] = x_slab[onebit_at(j, PLO, PN1, PLO2)];
+    free(x_slab), free(w_slab), free(m_slab), free(v_slab);
+    CHECK(outside == 0, "onebit_worker or onebit_adam_update changed %d slab elements outside the part", outside);
     int far = 0;
     for (size_t i = 0; i < n; i++) {
         float u = ref_decompress(gathered_got + i / chunk * mb, chunk, i % chunk);
-        w_want[i] = w[i] - lr * (u / bc1 + (i < n_decay ? wd * w[i] : 0.f));
+        w_want[i] = w[i] - lr * (u / bc1 + (onebit_at(i, PLO, PN1, PLO2) < n_decay ? wd * w[i] : 0.f));
         m_want[i] = u * (sqrtf(v[i] / bc2) + eps);
         float xf = (float)x_got[i], step = fabsf(w_want[i]) * (sizeof(floatX) == 2 ? 1.f / 128 : 1e-6f);
         far += !(fabsf(xf - w_want[i]) <= step + 1e-30f);
@@ -251,43 +344,59 @@ static void test_pipeline(void) {
     for (int r = 0; r < P; r++) free(g[r]), free(werr[r]);
     free(m), free(v), free(w), free(send_ref), free(send_got), free(x_ref), free(gathered_ref), free(gathered_got);
     free(w_got), free(m_got), free(w_want), free(m_want), free(x_got);
-    cudaFree(d_norm), cudaFree(d_m), cudaFree(d_v), cudaFree(d_w), cudaFree(d_x), cudaFree(d_all);
+    cudaFree(d_m), cudaFree(d_v), cudaFree(d_w), cudaFree(d_x), cudaFree(d_all);
 }
 
-// Error feedback, through onebit_step on one rank: with b1 = 0, v = 0, eps = 1, lr = 1, no decay, the step
-// applies u_t and w_T = w_0 - sum_t u_t = w_0 - (sum_t g_t - e_worker - e_server).
+// Error feedback on one rank, through onebit_launch and onebit_update (3 parts: buckets of 300 elements, events at
+// 400 and the last): with b1 = 0, v = 0, eps = 1, lr = 1, no decay, the step applies u_t and
+// w_T = w_0 - sum_t u_t = w_0 - (sum_t g_t - e_worker - e_server).
 static void test_error_feedback(void) {
-    const size_t n = 1000;
+    const size_t n = 1000, ready_lo[1] = {400};
     const int T = 40;
     Comm c;
     memset(&c, 0, sizeof c);
     c.world = 1;
+    GradReduce g;
+    grad_reduce_layout(&g, &c, n, 900, ready_lo, 2, 300, 0, 0);
+    grad_reduce_start(&g);
     OneBit ob;
-    onebit_layout(&ob, n, 1, 0, 1);
+    onebit_layout(&ob, &g, 0, 1);
     onebit_alloc(&ob);
+    CHECK(ob.n_parts == 2 && ob.part[1].n == 700, "%d parts (want 2), the last of %zu elements (want 700)", ob.n_parts,
+          ob.part[ob.n_parts - 1].n);
     float *w = (float*)calloc(n, 4), *sum_g = (float*)calloc(n, 4), *zero = (float*)calloc(n, 4);
     float* d_w = (float*)up(w, n * 4);
     floatX* d_x = (floatX*)dalloc(n * sizeof(floatX));
     float* d_m = (float*)up(zero, n * 4);
     float* d_v = (float*)up(zero, n * 4);
     float* d_g = (float*)dalloc(n * 4);
-    float big = 1e30f;
-    float* d_norm = (float*)up(&big, 4);
+    float* d_slab = (float*)dalloc(n * 4);
     double max_err = 0, max_g = 0;
-    float *ew = (float*)malloc(n * 4), *es = (float*)malloc(n * 4);
+    float *ew = (float*)malloc(n * 4), *es = (float*)malloc(n * 4), *ew2 = (float*)malloc(n * 4);
     for (int t = 1; t <= T; t++) {
-        float* g = frand(n, 1.f);
-        for (size_t i = 0; i < n; i++) g[i] = g[i] * (1.f + (float)(i % 10)) + 0.3f, sum_g[i] += g[i];
-        for (size_t i = 0; i < n; i++) max_g = fabs(g[i]) > max_g ? fabs(g[i]) : max_g;
-        CUDA_OK(cudaMemcpy(d_g, g, n * 4, cudaMemcpyHostToDevice));
-        onebit_step(&ob, &c, (cudaStream_t)0, t + 1, d_w, d_x, d_g, d_m, d_v, 0, d_norm, 1.f, 0.f, 0.5f, 1.f, 0.f, 0.f);
-        down(ew, ob.worker_err, n * 4);
-        down(es, ob.server_err, n * 4);
+        float* gh = frand(n, 1.f);
+        for (size_t i = 0; i < n; i++) gh[i] = gh[i] * (1.f + (float)(i % 10)) + 0.3f, sum_g[i] += gh[i];
+        for (size_t i = 0; i < n; i++) max_g = fabs(gh[i]) > max_g ? fabs(gh[i]) : max_g;
+        CUDA_OK(cudaMemcpy(d_g, gh, n * 4, cudaMemcpyHostToDevice));
+        if (t == 7) {  // a step exchanged and then skipped: the current errors stay
+            down(ew, ob.worker_err[ob.cur], n * 4);
+            onebit_launch(&ob, &g, t + 1, d_g, d_m, d_v, 0.f, 0.5f, 1.f);
+            onebit_wait(&g, (cudaStream_t)0);
+            CUDA_OK(cudaDeviceSynchronize());
+            down(ew2, ob.worker_err[ob.cur], n * 4);
+            CHECK(memcmp(ew, ew2, n * 4) == 0, "a step exchanged but not updated changed the current worker error");
+        }
+        onebit_launch(&ob, &g, t + 1, d_g, d_m, d_v, 0.f, 0.5f, 1.f);
+        onebit_wait(&g, (cudaStream_t)0);
+        onebit_update(&ob, (cudaStream_t)0, t + 1, d_w, d_x, d_m, d_v, 0, 1.f, 0.f, 0.5f, 1.f, 0.f);
+        down(ew, ob.worker_err[ob.cur], n * 4);
+        onebit_fetch_servers(&ob, &c, d_slab, (cudaStream_t)0);
+        down(es, d_slab, n * 4);
         for (size_t i = 0; i < n; i++) {
             max_err = fabs(ew[i]) > max_err ? fabs(ew[i]) : max_err;
             max_err = fabs(es[i]) > max_err ? fabs(es[i]) : max_err;
         }
-        free(g);
+        free(gh);
     }
     down(w, d_w, n * 4);
     float* want = (float*)malloc(n * 4);
@@ -295,16 +404,27 @@ static void test_error_feedback(void) {
     check_close("error feedback: w_T = -(sum of g - worker error - server error)", w, want, n, 2e-3f, 1e-4f);
     CHECK(max_err < 8 * max_g, "error feedback: an error reached %g (inputs up to %g): not bounded", max_err, max_g);
     printf("error feedback over %d steps: largest error %.3g, largest input %.3g\n", T, max_err, max_g);
+    // the checkpoint's server errors by slab index, into another OneBit and out again
+    OneBit ob2;
+    onebit_layout(&ob2, &g, 0, 1);
+    onebit_alloc(&ob2);
+    onebit_take_servers(&ob2, d_slab, (cudaStream_t)0);
+    CUDA_OK(cudaMemset(d_slab, 0, n * 4));
+    onebit_fetch_servers(&ob2, &c, d_slab, (cudaStream_t)0);
+    down(ew2, d_slab, n * 4);
+    CHECK(memcmp(ew2, es, n * 4) == 0, "the server errors by slab index did not survive onebit_take_servers");
+    onebit_free(&ob2);
     onebit_free(&ob);
-    free(w), free(sum_g), free(zero), free(ew), free(es), free(want);
-    cudaFree(d_w), cudaFree(d_x), cudaFree(d_m), cudaFree(d_v), cudaFree(d_g), cudaFree(d_norm);
+    grad_reduce_free(&g);
+    free(w), free(sum_g), free(zero), free(ew), free(es), free(ew2), free(want);
+    cudaFree(d_w), cudaFree(d_x), cudaFree(d_m), cudaFree(d_v), cudaFree(d_g), cudaFree(d_slab);
 }
 
 // --comm-refresh K (warm-up 5, K = 4): the schedule, and one lazy refresh step at t = 13 against plain C.
 static void test_refresh(void) {
     OneBit ob;
-    onebit_layout(&ob, 1000, 1, 0, 5);
-    ob.refresh = 4;
+    memset(&ob, 0, sizeof ob);  // the schedule needs only warmup and refresh, the refresh step numel
+    ob.world = 1, ob.warmup = 5, ob.refresh = 4, ob.numel = 1000;
     const int steps[] = {3, 5, 6, 8, 9, 10, 12, 13, 16, 17}, want_v[] = {3, 5, 5, 5, 9, 9, 9, 13, 13, 17};
     const int want_refresh[] = {0, 0, 0, 0, 1, 0, 0, 1, 0, 1};
     int bad = 0;
@@ -359,6 +479,7 @@ static void test_refresh(void) {
 
 int main(void) {
     test_sizes();
+    test_parts();
     test_pipeline();
     test_error_feedback();
     test_refresh();

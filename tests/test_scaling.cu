@@ -3,8 +3,9 @@
 //   - one collective: ring (latency per NVLink and network step), tree (log2 N network steps, 2 x bytes at 90%),
 //     all-reduce the faster of the two, all-to-all (G (P-G)/P of the buffer through a node's link), one node
 //   - the step: the buckets on one communication stream after their backward events (queueing behind each
-//     other), exposed = what runs past the backward; ZeRO-1's all-gather after it; onebit's compression,
-//     all-to-all and all-gather after it; the host sync; the bytes a rank sends
+//     other), exposed = what runs past the backward; ZeRO-1's all-gather after it; onebit's parts
+//     (compression, all-to-all, all-gather) from their events, the last one exposed, then its update; the host
+//     sync; the bytes a rank sends
 //   - --grad-accum auto (the smallest accumulation with exposed <= 5%) and --max-global-batch's cap;
 //     --global-batch's accumulation and smaller micro-batch; onebit's whole-run average with fp32 warm-up
 // Pure host code: no device is touched.
@@ -96,16 +97,24 @@ int main(void) {
     CHECK(z.collectives == 7 && near(z.bytes_sent, 0.875 * 6 * 2.01e8 + 1.75 * 32), "ZeRO-1: %d collectives, %.0f B",
           z.collectives, z.bytes_sent);
     w.zero = 0;
-    // onebit: compression (40 B per parameter at 3.9 TB/s), all-to-all and all-gather of 8 messages of C/8 + 4 C/256
-    // bytes, C = 2.01e8 / 8 = 25,125,000 rounded up to 256 = 25,125,120
+    // onebit, the 30 s micro-batch (a 20 s backward): the part of bucket 0 (ready at 5 s) ends long before the
+    // backward; buckets 1 and 2 (the last two events: layer 0's and the end) are the last part, exposed: its
+    // compression (20 B per element at 3.9 TB/s), an all-to-all and an all-gather of 8 messages of C/8 + 4 C/256
+    // bytes (C = 1.01e8 / 8 rounded up to 256 = 12,625,152: 1,775,412 B); then the update (18 B per parameter).
+    // Part 0: C = 12,500,224, 1,757,844 B.
     const ScalingModeDesc* ob = &scaling_modes[SCALING_ONEBIT];
     ScalingPrediction o = scaling_predict(&c, &w, ob, 1, 15000, 0);
-    double cb = 8 * (25125120 / 8 + 4 * 25125120 / 256), comp = 2.01e8 * 40 / 3.9e12;
+    double cb = 8 * 1775412.0, cb0 = 8 * 1757844.0, comp = 1.01e8 * 20 / 3.9e12, upd = 2.01e8 * 18 / 3.9e12;
     double a2a = 11e-6 + 2 * 0.75 * cb / 5e8, ag = 35e-6 + 0.875 * cb / 5e8;
-    CHECK(near(o.exposed_s, comp + a2a + ag + sync), "onebit exposed %.9f, want %.9f", o.exposed_s,
-          comp + a2a + ag + sync);
-    CHECK(o.collectives == 3 && near(o.bytes_sent, 2 * 0.875 * cb + 1.75 * 32), "onebit: %d collectives, %.0f B",
-          o.collectives, o.bytes_sent);
+    CHECK(near(o.exposed_s, comp + a2a + ag + upd + sync), "onebit exposed %.9f, want %.9f", o.exposed_s,
+          comp + a2a + ag + upd + sync);
+    CHECK(o.collectives == 5 && near(o.bytes_sent, 2 * 0.875 * (cb + cb0) + 1.75 * 32),
+          "onebit: %d collectives (want 5), %.0f B", o.collectives, o.bytes_sent);
+    // the 3 s micro-batch (a 2 s backward): part 0 runs from 0.5 s for about 67 ms (an all-to-all of 2 x 0.75 x 8 x
+    // 1,757,844 B and an all-gather of 0.875 x that at 5e8 B/s), so again only the last part shows
+    ScalingPrediction o3 = scaling_predict(&c, &w, ob, 1, 1500, 0);
+    CHECK(near(o3.exposed_s, o.exposed_s), "onebit, 3 s micro-batch: exposed %.9f, want %.9f", o3.exposed_s,
+          o.exposed_s);
     CHECK(near(o.run_efficiency, o.efficiency), "no warm-up: the run's average is the step's");
     w.warmup_share = 0.1;
     o = scaling_predict(&c, &w, ob, 1, 15000, 0);
