@@ -19,7 +19,7 @@
 // as the last micro-batch's backward has made its gradients, while the backward goes on (as the fp32 buckets do):
 //   1. worker (every rank r, its accumulated gradient g_r): x = D (b1 m + (1 - b1) c g_r) + e_r, where m is the
 //      averaged momentum of the last step (the same on every rank), e_r this rank's worker error and c the clip
-//      factor of the latest fp32 step (the step's own norm is not known until its whole backward is done);
+//      factor of the step before (the step's own norm is not known until its whole backward is done);
 //      x is compressed (below) and e_r = x - decompress(compress(x)).
 //   2. all-to-all (ncclSend/ncclRecv in a group): the part, padded to P chunks of `chunk` elements, is cut
 //      into P chunks; rank j receives every rank's compressed chunk j.
@@ -51,6 +51,12 @@
 // onebit from +1.62% to +0.96% of fp32's validation loss (every 10, 40 or 50 steps: the same within 0.1%), at
 // 22x fewer bytes than fp32 instead of 28x.
 #define ONEBIT_REFRESH_DEFAULT 100
+// The parts' size before the backward's end (onebit_layout): at most this many of --bucket-mb's fp32 buckets (100 MB
+// at the default 25; a part's messages are 1/28 of that). Each part pays one all-gather latency, about 5 ms at 128
+// nodes over TCP sockets: with a part per 25 MB bucket, paper-350m's 50 parts would keep the communication stream
+// busy past the backward (the predictor on the seed cluster, 65,536 sequences: 83.6% at 25 MB, 94.8% at 50, 94.5%
+// at 100 and 200, 92.9% at 400; paper-120m 90.9% from 25 to 200 MB, 87.6% at 400).
+#define ONEBIT_PART_BUCKETS 4
 
 // onebit_msg_bytes: bytes of one compressed chunk of `chunk` elements (a multiple of ONEBIT_GROUP).
 __host__ __device__ inline size_t onebit_msg_bytes(size_t chunk) {
@@ -206,7 +212,7 @@ typedef struct OneBit {
     OneBitPart* part;     // (n_parts)
     size_t msg_total;     // bytes of world messages of every part (the size of send, recv and gathered)
     size_t server_total;  // elements of this rank's server errors (its chunk of every part)
-    float clip;           // the gradient scale of compressed steps: the clip factor of the latest fp32 step
+    float clip;           // the gradient scale of the next compressed step: the clip factor of the step before
     // the device side (onebit_alloc). The errors are double buffered: a step reads err[cur] and writes
     // err[1 - cur], and onebit_update (a step that updates the weights) makes those current.
     int cur;
@@ -256,12 +262,15 @@ static inline float onebit_refresh_decay(const OneBit* ob, float b2) { return po
 static inline int onebit_tail_event(int n_events) { return n_events > 2 ? n_events - 2 : n_events - 1; }
 
 // onebit_layout: the parts of the slab of g's gradient buckets (comm.h: grad_reduce_layout) on g->comm's world
-// ranks, and their sizes (no device memory yet). Every bucket final before layer 0's backward ends is a part of
-// its own, exchanged while the backward goes on; the buckets final after it (layer 0's, the vector region
-// [v, numel) and the embeddings: two ranges, [v, numel) and [0, h)) are one part, exchanged after the backward's
-// last event, so that what the backward cannot hide pays one latency. Exits with a message if they are not two
-// ranges.
-static inline void onebit_layout(OneBit* ob, const GradReduce* g, int rank, int warmup) {
+// ranks, and their sizes (no device memory yet). The buckets final before layer 0's backward ends, in launch
+// order (each directly below the one before), are merged into parts of at most part_elems elements (a bucket
+// at least that large alone; 0: a part per bucket), each exchanged once its last bucket is final, while the
+// backward goes on; the buckets final after it (layer 0's, the vector region [v, numel) and the embeddings:
+// two ranges, [v, numel) and [0, h)) are one part, exchanged after the backward's last event, so that what the
+// backward cannot hide pays one latency. Each part's all-gather costs a latency that grows with the number of
+// nodes (a ring), so parts larger than the fp32 buckets pay off (ONEBIT_PART_BUCKETS). Exits with a message if the
+// last part's buckets are not two ranges.
+static inline void onebit_layout(OneBit* ob, const GradReduce* g, int rank, int warmup, size_t part_elems) {
     memset(ob, 0, sizeof *ob);
     ob->warmup = warmup, ob->world = g->comm->world, ob->rank = rank, ob->numel = g->numel, ob->clip = 1.f;
     ob->part = (OneBitPart*)calloc((size_t)g->n + 1, sizeof(OneBitPart));
@@ -273,9 +282,14 @@ static inline void onebit_layout(OneBit* ob, const GradReduce* g, int rank, int 
     size_t lo[2] = {0, 0}, hi[2] = {0, 0};  // the last event's buckets as ranges, merged
     for (int i = 0; i < g->n; i++) {
         const GradBucket* b = &g->b[i];
-        if (b->event < last) {  // a part of its own
-            OneBitPart* p = &ob->part[ob->n_parts++];
-            p->lo = p->lo2 = b->lo, p->n1 = p->n = b->n, p->event = b->event;
+        if (b->event < last) {  // into the part before (the range just above it), or a new part
+            OneBitPart* p = ob->n_parts ? &ob->part[ob->n_parts - 1] : NULL;
+            if (p && p->lo == b->lo + b->n && p->n + b->n <= part_elems) {
+                p->lo = p->lo2 = b->lo, p->n1 = p->n = p->n + b->n, p->event = b->event;
+            } else {
+                p = &ob->part[ob->n_parts++];
+                p->lo = p->lo2 = b->lo, p->n1 = p->n = b->n, p->event = b->event;
+            }
             continue;
         }
         int r = 0;
@@ -414,10 +428,10 @@ static inline void onebit_update(OneBit* ob, cudaStream_t s, int m_step, float* 
     ob->cur = 1 - ob->cur;
 }
 
-// onebit_clip_after: after an fp32 step whose averaged gradient had this norm, the scale of the compressed
-// steps' gradients until the next fp32 step: --clip's factor min(1, max_norm / norm) (1 when max_norm <= 0).
-// A compressed step exchanges each part while the backward still runs, before the step's norm is known, so it
-// clips with the factor of the latest fp32 step (the warm-up's last, or the latest --comm-refresh).
+// onebit_clip_after: after a step whose logged norm was `norm`, the scale of the next compressed step's gradients:
+// --clip's factor min(1, max_norm / norm) (1 when max_norm <= 0). A compressed step exchanges each part while the
+// backward still runs, before its own norm is known, so it clips with the factor of the step before: after an fp32
+// step the averaged gradient's norm, after a compressed one sqrt(mean over ranks of |g_r|^2).
 static inline void onebit_clip_after(OneBit* ob, float norm, float max_norm) {
     ob->clip = max_norm > 0.f && norm > max_norm ? max_norm / norm : 1.f;
 }

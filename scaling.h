@@ -28,11 +28,11 @@
 //       micro-batch (4 of a weight's 6 FLOPs), its events at the share of its FLOPs done (the head, then
 //       layer by layer). --zero 1: a reduce-scatter per bucket instead (same overlap), then after the
 //       optimizer an all-gather of the bf16 weights per bucket, never overlapped.
-//     onebit (1-bit Adam, after --comm-warmup steps at fp32): compress.h's parts, one per gradient bucket final
-//       before the backward's last event, and one for all the buckets final at it (the embeddings and the vector
-//       region), on the communication stream in launch order, each from its backward event as the fp32 buckets:
-//       the compression (memory-bound: SCALING_ONEBIT_WORKER_BYTES of device memory per element), one all-to-all
-//       and one all-gather of P messages of C/8 bytes of signs + 4 bytes of scale per group of 256 (C = the
+//     onebit (1-bit Adam, after --comm-warmup steps at fp32): compress.h's parts (the buckets merged up to
+//       ONEBIT_PART_BUCKETS buckets, and one part for all the buckets final after layer 0's backward: the embeddings
+//       and the vector region), on the communication stream in launch order, each from its backward event as the
+//       buckets: the compression (memory-bound: SCALING_ONEBIT_WORKER_BYTES of device memory per element), one
+//       all-to-all and one all-gather of P messages of C/8 bytes of signs + 4 bytes of scale per group of 256 (C = the
 //       part's n/P rounded up to 256: compress.h's onebit_msg_bytes); after the step's host sync the update
 //       (SCALING_ONEBIT_UPDATE_BYTES per parameter), never overlapped. With --comm-refresh K (default 100) one
 //       step in K is an fp32 step instead, so the time, the communication and the bytes after the warm-up are
@@ -123,6 +123,9 @@ typedef struct {
     int n_buckets;           // the gradient buckets in launch order (comm.h's grad_reduce_layout)
     double* bucket_elems;    // (n_buckets) elements a bucket's collective covers (ZeRO-1: P x piece)
     int* bucket_event;       // (n_buckets) the backward event it waits for
+    int n_parts;             // --comm onebit's parts in launch order (compress.h's onebit_layout)
+    double* part_elems;      // (n_parts) elements of each
+    int* part_event;         // (n_parts) the backward event it waits for
     int n_events;            // bert_grad_ready_count
     double event_frac[SCALING_MAX_EVENTS];  // the share of the backward done when event k is recorded
     double warmup_share;                    // onebit: the share of the steps at fp32
@@ -192,10 +195,6 @@ static inline double scaling_onebit_msg_bytes(double n, int P) {
     return C / 8 + 4 * C / SCALING_ONEBIT_GROUP;
 }
 
-// scaling_onebit_tail_event: the first backward event whose buckets are onebit's last part (compress.h's
-// onebit_tail_event): the last layer's (layer 0, after which only the embedding backward runs) and the last.
-static inline int scaling_onebit_tail_event(int n_events) { return n_events > 2 ? n_events - 2 : n_events - 1; }
-
 // scaling_exposed: the communication of one step in mode m that the backward does not hide (seconds),
 // with the step's collectives (their count, summed time, bytes sent by a rank) in *p. micro_s: one micro-batch.
 static inline double scaling_exposed(const ScalingCluster* c, const ScalingWork* w, const ScalingModeDesc* m,
@@ -209,15 +208,10 @@ static inline double scaling_exposed(const ScalingCluster* c, const ScalingWork*
     double t, exposed = 0;
     double hbm = SCALING_HBM_GBS * 1e9;
     if (m->compressed) {
-        // the parts on the communication stream, timed from the start of the last backward (i = n_buckets: the
-        // buckets of the last event, one part)
-        double bwd = SCALING_OVERLAP * micro_s, end = 0, tail = 0;
-        for (int i = 0; i <= w->n_buckets; i++) {
-            int at_end = i == w->n_buckets || w->bucket_event[i] >= scaling_onebit_tail_event(w->n_events);
-            if (at_end && i < w->n_buckets) tail += w->bucket_elems[i];
-            if (at_end && (i < w->n_buckets || tail == 0)) continue;
-            double n = at_end ? tail : w->bucket_elems[i],
-                   ready = at_end ? bwd : w->event_frac[w->bucket_event[i]] * bwd;
+        // the parts on the communication stream, timed from the start of the last backward
+        double bwd = SCALING_OVERLAP * micro_s, end = 0;
+        for (int i = 0; i < w->n_parts; i++) {
+            double n = w->part_elems[i], ready = w->event_frac[w->part_event[i]] * bwd;
             double bytes = P * scaling_onebit_msg_bytes(n, P);  // every rank's message
             end = (ready > end ? ready : end) + n * SCALING_ONEBIT_WORKER_BYTES / hbm;
             end += SC_ADD(SCALING_ALLTOALL, bytes, t);

@@ -643,6 +643,12 @@ static void plan_add_validation(Plan* p, int val_batches, const char* val_patter
     p->total += p->val_bytes;
 }
 
+// onebit_part_elems: --comm onebit's largest part before the backward's end: ONEBIT_PART_BUCKETS buckets of
+// --bucket-mb (compress.h).
+static size_t onebit_part_elems(const Options* o) {
+    return (size_t)(ONEBIT_PART_BUCKETS * o->bucket_mb * (1 << 20) / sizeof(float));
+}
+
 // grad_reduce_setup: the gradient buckets of cfg's slab for this world size and --bucket-mb, --grad-reduce,
 // --zero (comm.h), from the order in which bert_backward makes the gradients.
 static void grad_reduce_setup(GradReduce* gr, const BertConfig* cfg, Comm* comm, const Options* o) {
@@ -657,7 +663,7 @@ static void grad_reduce_setup(GradReduce* gr, const BertConfig* cfg, Comm* comm,
                        o->grad_reduce_bf16);
     if (o->onebit) {  // the buffers of compress.h, for the plan
         OneBit ob;
-        onebit_layout(&ob, gr, comm->rank, 1);
+        onebit_layout(&ob, gr, comm->rank, 1, onebit_part_elems(o));
         gr->onebit_bytes = onebit_device_bytes(&ob);
         free(ob.part);
     }
@@ -1753,8 +1759,8 @@ static void onebit_local_sumsq(BertModel* m, float* acc) {
 // Under --comm onebit (gr->onebit), after its warm-up a step reduces no gradient: onebit_launch exchanges the
 // compressed momentum part by part while the last backward runs, as the fp32 buckets would be; the norm (for
 // the log and the non-finite check) is sqrt(mean over ranks of |g_r|^2), from the ranks' local sums of squares
-// in the step's one all-reduce, and onebit_update updates the weights (compress.h). The norm of an fp32 step
-// (the warm-up's, a --comm-refresh) sets the clip factor of the compressed steps after it (onebit_clip_after).
+// in the step's one all-reduce, and onebit_update updates the weights (compress.h). Each step's norm sets the clip
+// factor of the next compressed step (onebit_clip_after).
 static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, GradReduce* gr, float* scratch,
                              const Options* o, float lr, int want_ckpt) {
     StepResult r;
@@ -1861,7 +1867,7 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     } else {
         bert_adamw_step(m, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
     }
-    if (ob && !compressed && !r.skipped) onebit_clip_after(ob, r.norm, o->clip);
+    if (ob && !r.skipped) onebit_clip_after(ob, r.norm, o->clip);
     bert_zero_grad(m);
     bert_phase(m, PHASE_END);
     r.comm_bytes = comm->sent - sent0;
@@ -2674,12 +2680,25 @@ static ScalingWork scaling_work(const Options* o, const BertConfig* cfg, const P
     for (int i = 0; i < g.n; i++)
         w.bucket_elems[i] = (double)(g.zero ? (size_t)world * g.b[i].piece : g.b[i].n),
         w.bucket_event[i] = g.b[i].event;
+    OneBit ob;  // --comm onebit's parts (compress.h), for the onebit table
+    onebit_layout(&ob, &g, 0, 1, onebit_part_elems(o));
+    w.n_parts = ob.n_parts;
+    w.part_elems = (double*)malloc(ob.n_parts * sizeof(double));
+    w.part_event = (int*)malloc(ob.n_parts * sizeof(int));
+    if (!w.part_elems || !w.part_event) {
+        fprintf(stderr, "trainer: out of host memory for the scaling prediction\n");
+        exit(1);
+    }
+    for (int i = 0; i < ob.n_parts; i++) w.part_elems[i] = (double)ob.part[i].n, w.part_event[i] = ob.part[i].event;
+    free(ob.part);
     free(g.b);
     return w;
 }
 static void scaling_work_free(ScalingWork* w) {
     free(w->bucket_elems);
     free(w->bucket_event);
+    free(w->part_elems);
+    free(w->part_event);
 }
 
 // scaling_mode_of: the scaling.h mode this run communicates in (--comm).
@@ -3314,7 +3333,7 @@ static int stage_shards(Run* r) {
 // onebit_setup: --comm onebit's errors and message buffers (compress.h), and what it will send.
 static void onebit_setup(Run* r) {
     OneBit* ob = &r->ob;
-    onebit_layout(ob, &r->gr, r->comm.rank, r->o.comm_warmup);
+    onebit_layout(ob, &r->gr, r->comm.rank, r->o.comm_warmup, onebit_part_elems(&r->o));
     ob->refresh = r->o.comm_refresh;
     onebit_alloc(ob);
     r->gr.onebit = ob;
@@ -3322,9 +3341,9 @@ static void onebit_setup(Run* r) {
         r->comm.world > 1 ? 2 * (uint64_t)(r->comm.world - 1) * (r->model.p.numel * 4) / (uint64_t)r->comm.world : 0;
     if (r->main_rank)
         printf(
-            "comm: onebit (1-bit Adam): fp32 AdamW for %d steps, then the momentum's signs and scales: %llu "
-            "bytes sent per rank per step (fp32 all-reduce: %llu)\n",
-            ob->warmup, (unsigned long long)onebit_step_bytes(ob), (unsigned long long)fp32);
+            "comm: onebit (1-bit Adam): fp32 AdamW for %d steps, then the momentum's signs and scales in %d parts "
+            "during the backward: %llu bytes sent per rank per step (fp32 all-reduce: %llu)\n",
+            ob->warmup, ob->n_parts, (unsigned long long)onebit_step_bytes(ob), (unsigned long long)fp32);
 }
 
 // loader_thread_cap: the most loader threads --loader-threads auto may start: this rank's share of the CPUs it

@@ -8,8 +8,8 @@
 //     m = u (sqrt(v / bc2) + eps), the bf16 copy within one bf16 step of the master weight
 //   - the whole compressed all-reduce of 3 simulated ranks (workers, the all-to-all and all-gather done on the
 //     host) gives every element of the plain C pipeline
-//   - the parts (onebit_layout): the buckets final before layer 0's event one part each, the rest one part of two
-//     ranges; together they cover the slab once
+//   - the parts (onebit_layout): the buckets final before layer 0's event one part each (or merged up to a size),
+//     the rest one part of two ranges; together they cover the slab once
 //   - error feedback on one rank through onebit_launch and onebit_update (3 parts): after T steps the sum of the
 //     applied updates equals the sum of the inputs less the two final errors, and the errors stay bounded; a
 //     step exchanged but not updated (skipped) leaves the current errors as they were; the server errors by slab
@@ -170,7 +170,7 @@ static void test_sizes(void) {
     GradReduce g;
     grad_reduce_layout(&g, &c, numel, top, ready_lo, 14, 6553600, 0, 0);
     OneBit ob;
-    onebit_layout(&ob, &g, 0, 10);
+    onebit_layout(&ob, &g, 0, 10, (size_t)25 << 20);  // parts of 100 MB
     double fp32 = 2.0 * 63 / 64 * 4 * numel, one = (double)onebit_step_bytes(&ob);
     CHECK(fp32 / one >= 16, "bert-base on 64 ranks: %.0f bytes per step, fp32 %.0f: only %.1fx fewer", one, fp32,
           fp32 / one);
@@ -190,7 +190,7 @@ static void test_parts(void) {
     GradReduce g;
     grad_reduce_layout(&g, &c, numel, 4700, ready_lo, 4, 600, 0, 0);
     OneBit ob;
-    onebit_layout(&ob, &g, 1, 5);
+    onebit_layout(&ob, &g, 1, 5, 0);  // a part per bucket
     unsigned char* seen = (unsigned char*)calloc(numel, 1);
     int bad = 0, tails = 0;
     size_t msg = 0, server = 0;
@@ -217,6 +217,14 @@ static void test_parts(void) {
     printf("%d buckets -> %d parts; the last: [%zu, %zu) and [%zu, %zu)\n", g.n, ob.n_parts, t->lo, t->lo + t->n1,
            t->lo2, t->lo2 + t->n - t->n1);
     free(seen);
+    free(ob.part);
+    // parts of at most 1200 elements: [4092, 4692) (event 0) and [3492, 4092) (event 1) merge, sent after event 1;
+    // [2892, 3492) alone; then the last part
+    onebit_layout(&ob, &g, 1, 5, 1200);
+    CHECK(ob.n_parts == 3 && ob.part[0].lo == 3492 && ob.part[0].n == 1200 && ob.part[0].event == 1 &&
+              ob.part[1].lo == 2892 && ob.part[1].n == 600 && ob.part[2].n == 3200,
+          "parts of at most 1200: %d parts, the first [%zu, +%zu) after event %d; want 3, [3492, +1200) after 1",
+          ob.n_parts, ob.part[0].lo, ob.part[0].n, ob.part[0].event);
     free(ob.part);
     grad_reduce_free(&g);
 }
@@ -360,7 +368,7 @@ static void test_error_feedback(void) {
     grad_reduce_layout(&g, &c, n, 900, ready_lo, 2, 300, 0, 0);
     grad_reduce_start(&g);
     OneBit ob;
-    onebit_layout(&ob, &g, 0, 1);
+    onebit_layout(&ob, &g, 0, 1, 0);
     onebit_alloc(&ob);
     CHECK(ob.n_parts == 2 && ob.part[1].n == 700, "%d parts (want 2), the last of %zu elements (want 700)", ob.n_parts,
           ob.part[ob.n_parts - 1].n);
@@ -406,7 +414,7 @@ static void test_error_feedback(void) {
     printf("error feedback over %d steps: largest error %.3g, largest input %.3g\n", T, max_err, max_g);
     // the checkpoint's server errors by slab index, into another OneBit and out again
     OneBit ob2;
-    onebit_layout(&ob2, &g, 0, 1);
+    onebit_layout(&ob2, &g, 0, 1, 0);
     onebit_alloc(&ob2);
     onebit_take_servers(&ob2, d_slab, (cudaStream_t)0);
     CUDA_OK(cudaMemset(d_slab, 0, n * 4));

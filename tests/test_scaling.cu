@@ -66,6 +66,9 @@ int main(void) {
     w.flops_per_token = 1e9, w.peak_tflops = 100, w.mfu = 0.5, w.B = 1500, w.T = 100;
     w.params = 2.01e8, w.weight_bytes = 2, w.sync_bytes = 32;
     w.n_buckets = 3, w.bucket_elems = elems, w.bucket_event = events, w.n_events = 3;
+    double part_elems[2] = {1e8, 1.01e8};  // onebit: bucket 0, then buckets 1 and 2 (final after layer 0's event)
+    int part_event[2] = {0, 2};
+    w.n_parts = 2, w.part_elems = part_elems, w.part_event = part_event;
     w.event_frac[0] = 0.25, w.event_frac[1] = 0.5, w.event_frac[2] = 1;
     const ScalingModeDesc* fp32 = &scaling_modes[SCALING_FP32];
     ScalingPrediction p = scaling_predict(&c, &w, fp32, 1, 1500, 0);
