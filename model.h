@@ -398,6 +398,9 @@ typedef struct {
     size_t norm_scratch;  // the gradient norm's partial sums and result
     size_t lamb_scratch;  // LAMB's tensor table, per-tensor partial norms and trust ratios (bert_lamb_scratch)
     size_t total;
+    // the MLM head's logits (in acts): (head_R, Vp) floatX, where the whole (M, Vp) would take head_logits_whole
+    size_t head_logits, head_logits_whole;
+    int head_R, Vp;
 } BertMemPlan;
 
 #define BERT_CUBLAS_WORKSPACE ((size_t)32 << 20)
@@ -440,6 +443,9 @@ static inline BertMemPlan bert_mem_plan_sharded(const BertConfig* c, int B, int 
     BertActLayout a;
     m.acts = bert_act_layout(&a, c, B, T, M, xsize);
     m.act_saved_per_token_layer = a.layer_stride / ((size_t)B * T);
+    m.head_R = a.R, m.Vp = a.Vp;
+    m.head_logits = (size_t)a.R * a.Vp * xsize;
+    m.head_logits_whole = (size_t)M * a.Vp * xsize;
     m.cublas_workspace = BERT_CUBLAS_WORKSPACE;
     m.norm_scratch = (launch_grid_cap() + 1) * sizeof(float);
     m.lamb_scratch = bert_lamb_scratch(c);
@@ -464,6 +470,10 @@ static inline void bert_print_mem_plan(const BertMemPlan* pm, int B, int T, int 
                m.n_params);
     printf("  activations %.3f GiB (%zu bytes per token per layer kept for backward), cuBLASLt workspace %.3f GiB\n",
            m.acts * G, m.act_saved_per_token_layer, m.cublas_workspace * G);
+    printf(
+        "  MLM head: logits in chunks of (R, Vp) = (%d, %d) x %d bytes, %.3f GiB; the whole (M, Vp) = (%d, %d) would "
+        "take %.3f GiB\n",
+        m.head_R, m.Vp, xsize, m.head_logits * G, M, m.Vp, m.head_logits_whole * G);
 }
 static inline void bert_print_plan(const BertConfig* c, int B, int T, int M, int xsize) {
     BertMemPlan m = bert_mem_plan(c, B, T, M, xsize);
