@@ -279,7 +279,8 @@ typedef struct {
     size_t h_act;    // (M, C) floatX             GELU(h_pre)
     size_t h_ln;     // (M, C) floatX             LayerNorm(h_act)
     size_t h_stats;  // (M, 2) fp32
-    size_t logits;   // (M, Vp) floatX            Vp = V rounded up to 8; becomes dlogits in backward
+    size_t logits;   // (R, Vp) floatX            one chunk of the decoder's rows (bert_head_decoder); Vp = V
+                     //                           rounded up to 8; becomes dlogits in place
     size_t losses;   // (M) fp32                  per-row cross-entropy
     size_t loss;     // (4) fp32                  [0] mean loss of the micro-batch
     // scratch, shared by all layers
@@ -303,9 +304,17 @@ typedef struct {
                        //                             (3C floatX >= C fp32; d_qkv is free by then)
     size_t dvec;       // (numel - n_decay) fp32      a micro-step's bias gradients, written by cuBLASLt's BGRADB
                        //                             epilogue at the offsets they have in the slab's vector region
+    size_t head_db;    // (Vp) fp32                   one chunk's decoder bias gradient (BGRADB), added to dvec
     size_t total;      // bytes
     int B, T, M, Vp;
+    int R;  // rows of the MLM head's decoder per chunk (bert_head_rows): the logits buffer holds (R, Vp)
 } BertActLayout;
+
+// The MLM head's decoder and loss run on at most BERT_HEAD_CHUNK masked rows at a time (bert_head_decoder),
+// so its logits take (R, Vp) floatX, not (M, Vp): at bert-base (V = 30522) 4096 rows are 0.23 GiB in bf16,
+// and each chunk's matmuls are still large enough to fill an H100.
+#define BERT_HEAD_CHUNK 4096
+static inline int bert_head_rows(int M) { return M < BERT_HEAD_CHUNK ? M : BERT_HEAD_CHUNK; }
 
 static inline size_t bert_align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
@@ -319,6 +328,7 @@ static inline size_t bert_act_layout(BertActLayout* a, const BertConfig* c, int 
     a->T = T;
     a->M = M;
     a->Vp = Vp;
+    a->R = bert_head_rows(M);
     size_t off = 0;
 #define ACT(field, bytes)                           \
     do {                                            \
@@ -345,7 +355,7 @@ static inline size_t bert_act_layout(BertActLayout* a, const BertConfig* c, int 
     ACT(h_act, (size_t)M * C * xsize);
     ACT(h_ln, (size_t)M * C * xsize);
     ACT(h_stats, (size_t)M * 2 * 4);
-    ACT(logits, (size_t)M * Vp * xsize);
+    ACT(logits, (size_t)a->R * Vp * xsize);
     ACT(losses, (size_t)M * 4);
     ACT(loss, 4 * 4);
     ACT(gelu, BT * I * xsize);
@@ -367,6 +377,7 @@ static inline size_t bert_act_layout(BertActLayout* a, const BertConfig* c, int 
     bert_params_build(&p, c);
     ACT(dvec, (p.numel - p.n_decay) * 4);
     bert_params_free(&p);
+    ACT(head_db, (size_t)Vp * 4);
 #undef ACT
     a->total = off;
     return off;
@@ -387,6 +398,9 @@ typedef struct {
     size_t norm_scratch;  // the gradient norm's partial sums and result
     size_t lamb_scratch;  // LAMB's tensor table, per-tensor partial norms and trust ratios (bert_lamb_scratch)
     size_t total;
+    // the MLM head's logits (in acts): (head_R, Vp) floatX, where the whole (M, Vp) would take head_logits_whole
+    size_t head_logits, head_logits_whole;
+    int head_R, Vp;
 } BertMemPlan;
 
 #define BERT_CUBLAS_WORKSPACE ((size_t)32 << 20)
@@ -429,6 +443,9 @@ static inline BertMemPlan bert_mem_plan_sharded(const BertConfig* c, int B, int 
     BertActLayout a;
     m.acts = bert_act_layout(&a, c, B, T, M, xsize);
     m.act_saved_per_token_layer = a.layer_stride / ((size_t)B * T);
+    m.head_R = a.R, m.Vp = a.Vp;
+    m.head_logits = (size_t)a.R * a.Vp * xsize;
+    m.head_logits_whole = (size_t)M * a.Vp * xsize;
     m.cublas_workspace = BERT_CUBLAS_WORKSPACE;
     m.norm_scratch = (launch_grid_cap() + 1) * sizeof(float);
     m.lamb_scratch = bert_lamb_scratch(c);
@@ -453,6 +470,10 @@ static inline void bert_print_mem_plan(const BertMemPlan* pm, int B, int T, int 
                m.n_params);
     printf("  activations %.3f GiB (%zu bytes per token per layer kept for backward), cuBLASLt workspace %.3f GiB\n",
            m.acts * G, m.act_saved_per_token_layer, m.cublas_workspace * G);
+    printf(
+        "  MLM head: logits in chunks of (R, Vp) = (%d, %d) x %d bytes, %.3f GiB; the whole (M, Vp) = (%d, %d) would "
+        "take %.3f GiB\n",
+        m.head_R, m.Vp, xsize, m.head_logits * G, M, m.Vp, m.head_logits_whole * G);
 }
 static inline void bert_print_plan(const BertConfig* c, int B, int T, int M, int xsize) {
     BertMemPlan m = bert_mem_plan(c, B, T, M, xsize);
@@ -1180,6 +1201,9 @@ typedef struct {
     // NULL, or layers + 2 events that bert_backward records on its stream as gradients become final, so a
     // data-parallel trainer can reduce them while the backward goes on (see bert_grad_ready_lo)
     cudaEvent_t* grad_ready;
+    // NULL, or (M) floats: bert_forward with dlogit_scale 0 writes there whether each masked row's top
+    // prediction is its label (validation's accuracy; see bert_head_decoder)
+    float* hits;
 } BertModel;
 
 // bert_grad_ready_lo: after bert_backward records grad_ready[k], the gradients [lo, n_decay) of the slab's
@@ -1375,18 +1399,57 @@ static inline float* bert_lgb(const BertModel* m, int l, int j) {
     return ACT_F(m, dvec) + (bert_layer_off(&m->p, l, j) - m->p.n_decay);
 }
 
+// bert_head_decoder: the MLM head's tied decoder and its loss on the M rows of h_ln, R = m->act.R rows at a
+// time, so the (M, Vp) logits never exist. For each chunk of rows [r0, r0 + n), n = min(R, M - r0):
+//   logits (n, Vp) = h_ln[r0:] Wword^T + dec_b                      (cuBLASLt, the bias in its epilogue)
+//   losses[r0:] = the rows' cross-entropies; with dlogit_scale != 0 the chunk becomes dLoss/dlogits in place
+// and then, with dlogit_scale != 0, the decoder's backward while the chunk exists:
+//   grad(word) += dlogits^T h_ln[r0:]      (beta 1: accumulates over chunks and micro-steps, in chunk order)
+//   head_db = the column sums of dlogits   (the BGRADB epilogue writes it), then dvec(dec_b) += head_db
+//   d_h[r0:] = dlogits Wword               (dLoss/dh_ln: bert_backward starts from it)
+// With dlogit_scale 0 (validation) and m->hits set, hits[r0:] = 1 where a row's top logit is its label.
+// Every sum is in a fixed order (no atomics): the same inputs give the same bits.
+static inline void bert_head_decoder(BertModel* m, const int* labels, int M, float dlogit_scale) {
+    cudaStream_t s = m->stream;
+    Blas* bl = &m->blas;
+    const BertParams* p = &m->p;
+    int C = m->cfg.hidden, V = m->cfg.vocab_size, Vp = m->act.Vp, R = m->act.R;
+    floatX* logits = ACT_X(m, logits);
+    for (int r0 = 0; r0 < M; r0 += R) {
+        int n = M - r0 < R ? M - r0 : R;
+        const floatX* h = ACT_X(m, h_ln) + (size_t)r0 * C;
+        bert_phase(m, PHASE_MATMUL);
+        matmul_forward(bl, s, logits, Vp, h, bert_w(m, p->word), bert_w(m, p->dec_b), n, C, V);
+        bert_phase(m, PHASE_OTHER);
+        launch(cross_entropy_forward_backward, dim3(n), dim3(256), 0, s, logits, ACT_F(m, losses) + r0, labels + r0, n,
+               V, Vp, dlogit_scale);
+        if (dlogit_scale == 0.f) {
+            if (m->hits)
+                launch(argmax_hits, dim3(n), dim3(256), 0, s, m->hits + r0, (const floatX*)logits, labels + r0, n, V,
+                       Vp);
+            continue;
+        }
+        bert_phase(m, PHASE_MATMUL);
+        matmul_backward_weight(bl, s, bert_g(m, p->word), ACT_F(m, head_db), logits, Vp, h, n, C, V);
+        matmul_backward_input(bl, s, ACT_X(m, d_h) + (size_t)r0 * C, logits, Vp, bert_w(m, p->word), NULL, n, C, V);
+        bert_phase(m, PHASE_OTHER);
+        launch_add_and_clear(s, bert_gb(m, p->dec_b), ACT_F(m, head_db), (size_t)Vp);
+    }
+}
+
 // bert_forward: the encoder and the MLM head on batch; the micro-batch's mean loss (over its rows with a
 // label >= 0) is left at
-// ACT_F(m, loss)[0] (device). When dlogit_scale != 0 the cross-entropy also turns the logits into
-// dLoss/dlogits (scaled by dlogit_scale: 1 / the number of masked tokens the loss averages over),
-// ready for bert_backward; with 0 the logits of the masked rows stay in ACT_X(m, logits) (M, Vp).
+// ACT_F(m, loss)[0] (device). When dlogit_scale != 0 (training: 1 / the number of masked tokens the loss
+// averages over) the head's decoder is also differentiated here, chunk by chunk (bert_head_decoder): it
+// adds the decoder's part of the word embeddings' gradient, leaves dec_b's in dvec and dLoss/dh_ln in
+// ACT_X(m, d_h), ready for bert_backward. With 0 only the losses are computed, and ACT_X(m, logits) keeps
+// the last chunk's logits (all M rows when M <= act.R); with m->hits set, also the accuracy's hits.
 static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_scale) {
     const BertConfig* c = &m->cfg;
     cudaStream_t s = m->stream;
     Blas* bl = &m->blas;
-    int B = bt->B, T = bt->T, M = bt->M, C = c->hidden, I = c->intermediate, NH = c->heads, HD = C / NH,
-        V = c->vocab_size;
-    int N = B * T, Vp = m->act.Vp;
+    int B = bt->B, T = bt->T, M = bt->M, C = c->hidden, I = c->intermediate, NH = c->heads, HD = C / NH;
+    int N = B * T;
     const BertParams* p = &m->p;
     bert_phase(m, PHASE_EMBED);
     launch(embedding_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, s, ACT_X(m, emb_out), ACT_F(m, emb_stats),
@@ -1427,24 +1490,21 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
         launch_gelu_forward(s, ACT_X(m, h_act), ACT_X(m, h_pre), (size_t)M * C);
         launch(layernorm_forward, dim3(ceil_div(M, 4)), dim3(128), 0, s, ACT_X(m, h_ln), ACT_F(m, h_stats),
                (const floatX*)ACT_X(m, h_act), bert_w(m, p->head_ln_w), bert_w(m, p->head_ln_b), M, C, c->ln_eps);
-        bert_phase(m, PHASE_MATMUL);
-        matmul_forward(bl, s, ACT_X(m, logits), Vp, ACT_X(m, h_ln), bert_w(m, p->word), bert_w(m, p->dec_b), M, C, V);
-        bert_phase(m, PHASE_OTHER);
-        launch(cross_entropy_forward_backward, dim3(M), dim3(256), 0, s, ACT_X(m, logits), ACT_F(m, losses),
-               bt->mlm_labels, M, V, Vp, dlogit_scale);
+        bert_head_decoder(m, bt->mlm_labels, M, dlogit_scale);
     }
     launch(loss_mean, dim3(1), dim3(256), 0, s, ACT_F(m, loss), (const float*)ACT_F(m, losses), bt->mlm_labels, M);
 }
 
 // bert_backward: adds dLoss/dparameters to m->grad (fp32; zero it with bert_zero_grad at the start of a
-// step). Needs the activations of bert_forward(m, bt, dlogit_scale != 0) on the same batch.
+// step). Needs the activations of bert_forward(m, bt, dlogit_scale != 0) on the same batch, which already
+// added the decoder's part of the word embeddings' gradient and left dec_b's in dvec (added here at the end).
 static inline void bert_backward(BertModel* m, const BertBatch* bt) {
     const BertConfig* c = &m->cfg;
     cudaStream_t s = m->stream;
     Blas* bl = &m->blas;
     int B = bt->B, T = bt->T, M = bt->M, C = c->hidden, I = c->intermediate, NH = c->heads, HD = C / NH,
         V = c->vocab_size;
-    int N = B * T, Vp = m->act.Vp;
+    int N = B * T;
     const BertParams* p = &m->p;
     floatX *d_x = ACT_X(m, d_x), *d_res = ACT_X(m, d_res), *d_ln1 = ACT_X(m, d_ln1), *d_fc1 = ACT_X(m, d_fc1);
     floatX *d_qkv = ACT_X(m, d_qkv), *d_atty = ACT_X(m, d_atty), *gelu = ACT_X(m, gelu);
@@ -1452,11 +1512,8 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
     bert_phase(m, PHASE_OTHER);
     CUDA_CHECK(cudaMemsetAsync(d_x, 0, (size_t)N * C * sizeof(floatX), s));
     if (M > 0) {
-        floatX *dlogits = ACT_X(m, logits), *d_h = ACT_X(m, d_h), *d_h2 = ACT_X(m, d_h2);
-        // decoder: logits = h_ln Wword^T + dec_b (its bias gradient from the weight gradient's epilogue)
-        bert_phase(m, PHASE_MATMUL);
-        matmul_backward_weight(bl, s, bert_g(m, p->word), bert_gb(m, p->dec_b), dlogits, Vp, ACT_X(m, h_ln), M, C, V);
-        matmul_backward_input(bl, s, d_h, dlogits, Vp, bert_w(m, p->word), NULL, M, C, V);
+        floatX *d_h = ACT_X(m, d_h), *d_h2 = ACT_X(m, d_h2);
+        // the decoder was differentiated in the forward (bert_head_decoder): d_h = dLoss/dh_ln
         // head LayerNorm and GELU in one kernel (d_h2 = dLoss/dh_pre), then the dense layer
         bert_phase(m, PHASE_OTHER);
         launch_layernorm_backward(s, d_h2, bert_g(m, p->head_ln_w), bert_g(m, p->head_ln_b), part, d_h, ACT_X(m, h_act),

@@ -1302,11 +1302,11 @@ static EvalResult evaluate(BertModel* m, Validation* v, BatchMaker* bm, Comm* co
         }
         int n_masked;
         BertBatch bt = make_batch(bm, &b, m->B, m->T, m->stream, &n_masked);
-        bert_forward(m, &bt, 0.f);  // the masked rows' logits stay in ACT_X(m, logits)
+        m->hits = bm->hits;  // the head writes each masked row's hit (its top prediction is the label) there
+        bert_forward(m, &bt, 0.f);
+        m->hits = NULL;
         float* slot = v->slots + 3 * (size_t)j;
         add_loss(slot, m, n_masked);  // slot[0] += mean loss x n_masked, slot[1] += n_masked
-        launch(argmax_hits, dim3(bm->M), dim3(256), 0, m->stream, bm->hits, (const floatX*)ACT_X(m, logits),
-               (const int*)bm->labels, bm->M, m->cfg.vocab_size, m->act.Vp);
         launch(accumulate_sum, dim3(1), dim3(256), 0, m->stream, slot + 2, (const float*)bm->hits, bm->M);
         samples[j] = (float)b.num_samples;
     }

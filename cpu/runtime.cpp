@@ -26,6 +26,7 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -1237,6 +1238,23 @@ static const char* kernel_name(const void* kernel, char* buf, size_t n) {
     return buf;
 }
 
+// Launch counts (EMU_LAUNCH_STATS, see cuda_runtime.h): atomics, as any host thread may launch. With
+// EMU_LAUNCH_STATS=1 an atexit handler, registered before main, prints them.
+static std::atomic<long long> launch_counts[2];
+long long emu_launch_count(int what) {
+    return what == EMU_COUNT_MATMULS ? launch_counts[1].load() : launch_counts[0].load();
+}
+void emu_count_matmul(void) { launch_counts[1]++; }
+static void print_launch_counts(void) {
+    fprintf(stderr, "emu: EMU_LAUNCH_STATS: %lld kernel launches, %lld cuBLASLt matmuls\n", launch_counts[0].load(),
+            launch_counts[1].load());
+}
+static int launch_stats_registered = [] {
+    const char* s = getenv("EMU_LAUNCH_STATS");
+    if (s && !strcmp(s, "1")) atexit(print_launch_counts);
+    return 1;
+}();
+
 // One piece of device work at a time: a kernel, a copy, a memset or a matmul holds it while it runs
 // (taken by the stream workers, see "Streams" below), so kernels of different streams interleave only
 // whole, in an order the program's events allow.
@@ -1282,6 +1300,7 @@ void emu_launch(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStre
     j->smem = smem;
     j->nblocks = (long long)grid.x * grid.y * grid.z;
     j->kernel = kernel;
+    launch_counts[0]++;
     emu_stream_enqueue(stream, 1, [j, free_call] {
         std::call_once(static_shared_once, [] {
             if (nshared_vars < 0) find_static_shared();

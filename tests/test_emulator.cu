@@ -233,6 +233,27 @@ int main(void) {
     CHECK(p.maxThreadsPerBlock == 1024 && p.sharedMemPerBlockOptin == 227 * 1024 && p.major == 9 && p.warpSize == 32,
           "device properties report H100 limits");
 
+    // 4b. Launch counts (EMU_LAUNCH_STATS): the accepted kernel launches and cuBLASLt matmuls, not the refused.
+    {
+        long long k0 = emu_launch_count(EMU_COUNT_KERNELS), m0 = emu_launch_count(EMU_COUNT_MATMULS);
+        launch(noop, dim3(2), dim3(32), 0, (cudaStream_t)0, (int*)NULL);
+        launch(noop, dim3(1), dim3(1025), 0, (cudaStream_t)0, (int*)NULL);  // refused
+        cudaGetLastError();
+        launch(noop, dim3(1), dim3(1), 0, (cudaStream_t)0, (int*)NULL);
+        Blas bl;
+        blas_init(&bl, 1 << 20);
+        floatX *a, *w, *o;
+        CUDA_OK(cudaMalloc((void**)&a, 3 * 16 * 16 * sizeof(floatX)));
+        CUDA_OK(cudaMemset(a, 0, 3 * 16 * 16 * sizeof(floatX)));
+        w = a + 16 * 16, o = w + 16 * 16;
+        matmul_forward(&bl, (cudaStream_t)0, o, 16, a, w, NULL, 16, 16, 16);
+        CUDA_OK(cudaDeviceSynchronize());
+        long long k = emu_launch_count(EMU_COUNT_KERNELS) - k0, m = emu_launch_count(EMU_COUNT_MATMULS) - m0;
+        CHECK(k == 2 && m == 1, "launch counts: %lld kernels (want 2: one refused), %lld matmuls (want 1)", k, m);
+        blas_free(&bl);
+        cudaFree(a);
+    }
+
     // 5. Dynamic shared memory starts as garbage (NaN), so a read-before-write shows.
     launch(read_unwritten_smem, dim3(1), dim3(32), 32 * 4, (cudaStream_t)0, dout);
     CUDA_OK(cudaMemcpy(got, dout, 32 * 4, cudaMemcpyDeviceToHost));

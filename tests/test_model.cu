@@ -264,6 +264,28 @@ static void test_reference(void) {
     float loss2;
     CUDA_CHECK(cudaMemcpy(&loss2, ACT_F(&m, loss), sizeof(float), cudaMemcpyDeviceToHost));
     CHECK(loss == loss2, "the training forward gives the same loss (%.9g vs %.9g)", loss, loss2);
+    {  // the head's decoder in chunks of 4 of the 9 rows (4, 4, 1): the same loss and gradients up to reassociation
+        int R = m.act.R;
+        m.act.R = 4;
+        std::vector<float> g4;
+        model_grads(&m, &db.b, &g4);
+        float loss4;
+        CUDA_CHECK(cudaMemcpy(&loss4, ACT_F(&m, loss), sizeof(float), cudaMemcpyDeviceToHost));
+        m.act.R = R;
+        model_grads(&m, &db.b, &g);  // m.grad as the checks below expect it (the same bits: the run is deterministic)
+        CHECK(R == r.M && fabs(loss4 - loss) <= 1e-6 * fabs(loss), "head in chunks of 4 (R was %d): loss %.9g vs %.9g",
+              R, loss4, loss);
+        double worst = 0;
+        for (int i = 0; i < r.p.n; i++) {
+            const BertTensor* t = &r.p.t[i];
+            double e = rel_l2(g4.data() + t->offset, g.data() + t->offset, t->numel);
+            if (maxabs(g.data() + t->offset, t->numel) > 0 && e > worst) worst = e;
+        }
+        CHECK(worst <= (FP32 ? 1e-5 : 1e-2), "head in chunks of 4: gradients within %.3g of one chunk's (rel-L2 %.3g)",
+              FP32 ? 1e-5 : 1e-2, worst);
+        printf("[%s] head in chunks of 4 rows of 9: loss %.9g (one chunk: %.9g), gradients within rel-L2 %.3g\n",
+               FLOATX_NAME, loss4, loss, worst);
+    }
     int V = r.cfg.vocab_size;
     double lmax = maxabs(r.logits.data(), r.logits.size());
     printf("[%s] loss %.7f (reference %.7f), logits rel-L2 error %.3g\n", FLOATX_NAME, loss, r.loss,
@@ -459,10 +481,219 @@ static void test_reference(void) {
     CUDA_CHECK(cudaStreamDestroy(s));
 }
 
+// ---------------------------------------------------------------------------------------------
+// The MLM head's decoder in chunks (bert_head_decoder) against a plain-C reference (double, from the
+// floatX-rounded inputs, rounding the logits and dlogits to floatX where the kernels store them): the
+// losses, the logits, dLoss/dh_ln, and the word and dec_b gradients, which must ADD to what the gradients
+// held before (micro-steps accumulate), for M > R (several chunks, the last partial or whole), M < R and
+// M = R; then validation's hits and that it leaves the gradients alone; and the bits of a run repeated.
+static float to_x(double v) { return (float)(floatX)(float)v; }  // rounded to floatX, as a kernel stores it
+
+typedef struct {
+    int M, V, Vp, C;
+    std::vector<float> W, b, h, g0, d0;  // word (V, C), dec_b (V), h_ln (M, C), the gradients before: word, dec_b
+    std::vector<int> lab;
+} HeadCase;
+
+// head_reference: logits z (M, V) and losses, and with scale != 0: dW = g0 + dz^T h, db = d0 + sum dz, dh = dz W
+static void head_reference(const HeadCase* k, float scale, std::vector<float>* z, std::vector<float>* loss,
+                           std::vector<float>* dW, std::vector<float>* db, std::vector<float>* dh) {
+    int M = k->M, V = k->V, C = k->C;
+    z->assign((size_t)M * V, 0.f);
+    loss->assign(M, 0.f);
+    std::vector<double> gW(k->g0.begin(), k->g0.end()), gb(k->d0.begin(), k->d0.end()), gh((size_t)M * C, 0);
+    std::vector<float> dz(V);
+    for (int i = 0; i < M; i++) {
+        double mx = -1e300, sum = 0;
+        for (int j = 0; j < V; j++) {
+            double a = k->b[j];
+            for (int c = 0; c < C; c++) a += (double)k->h[(size_t)i * C + c] * k->W[(size_t)j * C + c];
+            (*z)[(size_t)i * V + j] = to_x(a);
+            mx = fmax(mx, (*z)[(size_t)i * V + j]);
+        }
+        for (int j = 0; j < V; j++) sum += exp((*z)[(size_t)i * V + j] - mx);
+        double lse = mx + log(sum);
+        int l = k->lab[i];
+        (*loss)[i] = l >= 0 ? (float)(lse - (*z)[(size_t)i * V + l]) : 0.f;
+        for (int j = 0; j < V; j++)
+            dz[j] = l >= 0 ? to_x((exp((*z)[(size_t)i * V + j] - lse) - (j == l)) * scale) : 0.f;
+        for (int j = 0; j < V; j++) {
+            gb[j] += dz[j];
+            for (int c = 0; c < C; c++) {
+                gW[(size_t)j * C + c] += (double)dz[j] * k->h[(size_t)i * C + c];
+                gh[(size_t)i * C + c] += (double)dz[j] * k->W[(size_t)j * C + c];
+            }
+        }
+    }
+    dW->assign(gW.begin(), gW.end());
+    db->assign(gb.begin(), gb.end());
+    dh->resize(gh.size());
+    for (size_t i = 0; i < gh.size(); i++) (*dh)[i] = to_x(gh[i]);
+}
+
+static std::vector<float> dev_floats(const float* d, size_t n) {
+    std::vector<float> r(n);
+    CUDA_CHECK(cudaMemcpy(r.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+    return r;
+}
+static std::vector<float> dev_xs(const floatX* d, size_t n) {
+    std::vector<floatX> x(n);
+    CUDA_CHECK(cudaMemcpy(x.data(), d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    return std::vector<float>(x.begin(), x.end());
+}
+static void put_xs(floatX* d, const std::vector<float>& v) {
+    std::vector<floatX> x(v.begin(), v.end());
+    CUDA_CHECK(cudaMemcpy(d, x.data(), x.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+}
+// close_to_scale: every element within tol x the reference's largest magnitude (and tol relative)
+static void close_to_scale(const char* what, const std::vector<float>& got, const std::vector<float>& want, float tol) {
+    float mx = (float)maxabs(want.data(), want.size());
+    check_close(what, got.data(), want.data(), want.size(), tol * (mx > 1e-6f ? mx : 1e-6f), tol);
+}
+
+// head_case_run: the gradients set to g0, d0; bert_head_decoder on M rows, R per chunk, at `scale`
+static void head_case_run(BertModel* m, const HeadCase* k, const int* d_lab, int R, float scale) {
+    const BertParams* p = &m->p;
+    CUDA_CHECK(cudaMemcpy(bert_g(m, p->word), k->g0.data(), k->g0.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(bert_gb(m, p->dec_b), k->d0.data(), k->d0.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(ACT_X(m, d_h), 0, (size_t)k->M * k->C * sizeof(floatX)));
+    m->act.R = R;
+    bert_head_decoder(m, d_lab, k->M, scale);
+    CUDA_CHECK(cudaStreamSynchronize(m->stream));
+}
+
+static void head_case(BertModel* m, int M, int R) {
+    const BertParams* p = &m->p;
+    HeadCase k;
+    k.M = M, k.V = m->cfg.vocab_size, k.Vp = m->act.Vp, k.C = m->cfg.hidden;
+    int V = k.V, C = k.C, Vp = k.Vp, Rcap = m->act.R;
+    k.W = dev_xs(bert_w(m, p->word), (size_t)V * C);  // the weights as the kernels read them
+    k.b = dev_xs(bert_w(m, p->dec_b), V);
+    k.h.resize((size_t)M * C);
+    test_fill(k.h.data(), k.h.size(), -1.f, 1.f);
+    for (float& x : k.h) x = to_x(x);
+    put_xs(ACT_X(m, h_ln), k.h);
+    k.g0.resize((size_t)V * C);
+    test_fill(k.g0.data(), k.g0.size(), -0.1f, 0.1f);
+    k.d0.resize(Vp, 0.f);  // dec_b's slot of dvec, with its pad elements (they must stay 0)
+    test_fill(k.d0.data(), V, -0.1f, 0.1f);
+    for (int i = 0; i < M; i++) k.lab.push_back(i % 4 == 3 ? -1 : (int)test_uniform(0, V - 0.01f));  // padding rows too
+    float scale = 1.f / 3, tol = FP32 ? 1e-5f : 1e-2f;
+    std::vector<float> z, loss, dW, db, dh;
+    head_reference(&k, scale, &z, &loss, &dW, &db, &dh);
+    for (int i = 1; i < M; i += 4) {  // every 4th row's label is its top logit: a hit
+        int best = 0;
+        for (int j = 1; j < V; j++)
+            if (z[(size_t)i * V + j] > z[(size_t)i * V + best]) best = j;
+        k.lab[i] = best;
+    }
+    head_reference(&k, scale, &z, &loss, &dW, &db, &dh);
+    int* d_lab;
+    CUDA_CHECK(cudaMalloc((void**)&d_lab, M * sizeof(int)));
+    CUDA_CHECK(cudaMemcpy(d_lab, k.lab.data(), M * sizeof(int), cudaMemcpyHostToDevice));
+    char what[160];
+    int chunks = (M + R - 1) / R;
+#define HEAD_WHAT(s) \
+    (snprintf(what, sizeof(what), "[%s] head M=%d R=%d (%d chunks): %s", FLOATX_NAME, M, R, chunks, s), what)
+
+    // training: losses, d_h, the gradients added
+    head_case_run(m, &k, d_lab, R, scale);
+    std::vector<float> got_loss = dev_floats(ACT_F(m, losses), M), got_dW = dev_floats(bert_g(m, p->word), dW.size()),
+                       got_db = dev_floats(bert_gb(m, p->dec_b), Vp), got_dh = dev_xs(ACT_X(m, d_h), dh.size());
+    close_to_scale(HEAD_WHAT("losses"), got_loss, loss, FP32 ? 1e-5f : 1e-3f);
+    close_to_scale(HEAD_WHAT("d_h = dlogits Wword"), got_dh, dh, tol);
+    close_to_scale(HEAD_WHAT("word grad += dlogits^T h_ln"), got_dW, dW, tol);
+    db.resize(Vp, 0.f);
+    close_to_scale(HEAD_WHAT("dec_b grad += column sums (dvec)"), got_db, db, tol);
+    std::vector<float> scratch = dev_floats(ACT_F(m, head_db), Vp);
+    CHECK(maxabs(scratch.data(), Vp) == 0, "%s", HEAD_WHAT("head_db scratch left zero"));
+    // the same again: the same bits
+    head_case_run(m, &k, d_lab, R, scale);
+    CHECK(dev_floats(bert_g(m, p->word), dW.size()) == got_dW && dev_floats(bert_gb(m, p->dec_b), Vp) == got_db &&
+              dev_xs(ACT_X(m, d_h), dh.size()) == got_dh && dev_floats(ACT_F(m, losses), M) == got_loss,
+          "%s", HEAD_WHAT("a second run gives the same bits"));
+
+    // validation (scale 0): the losses, the hits, the last chunk's logits; no gradient touched
+    float* d_hits;
+    CUDA_CHECK(cudaMalloc((void**)&d_hits, M * sizeof(float)));
+    m->hits = d_hits;
+    head_case_run(m, &k, d_lab, R, 0.f);
+    m->hits = NULL;
+    close_to_scale(HEAD_WHAT("losses (validation)"), dev_floats(ACT_F(m, losses), M), loss, FP32 ? 1e-5f : 1e-3f);
+    CHECK(dev_floats(bert_g(m, p->word), dW.size()) == k.g0 && dev_floats(bert_gb(m, p->dec_b), Vp) == k.d0 &&
+              maxabs(dev_xs(ACT_X(m, d_h), dh.size()).data(), dh.size()) == 0,
+          "%s", HEAD_WHAT("validation leaves the gradients and d_h alone"));
+    std::vector<float> hits = dev_floats(d_hits, M), want_hits(M), last, want_last;
+    int r_last = (chunks - 1) * R, hit_count = 0;
+    for (int i = 0; i < M; i++) {
+        int best = 0;
+        for (int j = 1; j < V; j++)
+            if (z[(size_t)i * V + j] > z[(size_t)i * V + best]) best = j;
+        want_hits[i] = k.lab[i] >= 0 && best == k.lab[i];
+        hit_count += (int)want_hits[i];
+    }
+    CHECK(hits == want_hits, "%s", HEAD_WHAT("hits (the top logit is the label)"));
+    std::vector<float> buf = dev_xs(ACT_X(m, logits), (size_t)(M - r_last) * Vp);
+    for (int i = r_last; i < M; i++)
+        for (int j = 0; j < V; j++) {
+            last.push_back(buf[(size_t)(i - r_last) * Vp + j]);
+            want_last.push_back(z[(size_t)i * V + j]);
+        }
+    close_to_scale(HEAD_WHAT("the last chunk's logits"), last, want_last, FP32 ? 1e-5f : 1e-2f);
+    printf("[%s] head M=%d R=%d: %d chunks, the last of %d rows; %d hits\n", FLOATX_NAME, M, R, chunks, M - r_last,
+           hit_count);
+#undef HEAD_WHAT
+    m->act.R = Rcap;
+    cudaFree(d_hits);
+    cudaFree(d_lab);
+}
+
+static void test_head_chunks(void) {
+    BertConfig c;
+    bert_preset("tiny", &c);  // V = 211 (Vp = 216), C = 32
+    CHECK(bert_head_rows(50000) == BERT_HEAD_CHUNK && bert_head_rows(100) == 100 && bert_head_rows(0) == 0,
+          "bert_head_rows: min(M, %d)", BERT_HEAD_CHUNK);
+    {  // the layout holds (R, Vp) logits: at M = 50,000 the plan drops by (M - R) Vp floatX
+        BertActLayout a;
+        int M = 50000;
+        size_t big = bert_act_layout(&a, &c, 64, 512, M, (int)sizeof(floatX)), R = a.R,
+               saved = (size_t)(M - (int)R) * a.Vp * sizeof(floatX);
+        CHECK(R == BERT_HEAD_CHUNK && a.losses - a.logits >= R * a.Vp * sizeof(floatX) &&
+                  a.losses - a.logits < R * a.Vp * sizeof(floatX) + 256,
+              "layout: logits (R, Vp) = (%zu, %d)", R, a.Vp);
+        BertActLayout b;
+        size_t small = bert_act_layout(&b, &c, 64, 512, 64, (int)sizeof(floatX));
+        // per row: h_in, h_pre, h_act, h_ln, d_h, d_h2 (C floatX each), h_stats (2 fp32), losses (1 fp32)
+        // and the logits grow from (64, Vp) to (R, Vp)
+        size_t per_row = 6 * (size_t)c.hidden * sizeof(floatX) + 12,
+               most = (size_t)(M - 64) * per_row + (R - 64) * a.Vp * sizeof(floatX) + 16 * 256;
+        CHECK(b.R == 64 && big > small && big - small <= most,
+              "layout: M beyond R adds only the head's (M, C) rows: %zu bytes more, want at most %zu (the (M, Vp) "
+              "logits would add %zu)",
+              big - small, most, saved);
+    }
+    BertModel m;
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreate(&s));
+    CHECK(bert_alloc(&m, &c, 1, 32, 23, s), "alloc (M = 23)");
+    CHECK(m.act.R == 23, "R = M when M < %d", BERT_HEAD_CHUNK);
+    BertParams* p = &m.p;
+    std::vector<float> w(p->numel);
+    test_fill(w.data(), w.size(), -1.f, 1.f);
+    bert_set_params(&m, w.data());
+    head_case(&m, 23, 5);   // 5 chunks: 4 x 5 rows, the last 3
+    head_case(&m, 20, 5);   // 4 whole chunks
+    head_case(&m, 23, 23);  // one chunk (the path before chunking)
+    head_case(&m, 7, 23);   // M < R: one partial chunk
+    bert_free(&m);
+    CUDA_CHECK(cudaStreamDestroy(s));
+}
+
 int main(void) {
     printf("test_model (%s storage)\n", FLOATX_NAME);
     test_presets();
     test_safetensors_roundtrip();
     test_reference();
+    test_head_chunks();
     return test_summary();
 }

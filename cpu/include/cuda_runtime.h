@@ -354,6 +354,14 @@ void emu_set_shuffle(long long seed);
 // lives on the heap: the launch returns before the kernel runs (on its stream's worker), which frees
 // it with free_call when the kernel is done.
 typedef void (*emu_kernel_body)(void* call);
+// Launch counts (a proxy for what a GPU step costs in launches): emu_launch_count(EMU_COUNT_KERNELS) is the
+// kernels launched so far by this process (accepted launches; one refused for a bad configuration is not
+// counted), emu_launch_count(EMU_COUNT_MATMULS) the cublasLtMatmul calls accepted (cpu/cublas.cpp counts them
+// with emu_count_matmul). With EMU_LAUNCH_STATS=1 the process prints both on stderr when it exits:
+// "emu: EMU_LAUNCH_STATS: N kernel launches, K cuBLASLt matmuls". Not part of CUDA: tests and tools only.
+enum { EMU_COUNT_KERNELS = 0, EMU_COUNT_MATMULS = 1 };
+long long emu_launch_count(int what);
+void emu_count_matmul(void);
 void emu_launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, emu_kernel_body body,
                 void* call, void (*free_call)(void* call));
 
