@@ -8,25 +8,25 @@
 // keeps counting, so the step continues the warm-up's AdamW), is linear in m, so averaging m over ranks and
 // then scaling by D is the same as averaging u = D m. mlm.c compresses u, the momentum in the units of the
 // update, rather than m itself as the paper does: within a group every element of u is of the same order
-// (Adam's normalized step), so one sign and one scale per group fit it better; and an element whose v is 0
-// (a parameter with no gradient in the warm-up, such as the positions past --seq) gets u = 0 instead of
-// m / eps (its decompressed u is still +-scale of its group: such a weight moves by about lr per step;
-// DeepSpeed's 1-bit Adam v2 masks them, mlm.c does not). Measured on the tiny model (1 rank, 5 warm-up steps,
-// 15 compressed, groups of 2048), the loss after step 20 was 4.647 compressing u and 4.693 compressing m
-// (fp32 AdamW 4.563; frozen v without compression 4.460).
-// The slab is cut into parts (onebit_layout: the gradient buckets of comm.h, those final only at the backward's end
-// merged into one), and each part goes through steps 1 to 3 and the all-gather on the communication stream as soon
-// as the last micro-batch's backward has made its gradients, while the backward goes on (as the fp32 buckets do):
-//   1. worker (every rank r, its accumulated gradient g_r): x = D (b1 m + (1 - b1) c g_r) + e_r, where m is the
-//      averaged momentum of the last step (the same on every rank), e_r this rank's worker error and c the clip
-//      factor of the step before (the step's own norm is not known until its whole backward is done);
-//      x is compressed (below) and e_r = x - decompress(compress(x)).
+// (Adam's normalized step), so one sign and one scale per group fit it better (measured on the tiny model, 1
+// rank, 5 warm-up steps, 15 compressed, groups of 2048: the loss after step 20 was 4.647 compressing u and 4.693
+// compressing m; fp32 AdamW 4.563).
+//
+// The slab is cut into parts (onebit_layout: the gradient buckets of comm.h merged up to ONEBIT_PART_BUCKETS, those
+// final only after layer 0's backward one part), and each part goes through steps 1 to 3 and the all-gather on
+// the communication stream as soon as the last micro-batch's backward has made its gradients, while the backward
+// goes on (as the fp32 buckets do). The step's norm, and so --clip's factor c, is known only after its whole
+// backward, so what is sent is the unclipped momentum, and c enters at the update, exactly: the clipped momentum
+// b1 m + (1 - b1) c g = c (b1 m + (1 - b1) g) + (1 - c) b1 m, and m (the last step's) is the same on every rank.
+//   1. worker (every rank r, its accumulated gradient g_r): x = D (b1 m + (1 - b1) g_r) + e_r, where m is the
+//      averaged momentum of the last step and e_r this rank's worker error; x is compressed (below) and
+//      e_r = x - decompress(compress(x)).
 //   2. all-to-all (ncclSend/ncclRecv in a group): the part, padded to P chunks of `chunk` elements, is cut
 //      into P chunks; rank j receives every rank's compressed chunk j.
 //   3. server (rank j): y = (1/P) sum_q decompress(q's chunk j) + s_j (its server error), compressed again,
 //      s_j = y - decompress(compress(y)).
-//   4. all-gather of the P compressed chunks: every rank decompresses the same bits, u, so every rank holds
-//      the same averaged momentum m = u / D and, after the step's host sync, applies w -= lr (u / bc1 + wd w).
+//   4. all-gather of the P compressed chunks: every rank decompresses the same bits, u, and after the step's host
+//      sync takes u' = c u + (1 - c) b1 D m as the averaged momentum m = u' / D and applies w -= lr (u' / bc1 + wd w).
 // The errors are written to second buffers and become current only when the step updates the weights, so a
 // step that is skipped (a non-finite loss or norm) or dropped (a stop) leaves the state as it was.
 // Compression of a group of n elements x: one bit per element, set when x >= 0, and the scale
@@ -107,13 +107,13 @@ __host__ __device__ inline size_t onebit_at(size_t j, size_t lo, size_t n1, size
 
 // onebit_worker: step 1 for a part's n elements (slab indices onebit_at(j, lo, n1, lo2)), padded to `groups`
 // groups (world chunks of `chunk`):
-//   x = (b1 m + (1 - b1) clip g) / (sqrt(v / bc2) + eps) + err_in
+//   x = (b1 m + (1 - b1) g) / (sqrt(v / bc2) + eps) + err_in       (m: the last step's averaged momentum)
 //   msgs: the compressed x, chunk j at j * onebit_msg_bytes(chunk); err_out = x - decompressed (j < n).
 // err_in and err_out are two buffers (the step commits err_out only when it updates the weights).
 // Layout: one block of 256 threads per group (grid-stride over groups); thread t: elements k * 256 + t.
 __global__ void onebit_worker(unsigned char* msgs, float* err_out, const float* err_in, const float* g, const float* m,
                               const float* v, size_t lo, size_t n1, size_t lo2, size_t n, size_t chunk, size_t groups,
-                              float b1, float clip, float bc2, float eps) {
+                              float b1, float bc2, float eps) {
     __shared__ float red[ONEBIT_THREADS / 32];
     size_t per_chunk = chunk / ONEBIT_GROUP, mb = onebit_msg_bytes(chunk);
     for (size_t G = blockIdx.x; G < groups; G += gridDim.x) {
@@ -124,7 +124,7 @@ __global__ void onebit_worker(unsigned char* msgs, float* err_out, const float* 
         float x[ONEBIT_PER_THREAD], q[ONEBIT_PER_THREAD];
         for (int k = 0; k < ONEBIT_PER_THREAD; k++) {
             size_t e = base + k * ONEBIT_THREADS + threadIdx.x, i = onebit_at(e, lo, n1, lo2);
-            x[k] = e < n ? (b1 * m[i] + (1.f - b1) * clip * g[i]) / (sqrtf(v[i] / bc2) + eps) + err_in[i] : 0.f;
+            x[k] = e < n ? (b1 * m[i] + (1.f - b1) * g[i]) / (sqrtf(v[i] / bc2) + eps) + err_in[i] : 0.f;
         }
         onebit_compress_group(x, n_valid, words, scale, red, q);
         for (int k = 0; k < ONEBIT_PER_THREAD; k++) {
@@ -168,22 +168,25 @@ __global__ void onebit_server(unsigned char* out, float* err_out, const float* e
 }
 
 // onebit_adam_update: step 4 for a part's n elements (slab indices onebit_at(j, lo, n1, lo2)): u = the
-// decompressed average (all: the world messages, chunk c at c * onebit_msg_bytes(chunk)), then with the frozen v
-//   w -= lr * (u / bc1 + wd * w)   (weight decay on the slab's first n_decay elements);  m = u * (sqrt(v / bc2) + eps)
+// decompressed average (all: the world messages, chunk c at c * onebit_msg_bytes(chunk)) of the unclipped
+// D (b1 m + (1 - b1) g), D = 1 / (sqrt(v / bc2) + eps) with the frozen v; with the step's clip factor `clip` the
+// clipped momentum D (b1 m + (1 - b1) clip g) is clip u + (1 - clip) b1 D m (m: this step's input, the same on
+// every rank), so
+//   u' = clip u + (1 - clip) b1 D m;  w -= lr * (u' / bc1 + wd * w)   (weight decay on the first n_decay);  m = u' / D
 // and the floatX copy of w refreshed with stochastic rounding, hashed as adamw_update hashes (slab index,
 // step). Layout: one thread per element, grid-stride.
 __global__ void onebit_adam_update(float* master, floatX* params, float* m, const float* v, const unsigned char* all,
                                    size_t lo, size_t n1, size_t lo2, size_t n, size_t n_decay, size_t chunk, float lr,
-                                   float eps, float wd, float bc1, float bc2, uint32_t seed) {
+                                   float b1, float eps, float wd, float clip, float bc1, float bc2, uint32_t seed) {
     size_t mb = onebit_msg_bytes(chunk);
     uint32_t hs = hash_u32(seed);
     for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
         size_t c = j / chunk, e = j % chunk, i = onebit_at(j, lo, n1, lo2);
         const unsigned char* msg = all + c * mb;
         float ui = onebit_sign((const uint32_t*)msg, ((const float*)(msg + chunk / 8))[e / ONEBIT_GROUP], (int)e);
-        float w = master[i];
-        w -= lr * (ui / bc1 + (i < n_decay ? wd * w : 0.f));
-        m[i] = ui * (sqrtf(v[i] / bc2) + eps);
+        float d = sqrtf(v[i] / bc2) + eps, u = clip * ui + (1.f - clip) * b1 * m[i] / d, w = master[i];
+        w -= lr * (u / bc1 + (i < n_decay ? wd * w : 0.f));
+        m[i] = u * d;
         master[i] = w;
         store_rounded(params + i, w, hash_u32((uint32_t)i * 0x9E3779B9u ^ hs));
     }
@@ -212,7 +215,6 @@ typedef struct OneBit {
     OneBitPart* part;     // (n_parts)
     size_t msg_total;     // bytes of world messages of every part (the size of send, recv and gathered)
     size_t server_total;  // elements of this rank's server errors (its chunk of every part)
-    float clip;           // the gradient scale of the next compressed step: the clip factor of the step before
     // the device side (onebit_alloc). The errors are double buffered: a step reads err[cur] and writes
     // err[1 - cur], and onebit_update (a step that updates the weights) makes those current.
     int cur;
@@ -272,7 +274,7 @@ static inline int onebit_tail_event(int n_events) { return n_events > 2 ? n_even
 // last part's buckets are not two ranges.
 static inline void onebit_layout(OneBit* ob, const GradReduce* g, int rank, int warmup, size_t part_elems) {
     memset(ob, 0, sizeof *ob);
-    ob->warmup = warmup, ob->world = g->comm->world, ob->rank = rank, ob->numel = g->numel, ob->clip = 1.f;
+    ob->warmup = warmup, ob->world = g->comm->world, ob->rank = rank, ob->numel = g->numel;
     ob->part = (OneBitPart*)calloc((size_t)g->n + 1, sizeof(OneBitPart));
     if (!ob->part) {
         fprintf(stderr, "compress: out of host memory for %d parts\n", g->n + 1);
@@ -379,8 +381,8 @@ static inline void onebit_exchange(OneBit* ob, const OneBitPart* p, Comm* c, cud
 // onebit_launch: steps 1 to 3 and the all-gather of a compressed step of the model's step m_step (counted from 1,
 // > warmup), part by part on g's communication stream, each after its backward event (as grad_reduce_launch
 // does for fp32: call it after the last micro-batch's backward was enqueued with BertModel.grad_ready =
-// g->ready); then onebit_wait before the weights are updated. g, m, v: the slab's gradient and AdamW moments;
-// ob->clip scales g. The errors written are not current until onebit_update.
+// g->ready); then onebit_wait before the weights are updated. grad, m, v: the slab's gradient and AdamW moments.
+// The errors written are not current until onebit_update.
 static inline void onebit_launch(OneBit* ob, GradReduce* g, int m_step, const float* grad, const float* m,
                                  const float* v, float b1, float b2, float eps) {
     Comm* c = g->comm;
@@ -394,7 +396,7 @@ static inline void onebit_launch(OneBit* ob, GradReduce* g, int m_step, const fl
         CUDA_CHECK(cudaStreamWaitEvent(s, g->ready[p->event], 0));
         launch(onebit_worker, onebit_grid(groups), dim3(ONEBIT_THREADS), 0, s, ob->send + p->msg_off,
                ob->worker_err[out], (const float*)ob->worker_err[in], grad, m, v, p->lo, p->n1, p->lo2, p->n, p->chunk,
-               groups, b1, ob->clip, bc2, eps);
+               groups, b1, bc2, eps);
         onebit_exchange(ob, p, c, s);
         launch(onebit_server, onebit_grid(p->chunk / ONEBIT_GROUP), dim3(ONEBIT_THREADS), 0, s, mine,
                ob->server_err[out] + p->server_off, (const float*)ob->server_err[in] + p->server_off,
@@ -415,25 +417,19 @@ static inline void onebit_wait(GradReduce* g, cudaStream_t compute) {
 }
 
 // onebit_update: step 4 of the step onebit_launch exchanged, on stream s: every part's decompressed average updates
-// master, w and m (onebit_adam_update), and the errors that step wrote become current.
+// m, master and w (onebit_adam_update) with the clip factor `clip` (the step's own, known only now), and the errors
+// that step wrote become current.
 static inline void onebit_update(OneBit* ob, cudaStream_t s, int m_step, float* master, floatX* w, float* m,
-                                 const float* v, size_t n_decay, float lr, float b1, float b2, float eps, float wd) {
+                                 const float* v, size_t n_decay, float lr, float b1, float b2, float eps, float wd,
+                                 float clip) {
     float bc1 = 1.f - powf(b1, (float)m_step), bc2 = 1.f - powf(b2, (float)onebit_v_step(ob, m_step));
     for (int i = 0; i < ob->n_parts; i++) {
         const OneBitPart* p = &ob->part[i];
         launch(onebit_adam_update, onebit_grid((p->n + 255) / 256), dim3(256), 0, s, master, w, m, v,
-               (const unsigned char*)ob->gathered + p->msg_off, p->lo, p->n1, p->lo2, p->n, n_decay, p->chunk, lr, eps,
-               wd, bc1, bc2, (uint32_t)m_step);
+               (const unsigned char*)ob->gathered + p->msg_off, p->lo, p->n1, p->lo2, p->n, n_decay, p->chunk, lr, b1,
+               eps, wd, clip, bc1, bc2, (uint32_t)m_step);
     }
     ob->cur = 1 - ob->cur;
-}
-
-// onebit_clip_after: after a step whose logged norm was `norm`, the scale of the next compressed step's gradients:
-// --clip's factor min(1, max_norm / norm) (1 when max_norm <= 0). A compressed step exchanges each part while the
-// backward still runs, before its own norm is known, so it clips with the factor of the step before: after an fp32
-// step the averaged gradient's norm, after a compressed one sqrt(mean over ranks of |g_r|^2).
-static inline void onebit_clip_after(OneBit* ob, float norm, float max_norm) {
-    ob->clip = max_norm > 0.f && norm > max_norm ? max_norm / norm : 1.f;
 }
 
 // onebit_refresh_update: a refresh step (onebit_is_refresh(ob, m_step)) of the slab: adamw_update of the averaged
@@ -450,10 +446,10 @@ static inline void onebit_refresh_update(const OneBit* ob, cudaStream_t s, int m
 
 // ----------------------------------------------------------------------------
 // Checkpoints. The compression state is each rank's worker error (numel) and server error (its chunk of every
-// part); the momentum m is the same on every rank and v is AdamW's, both already in the checkpoint; the clip
-// factor of the compressed steps is in the checkpoint's header. The trainer appends, after the AdamW regions,
-// rank 0's worker error, rank 1's, ..., then the server errors of all ranks by slab index (each element of the
-// slab is in exactly one rank's chunk of one part): (world + 1) numel floats in all (onebit_ckpt_bytes). A run
+// part); the momentum m is the same on every rank and v is AdamW's, both already in the checkpoint. The trainer
+// appends, after the AdamW regions, rank 0's worker error, rank 1's, ..., then the server errors of all ranks by
+// slab index (each element of the slab is in exactly one rank's chunk of one part; with one part, as before the
+// parts, that is rank 0's chunk, rank 1's, ...): (world + 1) numel floats in all (onebit_ckpt_bytes). A run
 // resumed on the same number of ranks continues with the very errors (byte-identical to an uninterrupted run).
 
 static inline uint64_t onebit_ckpt_bytes(size_t numel, int world) {

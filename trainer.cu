@@ -701,9 +701,7 @@ static Plan choose_batch(const BertConfig* c, int T, int loaders, const GradRedu
 // The CRC is computed while writing and checked before anything is loaded; then the header is checked
 // against the run (model, T, step within --steps; data.h checks the data position).
 #define CKPT_MAGIC "MLMCKPT3"
-#define CKPT_VERSION \
-    4  // 3: the tokens trained on (for metrics.jsonl and the epoch fraction across resumes);
-       // 4: --comm onebit's clip factor, its server errors by slab index
+#define CKPT_VERSION 3  // 3: the tokens trained on (for metrics.jsonl and the epoch fraction across resumes)
 #define CKPT_CHUNK ((size_t)16 << 20)  // bytes copied, checksummed and written at a time
 typedef struct {
     char magic[8];
@@ -714,9 +712,7 @@ typedef struct {
     int32_t onebit_world;        // --comm onebit: the ranks whose 1-bit Adam errors follow the AdamW state; else 0
     uint64_t numel, body_bytes;  // body: everything between the header and the CRC
     uint64_t tokens;             // real tokens trained on by all ranks up to this step
-    float onebit_clip;           // --comm onebit: the clip factor of its compressed steps (compress.h); else 1
-    int32_t pad;
-    DataLoaderState data;  // (last: tests/test_checkpoints.sh finds it 64 bytes before the body)
+    DataLoaderState data;        // (last: tests/test_checkpoints.sh finds it 64 bytes before the body)
 } CkptHeader;
 
 // What this run knows about DIR's checkpoints, for --keep and for the truth of its messages.
@@ -813,7 +809,6 @@ static int save_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, const 
     h.cfg = m->cfg, h.T = m->T, h.step = m->step, h.x_bytes = (int32_t)sizeof(floatX);
     h.numel = m->p.numel, h.body_bytes = ckpt_body_bytes(m), h.tokens = ck->tokens, h.data = *data;
     h.onebit_world = gr->onebit ? gr->onebit->world : 0;
-    h.onebit_clip = gr->onebit ? gr->onebit->clip : 1.f;
     h.body_bytes += onebit_ckpt_bytes(h.numel, h.onebit_world);
     unsigned char* buf = writer ? (unsigned char*)malloc(CKPT_CHUNK) : NULL;
     int fd = buf ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
@@ -1006,13 +1001,11 @@ static void ckpt_check_run(const char* path, const CkptHeader* h, const BertMode
 // ckpt_load_onebit: the checkpoint's 1-bit Adam errors (h->onebit_world ranks' worth; read through for the CRC
 // in any case): this rank's into gr->onebit when it runs --comm onebit on that many ranks (the servers' through
 // the gradient buffer, every rank's by slab index); else its errors stay zero (rank 0 says why, when the
-// checkpoint had errors or the run is past its warm-up). The clip factor is the checkpoint's in any case. Gives 0
-// on a read error.
+// checkpoint had errors or the run is past its warm-up). Gives 0 on a read error.
 static int ckpt_load_onebit(int fd, BertModel* m, const GradReduce* gr, const CkptHeader* h, unsigned char* buf,
                             uint32_t* crc) {
     OneBit* ob = gr->onebit;
     int W = h->onebit_world, use = ob && W == ob->world;
-    if (ob) ob->clip = h->onebit_clip;
     if (gr->comm->rank == 0 && ob && !use && (W || h->step > ob->warmup))
         printf("--resume: %s; 1-bit Adam starts from zero errors\n",
                W ? "the checkpoint's 1-bit Adam errors are for another number of ranks"
@@ -1759,8 +1752,7 @@ static void onebit_local_sumsq(BertModel* m, float* acc) {
 // Under --comm onebit (gr->onebit), after its warm-up a step reduces no gradient: onebit_launch exchanges the
 // compressed momentum part by part while the last backward runs, as the fp32 buckets would be; the norm (for
 // the log and the non-finite check) is sqrt(mean over ranks of |g_r|^2), from the ranks' local sums of squares
-// in the step's one all-reduce, and onebit_update updates the weights (compress.h). Each step's norm sets the clip
-// factor of the next compressed step (onebit_clip_after).
+// in the step's one all-reduce, and onebit_update updates the weights (compress.h), clipped by that norm.
 static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, GradReduce* gr, float* scratch,
                              const Options* o, float lr, int want_ckpt) {
     StepResult r;
@@ -1854,8 +1846,9 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     if (r.skipped) {
         m->step++;
     } else if (compressed) {
+        float clip = o->clip > 0.f && r.norm > o->clip ? o->clip / r.norm : 1.f;  // --clip, as fp32's
         onebit_update(ob, m->stream, m->step + 1, m->master, m->w, m->adam_m, m->adam_v, m->p.n_decay, lr, o->beta1,
-                      o->beta2, o->eps, o->wd);
+                      o->beta2, o->eps, o->wd, clip);
         m->step++;
     } else if (gr->zero) {
         zero_adamw_step(m, gr, o, lr);
@@ -1867,7 +1860,6 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     } else {
         bert_adamw_step(m, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
     }
-    if (ob && !r.skipped) onebit_clip_after(ob, r.norm, o->clip);
     bert_zero_grad(m);
     bert_phase(m, PHASE_END);
     r.comm_bytes = comm->sent - sent0;

@@ -1,11 +1,13 @@
 // test_compress.cu: the 1-bit Adam kernels of compress.h (--comm onebit) against plain C.
-//   - onebit_worker: x = (b1 m + (1 - b1) clip g) / (sqrt(v / bc2) + eps) + e, one sign bit per element and
+//   - onebit_worker: x = (b1 m + (1 - b1) g) / (sqrt(v / bc2) + eps) + e, one sign bit per element and
 //     |x|_1 / n per group of ONEBIT_GROUP, the chunks of P ranks in their messages, the new worker error in the
 //     second buffer; the part's end inside a group (padding not counted), a part of two ranges of the slab (the
-//     elements outside it untouched), the clip factor
+//     elements outside it untouched)
 //   - onebit_server: the average of P ranks' decompressed chunks plus the server error, compressed again
-//   - onebit_adam_update: the decompressed average as the step (frozen v), weight decay on n_decay elements,
-//     m = u (sqrt(v / bc2) + eps), the bf16 copy within one bf16 step of the master weight
+//   - onebit_adam_update: the decompressed average u of the unclipped D (b1 m + (1 - b1) g) (frozen v, D = 1 /
+//     (sqrt(v / bc2) + eps)) clipped after the fact, u' = clip u + (1 - clip) b1 D m, w -= lr (u' / bc1 + wd w)
+//     (weight decay on n_decay elements), m = u' / D, the bf16 copy within one bf16 step of the master weight;
+//     and that this is the clipped momentum: without compression (u exact) u' = D (b1 m + (1 - b1) clip g)
 //   - the whole compressed all-reduce of 3 simulated ranks (workers, the all-to-all and all-gather done on the
 //     host) gives every element of the plain C pipeline
 //   - the parts (onebit_layout): the buckets final before layer 0's event one part each (or merged up to a size),
@@ -57,7 +59,7 @@ static float ref_decompress(const unsigned char* msg, size_t chunk, size_t e) {
     return (w >> (e % 32)) & 1u ? sc : -sc;
 }
 static void ref_worker(unsigned char* msgs, float* err, const float* g, const float* m, const float* v, size_t n,
-                       size_t chunk, int world, float b1, float clip, float bc2, float eps) {
+                       size_t chunk, int world, float b1, float bc2, float eps) {
     size_t mb = onebit_msg_bytes(chunk), groups = (size_t)world * chunk / ONEBIT_GROUP;
     float x[ONEBIT_GROUP], q[ONEBIT_GROUP];
     for (size_t G = 0; G < groups; G++) {
@@ -65,7 +67,7 @@ static void ref_worker(unsigned char* msgs, float* err, const float* g, const fl
         int n_valid = base >= n ? 0 : (n - base < ONEBIT_GROUP ? (int)(n - base) : ONEBIT_GROUP);
         for (int e = 0; e < ONEBIT_GROUP; e++) {
             size_t i = base + e;
-            x[e] = i < n ? (b1 * m[i] + (1.f - b1) * clip * g[i]) / (sqrtf(v[i] / bc2) + eps) + err[i] : 0.f;
+            x[e] = i < n ? (b1 * m[i] + (1.f - b1) * g[i]) / (sqrtf(v[i] / bc2) + eps) + err[i] : 0.f;
         }
         float sc;
         ref_compress(x, n_valid, (uint32_t*)(msgs + j * mb) + e0 / 32, &sc, q);
@@ -252,7 +254,7 @@ static void test_pipeline(void) {
         g[r] = frand(n, 0.05f);
         werr[r] = frand(n, 1e-3f);
         for (size_t i = 0; i < n; i++)  // the value the reference compresses, for the sign check
-            x_ref[r * n + i] = (b1 * m[i] + (1.f - b1) * clip * g[r][i]) / (sqrtf(v[i] / bc2) + eps) + werr[r][i];
+            x_ref[r * n + i] = (b1 * m[i] + (1.f - b1) * g[r][i]) / (sqrtf(v[i] / bc2) + eps) + werr[r][i];
         float *g_slab = to_slab(g[r], n, 5.f), *e_slab = to_slab(werr[r], n, 3.f), *sentinel = to_slab(g[r], n, 7.f);
         float* d_g = (float*)up(g_slab, PSLAB * 4);
         float* d_e = (float*)up(e_slab, PSLAB * 4);
@@ -262,13 +264,13 @@ static void test_pipeline(void) {
         size_t groups = P * chunk / ONEBIT_GROUP;
         launch(onebit_worker, dim3(2), dim3(ONEBIT_THREADS), 0, (cudaStream_t)0, d_msgs, d_e_out, (const float*)d_e,
                (const float*)d_g, (const float*)d_m, (const float*)d_v, (size_t)PLO, (size_t)PN1, (size_t)PLO2, n,
-               chunk, groups, b1, clip, bc2, eps);
+               chunk, groups, b1, bc2, eps);
         down(send_got + r * P * mb, d_msgs, P * mb);
         float* e_got = from_slab(d_e_out, n, &outside, 7.f);
         float* e_in = from_slab(d_e, n, &outside, 3.f);  // the input error: not written
         CHECK(memcmp(e_in, werr[r], n * 4) == 0, "onebit_worker wrote its input error (rank %d)", r);
         free(e_in), free(g_slab), free(e_slab), free(sentinel);
-        ref_worker(send_ref + r * P * mb, werr[r], g[r], m, v, n, chunk, P, b1, clip, bc2, eps);
+        ref_worker(send_ref + r * P * mb, werr[r], g[r], m, v, n, chunk, P, b1, bc2, eps);
         char what[64];
         snprintf(what, sizeof what, "onebit_worker, rank %d", r);
         msgs_match(what, send_got + r * P * mb, send_ref + r * P * mb, x_ref + r * n, chunk, P, n);
@@ -317,8 +319,8 @@ static void test_pipeline(void) {
     floatX* d_x = (floatX*)dalloc(PSLAB * sizeof(floatX));
     unsigned char* d_all = (unsigned char*)up(gathered_got, P * mb);
     launch(onebit_adam_update, dim3(3), dim3(256), 0, (cudaStream_t)0, d_w, d_x, d_m, (const float*)d_v,
-           (const unsigned char*)d_all, (size_t)PLO, (size_t)PN1, (size_t)PLO2, n, n_decay, chunk, lr, eps, wd, bc1,
-           bc2, 42u);
+           (const unsigned char*)d_all, (size_t)PLO, (size_t)PN1, (size_t)PLO2, n, n_decay, chunk, lr, b1, eps, wd,
+           clip, bc1, bc2, 42u);
     float *w_want = (float*)malloc(n * 4), *m_want = (float*)malloc(n * 4);
     float *w_got = from_slab(d_w, n, &outside, 2.f), *m_got = from_slab(d_m, n, &outside, 0.f);
     floatX* x_slab = (floatX*)malloc(PSLAB * sizeof(floatX));
@@ -327,17 +329,25 @@ static void test_pipeline(void) {
     for (size_t j = 0; j < n; j++) x_got[j] = x_slab[onebit_at(j, PLO, PN1, PLO2)];
     free(x_slab), free(w_slab), free(m_slab), free(v_slab);
     CHECK(outside == 0, "onebit_worker or onebit_adam_update changed %d slab elements outside the part", outside);
-    int far = 0;
+    int far = 0, far_clip = 0;
     for (size_t i = 0; i < n; i++) {
         float u = ref_decompress(gathered_got + i / chunk * mb, chunk, i % chunk);
-        w_want[i] = w[i] - lr * (u / bc1 + (onebit_at(i, PLO, PN1, PLO2) < n_decay ? wd * w[i] : 0.f));
-        m_want[i] = u * (sqrtf(v[i] / bc2) + eps);
+        float d = sqrtf(v[i] / bc2) + eps, uc = clip * u + (1.f - clip) * b1 * m[i] / d;
+        w_want[i] = w[i] - lr * (uc / bc1 + (onebit_at(i, PLO, PN1, PLO2) < n_decay ? wd * w[i] : 0.f));
+        m_want[i] = uc * d;
+        // without compression (u = the exact average of D (b1 m + (1 - b1) g_r)) this is the clipped momentum
+        double gbar = 0;
+        for (int r = 0; r < P; r++) gbar += g[r][i] / (double)P;
+        double B1 = b1, M = m[i], D = d, c = clip;
+        double exact = (B1 * M + (1 - B1) * gbar) / D, want = (B1 * M + (1 - B1) * c * gbar) / D;
+        far_clip += fabs(c * exact + (1 - c) * B1 * M / D - want) > 1e-12 * (fabs(want) + 1);
         float xf = (float)x_got[i], step = fabsf(w_want[i]) * (sizeof(floatX) == 2 ? 1.f / 128 : 1e-6f);
         far += !(fabsf(xf - w_want[i]) <= step + 1e-30f);
     }
     check_close("onebit_adam_update: master weights", w_got, w_want, n, 1e-6f, 1e-5f);
     check_close("onebit_adam_update: momentum", m_got, m_want, n, 1e-9f, 1e-5f);
     CHECK(far == 0, "onebit_adam_update: %d floatX weights more than one step from the master weight", far);
+    CHECK(far_clip == 0, "clip u + (1 - clip) b1 D m is not the clipped momentum at %d elements", far_clip);
     // the pipeline as a whole, in plain C from the workers on: the same averaged step (a sign may flip where a
     // sum in the kernels' and in plain C's float order differ near 0: at most 0.5% of the elements)
     int bad = 0;
@@ -396,7 +406,7 @@ static void test_error_feedback(void) {
         }
         onebit_launch(&ob, &g, t + 1, d_g, d_m, d_v, 0.f, 0.5f, 1.f);
         onebit_wait(&g, (cudaStream_t)0);
-        onebit_update(&ob, (cudaStream_t)0, t + 1, d_w, d_x, d_m, d_v, 0, 1.f, 0.f, 0.5f, 1.f, 0.f);
+        onebit_update(&ob, (cudaStream_t)0, t + 1, d_w, d_x, d_m, d_v, 0, 1.f, 0.f, 0.5f, 1.f, 0.f, 1.f);
         down(ew, ob.worker_err[ob.cur], n * 4);
         onebit_fetch_servers(&ob, &c, d_slab, (cudaStream_t)0);
         down(es, d_slab, n * 4);
