@@ -2629,6 +2629,16 @@ static void agree_on_position(Comm* comm, const BertModel* m, const DataLoader* 
         }
 }
 
+// scaling_lists: n elements and n events (a bucket or part list of ScalingWork), or a message and exit.
+static void scaling_lists(int n, double** elems, int** events) {
+    *elems = (double*)malloc(n * sizeof(double));
+    *events = (int*)malloc(n * sizeof(int));
+    if (!*elems || !*events) {
+        fprintf(stderr, "trainer: out of host memory for the scaling prediction\n");
+        exit(1);
+    }
+}
+
 // scaling_work: what scaling.h needs of the model, the micro-batch and the flags: FLOPs, the gradient buckets
 // that comm.h's grad_reduce_layout makes for `world` ranks (their collectives' sizes and the backward events
 // they wait for) and where in the backward each event falls (its share of the backward's FLOPs: the head,
@@ -2663,24 +2673,14 @@ static ScalingWork scaling_work(const Options* o, const BertConfig* cfg, const P
     GradReduce g;
     grad_reduce_setup(&g, cfg, &fake, o);
     w.n_buckets = g.n;
-    w.bucket_elems = (double*)malloc(g.n * sizeof(double));
-    w.bucket_event = (int*)malloc(g.n * sizeof(int));
-    if (!w.bucket_elems || !w.bucket_event) {
-        fprintf(stderr, "trainer: out of host memory for the scaling prediction\n");
-        exit(1);
-    }
+    scaling_lists(g.n, &w.bucket_elems, &w.bucket_event);
     for (int i = 0; i < g.n; i++)
         w.bucket_elems[i] = (double)(g.zero ? (size_t)world * g.b[i].piece : g.b[i].n),
         w.bucket_event[i] = g.b[i].event;
     OneBit ob;  // --comm onebit's parts (compress.h), for the onebit table
     onebit_layout(&ob, &g, 0, 1, onebit_part_elems(o));
     w.n_parts = ob.n_parts;
-    w.part_elems = (double*)malloc(ob.n_parts * sizeof(double));
-    w.part_event = (int*)malloc(ob.n_parts * sizeof(int));
-    if (!w.part_elems || !w.part_event) {
-        fprintf(stderr, "trainer: out of host memory for the scaling prediction\n");
-        exit(1);
-    }
+    scaling_lists(ob.n_parts, &w.part_elems, &w.part_event);
     for (int i = 0; i < ob.n_parts; i++) w.part_elems[i] = (double)ob.part[i].n, w.part_event[i] = ob.part[i].event;
     free(ob.part);
     free(g.b);
