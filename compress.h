@@ -31,7 +31,7 @@
 // step that is skipped (a non-finite loss or norm) or dropped (a stop) leaves the state as it was.
 // Compression of a group of n elements x: one bit per element, set when x >= 0, and the scale
 // s = |x|_1 / n; decompressed, x_i ~ (bit ? s : -s). (|x|_1 / n is the scale that minimizes the squared
-// error of s * sign(x).) Elements past the slab's end (the last chunk's padding) are 0 and not counted.
+// error of s * sign(x).) Elements past the part's end (the last chunk's padding) are 0 and not counted.
 // A compressed chunk of C elements (a message): C / 32 uint32 sign words (bit b of word w: element
 // 32 w + b), then C / ONEBIT_GROUP fp32 scales: C / 8 + 4 C / ONEBIT_GROUP bytes.
 // Bytes a rank sends per step: (P - 1) messages of each part in the all-to-all and (P - 1) in the all-gather,
@@ -47,9 +47,9 @@
 #define ONEBIT_THREADS 256
 #define ONEBIT_PER_THREAD (ONEBIT_GROUP / ONEBIT_THREADS)
 // --comm-refresh's default: every 100th step after the warm-up is an fp32 AdamW step that refreshes the frozen
-// variance (lazily: v = b2^100 v + (1 - b2^100) g^2). In the 500-step 4-rank mini runs (README) it brings
-// onebit from +1.62% to +0.96% of fp32's validation loss (every 10, 40 or 50 steps: the same within 0.1%), at
-// 22x fewer bytes than fp32 instead of 28x.
+// variance (lazily: v = b2^100 v + (1 - b2^100) g^2). In the 500-step 4-rank mini runs (README, before the overlap)
+// it brought onebit from +1.62% to +0.96% of fp32's validation loss (every 10, 40 or 50 steps: the same within 0.1%),
+// at 22x fewer bytes than fp32 instead of 28x.
 #define ONEBIT_REFRESH_DEFAULT 100
 // The parts' size before the backward's end (onebit_layout): at most this many of --bucket-mb's fp32 buckets (100 MB
 // at the default 25; a part's messages are 1/28 of that). Each part pays one all-gather latency, about 5 ms at 128
@@ -281,7 +281,7 @@ static inline void onebit_layout(OneBit* ob, const GradReduce* g, int rank, int 
         exit(1);
     }
     int last = onebit_tail_event(g->n_events), ranges = 0;
-    size_t lo[2] = {0, 0}, hi[2] = {0, 0};  // the last event's buckets as ranges, merged
+    size_t lo[2] = {0, 0}, hi[2] = {0, 0};  // the last part's buckets as ranges, merged
     for (int i = 0; i < g->n; i++) {
         const GradBucket* b = &g->b[i];
         if (b->event < last) {  // into the part before (the range just above it), or a new part
