@@ -14,19 +14,23 @@
 //
 // The slab is cut into parts (onebit_layout: the gradient buckets of comm.h merged up to ONEBIT_PART_BUCKETS, those
 // final only after layer 0's backward one part), and each part goes through steps 1 to 3 and the all-gather on
-// the communication stream as soon as the last micro-batch's backward has made its gradients, while the backward
-// goes on (as the fp32 buckets do). The step's norm, and so --clip's factor c, is known only after its whole
-// backward, so what is sent is the unclipped momentum, and c enters at the update, exactly: the clipped momentum
-// b1 m + (1 - b1) c g = c (b1 m + (1 - b1) g) + (1 - c) b1 m, and m (the last step's) is the same on every rank.
-//   1. worker (every rank r, its accumulated gradient g_r): x = D (b1 m + (1 - b1) g_r) + e_r, where m is the
-//      averaged momentum of the last step and e_r this rank's worker error; x is compressed (below) and
-//      e_r = x - decompress(compress(x)).
+// the communication stream. --comm onebit launches them after the step's host sync, when the step's norm and so
+// --clip's factor c are known; --comm onebit-overlap launches each as soon as the last micro-batch's backward has
+// made its gradients, while the backward goes on (as the fp32 buckets), before c is known: it sends the unclipped
+// momentum, and c enters at the update, exactly without compression: b1 m + (1 - b1) c g = c (b1 m + (1 - b1) g)
+// + (1 - c) b1 m, and m (the last step's) is the same on every rank. (With compression it is not the same: the
+// errors then carry unclipped values from step to step; in the 500-step mini runs onebit-overlap ended 1.2% and
+// 2.0% above fp32 where onebit ended 1.0% and 0.9%: README.)
+//   1. worker (every rank r, its accumulated gradient g_r): x = D (b1 m + (1 - b1) c' g_r) + e_r, where m is the
+//      averaged momentum of the last step, e_r this rank's worker error and c' = c (onebit) or 1 (onebit-overlap);
+//      x is compressed (below) and e_r = x - decompress(compress(x)).
 //   2. all-to-all (ncclSend/ncclRecv in a group): the part, padded to P chunks of `chunk` elements, is cut
 //      into P chunks; rank j receives every rank's compressed chunk j.
 //   3. server (rank j): y = (1/P) sum_q decompress(q's chunk j) + s_j (its server error), compressed again,
 //      s_j = y - decompress(compress(y)).
-//   4. all-gather of the P compressed chunks: every rank decompresses the same bits, u, and after the step's host
-//      sync takes u' = c u + (1 - c) b1 D m as the averaged momentum m = u' / D and applies w -= lr (u' / bc1 + wd w).
+//   4. all-gather of the P compressed chunks: every rank decompresses the same bits, u, takes u' = u (onebit) or
+//      u' = c u + (1 - c) b1 D m (onebit-overlap) as the averaged momentum m = u' / D and applies
+//      w -= lr (u' / bc1 + wd w).
 // The errors are written to second buffers and become current only when the step updates the weights, so a
 // step that is skipped (a non-finite loss or norm) or dropped (a stop) leaves the state as it was.
 // Compression of a group of n elements x: one bit per element, set when x >= 0, and the scale
@@ -107,13 +111,13 @@ __host__ __device__ inline size_t onebit_at(size_t j, size_t lo, size_t n1, size
 
 // onebit_worker: step 1 for a part's n elements (slab indices onebit_at(j, lo, n1, lo2)), padded to `groups`
 // groups (world chunks of `chunk`):
-//   x = (b1 m + (1 - b1) g) / (sqrt(v / bc2) + eps) + err_in       (m: the last step's averaged momentum)
+//   x = (b1 m + (1 - b1) clip g) / (sqrt(v / bc2) + eps) + err_in     (m: the last step's averaged momentum)
 //   msgs: the compressed x, chunk j at j * onebit_msg_bytes(chunk); err_out = x - decompressed (j < n).
 // err_in and err_out are two buffers (the step commits err_out only when it updates the weights).
 // Layout: one block of 256 threads per group (grid-stride over groups); thread t: elements k * 256 + t.
 __global__ void onebit_worker(unsigned char* msgs, float* err_out, const float* err_in, const float* g, const float* m,
                               const float* v, size_t lo, size_t n1, size_t lo2, size_t n, size_t chunk, size_t groups,
-                              float b1, float bc2, float eps) {
+                              float b1, float clip, float bc2, float eps) {
     __shared__ float red[ONEBIT_THREADS / 32];
     size_t per_chunk = chunk / ONEBIT_GROUP, mb = onebit_msg_bytes(chunk);
     for (size_t G = blockIdx.x; G < groups; G += gridDim.x) {
@@ -124,7 +128,7 @@ __global__ void onebit_worker(unsigned char* msgs, float* err_out, const float* 
         float x[ONEBIT_PER_THREAD], q[ONEBIT_PER_THREAD];
         for (int k = 0; k < ONEBIT_PER_THREAD; k++) {
             size_t e = base + k * ONEBIT_THREADS + threadIdx.x, i = onebit_at(e, lo, n1, lo2);
-            x[k] = e < n ? (b1 * m[i] + (1.f - b1) * g[i]) / (sqrtf(v[i] / bc2) + eps) + err_in[i] : 0.f;
+            x[k] = e < n ? (b1 * m[i] + (1.f - b1) * clip * g[i]) / (sqrtf(v[i] / bc2) + eps) + err_in[i] : 0.f;
         }
         onebit_compress_group(x, n_valid, words, scale, red, q);
         for (int k = 0; k < ONEBIT_PER_THREAD; k++) {
@@ -270,7 +274,8 @@ static inline int onebit_tail_event(int n_events) { return n_events > 2 ? n_even
 // backward goes on; the buckets final after it (layer 0's, the vector region [v, numel) and the embeddings:
 // two ranges, [v, numel) and [0, h)) are one part, exchanged after the backward's last event, so that what the
 // backward cannot hide pays one latency. Each part's all-gather costs a latency that grows with the number of
-// nodes (a ring), so parts larger than the fp32 buckets pay off (ONEBIT_PART_BUCKETS). Exits with a message if the
+// nodes (a ring), so parts larger than the fp32 buckets pay off (ONEBIT_PART_BUCKETS). part_elems SIZE_MAX: the
+// whole slab is one part (--comm onebit, which sends after the backward: one latency). Exits with a message if the
 // last part's buckets are not two ranges.
 static inline void onebit_layout(OneBit* ob, const GradReduce* g, int rank, int warmup, size_t part_elems) {
     memset(ob, 0, sizeof *ob);
@@ -280,7 +285,7 @@ static inline void onebit_layout(OneBit* ob, const GradReduce* g, int rank, int 
         fprintf(stderr, "compress: out of host memory for %d parts\n", g->n + 1);
         exit(1);
     }
-    int last = onebit_tail_event(g->n_events), ranges = 0;
+    int last = part_elems == SIZE_MAX ? 0 : onebit_tail_event(g->n_events), ranges = 0;
     size_t lo[2] = {0, 0}, hi[2] = {0, 0};  // the last part's buckets as ranges, merged
     for (int i = 0; i < g->n; i++) {
         const GradBucket* b = &g->b[i];
@@ -381,10 +386,11 @@ static inline void onebit_exchange(OneBit* ob, const OneBitPart* p, Comm* c, cud
 // onebit_launch: steps 1 to 3 and the all-gather of a compressed step of the model's step m_step (counted from 1,
 // > warmup), part by part on g's communication stream, each after its backward event (as grad_reduce_launch
 // does for fp32: call it after the last micro-batch's backward was enqueued with BertModel.grad_ready =
-// g->ready); then onebit_wait before the weights are updated. grad, m, v: the slab's gradient and AdamW moments.
-// The errors written are not current until onebit_update.
+// g->ready; or after the step's host sync, when the events have long passed); then onebit_wait before the weights
+// are updated. grad, m, v: the slab's gradient and AdamW moments; clip scales grad (1 when the clip factor is not
+// known yet: onebit_update applies it). The errors written are not current until onebit_update.
 static inline void onebit_launch(OneBit* ob, GradReduce* g, int m_step, const float* grad, const float* m,
-                                 const float* v, float b1, float b2, float eps) {
+                                 const float* v, float b1, float b2, float eps, float clip) {
     Comm* c = g->comm;
     cudaStream_t s = g->stream;
     int in = ob->cur, out = 1 - ob->cur;
@@ -396,7 +402,7 @@ static inline void onebit_launch(OneBit* ob, GradReduce* g, int m_step, const fl
         CUDA_CHECK(cudaStreamWaitEvent(s, g->ready[p->event], 0));
         launch(onebit_worker, onebit_grid(groups), dim3(ONEBIT_THREADS), 0, s, ob->send + p->msg_off,
                ob->worker_err[out], (const float*)ob->worker_err[in], grad, m, v, p->lo, p->n1, p->lo2, p->n, p->chunk,
-               groups, b1, bc2, eps);
+               groups, b1, clip, bc2, eps);
         onebit_exchange(ob, p, c, s);
         launch(onebit_server, onebit_grid(p->chunk / ONEBIT_GROUP), dim3(ONEBIT_THREADS), 0, s, mine,
                ob->server_err[out] + p->server_off, (const float*)ob->server_err[in] + p->server_off,

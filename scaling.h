@@ -31,13 +31,15 @@
 //     onebit (1-bit Adam, after --comm-warmup steps at fp32): compress.h's parts (the buckets merged up to
 //       ONEBIT_PART_BUCKETS buckets, and one part for all the buckets final after layer 0's backward: the embeddings
 //       and the vector region), on the communication stream in launch order, each from its backward event as the
-//       buckets: the compression (memory-bound: SCALING_ONEBIT_WORKER_BYTES of device memory per element), one
-//       all-to-all and one all-gather of P messages of C/8 bytes of signs + 4 bytes of scale per group of 256 (C = the
-//       part's n/P rounded up to 256: compress.h's onebit_msg_bytes); after the step's host sync the update
-//       (SCALING_ONEBIT_UPDATE_BYTES per parameter), never overlapped. With --comm-refresh K (default 100) one
-//       step in K is an fp32 step instead, so the time, the communication and the bytes after the warm-up are
-//       (K-1)/K onebit's + 1/K fp32's. (The compression shares the GPU with the backward; the model does not
-//       slow the backward for it: a memory-bound pass over the gradients, about 1% of a bert-base backward.)
+//       buckets (onebit-overlap), or the whole slab as one part after the backward (onebit): the compression
+//       (memory-bound: SCALING_ONEBIT_WORKER_BYTES of device memory per element), one all-to-all and one all-gather of
+//       P messages of C/8 bytes of signs + 4 bytes of scale per group of 256 (C = the part's n/P rounded up to 256:
+//       compress.h's onebit_msg_bytes); then the update (SCALING_ONEBIT_UPDATE_BYTES per parameter). With
+//       --comm-refresh K (default 100) one step in K is an fp32 step instead, so the time, the communication and
+//       the bytes after the warm-up are (K-1)/K onebit's + 1/K fp32's. (The overlapped compression shares the GPU
+//       with the backward; the model does not slow the backward for it: a memory-bound pass over the gradients,
+//       about 1% of a bert-base backward.) onebit's parts start at the step's host sync, which the model puts
+//       after them (it is latency only).
 //     every mode: the step's host sync, one all-reduce of a few floats (latency only).
 //   exposed = the communication still running when the last backward ends + what runs after it
 //   step = compute + exposed; efficiency = compute / step (time per sample on 1 GPU / per GPU on P).
@@ -103,11 +105,12 @@ typedef struct {
     int warmup_as_fp32;  // 1: the first --comm-warmup steps run as fp32
 } ScalingModeDesc;
 
-enum { SCALING_FP32, SCALING_BF16, SCALING_ONEBIT, SCALING_NUM_MODES };
+enum { SCALING_FP32, SCALING_BF16, SCALING_ONEBIT, SCALING_ONEBIT_OVERLAP, SCALING_NUM_MODES };
 static const ScalingModeDesc scaling_modes[SCALING_NUM_MODES] = {
     {"fp32", 4, 1, 0, 0},
     {"bf16", 2, 1, 0, 0},
-    {"onebit", 0, 1, 1, 1},
+    {"onebit", 0, 0, 1, 1},
+    {"onebit-overlap", 0, 1, 1, 1},
 };
 
 typedef struct {
@@ -210,8 +213,9 @@ static inline double scaling_exposed(const ScalingCluster* c, const ScalingWork*
     if (m->compressed) {
         // the parts on the communication stream, timed from the start of the last backward
         double bwd = SCALING_OVERLAP * micro_s, end = 0;
-        for (int i = 0; i < w->n_parts; i++) {
-            double n = w->part_elems[i], ready = w->event_frac[w->part_event[i]] * bwd;
+        for (int i = 0; i < (m->overlapped ? w->n_parts : 1); i++) {  // onebit: the whole slab one part
+            double n = m->overlapped ? w->part_elems[i] : w->params;
+            double ready = m->overlapped ? w->event_frac[w->part_event[i]] * bwd : bwd;
             double bytes = P * scaling_onebit_msg_bytes(n, P);  // every rank's message
             end = (ready > end ? ready : end) + n * SCALING_ONEBIT_WORKER_BYTES / hbm;
             end += SC_ADD(SCALING_ALLTOALL, bytes, t);
@@ -329,9 +333,11 @@ static inline void scaling_print(const ScalingCluster* c, const ScalingWork* w, 
     for (int mi = 0; mi < SCALING_NUM_MODES; mi++) {
         const ScalingModeDesc* m = &scaling_modes[mi];
         printf("\n--comm %s: %s\n", m->name,
-               m->compressed ? "1-bit Adam: all-to-all + all-gather of the signs per part during the last backward"
-               : w->zero     ? "reduce-scatter per bucket during the last backward, weight all-gather after the step"
-                             : "all-reduce per bucket during the last backward");
+               m->compressed && m->overlapped
+                   ? "1-bit Adam: all-to-all + all-gather of the signs per part during the last backward"
+               : m->compressed ? "1-bit Adam: all-to-all + all-gather of the signs per part after the backward"
+               : w->zero       ? "reduce-scatter per bucket during the last backward, weight all-gather after the step"
+                               : "all-reduce per bucket during the last backward");
         printf(
             "| nodes | GPUs | B | accum | global batch (seqs) | compute ms | collectives | comm ms | exposed ms | "
             "step ms | efficiency |%s MB sent/GPU | tokens/s |\n",

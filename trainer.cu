@@ -60,6 +60,7 @@ typedef struct {
     const char* comm;                  // --comm fp32 | bf16 | onebit (--grad-reduce: its old name)
     int grad_reduce_bf16, zero;        // --comm bf16; --zero 1 (ZeRO-1)
     int onebit, comm_warmup;           // --comm onebit (1-bit Adam, compress.h); --comm-warmup (0: default)
+    int onebit_overlap;                // --comm onebit-overlap: the parts exchanged during the backward
     int comm_refresh;                  // --comm-refresh K: an fp32 step updates v every K steps (0: never)
     const char* optimizer_name;        // --optimizer adamw | lamb
     int optimizer;                     // OPT_ADAMW or OPT_LAMB (from optimizer_name)
@@ -158,11 +159,13 @@ static const Flag flags[] = {
      "--resume continues)"},
 
     {NULL, NULL, F_HELP, 0, 0, 0, NULL, "how gradients cross the network:"},
-    {"--comm", "fp32|bf16|onebit", F_CHOICE, AT(comm), 0, 0, "fp32",
+    {"--comm", "fp32|bf16|onebit|onebit-overlap", F_CHOICE, AT(comm), 0, 0, "fp32",
      "fp32: buckets all-reduced in fp32; bf16: half the bytes; onebit: 1-bit Adam,\n"
      "after --comm-warmup steps of fp32 AdamW the variance is frozen and only the\n"
      "momentum's signs and one scale per 256 elements are sent, about 28x fewer bytes\n"
-     "than fp32 (also on one GPU, to see its effect)"},
+     "than fp32 (also on one GPU, to see its effect); onebit-overlap: the same sent\n"
+     "during the backward, clipped after the exchange (faster on a slow network, a\n"
+     "loss further from fp32's: README)"},
     {"--grad-reduce", "fp32|bf16", F_CHOICE, AT(comm), 0, 0, NULL, "the older name of --comm fp32 | bf16"},
     {"--comm-warmup", "N", F_INT, AT(comm_warmup), 1, INT_MAX, NULL,
      "--comm onebit: steps of fp32 AdamW before compression (default 10% of --steps,\n"
@@ -579,7 +582,8 @@ static Options parse_options(int argc, char** argv) {
     }
     o.seq_given = given[find_flag("--seq") - flags], o.seed_given = given[find_flag("--seed") - flags];
     o.preset_given = given[find_flag("--preset") - flags], o.accum_given = given[find_flag("--grad-accum") - flags];
-    o.grad_reduce_bf16 = !strcmp(o.comm, "bf16"), o.onebit = !strcmp(o.comm, "onebit");
+    o.grad_reduce_bf16 = !strcmp(o.comm, "bf16"), o.onebit_overlap = !strcmp(o.comm, "onebit-overlap");
+    o.onebit = o.onebit_overlap || !strcmp(o.comm, "onebit");
     o.optimizer = !strcmp(o.optimizer_name, "lamb") ? OPT_LAMB : OPT_ADAMW;
     if (!o.preset) o.preset = o.bench ? "bert-base,bert-large" : "bert-base";
     check_options(&o);
@@ -643,10 +647,10 @@ static void plan_add_validation(Plan* p, int val_batches, const char* val_patter
     p->total += p->val_bytes;
 }
 
-// onebit_part_elems: --comm onebit's largest part before the backward's end: ONEBIT_PART_BUCKETS buckets of
-// --bucket-mb (compress.h).
+// onebit_part_elems: --comm onebit-overlap's largest part before the backward's end: ONEBIT_PART_BUCKETS buckets
+// of --bucket-mb (compress.h); --comm onebit sends the whole slab as one part, after the backward (SIZE_MAX).
 static size_t onebit_part_elems(const Options* o) {
-    return (size_t)(ONEBIT_PART_BUCKETS * o->bucket_mb * (1 << 20) / sizeof(float));
+    return o->onebit_overlap ? (size_t)(ONEBIT_PART_BUCKETS * o->bucket_mb * (1 << 20) / sizeof(float)) : SIZE_MAX;
 }
 
 // grad_reduce_setup: the gradient buckets of cfg's slab for this world size and --bucket-mb, --grad-reduce,
@@ -1010,7 +1014,7 @@ static int ckpt_load_onebit(int fd, BertModel* m, const GradReduce* gr, const Ck
         printf("--resume: %s; 1-bit Adam starts from zero errors\n",
                W ? "the checkpoint's 1-bit Adam errors are for another number of ranks"
                  : "the checkpoint has no 1-bit Adam errors (written without --comm onebit)");
-    for (int q = 0; q <= W; q++) {  // the workers' errors, then the servers' (q = W)
+    for (int q = 0; W > 0 && q <= W; q++) {  // the workers' errors, then the servers' (q = W)
         size_t n = h->numel * sizeof(float);
         char* dst = !use ? NULL : q == W ? (char*)m->grad : q == gr->comm->rank ? (char*)ob->worker_err[ob->cur] : NULL;
         for (size_t off = 0; off < n; off += CKPT_CHUNK) {
@@ -1749,10 +1753,11 @@ static void onebit_local_sumsq(BertModel* m, float* acc) {
     launch(accumulate_sum, dim3(1), dim3(256), 0, m->stream, acc, (const float*)m->norm_partial, launch_grid_cap());
 }
 
-// Under --comm onebit (gr->onebit), after its warm-up a step reduces no gradient: onebit_launch exchanges the
-// compressed momentum part by part while the last backward runs, as the fp32 buckets would be; the norm (for
-// the log and the non-finite check) is sqrt(mean over ranks of |g_r|^2), from the ranks' local sums of squares
-// in the step's one all-reduce, and onebit_update updates the weights (compress.h), clipped by that norm.
+// Under --comm onebit (gr->onebit), after its warm-up a step reduces no gradient: the norm (for the log, clipping
+// and the non-finite check) is sqrt(mean over ranks of |g_r|^2), from the ranks' local sums of squares in the
+// step's one all-reduce; then onebit_launch exchanges the clipped momentum part by part and onebit_update updates
+// the weights (compress.h). --comm onebit-overlap launches the parts while the last backward runs, as the fp32
+// buckets are reduced, and clips at the update.
 static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, GradReduce* gr, float* scratch,
                              const Options* o, float lr, int want_ckpt) {
     StepResult r;
@@ -1761,8 +1766,9 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     uint64_t sent0 = comm->sent;
     OneBit* ob = gr->onebit;
     int compressed = ob && m->step + 1 > ob->warmup && !onebit_is_refresh(ob, m->step + 1);
-    int stop_pending = 0;      // a stop agreement in flight (stop_agreed)
-    comm->step = m->step + 1;  // for the watchdog's messages
+    int overlap = compressed && o->onebit_overlap;  // the parts leave during the backward, before the norm is known
+    int stop_pending = 0;                           // a stop agreement in flight (stop_agreed)
+    comm->step = m->step + 1;                       // for the watchdog's messages
     for (int micro = 0; micro < o->grad_accum; micro++) {
         bert_phase(m, PHASE_DATA);
         Batch b;
@@ -1800,10 +1806,10 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     // whose streams run as the GPU's do).
     bert_phase(m, PHASE_ALLREDUCE);
     if (test_hook_on(o->stall, m->step + 1)) stall_launch(comm, o, comm->world > 1 ? gr->stream : m->stream);
-    if (compressed) {
-        onebit_launch(ob, gr, m->step + 1, m->grad, m->adam_m, m->adam_v, o->beta1, o->beta2, o->eps);
+    if (overlap) {
+        onebit_launch(ob, gr, m->step + 1, m->grad, m->adam_m, m->adam_v, o->beta1, o->beta2, o->eps, 1.f);
         onebit_wait(gr, m->stream);
-    } else {
+    } else if (!compressed) {
         grad_reduce_launch(gr, m->grad);
         grad_reduce_wait(gr, m->stream);
     }
@@ -1846,9 +1852,13 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     if (r.skipped) {
         m->step++;
     } else if (compressed) {
-        float clip = o->clip > 0.f && r.norm > o->clip ? o->clip / r.norm : 1.f;  // --clip, as fp32's
+        float clip = o->clip > 0.f && r.norm > o->clip ? o->clip / r.norm : 1.f;  // --clip's factor
+        if (!overlap) {                                                           // the parts leave now, clipped
+            onebit_launch(ob, gr, m->step + 1, m->grad, m->adam_m, m->adam_v, o->beta1, o->beta2, o->eps, clip);
+            onebit_wait(gr, m->stream);
+        }
         onebit_update(ob, m->stream, m->step + 1, m->master, m->w, m->adam_m, m->adam_v, m->p.n_decay, lr, o->beta1,
-                      o->beta2, o->eps, o->wd, clip);
+                      o->beta2, o->eps, o->wd, overlap ? clip : 1.f);
         m->step++;
     } else if (gr->zero) {
         zero_adamw_step(m, gr, o, lr);
@@ -2677,8 +2687,10 @@ static ScalingWork scaling_work(const Options* o, const BertConfig* cfg, const P
     for (int i = 0; i < g.n; i++)
         w.bucket_elems[i] = (double)(g.zero ? (size_t)world * g.b[i].piece : g.b[i].n),
         w.bucket_event[i] = g.b[i].event;
-    OneBit ob;  // --comm onebit's parts (compress.h), for the onebit table
-    onebit_layout(&ob, &g, 0, 1, onebit_part_elems(o));
+    OneBit ob;        // --comm onebit's parts (compress.h), for the onebit table
+    Options ov = *o;  // the onebit-overlap table's parts (the onebit table takes the whole slab)
+    ov.onebit_overlap = 1;
+    onebit_layout(&ob, &g, 0, 1, onebit_part_elems(&ov));
     w.n_parts = ob.n_parts;
     scaling_lists(ob.n_parts, &w.part_elems, &w.part_event);
     for (int i = 0; i < ob.n_parts; i++) w.part_elems[i] = (double)ob.part[i].n, w.part_event[i] = ob.part[i].event;
@@ -2695,7 +2707,10 @@ static void scaling_work_free(ScalingWork* w) {
 
 // scaling_mode_of: the scaling.h mode this run communicates in (--comm).
 static const ScalingModeDesc* scaling_mode_of(const Options* o) {
-    return &scaling_modes[o->onebit ? SCALING_ONEBIT : o->grad_reduce_bf16 ? SCALING_BF16 : SCALING_FP32];
+    return &scaling_modes[o->onebit_overlap     ? SCALING_ONEBIT_OVERLAP
+                          : o->onebit           ? SCALING_ONEBIT
+                          : o->grad_reduce_bf16 ? SCALING_BF16
+                                                : SCALING_FP32];
 }
 
 // job_nodes: the nodes this job runs on: --nodes, else Slurm's SLURM_NNODES, else 1.
@@ -3333,9 +3348,10 @@ static void onebit_setup(Run* r) {
         r->comm.world > 1 ? 2 * (uint64_t)(r->comm.world - 1) * (r->model.p.numel * 4) / (uint64_t)r->comm.world : 0;
     if (r->main_rank)
         printf(
-            "comm: onebit (1-bit Adam): fp32 AdamW for %d steps, then the momentum's signs and scales in %d parts "
-            "during the backward: %llu bytes sent per rank per step (fp32 all-reduce: %llu)\n",
-            ob->warmup, ob->n_parts, (unsigned long long)onebit_step_bytes(ob), (unsigned long long)fp32);
+            "comm: %s (1-bit Adam): fp32 AdamW for %d steps, then the momentum's signs and scales in %d parts "
+            "%s the backward: %llu bytes sent per rank per step (fp32 all-reduce: %llu)\n",
+            r->o.comm, ob->warmup, ob->n_parts, r->o.onebit_overlap ? "during" : "after",
+            (unsigned long long)onebit_step_bytes(ob), (unsigned long long)fp32);
 }
 
 // loader_thread_cap: the most loader threads --loader-threads auto may start: this rank's share of the CPUs it

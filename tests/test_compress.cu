@@ -1,5 +1,5 @@
 // test_compress.cu: the 1-bit Adam kernels of compress.h (--comm onebit) against plain C.
-//   - onebit_worker: x = (b1 m + (1 - b1) g) / (sqrt(v / bc2) + eps) + e, one sign bit per element and
+//   - onebit_worker: x = (b1 m + (1 - b1) clip g) / (sqrt(v / bc2) + eps) + e, one sign bit per element and
 //     |x|_1 / n per group of ONEBIT_GROUP, the chunks of P ranks in their messages, the new worker error in the
 //     second buffer; the part's end inside a group (padding not counted), a part of two ranges of the slab (the
 //     elements outside it untouched)
@@ -11,7 +11,7 @@
 //   - the whole compressed all-reduce of 3 simulated ranks (workers, the all-to-all and all-gather done on the
 //     host) gives every element of the plain C pipeline
 //   - the parts (onebit_layout): the buckets final before layer 0's event one part each (or merged up to a size),
-//     the rest one part of two ranges; together they cover the slab once
+//     the rest one part of two ranges; together they cover the slab once; or the whole slab one part
 //   - error feedback on one rank through onebit_launch and onebit_update (3 parts): after T steps the sum of the
 //     applied updates equals the sum of the inputs less the two final errors, and the errors stay bounded; a
 //     step exchanged but not updated (skipped) leaves the current errors as they were; the server errors by slab
@@ -59,7 +59,7 @@ static float ref_decompress(const unsigned char* msg, size_t chunk, size_t e) {
     return (w >> (e % 32)) & 1u ? sc : -sc;
 }
 static void ref_worker(unsigned char* msgs, float* err, const float* g, const float* m, const float* v, size_t n,
-                       size_t chunk, int world, float b1, float bc2, float eps) {
+                       size_t chunk, int world, float b1, float clip, float bc2, float eps) {
     size_t mb = onebit_msg_bytes(chunk), groups = (size_t)world * chunk / ONEBIT_GROUP;
     float x[ONEBIT_GROUP], q[ONEBIT_GROUP];
     for (size_t G = 0; G < groups; G++) {
@@ -67,7 +67,7 @@ static void ref_worker(unsigned char* msgs, float* err, const float* g, const fl
         int n_valid = base >= n ? 0 : (n - base < ONEBIT_GROUP ? (int)(n - base) : ONEBIT_GROUP);
         for (int e = 0; e < ONEBIT_GROUP; e++) {
             size_t i = base + e;
-            x[e] = i < n ? (b1 * m[i] + (1.f - b1) * g[i]) / (sqrtf(v[i] / bc2) + eps) + err[i] : 0.f;
+            x[e] = i < n ? (b1 * m[i] + (1.f - b1) * clip * g[i]) / (sqrtf(v[i] / bc2) + eps) + err[i] : 0.f;
         }
         float sc;
         ref_compress(x, n_valid, (uint32_t*)(msgs + j * mb) + e0 / 32, &sc, q);
@@ -228,6 +228,12 @@ static void test_parts(void) {
           "parts of at most 1200: %d parts, the first [%zu, +%zu) after event %d; want 3, [3492, +1200) after 1",
           ob.n_parts, ob.part[0].lo, ob.part[0].n, ob.part[0].event);
     free(ob.part);
+    // SIZE_MAX (--comm onebit): the whole slab one part, in slab order
+    onebit_layout(&ob, &g, 1, 5, SIZE_MAX);
+    CHECK(ob.n_parts == 1 && ob.part[0].lo == 0 && ob.part[0].n1 == numel && ob.part[0].n == numel,
+          "one part: %d parts, the first [%zu, +%zu) of %zu; want [0, 5000)", ob.n_parts, ob.part[0].lo, ob.part[0].n1,
+          ob.part[0].n);
+    free(ob.part);
     grad_reduce_free(&g);
 }
 
@@ -244,8 +250,8 @@ static void test_pipeline(void) {
     float* werr[P];
     unsigned char *send_ref = (unsigned char*)calloc(P, P * mb), *send_got = (unsigned char*)calloc(P, P * mb);
     float* x_ref = (float*)malloc(P * n * sizeof(float));
-    float clip = 0.4f;
-    int outside = 0;  // slab elements outside the part that a kernel changed
+    float clip = 0.4f, clip_w = 0.7f;  // the update's clip factor (onebit-overlap), the worker's (onebit)
+    int outside = 0;                   // slab elements outside the part that a kernel changed
     float *m_slab = to_slab(m, n, 0.f), *v_slab = to_slab(v, n, 1.f);
     float* d_m = (float*)up(m_slab, PSLAB * 4);
     float* d_v = (float*)up(v_slab, PSLAB * 4);
@@ -254,7 +260,7 @@ static void test_pipeline(void) {
         g[r] = frand(n, 0.05f);
         werr[r] = frand(n, 1e-3f);
         for (size_t i = 0; i < n; i++)  // the value the reference compresses, for the sign check
-            x_ref[r * n + i] = (b1 * m[i] + (1.f - b1) * g[r][i]) / (sqrtf(v[i] / bc2) + eps) + werr[r][i];
+            x_ref[r * n + i] = (b1 * m[i] + (1.f - b1) * clip_w * g[r][i]) / (sqrtf(v[i] / bc2) + eps) + werr[r][i];
         float *g_slab = to_slab(g[r], n, 5.f), *e_slab = to_slab(werr[r], n, 3.f), *sentinel = to_slab(g[r], n, 7.f);
         float* d_g = (float*)up(g_slab, PSLAB * 4);
         float* d_e = (float*)up(e_slab, PSLAB * 4);
@@ -264,13 +270,13 @@ static void test_pipeline(void) {
         size_t groups = P * chunk / ONEBIT_GROUP;
         launch(onebit_worker, dim3(2), dim3(ONEBIT_THREADS), 0, (cudaStream_t)0, d_msgs, d_e_out, (const float*)d_e,
                (const float*)d_g, (const float*)d_m, (const float*)d_v, (size_t)PLO, (size_t)PN1, (size_t)PLO2, n,
-               chunk, groups, b1, bc2, eps);
+               chunk, groups, b1, clip_w, bc2, eps);
         down(send_got + r * P * mb, d_msgs, P * mb);
         float* e_got = from_slab(d_e_out, n, &outside, 7.f);
         float* e_in = from_slab(d_e, n, &outside, 3.f);  // the input error: not written
         CHECK(memcmp(e_in, werr[r], n * 4) == 0, "onebit_worker wrote its input error (rank %d)", r);
         free(e_in), free(g_slab), free(e_slab), free(sentinel);
-        ref_worker(send_ref + r * P * mb, werr[r], g[r], m, v, n, chunk, P, b1, bc2, eps);
+        ref_worker(send_ref + r * P * mb, werr[r], g[r], m, v, n, chunk, P, b1, clip_w, bc2, eps);
         char what[64];
         snprintf(what, sizeof what, "onebit_worker, rank %d", r);
         msgs_match(what, send_got + r * P * mb, send_ref + r * P * mb, x_ref + r * n, chunk, P, n);
@@ -338,8 +344,8 @@ static void test_pipeline(void) {
         // without compression (u = the exact average of D (b1 m + (1 - b1) g_r)) this is the clipped momentum
         double gbar = 0;
         for (int r = 0; r < P; r++) gbar += g[r][i] / (double)P;
-        double B1 = b1, M = m[i], D = d, c = clip;
-        double exact = (B1 * M + (1 - B1) * gbar) / D, want = (B1 * M + (1 - B1) * c * gbar) / D;
+        double B1 = b1, M = m[i], D = d, c = clip, cw = clip_w;
+        double exact = (B1 * M + (1 - B1) * cw * gbar) / D, want = (B1 * M + (1 - B1) * c * cw * gbar) / D;
         far_clip += fabs(c * exact + (1 - c) * B1 * M / D - want) > 1e-12 * (fabs(want) + 1);
         float xf = (float)x_got[i], step = fabsf(w_want[i]) * (sizeof(floatX) == 2 ? 1.f / 128 : 1e-6f);
         far += !(fabsf(xf - w_want[i]) <= step + 1e-30f);
@@ -398,13 +404,13 @@ static void test_error_feedback(void) {
         CUDA_OK(cudaMemcpy(d_g, gh, n * 4, cudaMemcpyHostToDevice));
         if (t == 7) {  // a step exchanged and then skipped: the current errors stay
             down(ew, ob.worker_err[ob.cur], n * 4);
-            onebit_launch(&ob, &g, t + 1, d_g, d_m, d_v, 0.f, 0.5f, 1.f);
+            onebit_launch(&ob, &g, t + 1, d_g, d_m, d_v, 0.f, 0.5f, 1.f, 1.f);
             onebit_wait(&g, (cudaStream_t)0);
             CUDA_OK(cudaDeviceSynchronize());
             down(ew2, ob.worker_err[ob.cur], n * 4);
             CHECK(memcmp(ew, ew2, n * 4) == 0, "a step exchanged but not updated changed the current worker error");
         }
-        onebit_launch(&ob, &g, t + 1, d_g, d_m, d_v, 0.f, 0.5f, 1.f);
+        onebit_launch(&ob, &g, t + 1, d_g, d_m, d_v, 0.f, 0.5f, 1.f, 1.f);
         onebit_wait(&g, (cudaStream_t)0);
         onebit_update(&ob, (cudaStream_t)0, t + 1, d_w, d_x, d_m, d_v, 0, 1.f, 0.f, 0.5f, 1.f, 0.f, 1.f);
         down(ew, ob.worker_err[ob.cur], n * 4);

@@ -18,8 +18,8 @@
 #   - one process: the compression still runs (its loss differs from fp32's after the warm-up), 0 bytes sent;
 #     an infinite gradient (MLM_TEST_INF_GRAD) skips the step and the run goes on; the memory plan counts the
 #     1-bit Adam buffers (what is allocated before step 1 equals the plan);
-#   - --comm-refresh 3 (2 ranks, the slab in at least 3 parts exchanged during the backward): steps 7, 10, 13, 16
-#     are fp32 steps (over 16x the bytes of the others); stopped after step 8 and resumed, it ends with the
+#   - --comm onebit-overlap --comm-refresh 3 (2 ranks, the slab in at least 3 parts exchanged during the backward):
+#     steps 7, 10, 13, 16 are fp32 steps (over 16x the bytes of the others); stopped after step 8 and resumed, it ends with the
 #     uninterrupted run's checkpoint, byte for byte (the server errors of every part by slab index);
 #   - bad input: unknown --comm / --optimizer, onebit with --optimizer lamb, --comm-warmup >= --steps, --comm-warmup or
 #     --comm-refresh without onebit, --comm-refresh -1, onebit with --zero 1 or --bench: one line naming the
@@ -130,12 +130,13 @@ check '[ "$(loss_at 4 "$W/one.0.log")" = "$(loss_at 4 "$W/fp32.0.log")" ] && [ "
   "1 rank, onebit: step 4 should equal fp32's and step 8 differ: $(loss_at 4 "$W/one.0.log") $(loss_at 8 "$W/one.0.log")"
 check '[ "$(bytes_at 8 "$W/one.0.log")" = 0 ]' "1 rank: comm_bytes $(bytes_at 8 "$W/one.0.log"), want 0"
 
-# 4. --comm-refresh 3 on 2 ranks, the slab in several parts (--bucket-mb 0.005: buckets of 1,308 elements, parts
-# of 4): steps 7, 10, 13, 16 send fp32's bytes (over 16x the others), the rest compressed
-PARTS=(--comm onebit --comm-warmup 4 --comm-refresh 3 --grad-accum 2 --bucket-mb 0.005)
+# 4. --comm onebit-overlap --comm-refresh 3 on 2 ranks, the slab in several parts exchanged during the backward
+# (--bucket-mb 0.005: buckets of 1,308 elements, parts of 4): steps 7, 10, 13, 16 send fp32's bytes (over 16x the
+# others), the rest compressed
+PARTS=(--comm onebit-overlap --comm-warmup 4 --comm-refresh 3 --grad-accum 2 --bucket-mb 0.005)
 runn refresh 2 "${PARTS[@]}"
 check 'grep -qE "^step +16/16" "$W/refresh.0.log"' "--comm-refresh 3: the run failed: $(tail -n 3 "$W/refresh.0.log")"
-parts=$(sed -n -E 's/^comm: onebit .* in ([0-9]+) parts during the backward.*/\1/p' "$W/refresh.0.log")
+parts=$(sed -n -E 's/^comm: onebit-overlap .* in ([0-9]+) parts during the backward.*/\1/p' "$W/refresh.0.log")
 check '[ -n "$parts" ] && [ "$parts" -ge 3 ]' "--bucket-mb 0.005: onebit in '$parts' parts, want at least 3"
 low=$(bytes_at 5 "$W/refresh.0.log") want=" 7 10 13 16" got=""
 for s in $(seq 5 16); do
@@ -158,7 +159,7 @@ bad_input() {  # bad_input WHAT EXPECTED ARGS...
   [ $rc = 1 ] && [ "$(printf '%s\n' "$out" | wc -l)" = 1 ] && printf '%s' "$out" | grep -q -- "$want" && [ ! -e "$W/bad" ] ||
     { echo "  $what: rc $rc, output: $out"; return 1; }
 }
-check 'bad_input "unknown --comm" "--comm int8: expected fp32, bf16 or onebit" --comm int8' "unknown --comm accepted"
+check 'bad_input "unknown --comm" "--comm int8: expected fp32, bf16, onebit or onebit-overlap" --comm int8' "unknown --comm accepted"
 check 'bad_input "unknown --optimizer" "--optimizer sgd: expected adamw or lamb" --optimizer sgd' "unknown --optimizer"
 check 'bad_input "lamb" "--optimizer lamb with --comm onebit" --comm onebit --optimizer lamb' "onebit with --optimizer lamb"
 check 'bad_input "warm-up too long" "--comm-warmup 16" --comm onebit --comm-warmup 16' "--comm-warmup 16 of 16 steps"

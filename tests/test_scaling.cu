@@ -100,12 +100,12 @@ int main(void) {
     CHECK(z.collectives == 7 && near(z.bytes_sent, 0.875 * 6 * 2.01e8 + 1.75 * 32), "ZeRO-1: %d collectives, %.0f B",
           z.collectives, z.bytes_sent);
     w.zero = 0;
-    // onebit, the 30 s micro-batch (a 20 s backward): the part of bucket 0 (ready at 5 s) ends long before the
+    // onebit-overlap, the 30 s micro-batch (a 20 s backward): the part of bucket 0 (ready at 5 s) ends long before the
     // backward; buckets 1 and 2 (the last two events: layer 0's and the end) are the last part, exposed: its
     // compression (20 B per element at 3.9 TB/s), an all-to-all and an all-gather of 8 messages of C/8 + 4 C/256
     // bytes (C = 1.01e8 / 8 rounded up to 256 = 12,625,152: 1,775,412 B); then the update (18 B per parameter).
     // Part 0: C = 12,500,224, 1,757,844 B.
-    const ScalingModeDesc* ob = &scaling_modes[SCALING_ONEBIT];
+    const ScalingModeDesc* ob = &scaling_modes[SCALING_ONEBIT_OVERLAP];
     ScalingPrediction o = scaling_predict(&c, &w, ob, 1, 15000, 0);
     double cb = 8 * 1775412.0, cb0 = 8 * 1757844.0, comp = 1.01e8 * 20 / 3.9e12, upd = 2.01e8 * 18 / 3.9e12;
     double a2a = 11e-6 + 2 * 0.75 * cb / 5e8, ag = 35e-6 + 0.875 * cb / 5e8;
@@ -118,6 +118,14 @@ int main(void) {
     ScalingPrediction o3 = scaling_predict(&c, &w, ob, 1, 1500, 0);
     CHECK(near(o3.exposed_s, o.exposed_s), "onebit, 3 s micro-batch: exposed %.9f, want %.9f", o3.exposed_s,
           o.exposed_s);
+    // onebit (not overlapped): the whole slab one part after the backward: C = 2.01e8 / 8 rounded up to 256 =
+    // 25,125,120, messages of 3,533,220 B
+    double cs = 8 * 3533220.0, comps = 2.01e8 * 20 / 3.9e12, a2as = 11e-6 + 2 * 0.75 * cs / 5e8;
+    double ags = 35e-6 + 0.875 * cs / 5e8;
+    ScalingPrediction after = scaling_predict(&c, &w, &scaling_modes[SCALING_ONEBIT], 1, 15000, 0);
+    CHECK(near(after.exposed_s, comps + a2as + ags + upd + sync) && after.collectives == 3,
+          "onebit exposed %.9f (want %.9f), %d collectives (want 3)", after.exposed_s, comps + a2as + ags + upd + sync,
+          after.collectives);
     CHECK(near(o.run_efficiency, o.efficiency), "no warm-up: the run's average is the step's");
     w.warmup_share = 0.1;
     o = scaling_predict(&c, &w, ob, 1, 15000, 0);
