@@ -1755,9 +1755,9 @@ static void onebit_local_sumsq(BertModel* m, float* acc) {
 
 // Under --comm onebit (gr->onebit), after its warm-up a step reduces no gradient: the norm (for the log, clipping
 // and the non-finite check) is sqrt(mean over ranks of |g_r|^2), from the ranks' local sums of squares in the
-// step's one all-reduce; then onebit_launch exchanges the clipped momentum part by part and onebit_update updates
-// the weights (compress.h). --comm onebit-overlap launches the parts while the last backward runs, as the fp32
-// buckets are reduced, and clips at the update.
+// step's one all-reduce; then onebit_launch exchanges the clipped momentum (the whole slab, one part) and
+// onebit_update updates the weights (compress.h). --comm onebit-overlap launches the parts while the last backward
+// runs, as the fp32 buckets are reduced, and clips at the update.
 static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, GradReduce* gr, float* scratch,
                              const Options* o, float lr, int want_ckpt) {
     StepResult r;
@@ -2687,7 +2687,7 @@ static ScalingWork scaling_work(const Options* o, const BertConfig* cfg, const P
     for (int i = 0; i < g.n; i++)
         w.bucket_elems[i] = (double)(g.zero ? (size_t)world * g.b[i].piece : g.b[i].n),
         w.bucket_event[i] = g.b[i].event;
-    OneBit ob;        // --comm onebit's parts (compress.h), for the onebit table
+    OneBit ob;        // --comm onebit-overlap's parts (compress.h), for its table
     Options ov = *o;  // the onebit-overlap table's parts (the onebit table takes the whole slab)
     ov.onebit_overlap = 1;
     onebit_layout(&ob, &g, 0, 1, onebit_part_elems(&ov));
