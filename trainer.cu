@@ -647,10 +647,10 @@ static void plan_add_validation(Plan* p, int val_batches, const char* val_patter
     p->total += p->val_bytes;
 }
 
-// onebit_part_elems: --comm onebit-overlap's largest part before the backward's end: ONEBIT_PART_BUCKETS buckets
-// of --bucket-mb (compress.h); --comm onebit sends the whole slab as one part, after the backward (SIZE_MAX).
-static size_t onebit_part_elems(const Options* o) {
-    return o->onebit_overlap ? (size_t)(ONEBIT_PART_BUCKETS * o->bucket_mb * (1 << 20) / sizeof(float)) : SIZE_MAX;
+// onebit_part_elems: the largest part of --comm onebit-overlap before the backward's end, ONEBIT_PART_BUCKETS
+// buckets of --bucket-mb (compress.h), when overlap; else SIZE_MAX (--comm onebit: the whole slab one part).
+static size_t onebit_part_elems(const Options* o, int overlap) {
+    return overlap ? (size_t)(ONEBIT_PART_BUCKETS * o->bucket_mb * (1 << 20) / sizeof(float)) : SIZE_MAX;
 }
 
 // grad_reduce_setup: the gradient buckets of cfg's slab for this world size and --bucket-mb, --grad-reduce,
@@ -667,7 +667,7 @@ static void grad_reduce_setup(GradReduce* gr, const BertConfig* cfg, Comm* comm,
                        o->grad_reduce_bf16);
     if (o->onebit) {  // the buffers of compress.h, for the plan
         OneBit ob;
-        onebit_layout(&ob, gr, comm->rank, 1, onebit_part_elems(o));
+        onebit_layout(&ob, gr, comm->rank, 1, onebit_part_elems(o, o->onebit_overlap));
         gr->onebit_bytes = onebit_device_bytes(&ob);
         free(ob.part);
     }
@@ -2687,10 +2687,8 @@ static ScalingWork scaling_work(const Options* o, const BertConfig* cfg, const P
     for (int i = 0; i < g.n; i++)
         w.bucket_elems[i] = (double)(g.zero ? (size_t)world * g.b[i].piece : g.b[i].n),
         w.bucket_event[i] = g.b[i].event;
-    OneBit ob;        // --comm onebit-overlap's parts (compress.h), for its table
-    Options ov = *o;  // the onebit-overlap table's parts (the onebit table takes the whole slab)
-    ov.onebit_overlap = 1;
-    onebit_layout(&ob, &g, 0, 1, onebit_part_elems(&ov));
+    OneBit ob;  // --comm onebit-overlap's parts (compress.h), for its table (the onebit table takes the whole slab)
+    onebit_layout(&ob, &g, 0, 1, onebit_part_elems(o, 1));
     w.n_parts = ob.n_parts;
     scaling_lists(ob.n_parts, &w.part_elems, &w.part_event);
     for (int i = 0; i < ob.n_parts; i++) w.part_elems[i] = (double)ob.part[i].n, w.part_event[i] = ob.part[i].event;
@@ -3340,7 +3338,7 @@ static int stage_shards(Run* r) {
 // onebit_setup: --comm onebit's errors and message buffers (compress.h), and what it will send.
 static void onebit_setup(Run* r) {
     OneBit* ob = &r->ob;
-    onebit_layout(ob, &r->gr, r->comm.rank, r->o.comm_warmup, onebit_part_elems(&r->o));
+    onebit_layout(ob, &r->gr, r->comm.rank, r->o.comm_warmup, onebit_part_elems(&r->o, r->o.onebit_overlap));
     ob->refresh = r->o.comm_refresh;
     onebit_alloc(ob);
     r->gr.onebit = ob;
