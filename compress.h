@@ -228,6 +228,9 @@ typedef struct OneBit {
     unsigned char* send;      // (msg_total) this rank's compressed x, part p's chunk j for rank j
     unsigned char* recv;      // (msg_total) every rank's compressed chunk `rank` of every part
     unsigned char* gathered;  // (msg_total) the compressed averaged momentum, part p's chunk j from rank j
+    cudaEvent_t* updated;     // (n_parts) --comm onebit: recorded on the communication stream once part p's weights
+                              // are updated (onebit_step_forward)
+    cudaEvent_t* weights_ready;  // --comm onebit: BertModel.weights_ready (the trainer's onebit_setup; NULL: none)
 } OneBit;
 
 // onebit_chunk: elements per rank's chunk for a slab of numel elements on `world` ranks: world * chunk >= numel,
@@ -325,6 +328,15 @@ static inline void onebit_layout(OneBit* ob, const GradReduce* g, int rank, int 
     ob->err_elems = ob->numel > ob->server_total ? ob->numel : ob->server_total;
 }
 
+// onebit_part_of: the part that holds slab element x (-1: none).
+static inline int onebit_part_of(const OneBit* ob, size_t x) {
+    for (int i = 0; i < ob->n_parts; i++) {
+        const OneBitPart* p = &ob->part[i];
+        if ((x >= p->lo && x < p->lo + p->n1) || (x >= p->lo2 && x < p->lo2 + (p->n - p->n1))) return i;
+    }
+    return -1;
+}
+
 // onebit_device_bytes: what onebit_alloc allocates (for the memory plan).
 static inline size_t onebit_device_bytes(const OneBit* ob) {
     return 2 * (ob->err_elems + ob->server_total) * sizeof(float) + 3 * ob->msg_total;
@@ -349,6 +361,8 @@ static inline void onebit_alloc(OneBit* ob) {
         CUDA_CHECK(cudaMalloc((void**)bufs[k], ob->msg_total));
         CUDA_CHECK(cudaMemset(*bufs[k], 0, ob->msg_total));
     }
+    ob->updated = (cudaEvent_t*)malloc(ob->n_parts * sizeof(cudaEvent_t));
+    for (int i = 0; i < ob->n_parts; i++) CUDA_CHECK(cudaEventCreateWithFlags(&ob->updated[i], cudaEventDisableTiming));
 }
 
 static inline void onebit_free(OneBit* ob) {
@@ -356,6 +370,9 @@ static inline void onebit_free(OneBit* ob) {
     cudaFree(ob->send);
     cudaFree(ob->recv);
     cudaFree(ob->gathered);
+    for (int i = 0; ob->updated && i < ob->n_parts; i++) cudaEventDestroy(ob->updated[i]);
+    free(ob->updated);
+    free(ob->weights_ready);
     free(ob->part);
     memset(ob, 0, sizeof *ob);
 }
@@ -383,6 +400,32 @@ static inline void onebit_exchange(OneBit* ob, const OneBitPart* p, Comm* c, cud
     c->calls++;
 }
 
+// onebit_part_launch: steps 1 to 3 and the all-gather of part i (onebit_launch), on g's communication stream after
+// the part's backward event.
+static inline void onebit_part_launch(OneBit* ob, GradReduce* g, int i, int m_step, const float* grad, const float* m,
+                                      const float* v, float b1, float b2, float eps, float clip) {
+    Comm* c = g->comm;
+    cudaStream_t s = g->stream;
+    int in = ob->cur, out = 1 - ob->cur;
+    float bc2 = 1.f - powf(b2, (float)onebit_v_step(ob, m_step));
+    const OneBitPart* p = &ob->part[i];
+    size_t groups = (size_t)ob->world * p->chunk / ONEBIT_GROUP;
+    unsigned char* mine = ob->gathered + p->msg_off + (size_t)ob->rank * p->msg_bytes;
+    CUDA_CHECK(cudaStreamWaitEvent(s, g->ready[p->event], 0));
+    launch(onebit_worker, onebit_grid(groups), dim3(ONEBIT_THREADS), 0, s, ob->send + p->msg_off, ob->worker_err[out],
+           (const float*)ob->worker_err[in], grad, m, v, p->lo, p->n1, p->lo2, p->n, p->chunk, groups, b1, clip, bc2,
+           eps);
+    onebit_exchange(ob, p, c, s);
+    launch(onebit_server, onebit_grid(p->chunk / ONEBIT_GROUP), dim3(ONEBIT_THREADS), 0, s, mine,
+           ob->server_err[out] + p->server_off, (const float*)ob->server_err[in] + p->server_off,
+           (const unsigned char*)ob->recv + p->msg_off, ob->world, p->chunk, (size_t)ob->rank * p->chunk, p->n);
+    if (ob->world > 1) {
+        comm_check(c, ncclAllGather(mine, ob->gathered + p->msg_off, p->msg_bytes, ncclUint8, c->nccl, s),
+                   "1-bit all-gather");
+        comm_count(c, COMM_ALLGATHER, p->msg_bytes, 0);
+    }
+}
+
 // onebit_launch: steps 1 to 3 and the all-gather of a compressed step of the model's step m_step (counted from 1,
 // > warmup), part by part on g's communication stream, each after its backward event (as grad_reduce_launch
 // does for fp32: call it after the last micro-batch's backward was enqueued with BertModel.grad_ready =
@@ -391,29 +434,8 @@ static inline void onebit_exchange(OneBit* ob, const OneBitPart* p, Comm* c, cud
 // known yet: onebit_update applies it). The errors written are not current until onebit_update.
 static inline void onebit_launch(OneBit* ob, GradReduce* g, int m_step, const float* grad, const float* m,
                                  const float* v, float b1, float b2, float eps, float clip) {
-    Comm* c = g->comm;
-    cudaStream_t s = g->stream;
-    int in = ob->cur, out = 1 - ob->cur;
-    float bc2 = 1.f - powf(b2, (float)onebit_v_step(ob, m_step));
-    for (int i = 0; i < ob->n_parts; i++) {
-        const OneBitPart* p = &ob->part[i];
-        size_t groups = (size_t)ob->world * p->chunk / ONEBIT_GROUP;
-        unsigned char* mine = ob->gathered + p->msg_off + (size_t)ob->rank * p->msg_bytes;
-        CUDA_CHECK(cudaStreamWaitEvent(s, g->ready[p->event], 0));
-        launch(onebit_worker, onebit_grid(groups), dim3(ONEBIT_THREADS), 0, s, ob->send + p->msg_off,
-               ob->worker_err[out], (const float*)ob->worker_err[in], grad, m, v, p->lo, p->n1, p->lo2, p->n, p->chunk,
-               groups, b1, clip, bc2, eps);
-        onebit_exchange(ob, p, c, s);
-        launch(onebit_server, onebit_grid(p->chunk / ONEBIT_GROUP), dim3(ONEBIT_THREADS), 0, s, mine,
-               ob->server_err[out] + p->server_off, (const float*)ob->server_err[in] + p->server_off,
-               (const unsigned char*)ob->recv + p->msg_off, ob->world, p->chunk, (size_t)ob->rank * p->chunk, p->n);
-        if (ob->world > 1) {
-            comm_check(c, ncclAllGather(mine, ob->gathered + p->msg_off, p->msg_bytes, ncclUint8, c->nccl, s),
-                       "1-bit all-gather");
-            comm_count(c, COMM_ALLGATHER, p->msg_bytes, 0);
-        }
-    }
-    CUDA_CHECK(cudaEventRecord(g->done, s));
+    for (int i = 0; i < ob->n_parts; i++) onebit_part_launch(ob, g, i, m_step, grad, m, v, b1, b2, eps, clip);
+    CUDA_CHECK(cudaEventRecord(g->done, g->stream));
 }
 
 // onebit_wait: the compute stream waits for the last part's all-gather (one rank too: its parts run on the
@@ -422,19 +444,46 @@ static inline void onebit_wait(GradReduce* g, cudaStream_t compute) {
     CUDA_CHECK(cudaStreamWaitEvent(compute, g->done, 0));
 }
 
+// onebit_part_update: step 4 of part i (onebit_update), on stream s.
+static inline void onebit_part_update(OneBit* ob, cudaStream_t s, int i, int m_step, float* master, floatX* w, float* m,
+                                      const float* v, size_t n_decay, float lr, float b1, float b2, float eps, float wd,
+                                      float clip) {
+    float bc1 = 1.f - powf(b1, (float)m_step), bc2 = 1.f - powf(b2, (float)onebit_v_step(ob, m_step));
+    const OneBitPart* p = &ob->part[i];
+    launch(onebit_adam_update, onebit_grid((p->n + 255) / 256), dim3(256), 0, s, master, w, m, v,
+           (const unsigned char*)ob->gathered + p->msg_off, p->lo, p->n1, p->lo2, p->n, n_decay, p->chunk, lr, b1, eps,
+           wd, clip, bc1, bc2, (uint32_t)m_step);
+}
+
 // onebit_update: step 4 of the step onebit_launch exchanged, on stream s: every part's decompressed average updates
 // m, master and w (onebit_adam_update) with the clip factor `clip` (the step's own, known only now), and the errors
 // that step wrote become current.
 static inline void onebit_update(OneBit* ob, cudaStream_t s, int m_step, float* master, floatX* w, float* m,
                                  const float* v, size_t n_decay, float lr, float b1, float b2, float eps, float wd,
                                  float clip) {
-    float bc1 = 1.f - powf(b1, (float)m_step), bc2 = 1.f - powf(b2, (float)onebit_v_step(ob, m_step));
-    for (int i = 0; i < ob->n_parts; i++) {
-        const OneBitPart* p = &ob->part[i];
-        launch(onebit_adam_update, onebit_grid((p->n + 255) / 256), dim3(256), 0, s, master, w, m, v,
-               (const unsigned char*)ob->gathered + p->msg_off, p->lo, p->n1, p->lo2, p->n, n_decay, p->chunk, lr, b1,
-               eps, wd, clip, bc1, bc2, (uint32_t)m_step);
+    for (int i = 0; i < ob->n_parts; i++)
+        onebit_part_update(ob, s, i, m_step, master, w, m, v, n_decay, lr, b1, b2, eps, wd, clip);
+    ob->cur = 1 - ob->cur;
+}
+
+// onebit_step_forward: --comm onebit's whole compressed step after the host sync (the clip factor known), on g's
+// communication stream, part by part in the forward's order (the layout's reversed: the last part, with the
+// embeddings, layer 0 and the vector region, first; then up the layers to the head): steps 1 to 4 of each part,
+// then ob->updated[i]; at the end the gradients are zeroed there (the workers have read them) and g->done is
+// recorded. The compute stream does not wait: the next step's forward waits for each layer's part
+// (BertModel.weights_ready: onebit_weights_events), so the exchange of the upper layers runs under the forward of
+// the lower ones. Anything else that reads the weights, the moments, the errors or the gradients first waits for
+// g->done (the trainer's onebit_settle).
+static inline void onebit_step_forward(OneBit* ob, GradReduce* g, int m_step, float* grad, float* master, floatX* w,
+                                       float* m, const float* v, size_t n_decay, float lr, float b1, float b2,
+                                       float eps, float wd, float clip) {
+    for (int i = ob->n_parts - 1; i >= 0; i--) {
+        onebit_part_launch(ob, g, i, m_step, grad, m, v, b1, b2, eps, clip);
+        onebit_part_update(ob, g->stream, i, m_step, master, w, m, v, n_decay, lr, b1, b2, eps, wd, 1.f);
+        CUDA_CHECK(cudaEventRecord(ob->updated[i], g->stream));
     }
+    CUDA_CHECK(cudaMemsetAsync(grad, 0, ob->numel * sizeof(float), g->stream));
+    CUDA_CHECK(cudaEventRecord(g->done, g->stream));
     ob->cur = 1 - ob->cur;
 }
 

@@ -1201,6 +1201,10 @@ typedef struct {
     // NULL, or layers + 2 events that bert_backward records on its stream as gradients become final, so a
     // data-parallel trainer can reduce them while the backward goes on (see bert_grad_ready_lo)
     cudaEvent_t* grad_ready;
+    // NULL, or layers + 1 events bert_forward waits for on its stream before it reads layer l's weights (l = layers:
+    // the head's): another stream may still be updating the weights, part by part in the forward's order (the
+    // trainer's --comm onebit). Waiting for an event that was never recorded is a no-op (CUDA's rule).
+    cudaEvent_t* weights_ready;
     // NULL, or (M) floats: bert_forward with dlogit_scale 0 writes there whether each masked row's top
     // prediction is its label (validation's accuracy; see bert_head_decoder)
     float* hits;
@@ -1452,12 +1456,14 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
     int N = B * T;
     const BertParams* p = &m->p;
     bert_phase(m, PHASE_EMBED);
+    if (m->weights_ready) CUDA_CHECK(cudaStreamWaitEvent(s, m->weights_ready[0], 0));  // the embeddings, layer 0
     launch(embedding_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, s, ACT_X(m, emb_out), ACT_F(m, emb_stats),
            bt->tokens, bt->types, bt->seg_lo, bt->seg_hi, bert_w(m, p->word), bert_w(m, p->pos), bert_w(m, p->type),
            bert_w(m, p->emb_ln_w), bert_w(m, p->emb_ln_b), N, T, C, c->ln_eps);
     for (int l = 0; l < c->layers; l++) {
         const floatX* x = l == 0 ? ACT_X(m, emb_out) : ACT_XL(m, ln2, l - 1);
         floatX *qkv = ACT_XL(m, qkv, l), *atty = ACT_XL(m, atty, l), *proj = ACT_X(m, proj);
+        if (m->weights_ready && l > 0) CUDA_CHECK(cudaStreamWaitEvent(s, m->weights_ready[l], 0));
         bert_phase(m, PHASE_MATMUL);
         matmul_forward(bl, s, qkv, 3 * C, x, bert_lw(m, l, BL_QW), bert_lw(m, l, BL_QB), N, C, 3 * C);
         bert_phase(m, PHASE_ATTN_FWD);
@@ -1480,7 +1486,8 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
                ACT_FL(m, ln2_stats, l), (const floatX*)ACT_XL(m, ln1, l), (const floatX*)proj, bert_lw(m, l, BL_OLNW),
                bert_lw(m, l, BL_OLNB), N, C, c->ln_eps);
     }
-    // MLM head on the M masked rows only
+    // MLM head on the M masked rows only (its weights, and the gradients its decoder adds to, ready first)
+    if (m->weights_ready) CUDA_CHECK(cudaStreamWaitEvent(s, m->weights_ready[c->layers], 0));
     if (M > 0) {
         launch(gather_rows, dim3(ceil_div((long long)M * C / X128, 256)), dim3(256), 0, s, ACT_X(m, h_in),
                (const floatX*)ACT_XL(m, ln2, c->layers - 1), bt->mlm_pos, M, C);

@@ -35,11 +35,11 @@
 //       (memory-bound: SCALING_ONEBIT_WORKER_BYTES of device memory per element), one all-to-all and one all-gather of
 //       P messages of C/8 bytes of signs + 4 bytes of scale per group of 256 (C = the part's n/P rounded up to 256:
 //       compress.h's onebit_msg_bytes); then the update (SCALING_ONEBIT_UPDATE_BYTES per parameter). With
-//       --comm-refresh K (default 100) one step in K is an fp32 step instead, so the time, the communication and
-//       the bytes after the warm-up are (K-1)/K onebit's + 1/K fp32's. (The overlapped compression shares the GPU
-//       with the backward; the model does not slow the backward for it: a memory-bound pass over the gradients,
-//       about 1% of a bert-base backward.) onebit's parts start at the step's host sync, which the model puts
-//       after them (it is latency only).
+//       --comm-refresh K (default 100) one step in K is an AdamW step with the bf16 all-reduce instead, so the time,
+//       the communication and the bytes after the warm-up are (K-1)/K onebit's + 1/K bf16's. (The overlapped
+//       compression shares the GPU with the backward; the model does not slow the backward for it: a memory-bound pass
+//       over the gradients, about 1% of a bert-base backward.) onebit's parts start at the step's host sync, which the
+//       model puts after them (it is latency only).
 //     every mode: the step's host sync, one all-reduce of a few floats (latency only).
 //   exposed = the communication still running when the last backward ends + what runs after it
 //   step = compute + exposed; efficiency = compute / step (time per sample on 1 GPU / per GPU on P).
@@ -130,6 +130,8 @@ typedef struct {
     double* part_elems;      // (n_parts) elements of each
     int* part_event;         // (n_parts) the backward event it waits for
     int n_events;            // bert_grad_ready_count
+    int n_layers;            // onebit: the encoder's layers; layer_part[l]: the part (of part_elems) that holds
+    int layer_part[SCALING_MAX_EVENTS];     // layer l's weights (l = n_layers: the head's), which its forward waits for
     double event_frac[SCALING_MAX_EVENTS];  // the share of the backward done when event k is recorded
     double warmup_share;                    // onebit: the share of the steps at fp32
     int refresh;                            // onebit: every refresh-th step after the warm-up is fp32 (0: none)
@@ -210,12 +212,28 @@ static inline double scaling_exposed(const ScalingCluster* c, const ScalingWork*
      p->bytes_sent += scaling_sent(kind_, bytes_, P), t_)  // the collective's time
     double t, exposed = 0;
     double hbm = SCALING_HBM_GBS * 1e9;
-    if (m->compressed) {
-        // the parts on the communication stream, timed from the start of the last backward
+    if (m->compressed && !m->overlapped) {
+        // onebit: the parts leave after the backward, in the forward's order (the layout's, reversed), each updated
+        // as soon as it is in; the next step's forward runs layer l once the part with its weights is in (the
+        // head: all of them), timed from the backward's end; exposed = how much later the forward ends than alone
+        double fwd = (1 - SCALING_OVERLAP) * micro_s, end = 0, f = 0;
+        int done = 0;  // parts exchanged and updated, in the forward's order
+        for (int l = 0; l <= w->n_layers; l++) {
+            for (int need = w->n_parts - 1 - w->layer_part[l]; done <= need; done++) {
+                double n = w->part_elems[w->n_parts - 1 - done], bytes = P * scaling_onebit_msg_bytes(n, P);
+                end += n * (SCALING_ONEBIT_WORKER_BYTES + SCALING_ONEBIT_UPDATE_BYTES) / hbm;
+                end += SC_ADD(SCALING_ALLTOALL, bytes, t);
+                end += SC_ADD(SCALING_ALLGATHER, bytes, t);
+            }
+            double share = l == w->n_layers ? w->event_frac[0] : (1 - w->event_frac[0]) / w->n_layers;
+            f = (end > f ? end : f) + share * fwd;
+        }
+        exposed = f - fwd;
+    } else if (m->compressed) {
+        // onebit-overlap: the parts on the communication stream, timed from the start of the last backward
         double bwd = SCALING_OVERLAP * micro_s, end = 0;
-        for (int i = 0; i < (m->overlapped ? w->n_parts : 1); i++) {  // onebit: the whole slab one part
-            double n = m->overlapped ? w->part_elems[i] : w->params;
-            double ready = m->overlapped ? w->event_frac[w->part_event[i]] * bwd : bwd;
+        for (int i = 0; i < w->n_parts; i++) {
+            double n = w->part_elems[i], ready = w->event_frac[w->part_event[i]] * bwd;
             double bytes = P * scaling_onebit_msg_bytes(n, P);  // every rank's message
             end = (ready > end ? ready : end) + n * SCALING_ONEBIT_WORKER_BYTES / hbm;
             end += SC_ADD(SCALING_ALLTOALL, bytes, t);
@@ -257,9 +275,9 @@ static inline ScalingPrediction scaling_predict(const ScalingCluster* c, const S
     p.gpus = c->nodes * c->gpus_per_node, p.B = B, p.capped = 0;
     p.micro_s = scaling_micro_s(w, B);
     p.exposed_s = scaling_exposed(c, w, m, p.micro_s, &p);  // independent of accum: only the last one overlaps
-    if (m->compressed && w->refresh > 0) {  // --comm-refresh K: one step in K after the warm-up is fp32's
+    if (m->compressed && w->refresh > 0) {  // --comm-refresh K: one step in K after the warm-up is bf16's
         ScalingPrediction f;
-        double fx = scaling_exposed(c, w, &scaling_modes[SCALING_FP32], p.micro_s, &f), K = w->refresh;
+        double fx = scaling_exposed(c, w, &scaling_modes[SCALING_BF16], p.micro_s, &f), K = w->refresh;
         p.exposed_s = ((K - 1) * p.exposed_s + fx) / K;
         p.comm_s = ((K - 1) * p.comm_s + f.comm_s) / K;
         p.bytes_sent = ((K - 1) * p.bytes_sent + f.bytes_sent) / K;

@@ -647,10 +647,18 @@ static void plan_add_validation(Plan* p, int val_batches, const char* val_patter
     p->total += p->val_bytes;
 }
 
-// onebit_part_elems: the largest part of --comm onebit-overlap before the backward's end, ONEBIT_PART_BUCKETS
-// buckets of --bucket-mb (compress.h), when overlap; else SIZE_MAX (--comm onebit: the whole slab one part).
-static size_t onebit_part_elems(const Options* o, int overlap) {
-    return overlap ? (size_t)(ONEBIT_PART_BUCKETS * o->bucket_mb * (1 << 20) / sizeof(float)) : SIZE_MAX;
+// onebit_part_elems: the largest part of the onebit modes but the last, ONEBIT_PART_BUCKETS buckets of --bucket-mb
+// (compress.h's onebit_layout).
+static size_t onebit_part_elems(const Options* o) {
+    return (size_t)(ONEBIT_PART_BUCKETS * o->bucket_mb * (1 << 20) / sizeof(float));
+}
+
+// onebit_layer_part: the part of ob (compress.h) that holds the last weight of layer l's matrices (l = layers: the
+// head's dense matrix), the top of the weights layer l's forward reads (the lower ones, the embeddings and the vector
+// region are in that part or in parts the forward's order exchanges before it: onebit_launch_forward).
+static int onebit_layer_part(const OneBit* ob, const BertParams* p, int l) {
+    int L = p->cfg.layers;
+    return onebit_part_of(ob, (l < L ? bert_grad_ready_lo(p, L - l - 1) : p->n_decay) - 1);
 }
 
 // grad_reduce_setup: the gradient buckets of cfg's slab for this world size and --bucket-mb, --grad-reduce,
@@ -664,10 +672,11 @@ static void grad_reduce_setup(GradReduce* gr, const BertConfig* cfg, Comm* comm,
     size_t bucket_elems = (size_t)(o->bucket_mb * (1 << 20) / sizeof(float));
     // one process has nothing to shard: --zero 1 then trains as without it
     grad_reduce_layout(gr, comm, p.numel, p.n_decay, ready_lo, n_events, bucket_elems, o->zero && comm->world > 1,
-                       o->grad_reduce_bf16);
-    if (o->onebit) {  // the buffers of compress.h, for the plan
+                       o->grad_reduce_bf16 || o->onebit);
+    gr->bf16 = o->grad_reduce_bf16;  // onebit: only its refresh steps reduce in bf16 (train_step), with this staging
+    if (o->onebit) {                 // the buffers of compress.h, for the plan
         OneBit ob;
-        onebit_layout(&ob, gr, comm->rank, 1, onebit_part_elems(o, o->onebit_overlap));
+        onebit_layout(&ob, gr, comm->rank, 1, onebit_part_elems(o));
         gr->onebit_bytes = onebit_device_bytes(&ob);
         free(ob.part);
     }
@@ -1767,8 +1776,10 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     OneBit* ob = gr->onebit;
     int compressed = ob && m->step + 1 > ob->warmup && !onebit_is_refresh(ob, m->step + 1);
     int overlap = compressed && o->onebit_overlap;  // the parts leave during the backward, before the norm is known
-    int stop_pending = 0;                           // a stop agreement in flight (stop_agreed)
-    comm->step = m->step + 1;                       // for the watchdog's messages
+    // a --comm-refresh step reduces the gradients in bf16 (half fp32's bytes, on the step that costs onebit most)
+    gr->bf16 = o->grad_reduce_bf16 || (ob && m->step + 1 > ob->warmup && !compressed);
+    int stop_pending = 0;      // a stop agreement in flight (stop_agreed)
+    comm->step = m->step + 1;  // for the watchdog's messages
     for (int micro = 0; micro < o->grad_accum; micro++) {
         bert_phase(m, PHASE_DATA);
         Batch b;
@@ -1853,12 +1864,12 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
         m->step++;
     } else if (compressed) {
         float clip = o->clip > 0.f && r.norm > o->clip ? o->clip / r.norm : 1.f;  // --clip's factor
-        if (!overlap) {                                                           // the parts leave now, clipped
-            onebit_launch(ob, gr, m->step + 1, m->grad, m->adam_m, m->adam_v, o->beta1, o->beta2, o->eps, clip);
-            onebit_wait(gr, m->stream);
-        }
-        onebit_update(ob, m->stream, m->step + 1, m->master, m->w, m->adam_m, m->adam_v, m->p.n_decay, lr, o->beta1,
-                      o->beta2, o->eps, o->wd, overlap ? clip : 1.f);
+        if (overlap)
+            onebit_update(ob, m->stream, m->step + 1, m->master, m->w, m->adam_m, m->adam_v, m->p.n_decay, lr, o->beta1,
+                          o->beta2, o->eps, o->wd, clip);
+        else  // the parts leave now, clipped, and update the weights under the next step's forward
+            onebit_step_forward(ob, gr, m->step + 1, m->grad, m->master, m->w, m->adam_m, m->adam_v, m->p.n_decay, lr,
+                                o->beta1, o->beta2, o->eps, o->wd, clip);
         m->step++;
     } else if (gr->zero) {
         zero_adamw_step(m, gr, o, lr);
@@ -1870,7 +1881,7 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     } else {
         bert_adamw_step(m, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
     }
-    bert_zero_grad(m);
+    if (!compressed || overlap || r.skipped) bert_zero_grad(m);  // else onebit_step_forward zeroes them
     bert_phase(m, PHASE_END);
     r.comm_bytes = comm->sent - sent0;
     return r;
@@ -2484,11 +2495,19 @@ static int write_end(Comm* comm, Ckpts* ck, WriteWatch w, int ok) {
     return v[0].max == 0;
 }
 
+// onebit_settle: the host waits until --comm onebit's last step has updated every part on the communication stream
+// (onebit_step_forward), before anything but the next step's forward reads the weights, the moments, the errors or
+// the gradients. Nothing without onebit.
+static void onebit_settle(const GradReduce* gr) {
+    if (gr->onebit) comm_wait(gr->comm, gr->stream, "the 1-bit exchange");
+}
+
 // checkpoint_at: saves the model and the data position `pos` after `step` (a dropped step's: from before
 // it). 0 (with the reason) on failure, on every rank. Every rank calls it (under ZeRO-1 they gather the
 // shards); rank 0 writes.
 static int checkpoint_at(Ckpts* ck, BertModel* m, const GradReduce* gr, const DataLoaderState* pos, int step) {
     char why[4600], what[4600];
+    onebit_settle(gr);
     WriteWatch w = write_begin(gr->comm, ck, (double)ckpt_body_bytes(m));
     int ok = save_checkpoint(ck, m, gr, pos, why, sizeof why);
     if (write_end(gr->comm, ck, w, ok)) return 1;
@@ -2676,7 +2695,6 @@ static ScalingWork scaling_work(const Options* o, const BertConfig* cfg, const P
     double head = f.head / f.model;
     for (int k = 0; k < w.n_events && k < SCALING_MAX_EVENTS; k++)
         w.event_frac[k] = k == 0 ? head : k > cfg->layers ? 1 : head + (1 - head) * k / cfg->layers;
-    bert_params_free(&params);
     Comm fake;  // only its world size matters to the layout
     memset(&fake, 0, sizeof fake);
     fake.world = world;
@@ -2687,13 +2705,17 @@ static ScalingWork scaling_work(const Options* o, const BertConfig* cfg, const P
     for (int i = 0; i < g.n; i++)
         w.bucket_elems[i] = (double)(g.zero ? (size_t)world * g.b[i].piece : g.b[i].n),
         w.bucket_event[i] = g.b[i].event;
-    OneBit ob;  // --comm onebit-overlap's parts (compress.h), for its table (the onebit table takes the whole slab)
-    onebit_layout(&ob, &g, 0, 1, onebit_part_elems(o, 1));
+    OneBit ob;  // the onebit modes' parts (compress.h), and which part holds each layer's weights
+    onebit_layout(&ob, &g, 0, 1, onebit_part_elems(o));
     w.n_parts = ob.n_parts;
     scaling_lists(ob.n_parts, &w.part_elems, &w.part_event);
     for (int i = 0; i < ob.n_parts; i++) w.part_elems[i] = (double)ob.part[i].n, w.part_event[i] = ob.part[i].event;
+    w.n_layers = cfg->layers;
+    for (int l = 0; l <= cfg->layers && l < SCALING_MAX_EVENTS; l++)
+        w.layer_part[l] = onebit_layer_part(&ob, &params, l);
     free(ob.part);
     free(g.b);
+    bert_params_free(&params);
     return w;
 }
 static void scaling_work_free(ScalingWork* w) {
@@ -3338,17 +3360,25 @@ static int stage_shards(Run* r) {
 // onebit_setup: --comm onebit's errors and message buffers (compress.h), and what it will send.
 static void onebit_setup(Run* r) {
     OneBit* ob = &r->ob;
-    onebit_layout(ob, &r->gr, r->comm.rank, r->o.comm_warmup, onebit_part_elems(&r->o, r->o.onebit_overlap));
+    onebit_layout(ob, &r->gr, r->comm.rank, r->o.comm_warmup, onebit_part_elems(&r->o));
     ob->refresh = r->o.comm_refresh;
     onebit_alloc(ob);
     r->gr.onebit = ob;
+    if (!r->o.onebit_overlap) {  // the next forward waits for each layer's part only (onebit_step_forward)
+        int L = r->cfg.layers;
+        ob->weights_ready = (cudaEvent_t*)malloc((L + 1) * sizeof(cudaEvent_t));
+        for (int l = 0; l < L; l++) ob->weights_ready[l] = ob->updated[onebit_layer_part(ob, &r->model.p, l)];
+        ob->weights_ready[L] = r->gr.done;  // the head: every part, and the gradients zeroed
+        r->model.weights_ready = ob->weights_ready;
+    }
     uint64_t fp32 =
         r->comm.world > 1 ? 2 * (uint64_t)(r->comm.world - 1) * (r->model.p.numel * 4) / (uint64_t)r->comm.world : 0;
     if (r->main_rank)
         printf(
             "comm: %s (1-bit Adam): fp32 AdamW for %d steps, then the momentum's signs and scales in %d parts "
-            "%s the backward: %llu bytes sent per rank per step (fp32 all-reduce: %llu)\n",
-            r->o.comm, ob->warmup, ob->n_parts, r->o.onebit_overlap ? "during" : "after",
+            "%s: %llu bytes sent per rank per step (fp32 all-reduce: %llu)\n",
+            r->o.comm, ob->warmup, ob->n_parts,
+            r->o.onebit_overlap ? "during the backward" : "after the backward, under the next forward",
             (unsigned long long)onebit_step_bytes(ob), (unsigned long long)fp32);
 }
 
@@ -3534,6 +3564,7 @@ static int finish_run(Run* r) {
     Options* o = &r->o;
     BertModel* m = &r->model;
     size_t free_after;
+    onebit_settle(&r->gr);
     CUDA_CHECK(cudaMemGetInfo(&free_after, &r->total_bytes));
     if (r->main_rank) printf("device memory allocated after the last step: %zu bytes\n", r->free_bytes - free_after);
     if (r->main_rank && m->step < o->steps)

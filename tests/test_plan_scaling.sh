@@ -5,7 +5,7 @@
 #     communication mode (fp32, bf16, onebit), one row per node count, each row's global batch GPUs x accum x B
 #     at most 65,536 with B at most the planner's; one `scaling-result` line per mode, whose bytes_per_step is
 #     the ring all-reduce's 2 (P-1)/P x 4 bytes per gradient (fp32), half of it (bf16), 1/28 (onebit with --comm-refresh 0: a sign bit and 1/256 of an fp32 scale per parameter;
-#     about 1/22 with its default refresh, one fp32 step in 100), and
+#     about 1/25 with its default refresh, one bf16 step in 100), and
 #     whose efficiencies rank onebit > bf16 > fp32; 22 collectives per fp32 step at the default --bucket-mb,
 #     more with smaller buckets, and --zero 1's reduce-scatter + all-gather costs more than the all-reduce;
 #   - --grad-accum auto: every row at >= 95% efficiency or marked (cap) by --max-global-batch, which it names;
@@ -49,19 +49,20 @@ b32=$(result "$W/gb.log" fp32 bytes_per_step); b16=$(result "$W/gb.log" bf16 byt
 echo "paper-120m, 256 GPUs, global batch 65,536: efficiency fp32 $e32, bf16 $e16, onebit $e1 (after its warm-up)"
 check 'awk -v a="$e32" -v b="$e16" -v c="$e1" "BEGIN { exit !(a > 0 && a < b && b < c && c < 1) }"' \
   "efficiencies do not rank fp32 < bf16 < onebit: $e32 $e16 $e1"
-# onebit-overlap: the parts during the backward: the issue's target, at least 90% on the seed cluster
+# the issue's target, at least 90% on the seed cluster: onebit (its parts after the backward, under the next forward)
+# and onebit-overlap (the same parts during the backward: more, at the same bytes)
 eo=$(result "$W/gb.log" onebit-overlap efficiency); bo=$(result "$W/gb.log" onebit-overlap bytes_per_step)
 echo "onebit-overlap: efficiency $eo"
-check 'awk -v c="$e1" -v o="$eo" -v a="$b1" -v b="$bo" "BEGIN { exit !(o > c && o >= 0.90 && o < 1 && a == b) }"' \
-  "onebit-overlap: efficiency $eo (want >= 0.90 and above onebit's $e1), bytes $bo (want onebit's $b1)"
+check 'awk -v c="$e1" -v o="$eo" -v a="$b1" -v b="$bo" "BEGIN { exit !(c >= 0.90 && o > c && o < 1 && a == b) }"' \
+  "onebit: efficiency $e1 (want >= 0.90); onebit-overlap: $eo (want above onebit's), bytes $bo (want onebit's $b1)"
 # fp32: every gradient (the slab's numel) 2 x 255/256 x 4 bytes, and the host sync's 32 bytes
 check 'awk -v b="$b32" -v n="$numel" "BEGIN { w = 2 * 255 / 256 * (4 * n + 32); exit !(b >= w - 1 && b <= w + 1) }"' \
   "fp32 bytes_per_step $b32 is not 2 x 255/256 x (4 x $numel + 32)"
 check 'awk -v a="$b32" -v b="$b16" "BEGIN { r = a / b; exit !(r > 1.99 && r < 2.01) }"' "fp32 / bf16 bytes: $b32 / $b16"
-# onebit: 1/28 of fp32 on its compressed steps, and (--comm-refresh, default 100) one fp32 step in K:
-# (K-1)/K x 1/28 + 1/K of fp32's bytes, about 22x fewer at K = 100
-check 'awk -v a="$b32" -v b="$b1" "BEGIN { k = 100; w = a * ((k - 1) / k / 28.36 + 1 / k); r = a / b; exit !(r > 21 && r < 23 && b > 0.98 * w && b < 1.02 * w) }"' \
-  "fp32 / onebit bytes with the default refresh: $b32 / $b1 (want 22x)"
+# onebit: 1/28 of fp32 on its compressed steps, and (--comm-refresh, default 100) one bf16 step in K:
+# (K-1)/K x 1/28 + 1/K x 1/2 of fp32's bytes, about 25x fewer at K = 100
+check 'awk -v a="$b32" -v b="$b1" "BEGIN { k = 100; w = a * ((k - 1) / k / 28.36 + 0.5 / k); r = a / b; exit !(r > 24 && r < 26 && b > 0.98 * w && b < 1.02 * w) }"' \
+  "fp32 / onebit bytes with the default refresh: $b32 / $b1 (want 25x)"
 ./trainer_cpu "${PAPER[@]}" --preset paper-120m --global-batch 65536 --comm onebit --comm-refresh 0 >"$W/r0.log" 2>&1
 b0=$(result "$W/r0.log" onebit bytes_per_step); e0=$(result "$W/r0.log" onebit efficiency)
 check 'awk -v a="$b32" -v b="$b0" -v e="$e0" -v f="$e1" "BEGIN { r = a / b; exit !(r > 27 && r < 29 && e > f) }"' \

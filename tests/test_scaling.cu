@@ -3,9 +3,10 @@
 //   - one collective: ring (latency per NVLink and network step), tree (log2 N network steps, 2 x bytes at 90%),
 //     all-reduce the faster of the two, all-to-all (G (P-G)/P of the buffer through a node's link), one node
 //   - the step: the buckets on one communication stream after their backward events (queueing behind each
-//     other), exposed = what runs past the backward; ZeRO-1's all-gather after it; onebit's parts
+//     other), exposed = what runs past the backward; ZeRO-1's all-gather after it; onebit-overlap's parts
 //     (compression, all-to-all, all-gather) from their events, the last one exposed, then its update; the host
-//     sync; the bytes a rank sends
+//     sync; the bytes a rank sends; onebit's parts after the backward in the forward's order, each updated before
+//     the next forward's layers that read it (hidden under the forward, or stalling it when the forward is short)
 //   - --grad-accum auto (the smallest accumulation with exposed <= 5%) and --max-global-batch's cap;
 //     --global-batch's accumulation and smaller micro-batch; onebit's whole-run average with fp32 warm-up
 // Pure host code: no device is touched.
@@ -118,14 +119,23 @@ int main(void) {
     ScalingPrediction o3 = scaling_predict(&c, &w, ob, 1, 1500, 0);
     CHECK(near(o3.exposed_s, o.exposed_s), "onebit, 3 s micro-batch: exposed %.9f, want %.9f", o3.exposed_s,
           o.exposed_s);
-    // onebit (not overlapped): the whole slab one part after the backward: C = 2.01e8 / 8 rounded up to 256 =
-    // 25,125,120, messages of 3,533,220 B
-    double cs = 8 * 3533220.0, comps = 2.01e8 * 20 / 3.9e12, a2as = 11e-6 + 2 * 0.75 * cs / 5e8;
-    double ags = 35e-6 + 0.875 * cs / 5e8;
+    // onebit (not overlapped): the same parts after the backward, in the forward's order (the tail, part 1, first),
+    // each compressed, exchanged and updated (20 + 18 B per element) before the next forward's layers that read it:
+    // layer 0 part 1's, layer 1 and the head part 0's; the forward (10 s of the 30 s micro-batch) a quarter the
+    // head's (event_frac[0]), 3/8 each layer's. Part 1 is in at tp1, part 0 at tp0 = tp1 + its own: the forward of
+    // layer 0 (3.75 s) hides part 0, so only tp1 shows
+    w.n_layers = 2, w.layer_part[0] = 1, w.layer_part[1] = 0, w.layer_part[2] = 0;
+    double tp1 = 1.01e8 * 38 / 3.9e12 + a2a + ag,
+           tp0 = tp1 + 1e8 * 38 / 3.9e12 + (11e-6 + 2 * 0.75 * cb0 / 5e8) + (35e-6 + 0.875 * cb0 / 5e8);
     ScalingPrediction after = scaling_predict(&c, &w, &scaling_modes[SCALING_ONEBIT], 1, 15000, 0);
-    CHECK(near(after.exposed_s, comps + a2as + ags + upd + sync) && after.collectives == 3,
-          "onebit exposed %.9f (want %.9f), %d collectives (want 3)", after.exposed_s, comps + a2as + ags + upd + sync,
-          after.collectives);
+    CHECK(near(after.exposed_s, tp1 + sync) && after.collectives == 5 && near(after.bytes_sent, o.bytes_sent),
+          "onebit exposed %.9f (want %.9f), %d collectives (want 5), %.0f B (want onebit-overlap's %.0f)",
+          after.exposed_s, tp1 + sync, after.collectives, after.bytes_sent, o.bytes_sent);
+    // a 30 ms micro-batch (a 10 ms forward, fwd): layer 1 waits for part 0, so the forward ends at tp0 + 5/8 fwd
+    after = scaling_predict(&c, &w, &scaling_modes[SCALING_ONEBIT], 1, 15, 0);
+    double fwd = (1 - SCALING_OVERLAP) * 0.03;
+    CHECK(near(after.exposed_s, tp0 - 0.375 * fwd + sync), "onebit, 30 ms micro-batch: exposed %.9f, want %.9f",
+          after.exposed_s, tp0 - 0.375 * fwd + sync);
     CHECK(near(o.run_efficiency, o.efficiency), "no warm-up: the run's average is the step's");
     w.warmup_share = 0.1;
     o = scaling_predict(&c, &w, ob, 1, 15000, 0);
