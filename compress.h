@@ -15,12 +15,14 @@
 // The slab is cut into parts (onebit_layout: the gradient buckets of comm.h merged up to ONEBIT_PART_BUCKETS, those
 // final only after layer 0's backward one part), and each part goes through steps 1 to 3 and the all-gather on
 // the communication stream. --comm onebit launches them after the step's host sync, when the step's norm and so
-// --clip's factor c are known; --comm onebit-overlap launches each as soon as the last micro-batch's backward has
+// --clip's factor c are known, in the forward's order, and updates each part's weights there too (step 4), so the
+// next step's forward, which waits for each layer's part, runs under the exchange of the layers above
+// (onebit_step_forward); --comm onebit-overlap launches each as soon as the last micro-batch's backward has
 // made its gradients, while the backward goes on (as the fp32 buckets), before c is known: it sends the unclipped
 // momentum, and c enters at the update, exactly without compression: b1 m + (1 - b1) c g = c (b1 m + (1 - b1) g)
 // + (1 - c) b1 m, and m (the last step's) is the same on every rank. (With compression it is not the same: the
 // errors then carry unclipped values from step to step; in the 500-step mini runs onebit-overlap ended 1.2% and
-// 2.0% above fp32 where onebit ended 1.0% and 0.9%: README.)
+// 2.0% above fp32 where onebit ended within 1%: README.)
 //   1. worker (every rank r, its accumulated gradient g_r): x = D (b1 m + (1 - b1) c' g_r) + e_r, where m is the
 //      averaged momentum of the last step, e_r this rank's worker error and c' = c (onebit) or 1 (onebit-overlap);
 //      x is compressed (below) and e_r = x - decompress(compress(x)).
@@ -50,16 +52,18 @@
 #define ONEBIT_GROUP 256  // elements per scale: one block of ONEBIT_THREADS threads, ONEBIT_PER_THREAD each
 #define ONEBIT_THREADS 256
 #define ONEBIT_PER_THREAD (ONEBIT_GROUP / ONEBIT_THREADS)
-// --comm-refresh's default: every 100th step after the warm-up is an fp32 AdamW step that refreshes the frozen
-// variance (lazily: v = b2^100 v + (1 - b2^100) g^2). In the 500-step 4-rank mini runs (README, before the overlap)
-// it brought onebit from +1.62% to +0.96% of fp32's validation loss (every 10, 40 or 50 steps: the same within 0.1%),
-// at 22x fewer bytes than fp32 instead of 28x.
+// --comm-refresh's default: every 100th step after the warm-up is an AdamW step (its gradients all-reduced in bf16:
+// the trainer's train_step) that refreshes the frozen variance (lazily: v = b2^100 v + (1 - b2^100) g^2). In the
+// 500-step 4-rank mini runs (README, with fp32 refreshes) it brought onebit from +1.62% to +0.96% of fp32's
+// validation loss (every 10, 40 or 50 steps: the same within 0.1%), at 25x fewer bytes than fp32 instead of 28x.
 #define ONEBIT_REFRESH_DEFAULT 100
 // The parts' size before the backward's end (onebit_layout): at most this many of --bucket-mb's fp32 buckets (100 MB
 // at the default 25; a part's messages are 1/28 of that). Each part pays one all-gather latency, about 5 ms at 128
 // nodes over TCP sockets: with a part per 25 MB bucket, paper-350m's 50 parts would keep the communication stream
-// busy past the backward (the predictor on the seed cluster, 65,536 sequences: 83.6% at 25 MB, 94.8% at 50, 94.5%
-// at 100 and 200, 92.9% at 400; paper-120m 90.9% from 25 to 200 MB, 87.6% at 400).
+// busy past the backward (the predictor on the seed cluster, 65,536 sequences, when the parts were sent during the
+// backward only: 83.6% at 25 MB, 94.8% at 50, 94.5% at 100 and 200, 92.9% at 400; paper-120m 90.9% from 25 to 200
+// MB, 87.6% at 400). Now onebit (under the next forward): paper-120m 90.8%, 90.7%, 90.9%, 90.4% and paper-350m
+// 96.3%, 96.0%, 96.0%, 94.4% at parts of 50, 100, 200 and 400 MB.
 #define ONEBIT_PART_BUCKETS 4
 
 // onebit_msg_bytes: bytes of one compressed chunk of `chunk` elements (a multiple of ONEBIT_GROUP).

@@ -28,18 +28,21 @@
 //       micro-batch (4 of a weight's 6 FLOPs), its events at the share of its FLOPs done (the head, then
 //       layer by layer). --zero 1: a reduce-scatter per bucket instead (same overlap), then after the
 //       optimizer an all-gather of the bf16 weights per bucket, never overlapped.
-//     onebit (1-bit Adam, after --comm-warmup steps at fp32): compress.h's parts (the buckets merged up to
-//       ONEBIT_PART_BUCKETS buckets, and one part for all the buckets final after layer 0's backward: the embeddings
-//       and the vector region), on the communication stream in launch order, each from its backward event as the
-//       buckets (onebit-overlap), or the whole slab as one part after the backward (onebit): the compression
-//       (memory-bound: SCALING_ONEBIT_WORKER_BYTES of device memory per element), one all-to-all and one all-gather of
-//       P messages of C/8 bytes of signs + 4 bytes of scale per group of 256 (C = the part's n/P rounded up to 256:
-//       compress.h's onebit_msg_bytes); then the update (SCALING_ONEBIT_UPDATE_BYTES per parameter). With
-//       --comm-refresh K (default 100) one step in K is an AdamW step with the bf16 all-reduce instead, so the time,
-//       the communication and the bytes after the warm-up are (K-1)/K onebit's + 1/K bf16's. (The overlapped
-//       compression shares the GPU with the backward; the model does not slow the backward for it: a memory-bound pass
-//       over the gradients, about 1% of a bert-base backward.) onebit's parts start at the step's host sync, which the
-//       model puts after them (it is latency only).
+//     onebit, onebit-overlap (1-bit Adam, after --comm-warmup steps at fp32): compress.h's parts (the buckets
+//       merged up to ONEBIT_PART_BUCKETS buckets, and one part for all the buckets final after layer 0's backward:
+//       the embeddings, layer 0 and the vector region), each its compression (memory-bound:
+//       SCALING_ONEBIT_WORKER_BYTES of device memory per element), one all-to-all and one all-gather of P messages
+//       of C/8 bytes of signs + 4 bytes of scale per group of 256 (C = the part's n/P rounded up to 256:
+//       compress.h's onebit_msg_bytes) and its update (SCALING_ONEBIT_UPDATE_BYTES per parameter).
+//       onebit-overlap: on the communication stream in launch order, each from its backward event as the
+//       buckets, then the updates. (The overlapped compression shares the GPU with the backward; the model does
+//       not slow the backward for it: a memory-bound pass over the gradients, about 1% of a bert-base backward.)
+//       onebit: after the backward (and the host sync, which the model puts after them: latency only), in the
+//       forward's order, each updated as it arrives; the next step's forward runs layer by layer (the head
+//       event_frac[0] of it, the layers the rest in equal shares), layer l no sooner than the part that holds
+//       its weights (layer_part): exposed = how much later that forward ends than alone.
+//       With --comm-refresh K (default 100) one step in K is an AdamW step with the bf16 all-reduce instead, so
+//       the time, the communication and the bytes after the warm-up are (K-1)/K onebit's + 1/K bf16's.
 //     every mode: the step's host sync, one all-reduce of a few floats (latency only).
 //   exposed = the communication still running when the last backward ends + what runs after it
 //   step = compute + exposed; efficiency = compute / step (time per sample on 1 GPU / per GPU on P).
