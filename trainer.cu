@@ -655,7 +655,7 @@ static size_t onebit_part_elems(const Options* o) {
 
 // onebit_layer_part: the part of ob (compress.h) that holds the last weight of layer l's matrices (l = layers: the
 // head's dense matrix), the top of the weights layer l's forward reads (the lower ones, the embeddings and the vector
-// region are in that part or in parts the forward's order exchanges before it: onebit_launch_forward).
+// region are in that part or in parts the forward's order exchanges before it: onebit_step_forward).
 static int onebit_layer_part(const OneBit* ob, const BertParams* p, int l) {
     int L = p->cfg.layers;
     return onebit_part_of(ob, (l < L ? bert_grad_ready_lo(p, L - l - 1) : p->n_decay) - 1);
@@ -1764,9 +1764,9 @@ static void onebit_local_sumsq(BertModel* m, float* acc) {
 
 // Under --comm onebit (gr->onebit), after its warm-up a step reduces no gradient: the norm (for the log, clipping
 // and the non-finite check) is sqrt(mean over ranks of |g_r|^2), from the ranks' local sums of squares in the
-// step's one all-reduce; then onebit_launch exchanges the clipped momentum (the whole slab, one part) and
-// onebit_update updates the weights (compress.h). --comm onebit-overlap launches the parts while the last backward
-// runs, as the fp32 buckets are reduced, and clips at the update.
+// step's one all-reduce; then onebit_step_forward exchanges the clipped momentum part by part and updates the
+// weights on the communication stream, under the next step's forward (compress.h). --comm onebit-overlap launches
+// the parts while the last backward runs, as the fp32 buckets are reduced, and clips at the update.
 static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, GradReduce* gr, float* scratch,
                              const Options* o, float lr, int want_ckpt) {
     StepResult r;
