@@ -22,7 +22,7 @@
 // momentum, and c enters at the update, exactly without compression: b1 m + (1 - b1) c g = c (b1 m + (1 - b1) g)
 // + (1 - c) b1 m, and m (the last step's) is the same on every rank. (With compression it is not the same: the
 // errors then carry unclipped values from step to step; in the 500-step mini runs onebit-overlap ended 1.2% and
-// 2.0% above fp32 where onebit ended within 1%: README.)
+// 2.0% above fp32 where onebit ended 0.9% to 1.1% above: README.)
 //   1. worker (every rank r, its accumulated gradient g_r): x = D (b1 m + (1 - b1) c' g_r) + e_r, where m is the
 //      averaged momentum of the last step, e_r this rank's worker error and c' = c (onebit) or 1 (onebit-overlap);
 //      x is compressed (below) and e_r = x - decompress(compress(x)).
