@@ -475,9 +475,9 @@ static inline void onebit_update(OneBit* ob, cudaStream_t s, int m_step, float* 
 // embeddings, layer 0 and the vector region, first; then up the layers to the head): steps 1 to 4 of each part,
 // then ob->updated[i]; at the end the gradients are zeroed there (the workers have read them) and g->done is
 // recorded. The compute stream does not wait: the next step's forward waits for each layer's part
-// (BertModel.weights_ready: onebit_weights_events), so the exchange of the upper layers runs under the forward of
-// the lower ones. Anything else that reads the weights, the moments, the errors or the gradients first waits for
-// g->done (the trainer's onebit_settle).
+// (BertModel.weights_ready, which the trainer's onebit_setup points at these events), so the exchange of the upper
+// layers runs under the forward of the lower ones. Anything else that reads the weights, the moments, the errors or the
+// gradients first waits for g->done (the trainer's onebit_settle).
 static inline void onebit_step_forward(OneBit* ob, GradReduce* g, int m_step, float* grad, float* master, floatX* w,
                                        float* m, const float* v, size_t n_decay, float lr, float b1, float b2,
                                        float eps, float wd, float clip) {

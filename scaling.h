@@ -137,7 +137,7 @@ typedef struct {
     int layer_part[SCALING_MAX_EVENTS];     // layer l's weights (l = n_layers: the head's), which its forward waits for
     double event_frac[SCALING_MAX_EVENTS];  // the share of the backward done when event k is recorded
     double warmup_share;                    // onebit: the share of the steps at fp32
-    int refresh;                            // onebit: every refresh-th step after the warm-up is fp32 (0: none)
+    int refresh;                            // onebit: every refresh-th step after the warm-up is bf16 AdamW (0: none)
 } ScalingWork;
 
 typedef struct {
