@@ -168,7 +168,8 @@ static const Flag flags[] = {
      "loss further from fp32's: README)"},
     {"--grad-reduce", "fp32|bf16", F_CHOICE, AT(comm), 0, 0, NULL, "the older name of --comm fp32 | bf16"},
     {"--comm-warmup", "N", F_INT, AT(comm_warmup), 1, INT_MAX, NULL,
-     "--comm onebit: steps of fp32 AdamW before compression (default 10% of --steps,\n"
+     "--comm onebit: steps of fp32 AdamW before compression (default "
+     STRINGIFY(ONEBIT_WARMUP_PERCENT) "% of --steps,\n"
      "at least 1; must be below --steps)"},
     {"--comm-refresh", "K", F_INT, AT(comm_refresh), 0, INT_MAX, NULL,
      "--comm onebit: every K steps after the warm-up one fp32 AdamW step updates the\n"
@@ -428,11 +429,12 @@ static void stall_launch(Comm* comm, const Options* o, cudaStream_t s) {
     launch(stall_spin, dim3(1), dim3(1), 0, s, (const volatile int*)release, max_cycles);
 }
 
-// resolve_comm_warmup: --comm onebit's warm-up once --steps is known: the default (10% of the steps, at least
-// 1), and an error line when it is not below --steps.
+// resolve_comm_warmup: --comm onebit's warm-up once --steps is known: the default (ONEBIT_WARMUP_PERCENT of the
+// steps, at least 1), and an error line when it is not below --steps.
 static void resolve_comm_warmup(Options* o) {
     if (!o->onebit) return;
-    if (!o->comm_warmup) o->comm_warmup = o->steps / 10 > 1 ? o->steps / 10 : 1;
+    int share = (int)((long long)o->steps * ONEBIT_WARMUP_PERCENT / 100);
+    if (!o->comm_warmup) o->comm_warmup = share > 1 ? share : 1;
     if (o->comm_warmup >= o->steps) {
         fprintf(stderr,
                 "trainer: --comm-warmup %d: the warm-up must end before the run's last step (--steps %d); give a "
@@ -2686,7 +2688,9 @@ static ScalingWork scaling_work(const Options* o, const BertConfig* cfg, const P
     w.zero = o->zero && world > 1;
     w.weight_bytes = sizeof(floatX);
     w.sync_bytes = 8 * sizeof(float);  // the step's host sync: a handful of floats (S_STEP_N)
-    w.warmup_share = SCALING_ONEBIT_WARMUP_SHARE;
+    // onebit's share of steps at fp32: this run's warm-up when it is known, else the default's
+    w.warmup_share = o->onebit && o->comm_warmup && o->steps > 0 ? (double)o->comm_warmup / o->steps
+                                                                 : ONEBIT_WARMUP_PERCENT / 100.0;
     w.refresh = o->onebit ? o->comm_refresh : ONEBIT_REFRESH_DEFAULT;  // the onebit table: this run's, or the default
     BertParams params;
     bert_params_build(&params, cfg);

@@ -8,6 +8,8 @@
 #     about 1/25 with its default refresh, one bf16 step in 100), and
 #     whose efficiencies rank onebit > bf16 > fp32; 22 collectives per fp32 step at the default --bucket-mb,
 #     more with smaller buckets, and --zero 1's reduce-scatter + all-gather costs more than the all-reduce;
+#   - onebit's whole-run average: 30% of the steps at fp32 (the default --comm-warmup), or a run's own share
+#     (--steps 1000 --comm-warmup 100: 10%, a higher average);
 #   - --grad-accum auto: every row at >= 95% efficiency or marked (cap) by --max-global-batch, which it names;
 #   - a real run resolves auto and --global-batch as --plan-only predicts for the same layout;
 #   - every start-up line is out before step 1 (stdout to a file, a step that never ends);
@@ -69,7 +71,14 @@ check 'awk -v a="$b32" -v b="$b0" -v e="$e0" -v f="$e1" "BEGIN { r = a / b; exit
   "--comm-refresh 0: fp32 / onebit bytes $b32 / $b0 (want 28x), efficiency $e0 (want above the default's $e1)"
 check '[ "$(awk "{print \$7}" "$W/fp32.rows" | sort -u)" = 22 ]' \
   "fp32 collectives per step at --bucket-mb 25: $(awk '{print $7}' "$W/fp32.rows" | sort -u | tr '\n' ' ') (want 22)"
-check 'grep -q "^onebit at 256 GPUs: .* after the warm-up, .* over the whole run" "$W/gb.log"' "no whole-run average for onebit"
+check 'grep -q "^onebit at 256 GPUs: .* after the warm-up, .* over the whole run (30% of the steps at fp32)" "$W/gb.log"' \
+  "no whole-run average for onebit at the default warm-up (30%): $(grep '^onebit at 256' "$W/gb.log")"
+# ... a run's own warm-up: --steps 1000 --comm-warmup 100, 10% of its steps at fp32, a higher whole-run average
+./trainer_cpu "${PAPER[@]}" --preset paper-120m --global-batch 65536 --comm onebit --steps 1000 --comm-warmup 100 >"$W/w10.log" 2>&1
+run30=$(sed -n -E 's/^onebit at 256 GPUs: .* after the warm-up, ([0-9.]+)% over the whole run.*/\1/p' "$W/gb.log")
+run10=$(sed -n -E 's/^onebit at 256 GPUs: .* after the warm-up, ([0-9.]+)% over the whole run \(10% of the steps at fp32\)/\1/p' "$W/w10.log")
+check 'awk -v a="$run10" -v b="$run30" "BEGIN { exit !(a + 0 > b + 0 && b + 0 > 0) }"' \
+  "--comm-warmup 100 of 1000 steps: whole-run '$run10'% (want 10% of the steps at fp32, above the default's '$run30'%)"
 # the communication grows with the nodes
 check 'awk "NR > 1 && \$8 <= prev { exit 1 } { prev = \$8 }" "$W/fp32.rows"' "fp32 comm time does not grow with the nodes"
 # smaller buckets: more collectives, each with its latency, so more time; ZeRO-1 costs an all-gather more
