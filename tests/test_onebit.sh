@@ -15,8 +15,8 @@
 #   - --resume: a run stopped after 10 steps (--run-steps) and resumed on 4 ranks ends with a checkpoint
 #     identical to the uninterrupted one (the ranks' 1-bit Adam errors are in the checkpoint); resumed on 2
 #     ranks it says that the errors are for another number of ranks and finishes;
-#   - one process, the default warm-up (30% of 16 steps: 4): the compression still runs (its loss equals fp32's
-#     up to step 5 and differs from step 6), 0 bytes sent;
+#   - one process, the default warm-up (20% of 16 steps: 3): the compression still runs (its loss equals fp32's
+#     up to step 4 and differs from step 5), 0 bytes sent;
 #     an infinite gradient (MLM_TEST_INF_GRAD) skips the step and the run goes on; the memory plan counts the
 #     1-bit Adam buffers (what is allocated before step 1 equals the plan);
 #   - --comm onebit-overlap --comm-refresh 3 (2 ranks, the slab in at least 3 parts exchanged during the backward):
@@ -126,15 +126,15 @@ check 'grep -qE "^step +16/16" "$W/part2.0.log" && grep -q "errors are for anoth
   "a 4-rank onebit checkpoint resumed on 2 ranks: $(tail -n 3 "$W/part2.0.log")"
 
 # 3. one process: the compression runs (the loss leaves fp32's after the warm-up), nothing is sent. No
-# --comm-warmup: the default, 30% of the 16 steps, is 4 (step 5's loss is still fp32's, step 6's is not)
+# --comm-warmup: the default, 20% of the 16 steps, is 3 (step 4's loss is still fp32's, step 5's is not)
 MLM_TEST_INF_GRAD=9 runn one 1 --comm onebit --grad-accum 4
 check 'grep -qE "^step +16/16" "$W/one.0.log"' "1 rank, onebit: the run failed: $(tail -n 3 "$W/one.0.log")"
 check 'grep -q "step 9: .*not finite; update skipped" "$W/one.0.log"' \
   "1 rank, onebit: an infinite gradient at step 9 was not skipped: $(grep -m1 "step 9" "$W/one.0.log")"
 check 'grep -qE "allocated before step 1: ([0-9]+) bytes \(the plan: \1 bytes\)" "$W/one.0.log"' \
   "1 rank, onebit: the plan differs from what was allocated: $(grep "allocated before" "$W/one.0.log")"
-check '[ -n "$(loss_at 5 "$W/one.0.log")" ] && [ "$(loss_at 5 "$W/one.0.log")" = "$(loss_at 5 "$W/fp32.0.log")" ] && [ "$(loss_at 6 "$W/one.0.log")" != "$(loss_at 6 "$W/fp32.0.log")" ]' \
-  "1 rank, onebit, the default warm-up (4 of 16 steps): step 5 should equal fp32's and step 6 differ: $(loss_at 5 "$W/one.0.log") $(loss_at 6 "$W/one.0.log")"
+check '[ -n "$(loss_at 4 "$W/one.0.log")" ] && [ "$(loss_at 4 "$W/one.0.log")" = "$(loss_at 4 "$W/fp32.0.log")" ] && [ "$(loss_at 5 "$W/one.0.log")" != "$(loss_at 5 "$W/fp32.0.log")" ]' \
+  "1 rank, onebit, the default warm-up (3 of 16 steps): step 4 should equal fp32's and step 5 differ: $(loss_at 4 "$W/one.0.log") $(loss_at 5 "$W/one.0.log")"
 check '[ "$(bytes_at 8 "$W/one.0.log")" = 0 ]' "1 rank: comm_bytes $(bytes_at 8 "$W/one.0.log"), want 0"
 
 # 4. --comm onebit-overlap --comm-refresh 3 on 2 ranks, the slab in several parts exchanged during the backward
