@@ -84,7 +84,7 @@
 #define SCALING_ONEBIT_WORKER_BYTES 20.0
 #define SCALING_ONEBIT_UPDATE_BYTES 18.0
 #define SCALING_HBM_GBS 3900.0
-#define SCALING_ONEBIT_GROUP 256          // elements per fp32 scale (compress.h's ONEBIT_GROUP)
+#define SCALING_ONEBIT_GROUP 256  // elements per fp32 scale (compress.h's ONEBIT_GROUP)
 #define SCALING_MAX_EVENTS 1024
 #define SCALING_MAX_BUCKETS 65536
 

@@ -168,14 +168,13 @@ static const Flag flags[] = {
      "loss further from fp32's: README)"},
     {"--grad-reduce", "fp32|bf16", F_CHOICE, AT(comm), 0, 0, NULL, "the older name of --comm fp32 | bf16"},
     {"--comm-warmup", "N", F_INT, AT(comm_warmup), 1, INT_MAX, NULL,
-     "--comm onebit: steps of fp32 AdamW before compression (default "
-     STRINGIFY(ONEBIT_WARMUP_PERCENT) "% of --steps,\n"
-     "at least 1; must be below --steps)"},
+     "--comm onebit: steps of fp32 AdamW before compression (default\n" STRINGIFY(
+         ONEBIT_WARMUP_PERCENT) "% of --steps, at least 1; must be below --steps)"},
     {"--comm-refresh", "K", F_INT, AT(comm_refresh), 0, INT_MAX, NULL,
      "--comm onebit: every K steps after the warm-up one fp32 AdamW step updates the\n"
      "frozen variance as if the K steps since had seen its g^2 (v = b2^K v + (1 - b2^K) g^2;\n"
      "default " STRINGIFY(
-         ONEBIT_REFRESH_DEFAULT) "; 0: never, as 1-bit Adam; K >= 36 keeps 16x fewer bytes than fp32)"},
+         ONEBIT_REFRESH_DEFAULT) "; 0: never, as 1-bit Adam; K >= 18 keeps 16x fewer bytes than fp32)"},
     {"--bucket-mb", "X", F_FLOAT, AT(bucket_mb), 0.001, 1 << 20, "25",
      "gradients are reduced over GPUs in buckets of X MB (fp32), each as soon as the\n"
      "backward has made it, overlapping the rest of the backward"},
@@ -2689,8 +2688,8 @@ static ScalingWork scaling_work(const Options* o, const BertConfig* cfg, const P
     w.weight_bytes = sizeof(floatX);
     w.sync_bytes = 8 * sizeof(float);  // the step's host sync: a handful of floats (S_STEP_N)
     // onebit's share of steps at fp32: this run's warm-up when it is known, else the default's
-    w.warmup_share = o->onebit && o->comm_warmup && o->steps > 0 ? (double)o->comm_warmup / o->steps
-                                                                 : ONEBIT_WARMUP_PERCENT / 100.0;
+    w.warmup_share =
+        o->onebit && o->comm_warmup && o->steps > 0 ? (double)o->comm_warmup / o->steps : ONEBIT_WARMUP_PERCENT / 100.0;
     w.refresh = o->onebit ? o->comm_refresh : ONEBIT_REFRESH_DEFAULT;  // the onebit table: this run's, or the default
     BertParams params;
     bert_params_build(&params, cfg);
