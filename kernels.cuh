@@ -204,9 +204,10 @@ __global__ void layernorm_forward(floatX* out, float* stats, const floatX* inp, 
 // ny = ln_rows(C) <= LN_ROWS; thread (x, y) owns the 128-bit column chunk [x X128, x X128 + X128) of row y of
 // each group of ny rows, and blocks stride over the groups. A row's two sums (of g and g * xhat) are reduced
 // over its cw threads (warp shuffles, then the warps' sums in shared memory); each thread keeps its columns'
-// dgamma and dbeta in registers over all its rows. At the end the ny row slices are summed in shared memory
-// (dynamic, ny x 2C floats) in order y = 0.., and the block writes its partial sums part[blockIdx.x] =
-// (dgamma (C), dbeta (C)); layernorm_param_grad then sums the G blocks' partials in a fixed order.
+// dgamma and dbeta (and, when asked, the column sums of dx) in registers over all its rows. At the end the ny row
+// slices are summed in shared memory (dynamic, ny x nv C floats) in order y = 0.., and the block writes its
+// partial sums part[blockIdx.x] = (dgamma (C), dbeta (C)[, dz (C)]); partials_sum then sums the G blocks'
+// partials in a fixed order.
 // Data movement per row: dout and x read once, dx written once (128-bit accesses), gamma kept in registers;
 // per block 2C floats of partials (G <= launch_grid_cap() blocks: 3 MB at C = 768, about 2% of a
 // (32768, 768) bf16 LayerNorm backward's 150 MB).
@@ -247,18 +248,21 @@ __device__ inline void ln_backward_begin(float* g, float* dg, float* db, const f
         dg[k] = db[k] = 0.f;
     }
 }
-// ln_write_partials: the block's dgamma/dbeta partials (dg, db: this thread's X128 columns) summed over its
-// row slices in order y = 0.. and written to part (2C floats: dgamma, then dbeta). sm: ny x 2C floats.
-__device__ inline void ln_write_partials(float* part, float* sm, const float* dg, const float* db, int col, int C) {
+// ln_write_partials: the block's partial column sums, summed over its row slices in order y = 0.. and written
+// to part: dgamma, dbeta (C each; dg, db: this thread's X128 columns), then, with nv = 3, dz (C: the column
+// sums of dinp, the bias gradient of the matmul whose output dinp is the gradient of). sm: ny x nv C floats.
+__device__ inline void ln_write_partials(float* part, float* sm, const float* dg, const float* db, const float* dz,
+                                         int nv, int col, int C) {
     if (col < C)
         for (int k = 0; k < X128; k++) {
-            sm[threadIdx.y * 2 * C + col + k] = dg[k];
-            sm[threadIdx.y * 2 * C + C + col + k] = db[k];
+            sm[(threadIdx.y * nv) * C + col + k] = dg[k];
+            sm[(threadIdx.y * nv + 1) * C + col + k] = db[k];
+            if (nv == 3) sm[(threadIdx.y * nv + 2) * C + col + k] = dz[k];
         }
     __syncthreads();
-    for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < 2 * C; i += blockDim.x * blockDim.y) {
+    for (int i = threadIdx.y * blockDim.x + threadIdx.x; i < nv * C; i += blockDim.x * blockDim.y) {
         float s = 0.f;
-        for (int y = 0; y < (int)blockDim.y; y++) s += sm[y * 2 * C + i];
+        for (int y = 0; y < (int)blockDim.y; y++) s += sm[y * nv * C + i];
         part[i] = s;
     }
 }
@@ -292,15 +296,17 @@ __device__ inline void ln_backward_row(float* dx, float* dg, float* db, const fl
 
 // layernorm_backward: dinp = LayerNorm backward of dout at inp (the saved LayerNorm input, with its stats),
 // times GELU'(gelu_pre) when gelu_pre is given (the MLM head: LayerNorm(GELU(pre)), so dinp is dLoss/dpre);
-// part[b] = block b's partial (dgamma, dbeta). dinp is overwritten (for a residual LayerNorm it is the gradient
-// of both branches of the residual sum). Layout and data movement: see above (gelu_pre adds one read of it);
-// each row's arithmetic is ln_backward_row.
+// part[b] = block b's partial (dgamma, dbeta), and with nv = 3 also dz = the column sums of dinp (as stored,
+// rounded): the bias gradient of the matmul that produced the LayerNorm's input (or pre), which so needs no pass
+// over dinp of its own. dinp is overwritten (for a residual LayerNorm it is the gradient of both branches of the
+// residual sum). Layout and data movement: see above (gelu_pre adds one read of it; dz adds C floats of partials
+// per block); each row's arithmetic is ln_backward_row.
 __global__ void layernorm_backward(floatX* dinp, float* part, const floatX* dout, const floatX* inp, const float* stats,
-                                   const floatX* gamma, const floatX* gelu_pre, int N, int C) {
+                                   const floatX* gamma, const floatX* gelu_pre, int N, int C, int nv) {
     extern __shared__ __align__(16) unsigned char dyn_smem[];
     __shared__ float red[2][LN_ROWS][32][2];
     int col = threadIdx.x * X128, on = col < C, it = 0;
-    float g[16 / sizeof(floatX)], dg[16 / sizeof(floatX)], db[16 / sizeof(floatX)];
+    float g[16 / sizeof(floatX)], dg[16 / sizeof(floatX)], db[16 / sizeof(floatX)], dz[16 / sizeof(floatX)] = {};
     ln_backward_begin(g, dg, db, gamma, col, on);
     // every thread runs the same number of iterations (rows past N count zero), so the barriers are uniform
     for (int r0 = blockIdx.x * blockDim.y; r0 < N; r0 += gridDim.x * blockDim.y, it++) {
@@ -313,32 +319,33 @@ __global__ void layernorm_backward(floatX* dinp, float* part, const floatX* dout
         ln_backward_row(v, dg, db, x, d, g, mean, rstd, ok, &red[it & 1][0][0][0], C);
         if (ok) {
             Pack128 o, pre = gelu_pre ? load128(gelu_pre + (size_t)n * C + col) : Pack128{};
-            for (int k = 0; k < X128; k++) o.v[k] = fromf(gelu_pre ? v[k] * gelu_erf_grad(tof(pre.v[k])) : v[k]);
+            for (int k = 0; k < X128; k++) {
+                o.v[k] = fromf(gelu_pre ? v[k] * gelu_erf_grad(tof(pre.v[k])) : v[k]);
+                dz[k] += tof(o.v[k]);
+            }
             store128(dinp + (size_t)n * C + col, o);
         }
     }
-    ln_write_partials(part + (size_t)blockIdx.x * 2 * C, (float*)dyn_smem, dg, db, col, C);
+    ln_write_partials(part + (size_t)blockIdx.x * nv * C, (float*)dyn_smem, dg, db, dz, nv, col, C);
 }
 
-// layernorm_param_grad: dgamma[i] += sum_b part[b][i] and dbeta[i] += sum_b part[b][C + i] over the G blocks'
-// partials, in a fixed order (group y sums b = y, y + 8, ... in order; then groups 0..7 in order).
-// Layout: block (32, 8): threadIdx.x a column of the 2C, threadIdx.y a group; grid ceil(2C / 32). Reads G x 2C
-// floats once (coalesced rows), writes 2C.
-__global__ void layernorm_param_grad(float* dgamma, float* dbeta, const float* part, int G, int C) {
+// partials_sum: out_j[i] += sum_b part[b][j C + i] for the nv <= 3 vectors out_0, out_1, out_2 (C floats each), over
+// the G blocks' partials (nv C floats each), in a fixed order (group y sums b = y, y + 8, ... in order; then groups
+// 0..7 in order). Layout: block (32, 8): threadIdx.x a column of the nv C, threadIdx.y a group; grid
+// ceil(nv C / 32). Reads G x nv C floats once (coalesced rows), writes nv C.
+__global__ void partials_sum(float* out0, float* out1, float* out2, const float* part, int G, int C, int nv) {
     __shared__ float sm[8][33];
     int i = blockIdx.x * 32 + threadIdx.x;
     float s = 0.f;
-    if (i < 2 * C)
-        for (int b = threadIdx.y; b < G; b += 8) s += part[(size_t)b * 2 * C + i];
+    if (i < nv * C)
+        for (int b = threadIdx.y; b < G; b += 8) s += part[(size_t)b * nv * C + i];
     sm[threadIdx.y][threadIdx.x] = s;
     __syncthreads();
-    if (threadIdx.y == 0 && i < 2 * C) {
+    if (threadIdx.y == 0 && i < nv * C) {
         float t = 0.f;
         for (int y = 0; y < 8; y++) t += sm[y][threadIdx.x];
-        if (i < C)
-            dgamma[i] += t;
-        else
-            dbeta[i - C] += t;
+        float* out = i < C ? out0 : i < 2 * C ? out1 : out2;
+        out[i % C] += t;
     }
 }
 
@@ -397,7 +404,7 @@ __global__ void embedding_layernorm_backward(float* dx, uint64_t* keys, float* p
             for (int k = 0; k < X128; k += 4)
                 *(float4*)(dx + (size_t)n * C + col + k) = make_float4(o[k], o[k + 1], o[k + 2], o[k + 3]);
     }
-    ln_write_partials(part + (size_t)blockIdx.x * 2 * C, (float*)dyn_smem, dg, db, col, C);
+    ln_write_partials(part + (size_t)blockIdx.x * 2 * C, (float*)dyn_smem, dg, db, db, 2, col, C);
 }
 
 // Step 2: bitonic sort of n = 2^p 64-bit keys, ascending. For each k = 2, 4, .., n and each j = k/2, .., 1,
@@ -546,9 +553,10 @@ __global__ void embedding_table_carries(float* dwte, float* dwpe, float* dwtt, c
 
 // ---------------------------------------------------------------------------------------------
 // GELU (exact, erf). cuBLASLt's GELU epilogues are the tanh approximation, so the matmuls fuse only the
-// bias and these kernels apply GELU. Layout: one thread per 128-bit chunk of n elements (n % X128 == 0).
+// bias and these kernels apply GELU. Sizes are multiples of X128.
 
-// gelu_forward: out = x * Phi(x) elementwise. Data movement: x read once, out written once (128-bit).
+// gelu_forward: out = x * Phi(x) elementwise. Layout: one thread per 128-bit chunk of the n elements.
+// Data movement: x read once, out written once (128-bit).
 __global__ void gelu_forward(floatX* out, const floatX* inp, size_t n) {
     size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * X128;
     if (i >= n) return;
@@ -556,21 +564,40 @@ __global__ void gelu_forward(floatX* out, const floatX* inp, size_t n) {
     for (int k = 0; k < X128; k++) o.v[k] = fromf(gelu_erf(tof(x.v[k])));
     store128(out + i, o);
 }
-// gelu_backward: the backward of y = GELU(pre) when y itself is needed again (the weight gradient of the
-// matmul that reads it): out = GELU(pre), recomputed bit for bit as gelu_forward did, and d = d * GELU'(pre)
-// in place, both from one erf per element. Data movement: pre and d read once, out and d written once
-// (128-bit): 4 passes over (n) where a recompute then a separate backward take 5.
-__global__ void gelu_backward(floatX* out, floatX* d, const floatX* pre, size_t n) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * X128;
-    if (i >= n) return;
-    Pack128 x = load128(pre + i), g = load128(d + i), o;
-    for (int k = 0; k < X128; k++) {
-        float v = tof(x.v[k]), e = erff(v * 0.70710678118654752f);
-        o.v[k] = fromf(0.5f * v * (1.0f + e));
-        g.v[k] = fromf(tof(g.v[k]) * (0.5f * (1.0f + e) + v * 0.39894228040143268f * expf(-0.5f * v * v)));
+// gelu_backward: the backward of y = GELU(pre), pre (N, I) the output of a matmul (x W^T + b), when y itself is
+// needed again (the weight gradient of the matmul that reads it):
+//   out = GELU(pre), recomputed bit for bit as gelu_forward did,
+//   d = d * GELU'(pre) in place, both from one erf per element,
+//   part[blockIdx.y] (I floats) = the block's column sums of the new d (as stored, rounded) over its rows, which
+//   partials_sum adds to the bias gradient db = sum_n d[n]: no pass over d of its own.
+// Layout: block (32, 8), grid (ceil(I / (32 X128)), gy): thread (x, y) owns the 128-bit column chunk
+// c = (blockIdx.x * 32 + x) X128 of rows blockIdx.y * 8 + y, then + gy * 8, ...; it keeps its X128 column sums in
+// registers, and at the end the 8 row slices are summed in shared memory in order y = 0.. (a fixed order).
+// Data movement: pre and d read once, out and d written once (128-bit); 32 X128 floats of partials per block.
+__global__ void gelu_backward(floatX* out, floatX* d, float* part, const floatX* pre, int N, int I) {
+    __shared__ float sm[8][32 * 8];
+    int col = (blockIdx.x * 32 + threadIdx.x) * X128, on = col < I;
+    float sum[16 / sizeof(floatX)] = {};
+    for (int n = blockIdx.y * 8 + threadIdx.y; on && n < N; n += gridDim.y * 8) {
+        size_t i = (size_t)n * I + col;
+        Pack128 x = load128(pre + i), g = load128(d + i), o;
+        for (int k = 0; k < X128; k++) {
+            float v = tof(x.v[k]), e = erff(v * 0.70710678118654752f);
+            o.v[k] = fromf(0.5f * v * (1.0f + e));
+            g.v[k] = fromf(tof(g.v[k]) * (0.5f * (1.0f + e) + v * 0.39894228040143268f * expf(-0.5f * v * v)));
+            sum[k] += tof(g.v[k]);
+        }
+        store128(out + i, o);
+        store128(d + i, g);
     }
-    store128(out + i, o);
-    store128(d + i, g);
+    for (int k = 0; k < X128; k++) sm[threadIdx.y][threadIdx.x * X128 + k] = sum[k];
+    __syncthreads();
+    if (threadIdx.y == 0 && on)
+        for (int k = 0; k < X128; k++) {
+            float t = 0.f;
+            for (int y = 0; y < 8; y++) t += sm[y][threadIdx.x * X128 + k];
+            part[(size_t)blockIdx.y * I + col + k] = t;
+        }
 }
 
 // add_and_clear: dst += src, then src = 0 (n % 4 == 0, 16-byte aligned). The per-micro-step bias gradients
@@ -1165,25 +1192,26 @@ static inline void kernel_opt_in(const void* kernel, size_t bytes, size_t* done)
 }
 
 // The scratch of the LayerNorm and embedding backward (the model's memory plan counts it with these sizes):
-static inline size_t ln_part_floats(int C) { return (size_t)launch_grid_cap() * 2 * C; }  // blocks' partials
+static inline size_t ln_part_floats(int C) { return (size_t)launch_grid_cap() * 3 * C; }  // blocks' partials
 static inline size_t emb_keys_count(long long N) { return (size_t)sort_pow2(3 * N); }     // sort keys (uint64)
 static inline size_t emb_carry_floats(int C) { return (size_t)EMB_CHUNKS * 2 * C; }       // runs across chunks
 
 // launch_layernorm_backward: dinp (N, C) = LayerNorm backward [times GELU'(gelu_pre)], dgamma/dbeta (C) += their
-// sums over the N rows, with part (ln_part_floats(C)) as scratch.
-static inline void launch_layernorm_backward(cudaStream_t s, floatX* dinp, float* dgamma, float* dbeta, float* part,
-                                             const floatX* dout, const floatX* inp, const float* stats,
+// sums over the N rows, and when dbias is given, dbias (C) += the column sums of dinp (the bias gradient of the
+// matmul whose output dinp is the gradient of); part (ln_part_floats(C)) is scratch.
+static inline void launch_layernorm_backward(cudaStream_t s, floatX* dinp, float* dgamma, float* dbeta, float* dbias,
+                                             float* part, const floatX* dout, const floatX* inp, const float* stats,
                                              const floatX* gamma, const floatX* gelu_pre, int N, int C) {
     if (N <= 0) return;
-    int ny = ln_rows(C), grid = ceil_div(N, ny);
+    int ny = ln_rows(C), grid = ceil_div(N, ny), nv = dbias ? 3 : 2;
     if (grid > launch_grid_cap()) grid = launch_grid_cap();
-    size_t bytes = (size_t)ny * 2 * C * sizeof(float);
+    size_t bytes = (size_t)ny * nv * C * sizeof(float);
     static size_t done = 0;
     kernel_opt_in((const void*)layernorm_backward, bytes, &done);
     launch(layernorm_backward, dim3(grid), dim3(ln_block_x(C), ny), bytes, s, dinp, part, dout, inp, stats, gamma,
-           gelu_pre, N, C);
-    launch(layernorm_param_grad, dim3(ceil_div(2 * C, 32)), dim3(32, 8), 0, s, dgamma, dbeta, (const float*)part, grid,
-           C);
+           gelu_pre, N, C, nv);
+    launch(partials_sum, dim3(ceil_div(nv * C, 32)), dim3(32, 8), 0, s, dgamma, dbeta, dbias, (const float*)part, grid,
+           C, nv);
 }
 
 // launch_sort_keys: sorts keys[0, n_valid) ascending; keys has room for sort_pow2(n_valid) (the padding sorts last).
@@ -1215,8 +1243,8 @@ static inline void launch_embedding_backward(cudaStream_t s, float* dwte, float*
     kernel_opt_in((const void*)embedding_layernorm_backward, bytes, &done);
     launch(embedding_layernorm_backward, dim3(grid), dim3(ln_block_x(C), ny), bytes, s, dx, keys, part, dout, stats,
            tokens, types, seg_lo, seg_hi, wte, wpe, wtt, gamma, N, T, C, V, P);
-    launch(layernorm_param_grad, dim3(ceil_div(2 * C, 32)), dim3(32, 8), 0, s, dgamma, dbeta, (const float*)part, grid,
-           C);
+    launch(partials_sum, dim3(ceil_div(2 * C, 32)), dim3(32, 8), 0, s, dgamma, dbeta, (float*)NULL, (const float*)part,
+           grid, C, 2);
     long long E = 3LL * N;
     launch_sort_keys(s, keys, E);
     int K = ceil_div(E, EMB_CHUNKS), chunks = ceil_div(E, K), cx = ceil_div(C / 4, 32) * 32, cy = 1024 / cx;
@@ -1232,9 +1260,22 @@ static inline void launch_embedding_backward(cudaStream_t s, float* dwte, float*
 static inline void launch_gelu_forward(cudaStream_t s, floatX* out, const floatX* inp, size_t n) {
     launch(gelu_forward, dim3(ceil_div((long long)(n / X128), 256)), dim3(256), 0, s, out, inp, n);
 }
-// launch_gelu_backward: out = GELU(pre), d *= GELU'(pre) (n elements)
-static inline void launch_gelu_backward(cudaStream_t s, floatX* out, floatX* d, const floatX* pre, size_t n) {
-    launch(gelu_backward, dim3(ceil_div((long long)(n / X128), 256)), dim3(256), 0, s, out, d, pre, n);
+// launch_gelu_backward: out = GELU(pre), d *= GELU'(pre) (N, I), and dbias (I) += the column sums of the new d;
+// part (gelu_part_floats(I)) is scratch. gy blocks down the rows: about launch_grid_cap() blocks in all, one wave
+// (56 registers: 4 blocks of 256 threads per SM).
+static inline int gelu_grid_y(int I) {
+    int gx = ceil_div(I / X128, 32), gy = launch_grid_cap() / gx;
+    return gy > 0 ? gy : 1;
+}
+static inline size_t gelu_part_floats(int I) { return (size_t)gelu_grid_y(I) * I; }
+static inline void launch_gelu_backward(cudaStream_t s, floatX* out, floatX* d, float* dbias, float* part,
+                                        const floatX* pre, int N, int I) {
+    if (N <= 0) return;
+    int gx = ceil_div(I / X128, 32), gy = gelu_grid_y(I);
+    if (gy > ceil_div(N, 8)) gy = ceil_div(N, 8);
+    launch(gelu_backward, dim3(gx, gy), dim3(32, 8), 0, s, out, d, part, pre, N, I);
+    launch(partials_sum, dim3(ceil_div(I, 32)), dim3(32, 8), 0, s, dbias, (float*)NULL, (float*)NULL,
+           (const float*)part, gy, I, 1);
 }
 static inline void launch_add_and_clear(cudaStream_t s, float* dst, float* src, size_t n) {
     int grid = ceil_div((long long)(n / 4), 256);

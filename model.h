@@ -297,13 +297,15 @@ typedef struct {
     size_t d_h;      // (M, C) floatX             head backward
     size_t d_h2;     // (M, C) floatX
     // backward scratch of the deterministic reductions (no floating-point atomics; see kernels.cuh)
-    size_t ln_part;    // (launch_grid_cap(), 2C) fp32 LayerNorm backward: each block's dgamma, dbeta partials
+    size_t ln_part;    // max of (launch_grid_cap(), 3C) fp32: LayerNorm backward's blocks' dgamma, dbeta, dbias
+                       //   partials, and (gelu_grid_y(I), I) fp32: gelu_backward's blocks' bias partials
     size_t emb_keys;   // (sort_pow2(3BT)) u64        embedding backward: (table row << 32 | token) sort keys
     size_t emb_carry;  // (EMB_CHUNKS, 2, C) fp32     embedding backward: pieces of rows that cross chunks
     size_t emb_dx;     // (B, T, C) fp32              embedding backward: dLoss/dx; shares d_qkv's bytes
                        //                             (3C floatX >= C fp32; d_qkv is free by then)
-    size_t dvec;       // (numel - n_decay) fp32      a micro-step's bias gradients, written by cuBLASLt's BGRADB
-                       //                             epilogue at the offsets they have in the slab's vector region
+    size_t dvec;       // (numel - n_decay) fp32      a micro-step's bias gradients that cuBLASLt's BGRADB epilogue
+                       //                             writes (qkv's, the decoder's), at their offsets in the slab's
+                       //                             vector region (the other biases' are summed by our kernels)
     size_t head_db;    // (Vp) fp32                   one chunk's decoder bias gradient (BGRADB), added to dvec
     size_t total;      // bytes
     int B, T, M, Vp;
@@ -369,7 +371,8 @@ static inline size_t bert_act_layout(BertActLayout* a, const BertConfig* c, int 
     ACT(d_delta, BT * NH * 4);
     ACT(d_h, (size_t)M * C * xsize);
     ACT(d_h2, (size_t)M * C * xsize);
-    ACT(ln_part, ln_part_floats((int)C) * 4);
+    size_t part = ln_part_floats((int)C), gpart = gelu_part_floats((int)I);  // LayerNorm's or GELU's partials
+    ACT(ln_part, (part > gpart ? part : gpart) * 4);
     ACT(emb_keys, emb_keys_count((long long)BT) * 8);
     ACT(emb_carry, emb_carry_floats((int)C) * 4);
     a->emb_dx = a->d_qkv;
@@ -1515,18 +1518,20 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
     const BertParams* p = &m->p;
     floatX *d_x = ACT_X(m, d_x), *d_res = ACT_X(m, d_res), *d_ln1 = ACT_X(m, d_ln1), *d_fc1 = ACT_X(m, d_fc1);
     floatX *d_qkv = ACT_X(m, d_qkv), *d_atty = ACT_X(m, d_atty), *gelu = ACT_X(m, gelu);
-    float* part = ACT_F(m, ln_part);  // the LayerNorm backward's partial sums
+    float* part = ACT_F(m, ln_part);  // the LayerNorm and GELU backward kernels' partial sums
     bert_phase(m, PHASE_OTHER);
     CUDA_CHECK(cudaMemsetAsync(d_x, 0, (size_t)N * C * sizeof(floatX), s));
     if (M > 0) {
         floatX *d_h = ACT_X(m, d_h), *d_h2 = ACT_X(m, d_h2);
         // the decoder was differentiated in the forward (bert_head_decoder): d_h = dLoss/dh_ln
-        // head LayerNorm and GELU in one kernel (d_h2 = dLoss/dh_pre), then the dense layer
+        // head LayerNorm and GELU in one kernel (d_h2 = dLoss/dh_pre, and head_b's gradient: its column sums), then
+        // the dense layer
         bert_phase(m, PHASE_OTHER);
-        launch_layernorm_backward(s, d_h2, bert_g(m, p->head_ln_w), bert_g(m, p->head_ln_b), part, d_h, ACT_X(m, h_act),
-                                  ACT_F(m, h_stats), bert_w(m, p->head_ln_w), ACT_X(m, h_pre), M, C);
+        launch_layernorm_backward(s, d_h2, bert_g(m, p->head_ln_w), bert_g(m, p->head_ln_b), bert_g(m, p->head_b), part,
+                                  d_h, ACT_X(m, h_act), ACT_F(m, h_stats), bert_w(m, p->head_ln_w), ACT_X(m, h_pre), M,
+                                  C);
         bert_phase(m, PHASE_MATMUL);
-        matmul_backward_weight(bl, s, bert_g(m, p->head_w), bert_gb(m, p->head_b), d_h2, C, ACT_X(m, h_in), M, C, C);
+        matmul_backward_weight(bl, s, bert_g(m, p->head_w), NULL, d_h2, C, ACT_X(m, h_in), M, C, C);
         matmul_backward_input(bl, s, d_h, d_h2, C, bert_w(m, p->head_w), NULL, M, C, C);
         bert_phase(m, PHASE_OTHER);
         launch(scatter_rows, dim3(ceil_div((long long)M * C / X128, 256)), dim3(256), 0, s, d_x, (const floatX*)d_h,
@@ -1538,27 +1543,28 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
         const floatX *ln1 = ACT_XL(m, ln1, l), *fc1 = ACT_XL(m, fc1, l);
         // output LayerNorm: ln2 = LN(ln1 + fc2); d_res is the gradient of both ln1 (residual) and fc2
         bert_phase(m, PHASE_OTHER);
-        launch_layernorm_backward(s, d_res, bert_lg(m, l, BL_OLNW), bert_lg(m, l, BL_OLNB), part, d_x,
-                                  ACT_XL(m, res2, l), ACT_FL(m, ln2_stats, l), bert_lw(m, l, BL_OLNW), NULL, N, C);
-        // fc2 = GELU(fc1) W2^T + b2: d_fc1 = d_res W2 first, then one pass recomputes GELU(fc1) (for W2's gradient)
-        // and applies GELU' to d_fc1
+        // (and b2's gradient, the column sums of d_res, from the same kernel)
+        launch_layernorm_backward(s, d_res, bert_lg(m, l, BL_OLNW), bert_lg(m, l, BL_OLNB), bert_lg(m, l, BL_OB), part,
+                                  d_x, ACT_XL(m, res2, l), ACT_FL(m, ln2_stats, l), bert_lw(m, l, BL_OLNW), NULL, N, C);
+        // fc2 = GELU(fc1) W2^T + b2: d_fc1 = d_res W2 first, then one pass recomputes GELU(fc1) (for W2's gradient),
+        // applies GELU' to d_fc1 and sums its columns (b1's gradient)
         bert_phase(m, PHASE_MATMUL);
         matmul_backward_input(bl, s, d_fc1, d_res, C, bert_lw(m, l, BL_OW), NULL, N, I, C);
         bert_phase(m, PHASE_OTHER);
-        launch_gelu_backward(s, gelu, d_fc1, fc1, (size_t)N * I);
+        launch_gelu_backward(s, gelu, d_fc1, bert_lg(m, l, BL_IB), part, fc1, N, I);
         bert_phase(m, PHASE_MATMUL);
-        matmul_backward_weight(bl, s, bert_lg(m, l, BL_OW), bert_lgb(m, l, BL_OB), d_res, C, gelu, N, I, C);
+        matmul_backward_weight(bl, s, bert_lg(m, l, BL_OW), NULL, d_res, C, gelu, N, I, C);
         // fc1 = ln1 W1^T + b1; d_ln1 = d_fc1 W1 + d_res (the residual branch)
-        matmul_backward_weight(bl, s, bert_lg(m, l, BL_IW), bert_lgb(m, l, BL_IB), d_fc1, I, ln1, N, C, I);
+        matmul_backward_weight(bl, s, bert_lg(m, l, BL_IW), NULL, d_fc1, I, ln1, N, C, I);
         matmul_backward_input(bl, s, d_ln1, d_fc1, I, bert_lw(m, l, BL_IW), d_res, N, C, I);
         // attention LayerNorm: ln1 = LN(x + proj)
         bert_phase(m, PHASE_OTHER);
-        launch_layernorm_backward(s, d_res, bert_lg(m, l, BL_ALNW), bert_lg(m, l, BL_ALNB), part, d_ln1,
-                                  ACT_XL(m, res1, l), ACT_FL(m, ln1_stats, l), bert_lw(m, l, BL_ALNW), NULL, N, C);
-        // proj = atty Wo^T + bo
+        launch_layernorm_backward(s, d_res, bert_lg(m, l, BL_ALNW), bert_lg(m, l, BL_ALNB), bert_lg(m, l, BL_AOB), part,
+                                  d_ln1, ACT_XL(m, res1, l), ACT_FL(m, ln1_stats, l), bert_lw(m, l, BL_ALNW), NULL, N,
+                                  C);
+        // proj = atty Wo^T + bo (bo's gradient came from the LayerNorm backward above)
         bert_phase(m, PHASE_MATMUL);
-        matmul_backward_weight(bl, s, bert_lg(m, l, BL_AOW), bert_lgb(m, l, BL_AOB), d_res, C, ACT_XL(m, atty, l), N, C,
-                               C);
+        matmul_backward_weight(bl, s, bert_lg(m, l, BL_AOW), NULL, d_res, C, ACT_XL(m, atty, l), N, C, C);
         matmul_backward_input(bl, s, d_atty, d_res, C, bert_lw(m, l, BL_AOW), NULL, N, C, C);
         bert_phase(m, PHASE_ATTN_BWD);
         launch_attention_backward(s, d_qkv, ACT_F(m, d_delta), d_atty, ACT_XL(m, qkv, l), ACT_XL(m, atty, l),
@@ -1575,7 +1581,7 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
                               ACT_F(m, emb_carry), part, (const floatX*)d_x, (const float*)ACT_F(m, emb_stats),
                               bt->tokens, bt->types, bt->seg_lo, bt->seg_hi, bert_w(m, p->word), bert_w(m, p->pos),
                               bert_w(m, p->type), bert_w(m, p->emb_ln_w), N, T, C, V, c->max_position);
-    // the micro-step's bias gradients, written by the BGRADB epilogues, added to the gradients in one pass
+    // the micro-step's bias gradients that BGRADB epilogues wrote (qkv's, the decoder's), added to the gradients
     bert_phase(m, PHASE_OTHER);
     launch_add_and_clear(s, m->grad + p->n_decay, ACT_F(m, dvec), p->numel - p->n_decay);
     if (m->grad_ready) CUDA_CHECK(cudaEventRecord(m->grad_ready[c->layers + 1], s));  // everything

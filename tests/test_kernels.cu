@@ -155,18 +155,19 @@ static void test_layernorms(int N, int C) {
            *d_dx = dev_x((size_t)N * C);
     vf pre;
     floatX *d_pre = dev_rand(&pre, (size_t)N * C, -3, 3), *d_dx2 = dev_x((size_t)N * C);
-    float *d_stats = dev_f(2 * N), *d_stats2 = dev_f(2 * N), *d_dg = dev_f(C), *d_db = dev_f(C), *d_dg2 = dev_f(2 * C),
+    float *d_stats = dev_f(2 * N), *d_stats2 = dev_f(2 * N), *d_dg = dev_f(C), *d_db = dev_f(C), *d_dg2 = dev_f(3 * C),
           *d_part = dev_f(ln_part_floats(C));
     launch(residual_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, (cudaStream_t)0, d_res, d_out, d_stats,
            (const floatX*)d_x, (const floatX*)d_r, (const floatX*)d_g, (const floatX*)d_b, N, C, eps);
     launch(layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, (cudaStream_t)0, d_out2, d_stats2, (const floatX*)d_x,
            (const floatX*)d_g, (const floatX*)d_b, N, C, eps);
-    launch_layernorm_backward((cudaStream_t)0, d_dx, d_dg, d_db, d_part, d_dout, d_res, d_stats, d_g, NULL, N, C);
-    // again with the GELU backward fused (dx * GELU'(pre)), accumulating onto dgamma = dbeta = 0.5
-    std::vector<float> half(2 * C, 0.5f);
-    CUDA_CHECK(cudaMemcpy(d_dg2, half.data(), 2 * C * 4, cudaMemcpyHostToDevice));
-    launch_layernorm_backward((cudaStream_t)0, d_dx2, d_dg2, d_dg2 + C, d_part, d_dout, d_res, d_stats, d_g, d_pre, N,
-                              C);
+    launch_layernorm_backward((cudaStream_t)0, d_dx, d_dg, d_db, NULL, d_part, d_dout, d_res, d_stats, d_g, NULL, N, C);
+    // again with the GELU backward fused (dx * GELU'(pre)) and the bias gradient (the column sums of dx),
+    // accumulating onto dgamma = dbeta = dbias = 0.5
+    std::vector<float> half(3 * C, 0.5f);
+    CUDA_CHECK(cudaMemcpy(d_dg2, half.data(), 3 * C * 4, cudaMemcpyHostToDevice));
+    launch_layernorm_backward((cudaStream_t)0, d_dx2, d_dg2, d_dg2 + C, d_dg2 + 2 * C, d_part, d_dout, d_res, d_stats,
+                              d_g, d_pre, N, C);
     CUDA_CHECK(cudaDeviceSynchronize());
     vf res = get_x(d_res, (size_t)N * C);  // the kernel's rounded residual sum, input of its LayerNorm
     vd out((size_t)N * C), out2((size_t)N * C), st(2 * N), st2(2 * N), dx((size_t)N * C), dg(C), db(C), row(C),
@@ -195,25 +196,36 @@ static void test_layernorms(int N, int C) {
     close_scaled(w, get_x(d_dx, (size_t)N * C), dx, TOL);
     close_scaled("layernorm_backward: dgamma", get_f(d_dg, C), dg, 1e-5f);
     close_scaled("layernorm_backward: dbeta", get_f(d_db, C), db, 1e-5f);
-    vd dx2((size_t)N * C), dgb2(2 * C);
+    vd dx2((size_t)N * C), dgb2(3 * C);
     for (size_t i = 0; i < (size_t)N * C; i++) {
         double v = pre[i];
         dx2[i] = dx[i] * (0.5 * (1 + erf(v / sqrt(2.0))) + v * exp(-0.5 * v * v) / sqrt(2 * M_PI));
     }
+    vf got2 = get_x(d_dx2, (size_t)N * C);
     for (int i = 0; i < C; i++) {
         dgb2[i] = dg[i] + 0.5;
         dgb2[C + i] = db[i] + 0.5;
+        dgb2[2 * C + i] = 0.5;
+        for (int n = 0; n < N; n++) dgb2[2 * C + i] += got2[(size_t)n * C + i];  // dx as stored (rounded)
     }
     snprintf(w, sizeof(w), "layernorm_backward N=%d C=%d with GELU': dx", N, C);
-    close_scaled(w, get_x(d_dx2, (size_t)N * C), dx2, TOL);
-    close_scaled("layernorm_backward with GELU': dgamma, dbeta accumulate", get_f(d_dg2, 2 * C), dgb2, 1e-5f);
-    // deterministic: the same call again gives the same bits (blocks on several OS threads on the CPU)
+    close_scaled(w, got2, dx2, TOL);
+    close_scaled("layernorm_backward with GELU': dgamma, dbeta and dbias (the column sums of dx) accumulate",
+                 get_f(d_dg2, 3 * C), dgb2, 1e-5f);
+    // deterministic: the same call again gives the same bits (blocks on several OS threads on the CPU), also when
+    // it adds the bias gradient too
     vf dx_a = get_x(d_dx, (size_t)N * C), g_a = get_f(d_dg, C);
+    float* d_dz = dev_f(C);
     CUDA_CHECK(cudaMemset(d_dg, 0, C * 4));
-    launch_layernorm_backward((cudaStream_t)0, d_dx, d_dg, d_db, d_part, d_dout, d_res, d_stats, d_g, NULL, N, C);
+    launch_layernorm_backward((cudaStream_t)0, d_dx, d_dg, d_db, d_dz, d_part, d_dout, d_res, d_stats, d_g, NULL, N, C);
     CUDA_CHECK(cudaDeviceSynchronize());
     CHECK(same_bits(dx_a, get_x(d_dx, (size_t)N * C)) && same_bits(g_a, get_f(d_dg, C)),
-          "layernorm_backward N=%d C=%d: two runs give bitwise identical results", N, C);
+          "layernorm_backward N=%d C=%d: two runs give bitwise identical dx and dgamma, with and without dbias", N, C);
+    vd dz(C, 0.0);
+    for (size_t i = 0; i < (size_t)N * C; i++) dz[i % C] += dx_a[i];
+    snprintf(w, sizeof(w), "layernorm_backward N=%d C=%d: dbias = the column sums of dx", N, C);
+    close_scaled(w, get_f(d_dz, C), dz, 1e-5f);
+    cudaFree(d_dz);
     cudaFree(d_x);
     cudaFree(d_r);
     cudaFree(d_g);
@@ -261,8 +273,8 @@ static void test_ln_backward_agree(int N, int C) {
     launch_embedding_backward((cudaStream_t)0, d_grads, d_grads + (size_t)V * C, d_grads + (size_t)(V + N) * C, d_gbe,
                               d_gbe + C, d_dxe, d_keys, d_carry, d_part, d_dout, d_stats, d_tok, d_ty, d_lo, d_hi,
                               d_wte, d_wpe, d_wtt, d_g, N, N, C, V, N);
-    launch_layernorm_backward((cudaStream_t)0, d_dxl, d_gbl, d_gbl + C, d_part, d_dout, d_inp, d_stats, d_g, NULL, N,
-                              C);
+    launch_layernorm_backward((cudaStream_t)0, d_dxl, d_gbl, d_gbl + C, NULL, d_part, d_dout, d_inp, d_stats, d_g, NULL,
+                              N, C);
     CUDA_CHECK(cudaDeviceSynchronize());
     vf dxe = get_f(d_dxe, (size_t)N * C), dxl = get_x(d_dxl, (size_t)N * C);
     for (float& v : dxe) v = hf(hx(v));
@@ -279,22 +291,46 @@ static void test_ln_backward_agree(int N, int C) {
         cudaFree(q);
 }
 
-static void test_gelu_gather(void) {
-    size_t n = 8 * 37;
+// gelu_forward, and gelu_backward on (N, I): GELU recomputed with gelu_forward's bits, d * GELU'(pre) in place, and
+// the bias gradient (accumulated onto 0.5) = the column sums of the new d as stored; two runs give the same bits.
+static void test_gelu(int N, int I) {
+    size_t n = (size_t)N * I;
     vf x, d;
-    floatX *d_x = dev_rand(&x, n, -4, 4), *d_d = dev_rand(&d, n, -1, 1), *d_y = dev_x(n), *d_y2 = dev_x(n);
+    floatX *d_x = dev_rand(&x, n, -4, 4), *d_d = dev_rand(&d, n, -1, 1), *d_d2 = dev_x(n), *d_y = dev_x(n),
+           *d_y2 = dev_x(n);
+    CUDA_CHECK(cudaMemcpy(d_d2, d_d, n * sizeof(floatX), cudaMemcpyDeviceToDevice));
+    std::vector<float> half(I, 0.5f);
+    float *d_db = dev_f(I), *d_db2 = dev_f(I), *d_part = dev_f(gelu_part_floats(I));
+    CUDA_CHECK(cudaMemcpy(d_db, half.data(), I * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_db2, half.data(), I * 4, cudaMemcpyHostToDevice));
     launch_gelu_forward((cudaStream_t)0, d_y, d_x, n);
-    launch_gelu_backward((cudaStream_t)0, d_y2, d_d, d_x, n);
-    vd y(n), dd(n);
+    launch_gelu_backward((cudaStream_t)0, d_y2, d_d, d_db, d_part, d_x, N, I);
+    launch_gelu_backward((cudaStream_t)0, d_y2, d_d2, d_db2, d_part, d_x, N, I);  // again, on a copy of d
+    vd y(n), dd(n), db(I, 0.5);
     for (size_t i = 0; i < n; i++) {
         double v = x[i], cdf = 0.5 * (1 + erf(v / sqrt(2.0)));
         y[i] = v * cdf;
         dd[i] = d[i] * (cdf + v * exp(-0.5 * v * v) / sqrt(2 * M_PI));
     }
-    vf y1 = get_x(d_y, n);
-    close_scaled("gelu_forward (erf)", y1, y, TOL);
-    close_scaled("gelu_backward: d * GELU'(pre) in place", get_x(d_d, n), dd, TOL);
-    CHECK(same_bits(y1, get_x(d_y2, n)), "gelu_backward recomputes GELU(pre) bit for bit as gelu_forward");
+    vf y1 = get_x(d_y, n), got = get_x(d_d, n), gdb = get_f(d_db, I);
+    for (size_t i = 0; i < n; i++) db[i % I] += got[i];
+    char w[96];
+    snprintf(w, sizeof(w), "gelu_forward (erf) N=%d I=%d", N, I);
+    close_scaled(w, y1, y, TOL);
+    snprintf(w, sizeof(w), "gelu_backward N=%d I=%d: d * GELU'(pre) in place", N, I);
+    close_scaled(w, got, dd, TOL);
+    snprintf(w, sizeof(w), "gelu_backward N=%d I=%d: dbias += the column sums of d", N, I);
+    close_scaled(w, gdb, db, 1e-5f);
+    CHECK(same_bits(y1, get_x(d_y2, n)), "gelu_backward N=%d I=%d recomputes GELU(pre) bit for bit as gelu_forward", N,
+          I);
+    CHECK(same_bits(got, get_x(d_d2, n)) && same_bits(gdb, get_f(d_db2, I)),
+          "gelu_backward N=%d I=%d: two runs give bitwise identical d and dbias", N, I);
+    for (void* q :
+         {(void*)d_x, (void*)d_d, (void*)d_d2, (void*)d_y, (void*)d_y2, (void*)d_db, (void*)d_db2, (void*)d_part})
+        cudaFree(q);
+}
+
+static void test_add_gather(void) {
     // add_and_clear: dst += src, src = 0
     int na = 40;
     vf da(na), sa(na);
@@ -330,10 +366,6 @@ static void test_gelu_gather(void) {
         for (int c = 0; c < C; c++)
             ok &= gg[m * C + c] == o[(size_t)pos[m] * C + c] && ss[(size_t)pos[m] * C + c] == gg[m * C + c];
     CHECK(ok, "gather_rows / scatter_rows (a padding row is not scattered)");
-    cudaFree(d_x);
-    cudaFree(d_d);
-    cudaFree(d_y);
-    cudaFree(d_y2);
     cudaFree(d_o);
     cudaFree(d_pos);
     cudaFree(d_plab);
@@ -530,7 +562,9 @@ int main(void) {
     test_layernorms(5, 264);
     test_ln_backward_agree(37, 40);  // 5 chunks per row, fewer than a warp
     test_ln_backward_agree(9, 264);  // two warps per row
-    test_gelu_gather();
+    test_gelu(37, 272);              // two column tiles (in bf16), the second partial; fewer row groups than the grid
+    test_gelu(300, 8200);            // more row groups than the grid: each thread strides over rows
+    test_add_gather();
     test_cross_entropy();
     test_argmax_hits();
     test_matmuls();
