@@ -211,11 +211,16 @@ __global__ void layernorm_forward(floatX* out, float* stats, const floatX* inp, 
 // Data movement per row: dout and x read once, dx written once (128-bit accesses), gamma kept in registers;
 // per block 2C floats of partials, 3C with the column sums of dx (G <= launch_grid_cap() blocks: 3.2 or 4.9 MB
 // at C = 768, 2-3% of a (32768, 768) bf16 LayerNorm backward's 150 MB).
+// Block size: at most LN_THREADS threads, or one row's cw when that is more (C > 384 X128). ptxas gives both
+// kernels 79 registers in bf16 (48 in fp32), so 2 blocks of 384 fit an SM's 65,536 registers (80 x 384 x 2 =
+// 61,440), and the largest block, one row of C = 4096 (512 threads), still fits once; 1024-thread blocks
+// (C = 2048 at 4 rows) would not launch.
 #define LN_ROWS 4
+#define LN_THREADS 384
 static inline int ln_block_x(int C) { return ceil_div(C / X128, 32) * 32; }
 static inline int ln_rows(int C) {
-    int ny = 1024 / ln_block_x(C);
-    return ny < LN_ROWS ? ny : LN_ROWS;
+    int ny = LN_THREADS / ln_block_x(C);
+    return ny < 1 ? 1 : ny < LN_ROWS ? ny : LN_ROWS;
 }
 
 // ln_row_sum2: (a, b) summed over the cw threads of this thread's row slice (threadIdx.y), the same result

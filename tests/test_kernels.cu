@@ -145,6 +145,22 @@ static void test_sort_keys(long long n) {
     cudaFree(d);
 }
 
+// ln_rows: LayerNorm backward blocks of at most LN_THREADS threads unless one row needs more, for every hidden size
+// the model accepts (<= 4096): at most 512 threads in bf16 (its 79 registers: a 1024-thread block would not launch
+// on a GPU), 1024 in fp32 (48 registers).
+static void test_ln_block_sizes(void) {
+    int worst = 0, ok = 1;
+    for (int C = 8; C <= 4096; C += 8) {
+        int t = ln_block_x(C) * ln_rows(C);
+        ok &= t <= LN_THREADS || ln_rows(C) == 1;
+        if (t > worst) worst = t;
+    }
+    CHECK(ok && worst <= 512 * (8 / X128),
+          "LayerNorm backward blocks: at most %d threads unless a row needs more "
+          "(the largest %d; C = 1024: %d rows of %d)",
+          LN_THREADS, worst, ln_rows(1024), ln_block_x(1024));
+}
+
 static void test_layernorms(int N, int C) {
     float eps = 1e-5f;
     vf x, r, g, be, dout;
@@ -560,6 +576,8 @@ int main(void) {
     test_embedding(264);   // 33 chunks: two warps per row, the second nearly empty
     test_layernorms(37, 40);
     test_layernorms(5, 264);
+    test_layernorms(7, 1024);  // bert-large's C: 3 rows a block in bf16 (the last group partial), 1 in fp32
+    test_ln_block_sizes();
     test_ln_backward_agree(37, 40);  // 5 chunks per row, fewer than a warp
     test_ln_backward_agree(9, 264);  // two warps per row
     test_gelu(37, 272);              // two column tiles (in bf16), the second partial; fewer row groups than the grid
