@@ -459,6 +459,7 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_FWD))
         warp_mm_pb<MT, KC, HD>(o, s, Vt, LD);  // O += P V
     }
     float* L = lse + ((size_t)blk.b * NH + blk.h) * T;
+    __syncwarp();  // every lane's last ldmatrix of the warp's Q rows is done before any lane overwrites them
 #pragma unroll
     for (int m = 0; m < MT; m++) {
         float inv[2];

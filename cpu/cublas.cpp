@@ -32,7 +32,10 @@
 //   - bias gradients (BGRADA, BGRADB, DGELU_BGRAD) are summed in double, then rounded once;
 //   - the real library's bf16 epilogues other than DEFAULT and RELU round an intermediate value
 //     (cuBLASLt 13.0 on an H100 is up to about one bf16 ulp off the exact result, with or without
-//     beta); this file rounds once, which is within what the tests accept from both.
+//     beta); this file rounds once, which is within what the tests accept from both, except where
+//     the GPU's choice is pinned (alpha 1, beta 0, tests/test_matmul.cu test_gelu_epilogues_bf16):
+//     GELU_AUX_BIAS stores aux = bf16(t) and D = bf16(gelu(t)) from the fp32 t, DGELU multiplies the
+//     fp32 t by gelu'(aux), and DGELU_BGRAD rounds t to bf16 first, as this file does.
 //
 // Where the real library refuses a call, this one refuses it with the same status, so that a
 // mistake in our calls fails here as it would on the GPU: CUBLAS_STATUS_INVALID_VALUE for
@@ -255,6 +258,9 @@ static void store_tile(const Gemm* g, int i0, int j0, int rows, int cols, float 
             // "Incorrect result of cublasLtMatmul with CUBLASLT_EPILOGUE_RELU when input is NaN").
             if (ops->relu) t = fmaxf(t, 0.0f);
             if (ops->gelu) t = gelu_tanh(t);
+            // DGELU_BGRAD with a bf16 D rounds t to bf16 before the product, as cuBLASLt 13.0 does on an H100
+            // (DGELU alone does not); tests/test_matmul.cu, test_gelu_epilogues_bf16, pins both
+            if (ops->bgrad_d && g->cd_type == CUDA_R_16BF) t = bf16_bits_to_float(float_to_bf16_bits(t));
             if (ops->dgelu) t *= gelu_tanh_grad(load_elem(g->aux, i + j * g->aux_ld, g->aux_type));
             store_elem(g->d, i + j * g->ldd, g->cd_type, t);
             if (ops->bgrad_d) rowsum[r] += t;
@@ -1398,6 +1404,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t comp
     }
     if (!alpha || !beta) {
         blas_log(fn, "alpha or beta is NULL");
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    // A bias pointer set for an epilogue that takes no bias: cuBLASLt 13.0 on an H100 (2026-11-24) refuses the
+    // matmul with INVALID_VALUE, though its heuristic returns an algorithm (DEFAULT, GELU_AUX, DGELU; a bias data
+    // type alone is accepted)
+    if (d->bias && !(p.ops.bias_add || p.ops.bgrad_a || p.ops.bgrad_b || p.ops.bgrad_d)) {
+        blas_log(fn, "a bias pointer is set, but epilogue %u takes no bias", d->epilogue);
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     float fa = *(const float*)alpha, fb = *(const float*)beta;

@@ -626,6 +626,150 @@ static void test_gelu_formula(void) {
 }
 
 // ----------------------------------------------------------------------------
+// The GELU epilogues' arithmetic in bf16, pinned on the trainer's layout (matmul_forward: A transposed,
+// bf16 in and out, alpha 1, beta 0). A and B hold multiples of 1/16 in [-7/16, 7/16] and the bias multiples
+// of 1/128 in [-1, 1], so alpha AB + bias is exact in fp32 in any summation order: t is known exactly, and
+// only the epilogue's own arithmetic is seen. What cuBLASLt 13.0 does on an H100 (2026-11-24; 6.3M
+// elements of a 3072 x 2048 x 768 product and this test's shape), which this test and cpu/cublas.cpp follow:
+//   GELU_AUX_BIAS  aux = bf16(t) exactly; D = bf16(gelu(t)) from the fp32 t (not from the rounded aux), with
+//                  the tanh GELU: within half a bf16 ulp + 3.4e-6 of the exact tanh GELU (its fp32 GELU is up
+//                  to 5.2e-6 off with an fp32 D, so 95.5% of the elements equal the correctly rounded value);
+//                  nearer tanh than erf at every point where the two differ by more than 2 ulps.
+//   DGELU          the kernel's choice: at 3072 x 128 x 768 and 3072 x 2048 x 768, D = bf16(t gelu'(aux)) from
+//                  the fp32 t (99% of the elements whose t is not a bf16 value and |D| >= 1e-2 equal it, 62%
+//                  equal bf16(bf16(t) gelu'(aux))); at this test's 512 x 128 x 256 the other form (t rounded
+//                  first), as DGELU_BGRAD. Within 2 ulps, 1e-4 in the tail, either way.
+//   DGELU_BGRAD    D = bf16(bf16(t) gelu'(aux)): t is rounded to bf16 first (99.5% of those elements equal
+//                  it; 61% equal the DGELU form); the bias gradient is D's row sums, rounded to bf16.
+// (An earlier reading, GELU_AUX_BIAS 0.7890625 where the tanh GELU of the aux value 0.96875 is 0.8075, came
+// from a check with alpha 0.75 and beta -0.5; with alpha 1 and beta 0 the product has no such error.)
+
+static double bf16_ulp(double v) { return ldexp(1.0, ilogb(fabs(v) > 1e-30 ? v : 1e-30) - 7); }
+static float bf16_of(double v) { return round_to((float)v, CUDA_R_16BF); }
+
+static void test_gelu_epilogues_bf16(void) {
+    const int m = 512, n = 128, k = 256;  // D (m x n) = A^T B, A stored (k x m)
+    const size_t nd = (size_t)m * n;
+    float* hA = host_alloc((size_t)k * m);
+    float* hB = host_alloc((size_t)k * n);
+    float* hbias = host_alloc(m);
+    float* haux = host_alloc(nd);
+    for (size_t i = 0; i < (size_t)k * m; i++) hA[i] = floorf(test_uniform(-7.f, 8.f)) / 16;
+    for (size_t i = 0; i < (size_t)k * n; i++) hB[i] = floorf(test_uniform(-7.f, 8.f)) / 16;
+    for (int i = 0; i < m; i++) hbias[i] = floorf(test_uniform(-128.f, 129.f)) / 128;
+    for (size_t i = 0; i < nd; i++) haux[i] = floorf(test_uniform(-640.f, 641.f)) / 128;  // DGELU's GELU input
+    double* t = (double*)malloc(nd * sizeof(double));  // the exact product (bias added for the GELU epilogue)
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            double a = 0;
+            for (int p = 0; p < k; p++) a += (double)hA[(size_t)i * k + p] * hB[(size_t)j * k + p];
+            t[(size_t)j * m + i] = a;
+        }
+    void* dA = upload(hA, (size_t)k * m, CUDA_R_16BF);
+    void* dB = upload(hB, (size_t)k * n, CUDA_R_16BF);
+    void* dD = upload(haux, nd, CUDA_R_16BF);
+    float* got = host_alloc(nd);
+    float* gaux = host_alloc(nd);
+    const uint32_t epis[3] = {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, CUBLASLT_EPILOGUE_DGELU, CUBLASLT_EPILOGUE_DGELU_BGRAD};
+    for (int e = 0; e < 3; e++) {
+        uint32_t epi = epis[e];
+        bool fwd = epi == CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bgrad = epi == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+        const char* name = epilogue_name((cublasLtEpilogue_t)epi);
+        float* fill = host_const(nd, fwd ? SENTINEL : 0.f);        // the aux output's, the bias gradient's
+        void* dbias = upload(fwd ? hbias : fill, m, CUDA_R_16BF);  // bf16: D's type
+        void* daux = upload(fwd ? fill : haux, nd, CUDA_R_16BF);
+        cublasLtMatmulDesc_t desc;
+        cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+        cublasOperation_t opt = CUBLAS_OP_T;
+        cudaDataType bt = CUDA_R_16BF;
+        int64_t aux_ld = m;
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof opt);
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+        if (epi != CUBLASLT_EPILOGUE_DGELU) {  // the GPU refuses DGELU (no bias) with a bias pointer set
+            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dbias, sizeof dbias);
+            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
+        }
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &daux, sizeof daux);
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld);
+        cublasLtMatrixLayout_t la, lb, ld;
+        cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k);
+        cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, n, k);
+        cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, m);
+        float alpha = 1.0f, beta = 0.0f;
+        STATUS_IS(cublasLtMatmul(g_lt, desc, &alpha, dA, la, dB, lb, &beta, dD, ld, dD, ld, NULL, g_workspace,
+                                 WORKSPACE_BYTES, 0),
+                  CUBLAS_STATUS_SUCCESS);
+        CUDA_OK(cudaDeviceSynchronize());
+        download(dD, nd, CUDA_R_16BF, got);
+        download(daux, nd, CUDA_R_16BF, gaux);
+        // far: GELU over half a bf16 ulp + 6e-6 off, DGELU over 2 ulps and 1e-4 off
+        // form / other: elements of the telling kind (t not a bf16 value, |ref| >= 1e-2) that equal the
+        // documented form, or the other one (GELU: from the rounded t; DGELU: the other DGELU's form)
+        long far = 0, aux_off = 0, telling = 0, form = 0, other = 0, apart = 0, nearer_tanh = 0;
+        double worst = 0;
+        for (size_t i = 0; i < nd; i++) {
+            double ti = t[i] + (fwd ? hbias[i % m] : 0.0), tr = bf16_of(ti);
+            double ref = fwd ? gelu_ref(ti) : ti * gelu_grad_ref(gaux[i]);
+            double doc = fwd ? ref : (bgrad ? tr : ti) * gelu_grad_ref(gaux[i]);
+            double alt = fwd ? gelu_ref(tr) : (bgrad ? ti : tr) * gelu_grad_ref(gaux[i]);
+            double dev = fabs(got[i] - doc), ulp = fmax(bf16_ulp(doc), bf16_ulp(got[i]));
+            double lim = fwd ? 0.5 * ulp + 6e-6 : fmax(2.0 * ulp, 1e-4);
+            if (!(dev <= lim)) far++;
+            if (dev / lim > worst) worst = dev / lim;
+            if (fwd && gaux[i] != (float)tr) aux_off++;
+            if (fabs(ref) >= 1e-2 && tr != ti) {
+                telling++;
+                form += got[i] == bf16_of(doc);
+                other += got[i] == bf16_of(alt);
+            }
+            if (fwd && fabs(gelu_erf_ref(ti) - ref) > 2 * bf16_ulp(ref)) {
+                apart++;
+                nearer_tanh += fabs(got[i] - ref) < fabs(got[i] - gelu_erf_ref(ti));
+            }
+        }
+        CHECK(far == 0, "%s bf16: %ld of %zu elements off the documented form (worst %.2f x the tolerance)", name, far,
+              nd, worst);
+        if (epi == CUBLASLT_EPILOGUE_DGELU) {  // the kernel's choice: either form, consistently
+            CHECK(telling > (long)nd / 8 && fmax(form, other) >= 0.95 * telling && fmin(form, other) < 0.8 * telling,
+                  "DGELU bf16: %ld of %ld telling elements equal bf16(t gelu'), %ld bf16(bf16(t) gelu'): want one "
+                  "form for >= 95%%",
+                  form, telling, other);
+        } else {
+            CHECK(telling > (long)nd / 8 && form >= 0.95 * telling && other < 0.8 * telling,
+                  "%s bf16: %ld of %ld telling elements equal the documented form (want >= 95%%), %ld the other "
+                  "(want < 80%%)",
+                  name, form, telling, other);
+        }
+        if (fwd) {
+            CHECK(aux_off == 0, "GELU_AUX_BIAS bf16: aux = bf16(t) exactly (%ld off)", aux_off);
+            CHECK(apart > 200 && nearer_tanh == apart,
+                  "GELU_AUX_BIAS bf16: nearer the tanh GELU than the erf one at %ld of %ld points where they differ",
+                  nearer_tanh, apart);
+        }
+        if (bgrad) {  // the bias gradient: D's row sums, rounded to bf16
+            float* gb = host_alloc(m);
+            download(dbias, m, CUDA_R_16BF, gb);
+            long off = 0;
+            for (int i = 0; i < m; i++) {
+                double s = 0, mag = 0;
+                for (int j = 0; j < n; j++) s += got[(size_t)j * m + i], mag += fabs(got[(size_t)j * m + i]);
+                off +=
+                    !(fabs(gb[i] - s) <= bf16_ulp(s) + mag / 512);  // the sum's rounding, and D's if summed unrounded
+            }
+            CHECK(off == 0, "DGELU_BGRAD bf16: bias gradient = the row sums of D (%d rows, %ld off)", m, off);
+            free(gb);
+        }
+        printf("%s bf16: worst %.2f x the tolerance; %ld of %ld telling elements the documented form, %ld the other\n",
+               name, worst, form, telling, other);
+        cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
+        cublasLtMatmulDescDestroy(desc);
+        cudaFree(dbias), cudaFree(daux), free(fill);
+    }
+    free(hA), free(hB), free(hbias), free(haux), free(t), free(got), free(gaux);
+    cudaFree(dA), cudaFree(dB), cudaFree(dD);
+}
+
+// ----------------------------------------------------------------------------
 // bf16 output rounding: round to nearest, ties to even. Row i of D (4 x 1) is x_i + y_i (A = [x y],
 // B = [1 1], k = 2): sums that fp32 holds exactly and that fall on or near a bf16 rounding point,
 // so the bf16 result is known exactly (checked with zero tolerance), through cuBLASLt and cublasGemmEx.
@@ -732,6 +876,61 @@ static void expect_refused(const char* what, const BadCase* bc) {
     cublasLtMatmulDescDestroy(desc);
     cudaFree(dA), cudaFree(dB), cudaFree(dD), cudaFree(dX);
     free(zeros);
+}
+
+// A bias pointer set for an epilogue that takes no bias (DEFAULT, GELU_AUX, DGELU): cuBLASLt 13.0 on an H100
+// (2026-11-24, bf16 64 x 48 x 32) returns an algorithm from the heuristic but refuses the matmul with
+// INVALID_VALUE (a bias data type set alone is accepted). blas_matmul sets the pointer only with a bias epilogue.
+static void test_bias_pointer_refused(void) {
+    const int m = 64, n = 48, k = 32;
+    float* zeros = host_alloc((size_t)m * n);
+    void* dA = upload(zeros, (size_t)k * m, CUDA_R_16BF);
+    void* dB = upload(zeros, (size_t)k * n, CUDA_R_16BF);
+    void* dD = upload(zeros, (size_t)m * n, CUDA_R_16BF);
+    void* dX = upload(zeros, (size_t)m * n, CUDA_R_16BF);
+    void* dbias = upload(zeros, m, CUDA_R_16BF);
+    const uint32_t epis[3] = {CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_GELU_AUX, CUBLASLT_EPILOGUE_DGELU};
+    for (int e = 0; e < 3; e++)
+        for (int with_ptr = 0; with_ptr < 2; with_ptr++) {
+            cublasLtMatmulDesc_t desc;
+            cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+            cublasOperation_t opt = CUBLAS_OP_T;
+            cudaDataType bt = CUDA_R_16BF;
+            int64_t aux_ld = m;
+            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof opt);
+            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epis[e], sizeof epis[e]);
+            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
+            if (with_ptr) cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dbias, sizeof dbias);
+            if (epis[e] != CUBLASLT_EPILOGUE_DEFAULT) {
+                cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &dX, sizeof dX);
+                cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld);
+            }
+            cublasLtMatrixLayout_t la, lb, ld;
+            cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k);
+            cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, n, k);
+            cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, m, n, m);
+            cublasLtMatmulPreference_t pref;
+            cublasLtMatmulPreferenceCreate(&pref);
+            cublasLtMatmulHeuristicResult_t heur;
+            int found = 0;
+            const char* name = epilogue_name((cublasLtEpilogue_t)epis[e]);
+            cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g_lt, desc, la, lb, ld, ld, pref, 1, &heur, &found);
+            CHECK(st == CUBLAS_STATUS_SUCCESS && found == 1,
+                  "%s, bias type set%s: the heuristic returned %s, %d algorithms", name,
+                  with_ptr ? " and a bias pointer" : "", cublasGetStatusName(st), found);
+            float alpha = 1.0f, beta = 0.0f;
+            st = cublasLtMatmul(g_lt, desc, &alpha, dA, la, dB, lb, &beta, dD, ld, dD, ld, NULL, g_workspace,
+                                WORKSPACE_BYTES, 0);
+            cublasStatus_t want = with_ptr ? CUBLAS_STATUS_INVALID_VALUE : CUBLAS_STATUS_SUCCESS;
+            CHECK(st == want, "%s, bias type set%s: cublasLtMatmul returned %s, want %s", name,
+                  with_ptr ? " and a bias pointer" : "", cublasGetStatusName(st), cublasGetStatusName(want));
+            CUDA_OK(cudaDeviceSynchronize());
+            cublasLtMatmulPreferenceDestroy(pref);
+            cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
+            cublasLtMatmulDescDestroy(desc);
+        }
+    free(zeros);
+    cudaFree(dA), cudaFree(dB), cudaFree(dD), cudaFree(dX), cudaFree(dbias);
 }
 
 static void test_refusals(void) {
@@ -1003,6 +1202,7 @@ int main(void) {
         run_lt_case(&e);
     }
     test_gelu_formula();
+    test_gelu_epilogues_bf16();
     test_bf16_rounding();
 
     // The classic API.
@@ -1022,6 +1222,7 @@ int main(void) {
     run_classic_case(SGEMM, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, 1, CUDA_R_32F, CUDA_R_32F, 2.0f, 1.0f);
 
     test_refusals();
+    test_bias_pointer_refused();
 
     STATUS_IS(cublasDestroy(g_blas), CUBLAS_STATUS_SUCCESS);
     STATUS_IS(cublasLtDestroy(g_lt), CUBLAS_STATUS_SUCCESS);

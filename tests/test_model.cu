@@ -264,7 +264,14 @@ static void test_reference(void) {
     float loss2;
     CUDA_CHECK(cudaMemcpy(&loss2, ACT_F(&m, loss), sizeof(float), cudaMemcpyDeviceToHost));
     CHECK(loss == loss2, "the training forward gives the same loss (%.9g vs %.9g)", loss, loss2);
-    {  // the head's decoder in chunks of 4 of the 9 rows (4, 4, 1): the same loss and gradients up to reassociation
+    {  // the head's decoder in chunks of 4 of the 9 rows (4, 4, 1): the same loss and gradients up to reassociation.
+        // On the CPU runtime every product sums in one order, so the two agree to the bit; a GPU picks another
+        // cuBLASLt kernel for 4 rows than for 9, so the fp32 sums differ in their last bits, and in bf16 a logit
+        // or a stored gradient may round the other way: the loss then moves by a bf16 ulp's share (tolerance
+        // 2^-8 relative; a chunk left out or counted twice moves it by a ninth), each gradient within the error
+        // the emulated-bf16 reference measured for it (2 x bf16err, at least 1%), and a gradient that is exactly
+        // 0 (the key biases': rounding noise of cancelling terms) within 1e-6 (fp32) or 5e-3 (bf16) of the
+        // model's largest gradient, as in the reference checks below.
         int R = m.act.R;
         m.act.R = 4;
         std::vector<float> g4;
@@ -273,18 +280,32 @@ static void test_reference(void) {
         CUDA_CHECK(cudaMemcpy(&loss4, ACT_F(&m, loss), sizeof(float), cudaMemcpyDeviceToHost));
         m.act.R = R;
         model_grads(&m, &db.b, &g);  // m.grad as the checks below expect it (the same bits: the run is deterministic)
-        CHECK(R == r.M && fabs(loss4 - loss) <= 1e-6 * fabs(loss), "head in chunks of 4 (R was %d): loss %.9g vs %.9g",
-              R, loss4, loss);
-        double worst = 0;
+        CHECK(R == r.M && fabs(loss4 - loss) <= (FP32 ? 1e-6 : 1.0 / 256) * fabs(loss),
+              "head in chunks of 4 (R was %d): loss %.9g vs %.9g", R, loss4, loss);
+        double gmax = maxabs(g.data(), g.size()), worst = 0, worst_zero = 0;
+        const char* worst_name = "";
+        int off = 0;
         for (int i = 0; i < r.p.n; i++) {
             const BertTensor* t = &r.p.t[i];
-            double e = rel_l2(g4.data() + t->offset, g.data() + t->offset, t->numel);
-            if (maxabs(g.data() + t->offset, t->numel) > 0 && e > worst) worst = e;
+            const float *a = g4.data() + t->offset, *b = g.data() + t->offset;
+            if (maxabs(r.g.data() + t->offset, t->numel) < 1e-3 * gmax) {  // exactly 0 in the reference
+                std::vector<float> d(t->numel);
+                for (size_t j = 0; j < t->numel; j++) d[j] = a[j] - b[j];
+                worst_zero = fmax(worst_zero, maxabs(d.data(), t->numel) / gmax);
+                continue;
+            }
+            double e = rel_l2(a, b, t->numel), tol = FP32 ? 1e-5 : fmax(1e-2, 2 * r.bf16err[i]);
+            if (e > tol) off++;
+            if (e / tol > worst) worst = e / tol, worst_name = t->name;
         }
-        CHECK(worst <= (FP32 ? 1e-5 : 1e-2), "head in chunks of 4: gradients within %.3g of one chunk's (rel-L2 %.3g)",
-              FP32 ? 1e-5 : 1e-2, worst);
-        printf("[%s] head in chunks of 4 rows of 9: loss %.9g (one chunk: %.9g), gradients within rel-L2 %.3g\n",
-               FLOATX_NAME, loss4, loss, worst);
+        CHECK(off == 0, "head in chunks of 4: %d gradients beyond their tolerance of one chunk's (worst %s, %.3g x)",
+              off, worst_name, worst);
+        CHECK(worst_zero <= (FP32 ? 1e-6 : 5e-3), "head in chunks of 4: the zero gradients within %.3g of the largest",
+              worst_zero);
+        printf(
+            "[%s] head in chunks of 4 rows of 9: loss %.9g (one chunk: %.9g), gradients within %.3g x their "
+            "tolerance (%s), zero gradients within %.3g of the largest\n",
+            FLOATX_NAME, loss4, loss, worst, worst_name, worst_zero);
     }
     int V = r.cfg.vocab_size;
     double lmax = maxabs(r.logits.data(), r.logits.size());
@@ -600,7 +621,11 @@ static void head_case(BertModel* m, int M, int R) {
     head_case_run(m, &k, d_lab, R, scale);
     std::vector<float> got_loss = dev_floats(ACT_F(m, losses), M), got_dW = dev_floats(bert_g(m, p->word), dW.size()),
                        got_db = dev_floats(bert_gb(m, p->dec_b), Vp), got_dh = dev_xs(ACT_X(m, d_h), dh.size());
-    close_to_scale(HEAD_WHAT("losses"), got_loss, loss, FP32 ? 1e-5f : 1e-3f);
+    // the losses: in bf16 the reference rounds each logit as the kernels store it, but the GPU's fp32 sums (in
+    // another order) may round a logit the other way, which moves a loss by up to a bf16 ulp of its label's logit
+    // and the log-sum-exp by less: within 2^-7 of the largest |logit| (the CPU runtime agrees to the bit)
+    float loss_atol = FP32 ? 1e-5f * (float)maxabs(loss.data(), M) : (float)maxabs(z.data(), z.size()) / 128;
+    check_close(HEAD_WHAT("losses"), got_loss.data(), loss.data(), M, loss_atol, FP32 ? 1e-5f : 1e-3f);
     close_to_scale(HEAD_WHAT("d_h = dlogits Wword"), got_dh, dh, tol);
     close_to_scale(HEAD_WHAT("word grad += dlogits^T h_ln"), got_dW, dW, tol);
     db.resize(Vp, 0.f);
@@ -619,7 +644,8 @@ static void head_case(BertModel* m, int M, int R) {
     m->hits = d_hits;
     head_case_run(m, &k, d_lab, R, 0.f);
     m->hits = NULL;
-    close_to_scale(HEAD_WHAT("losses (validation)"), dev_floats(ACT_F(m, losses), M), loss, FP32 ? 1e-5f : 1e-3f);
+    check_close(HEAD_WHAT("losses (validation)"), dev_floats(ACT_F(m, losses), M).data(), loss.data(), M, loss_atol,
+                FP32 ? 1e-5f : 1e-3f);
     CHECK(dev_floats(bert_g(m, p->word), dW.size()) == k.g0 && dev_floats(bert_gb(m, p->dec_b), Vp) == k.d0 &&
               maxabs(dev_xs(ACT_X(m, d_h), dh.size()).data(), dh.size()) == 0,
           "%s", HEAD_WHAT("validation leaves the gradients and d_h alone"));
