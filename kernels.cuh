@@ -685,7 +685,8 @@ __global__ void scatter_rows(floatX* out, const floatX* inp, const int* pos, con
 
 // cross_entropy_forward_backward: for each masked row m of logits (M, V) with row stride ld:
 //   lse = log sum_j exp(z_j);  losses[m] = lse - z[label]
-//   and when dscale != 0, in place:  logits[m, j] = (exp(z_j - lse) - [j == label]) * dscale
+//   and when dscale != 0, in place:  logits[m, j] = (exp(z_j - lse) - [j == label]) * dscale for j < V,
+//   and 0 for V <= j < ld (the decoder's pad columns, whose gradient must be exactly 0)
 // so the backward needs no stored probabilities. A label < 0 gives loss 0 and a zero gradient row.
 // Layout: one block of 256 threads per row; online (max, sum) per thread over 128-bit chunks (the tail
 // j >= V rounded down to X128 is done scalar), reduced across warps in shared memory.
@@ -738,6 +739,7 @@ __global__ void cross_entropy_forward_backward(floatX* logits, float* losses, co
     }
     for (int j = Vv + threadIdx.x; j < V; j += blockDim.x)
         z[j] = fromf((expf(tof(z[j]) - lse) - (j == label ? 1.f : 0.f)) * sc);
+    for (int j = V + threadIdx.x; j < ld; j += blockDim.x) z[j] = fromf(0.f);  // the pad columns: no gradient
 }
 
 // loss_mean: out[0] = the mean of losses[m] over the rows with labels[m] >= 0 (rows with label < 0 are

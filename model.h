@@ -126,7 +126,8 @@ typedef struct {
     int shape[2];   // (rows, cols) or (n, 1)
     size_t offset;  // in elements, from the start of the slab
     size_t numel;
-    int decay;  // AdamW weight decay applies
+    size_t slab;  // elements it occupies in the slab: numel and its zero pad (numel rounded up to 8; word: Vp rows)
+    int decay;    // AdamW weight decay applies
 } BertTensor;
 
 // per-layer tensor indices in the table (after the 3 embedding matrices), in slab order
@@ -163,7 +164,15 @@ typedef struct {
         layer0_vec;  // layer l, matrix j (0..5): t[layer0_mat + 6*l + j]; vector j (0..9): t[layer0_vec + 10*l + j]
 } BertParams;
 
-static inline void bert_add_tensor(BertParams* p, const char* name, int rows, int cols, int decay) {
+// bert_vocab_rows: V rounded up to a multiple of 8, the vocabulary dimension of the MLM head's decoder matmuls.
+// cuBLASLt 13.0 on an H100 runs them on its Hopper kernels only when that dimension is a multiple of 8: at
+// bert-base (4096 rows, C = 768) V = 30522 took 2.13 ms a chunk (cutlass sm80 kernels, 230-390 TFLOP/s), 30528
+// 0.95 ms (680-800 TFLOP/s) (2026-11-24). So the word embeddings keep Vp - V zero rows after them in the slab.
+static inline int bert_vocab_rows(int V) { return (V + 7) & ~7; }
+
+// bert_add_tensor_rows: a tensor of (rows, cols) (cols 0: a vector of rows) that occupies slab_rows rows of the
+// slab (>= rows; the rows beyond hold zeros)
+static inline void bert_add_tensor_rows(BertParams* p, const char* name, int rows, int cols, int decay, int slab_rows) {
     BertTensor* t = &p->t[p->n++];
     snprintf(t->name, sizeof(t->name), "%s", name);
     t->rank = cols ? 2 : 1;
@@ -173,7 +182,11 @@ static inline void bert_add_tensor(BertParams* p, const char* name, int rows, in
     t->offset = p->numel;
     t->decay = decay;
     // every tensor starts on a 16-byte boundary in both the fp32 and the bf16 slab
-    p->numel += (t->numel + 7) & ~(size_t)7;
+    t->slab = ((size_t)slab_rows * (cols ? cols : 1) + 7) & ~(size_t)7;
+    p->numel += t->slab;
+}
+static inline void bert_add_tensor(BertParams* p, const char* name, int rows, int cols, int decay) {
+    bert_add_tensor_rows(p, name, rows, cols, decay, rows);
 }
 
 // bert_params_build: fills the table for cfg (free with bert_params_free).
@@ -184,7 +197,8 @@ static inline void bert_params_build(BertParams* p, const BertConfig* cfg) {
     p->t = (BertTensor*)calloc((size_t)(10 + BL_COUNT * L), sizeof(BertTensor));
     char nm[BERT_MAX_NAME];
     p->word = p->n;
-    bert_add_tensor(p, "bert.embeddings.word_embeddings.weight", cfg->vocab_size, C, 1);
+    bert_add_tensor_rows(p, "bert.embeddings.word_embeddings.weight", cfg->vocab_size, C, 1,
+                         bert_vocab_rows(cfg->vocab_size));  // also the decoder: Vp rows, see bert_vocab_rows
     p->pos = p->n;
     bert_add_tensor(p, "bert.embeddings.position_embeddings.weight", cfg->max_position, C, 1);
     p->type = p->n;
@@ -242,7 +256,7 @@ static inline int bert_find_tensor(const BertParams* p, const char* name) {
         if (!strcmp(p->t[i].name, name)) return i;
     return -1;
 }
-// parameters in the model (the slab also holds a few alignment pad elements, which stay zero)
+// parameters in the model (the slab also holds pad elements, which stay zero: alignment, and word's Vp - V rows)
 static inline size_t bert_param_count(const BertParams* p) {
     size_t n = 0;
     for (int i = 0; i < p->n; i++) n += p->t[i].numel;
@@ -325,7 +339,7 @@ static inline size_t bert_align256(size_t x) { return (x + 255) & ~(size_t)255; 
 static inline size_t bert_act_layout(BertActLayout* a, const BertConfig* c, int B, int T, int M, int xsize) {
     memset(a, 0, sizeof(*a));
     size_t BT = (size_t)B * T, C = c->hidden, I = c->intermediate, NH = c->heads;
-    int Vp = (c->vocab_size + 7) & ~7;
+    int Vp = bert_vocab_rows(c->vocab_size);
     a->B = B;
     a->T = T;
     a->M = M;
@@ -1306,7 +1320,7 @@ static inline void bert_lamb_alloc(BertModel* m, size_t bytes) {
     LambTensor* host = (LambTensor*)calloc((size_t)p->n, sizeof(LambTensor));
     for (int i = 0; i < p->n; i++) {
         host[i].off = p->t[i].offset;
-        host[i].n = (p->t[i].numel + 7) & ~(size_t)7;  // with the slab's padding (zeros)
+        host[i].n = p->t[i].slab;  // with the slab's padding (zeros)
         host[i].decay = p->t[i].decay;
     }
     CUDA_CHECK(cudaMemcpy(m->lamb_tensors, host, (size_t)p->n * sizeof(LambTensor), cudaMemcpyHostToDevice));
@@ -1407,7 +1421,10 @@ static inline float* bert_lgb(const BertModel* m, int l, int j) {
 }
 
 // bert_head_decoder: the MLM head's tied decoder and its loss on the M rows of h_ln, R = m->act.R rows at a
-// time, so the (M, Vp) logits never exist. For each chunk of rows [r0, r0 + n), n = min(R, M - r0):
+// time, so the (M, Vp) logits never exist. The matmuls run over all Vp = bert_vocab_rows(V) rows of Wword and
+// dec_b (the Vp - V pad rows hold zeros; a multiple of 8 keeps cuBLASLt on its fast kernels); the loss reads the
+// first V columns and its backward writes 0 to the others, so the pad rows get a zero gradient and d_h none
+// from them. For each chunk of rows [r0, r0 + n), n = min(R, M - r0):
 //   logits (n, Vp) = h_ln[r0:] Wword^T + dec_b                      (cuBLASLt, the bias in its epilogue)
 //   losses[r0:] = the rows' cross-entropies; with dlogit_scale != 0 the chunk becomes dLoss/dlogits in place
 // and then, with dlogit_scale != 0, the decoder's backward while the chunk exists:
@@ -1426,7 +1443,7 @@ static inline void bert_head_decoder(BertModel* m, const int* labels, int M, flo
         int n = M - r0 < R ? M - r0 : R;
         const floatX* h = ACT_X(m, h_ln) + (size_t)r0 * C;
         bert_phase(m, PHASE_MATMUL);
-        matmul_forward(bl, s, logits, Vp, h, bert_w(m, p->word), bert_w(m, p->dec_b), n, C, V);
+        matmul_forward(bl, s, logits, Vp, h, bert_w(m, p->word), bert_w(m, p->dec_b), n, C, Vp);
         bert_phase(m, PHASE_OTHER);
         launch(cross_entropy_forward_backward, dim3(n), dim3(256), 0, s, logits, ACT_F(m, losses) + r0, labels + r0, n,
                V, Vp, dlogit_scale);
@@ -1437,8 +1454,8 @@ static inline void bert_head_decoder(BertModel* m, const int* labels, int M, flo
             continue;
         }
         bert_phase(m, PHASE_MATMUL);
-        matmul_backward_weight(bl, s, bert_g(m, p->word), ACT_F(m, head_db), logits, Vp, h, n, C, V);
-        matmul_backward_input(bl, s, ACT_X(m, d_h) + (size_t)r0 * C, logits, Vp, bert_w(m, p->word), NULL, n, C, V);
+        matmul_backward_weight(bl, s, bert_g(m, p->word), ACT_F(m, head_db), logits, Vp, h, n, C, Vp);
+        matmul_backward_input(bl, s, ACT_X(m, d_h) + (size_t)r0 * C, logits, Vp, bert_w(m, p->word), NULL, n, C, Vp);
         bert_phase(m, PHASE_OTHER);
         launch_add_and_clear(s, bert_gb(m, p->dec_b), ACT_F(m, head_db), (size_t)Vp);
     }

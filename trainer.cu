@@ -987,16 +987,35 @@ static int ckpt_verify(const char* path, CkptHeader* h, char* why, size_t n) {
     return ok;
 }
 
+// ckpt_layout_ok: whether the checkpoint's slab is laid out as this trainer lays out its configuration. Since
+// 2026-11-24 the word embeddings take bert_vocab_rows(V) rows (a multiple of 8; before, V rows), so a checkpoint
+// of a model with V % 8 != 0 saved before that is refused, with what to do instead.
+static int ckpt_layout_ok(const CkptHeader* h, char* why, size_t n) {
+    BertParams p;
+    bert_params_build(&p, &h->cfg);
+    size_t want = p.numel;
+    bert_params_free(&p);
+    if (h->numel == want) return 1;
+    snprintf(why, n,
+             "its parameter slab holds %llu elements, this trainer lays the model out in %zu (the word embeddings "
+             "in %d rows, a multiple of 8, since 2026-11-24): saved by an older trainer; start from that run's "
+             "export instead (--init-from DIR, DIR holding its model.safetensors)",
+             (unsigned long long)h->numel, want, bert_vocab_rows(h->cfg.vocab_size));
+    return 0;
+}
+
 // ckpt_check_run: an intact checkpoint that does not belong to this run (other model, --seq, precision,
 // or a step beyond --steps) is an error: the flags are wrong, and an older checkpoint would lose work.
 static void ckpt_check_run(const char* path, const CkptHeader* h, const BertModel* m, int steps) {
     const char* why = NULL;
-    char buf[256];
-    if (memcmp(&h->cfg, &m->cfg, sizeof h->cfg) || h->numel != m->p.numel || h->T != m->T) {
+    char buf[512];
+    if (memcmp(&h->cfg, &m->cfg, sizeof h->cfg) || h->T != m->T) {
         snprintf(buf, sizeof buf,
                  "saved for another model or --seq (%d layers, hidden %d, vocab %d, T %d; this run: %d, %d, %d, %d)",
                  h->cfg.layers, h->cfg.hidden, h->cfg.vocab_size, h->T, m->cfg.layers, m->cfg.hidden, m->cfg.vocab_size,
                  m->T);
+        why = buf;
+    } else if (!ckpt_layout_ok(h, buf, sizeof buf)) {
         why = buf;
     } else if (h->x_bytes != (int32_t)sizeof(floatX) ||
                h->body_bytes != ckpt_body_bytes(m) + onebit_ckpt_bytes(h->numel, h->onebit_world)) {
@@ -3080,7 +3099,7 @@ static int export_now(const Options* o, Comm* comm, Ckpts* ck, BertModel* model,
 // shards' --seq-len, vh). 1, or 0 after saying why.
 static int eval_source(Options* o, const ShardHeader* vh, BertConfig* cfg, CkptHeader* h, BertParams* hp, float** w,
                        int* is_dir) {
-    char why[256];
+    char why[512];
     struct stat st;
     memset(h, 0, sizeof *h);
     memset(hp, 0, sizeof *hp);
@@ -3096,6 +3115,10 @@ static int eval_source(Options* o, const ShardHeader* vh, BertConfig* cfg, CkptH
         return 0;
     }
     if (!*is_dir && !ckpt_verify(o->eval, h, why, sizeof why)) {
+        fprintf(stderr, "trainer: --eval %s: %s\n", o->eval, why);
+        return 0;
+    }
+    if (!*is_dir && !ckpt_layout_ok(h, why, sizeof why)) {
         fprintf(stderr, "trainer: --eval %s: %s\n", o->eval, why);
         return 0;
     }

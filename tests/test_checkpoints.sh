@@ -112,6 +112,35 @@ open(p, "wb").write(d)
 EOF
 expect_refused "a data row past the epoch" "not in an epoch" "${COMMON[@]}" --out "$d" --steps 6 --resume
 
+# 2b. a checkpoint of the slab layout before 2026-11-24 (the word embeddings in V rows, not a multiple of 8: V = 260
+# here, 264 rows now): made from c's by dropping the pad rows from every region and writing a new CRC. --resume
+# and --eval refuse it by name, saying what to do instead (not "corrupted": its checksum is right)
+python3 - "$W/c/checkpoint.bin" "$W/old_layout.bin" <<'PY'
+import struct, sys, zlib
+d = bytearray(open(sys.argv[1], "rb").read())
+hb = struct.unpack_from("<I", d, 12)[0]
+V, C = struct.unpack_from("<i", d, 16)[0], struct.unpack_from("<i", d, 28)[0]
+xb, numel = struct.unpack_from("<i", d, 56)[0], struct.unpack_from("<Q", d, 64)[0]
+assert V % 8 != 0 and xb == 2, (V, xb)
+old_w, new_w = (V * C + 7) & ~7, ((V + 7) & ~7) * C  # the word embeddings' slab elements, before and now
+body, pos, out = d[hb:-8], 0, b""
+for size in (4, 4, 4, 2):  # master, AdamW m, AdamW v (fp32), the bf16 weights
+    r = body[pos:pos + numel * size]
+    out += r[:old_w * size] + r[new_w * size:]
+    pos += numel * size
+numel -= new_w - old_w
+struct.pack_into("<QQ", d, 64, numel, len(out))
+h = bytes(d[:hb]) + out
+open(sys.argv[2], "wb").write(h + struct.pack("<II", zlib.crc32(h), 0))
+PY
+mkdir -p "$W/old" && cp "$W/old_layout.bin" "$W/old/checkpoint.bin"
+"$TRAINER" "${COMMON[@]}" --out "$W/old" --steps 12 --resume >"$W/old.log" 2>&1; rc=$?
+check '[ $rc = 1 ] && grep -q "\-\-resume: .*old/checkpoint.bin: its parameter slab holds .* saved by an older trainer; start from that run.s export instead (--init-from DIR" "$W/old.log"' \
+  "an old-layout checkpoint: --resume (exit $rc) did not refuse it by name: $(tail -n 2 "$W/old.log")"
+"$TRAINER" --eval "$W/old_layout.bin" --val "$W/data/train_*.bin" --val-batches 1 >"$W/old_eval.log" 2>&1; rc=$?
+check '[ $rc = 1 ] && grep -q "\-\-eval .*old_layout.bin: its parameter slab holds .* saved by an older trainer" "$W/old_eval.log"' \
+  "an old-layout checkpoint: --eval (exit $rc) did not refuse it by name: $(tail -n 2 "$W/old_eval.log")"
+
 # 3. divergence
 # 3a. one infinite gradient: skipped, the state untouched (step 5's checkpoint holds step 4's state), then on
 "$TRAINER" "${COMMON[@]}" --out "$W/d1" --steps 8 --run-steps 4 >"$W/d1a.log" 2>&1

@@ -632,6 +632,23 @@ static void head_case(BertModel* m, int M, int R) {
     close_to_scale(HEAD_WHAT("dec_b grad += column sums (dvec)"), got_db, db, tol);
     std::vector<float> scratch = dev_floats(ACT_F(m, head_db), Vp);
     CHECK(maxabs(scratch.data(), Vp) == 0, "%s", HEAD_WHAT("head_db scratch left zero"));
+    // the decoder's pad: Wword's Vp - V rows after the vocabulary (the matmuls run over Vp rows) get no gradient,
+    // and whatever they and dec_b's pad hold changes nothing (the loss's backward zeroes the pad columns)
+    {
+        std::vector<float> pad_g = dev_floats(bert_g(m, p->word) + (size_t)V * C, (size_t)(Vp - V) * C);
+        CHECK(maxabs(pad_g.data(), pad_g.size()) == 0, "%s", HEAD_WHAT("the word gradient's pad rows stay 0"));
+        floatX* wpad = m->w + p->t[p->word].offset + (size_t)V * C;
+        floatX* bpad = m->w + p->t[p->dec_b].offset + V;
+        put_xs(wpad, std::vector<float>((size_t)(Vp - V) * C, 0.5f));
+        put_xs(bpad, std::vector<float>(Vp - V, 0.25f));
+        head_case_run(m, &k, d_lab, R, scale);
+        CHECK(dev_floats(bert_g(m, p->word), dW.size()) == got_dW &&
+                  dev_floats(bert_gb(m, p->dec_b), V) == std::vector<float>(got_db.begin(), got_db.begin() + V) &&
+                  dev_xs(ACT_X(m, d_h), dh.size()) == got_dh && dev_floats(ACT_F(m, losses), M) == got_loss,
+              "%s", HEAD_WHAT("nonzero pad rows in Wword and dec_b change no loss, gradient or d_h"));
+        put_xs(wpad, std::vector<float>((size_t)(Vp - V) * C, 0.f));
+        put_xs(bpad, std::vector<float>(Vp - V, 0.f));
+    }
     // the same again: the same bits
     head_case_run(m, &k, d_lab, R, scale);
     CHECK(dev_floats(bert_g(m, p->word), dW.size()) == got_dW && dev_floats(bert_gb(m, p->dec_b), Vp) == got_db &&
