@@ -45,7 +45,10 @@ check 'cmp -s "$W/a/checkpoint.bin" "$W/b/checkpoint.bin"' "the same LAMB run tw
 check 'grep -q "resumed from" "$W/c2.log" && cmp -s "$W/a/checkpoint.bin" "$W/c/checkpoint.bin"' \
   "LAMB stopped at step 5 and resumed: its checkpoint differs from the uninterrupted run's ($(tail -n 1 "$W/c2.log"))"
 
-# 3. 2 ranks x B=8 = 1 rank x 2 micro-batches of B=8
+# 3. 2 ranks x B=8 = 1 rank x 2 micro-batches of B=8, to 1e-3: the two add the micro-batches' gradients in
+# another order (the fp32 master weights differ in their last bits), and LAMB at lr 0.1 grows that; on a CPU whose
+# libm rounds a few exp/log results the other way, step 12 differed by 3e-4 (4.5893 and 4.5890), where this
+# machine prints equal losses. Half the gradient (1 rank, B=8, no accumulation) is 0.09 off at step 4, 0.07 at 12.
 "$TRAINER" "${COMMON[@]}" --optimizer lamb --grad-accum 2 --out "$W/acc" >"$W/acc.log" 2>&1
 mkdir -p "$W/dp"
 for r in 0 1; do
@@ -56,7 +59,7 @@ wait
 same=1
 for s in 1 4 8 12; do
   a=$(loss_at $s "$W/acc.log"); b=$(loss_at $s "$W/dp0.log")
-  awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= 1e-4) }' ||
+  awk -v a="$a" -v b="$b" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a != "" && b != "" && d <= 1e-3) }' ||
     { same=0; echo "  step $s: 1 rank x 2 micro-batches $a, 2 ranks $b"; }
 done
 check '[ $same = 1 ]' "2-rank LAMB losses differ from 1 rank x --grad-accum 2 (logs: $(tail -n 1 "$W/dp0.log"))"
