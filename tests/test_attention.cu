@@ -88,6 +88,16 @@ static void test_attention(int T, int HD, const std::vector<std::vector<int>>& r
                     }
                 }
             }
+    // delta (B, NH, T) = rowsum(dO * O) for every row, padding rows included (the kernel's O, so no rounding but
+    // the fp32 sum's)
+    vd delta_ref((size_t)B * NH * T, 0);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int i = 0; i < T; i++)
+                for (int e = 0; e < HD; e++) {
+                    size_t k = ((size_t)b * T + i) * C + h * HD + e;
+                    delta_ref[((size_t)b * NH + h) * T + i] += (double)dout[k] * out_k[k];
+                }
     // bf16: P and dS are rounded to bf16 before their products (2^-8 relative each)
     float tol = FP32 ? 1e-5f : 2e-2f;
     char w[96];
@@ -95,6 +105,8 @@ static void test_attention(int T, int HD, const std::vector<std::vector<int>>& r
     close_scaled(w, out_k, out, tol);
     snprintf(w, sizeof(w), "attention_forward lse T=%d HD=%d", T, HD);
     close_scaled(w, get_f(d_lse, (size_t)B * NH * T), lse, 1e-5f);
+    snprintf(w, sizeof(w), "attention_backward_delta T=%d HD=%d", T, HD);
+    close_scaled(w, get_f(d_delta, (size_t)B * NH * T), delta_ref, 1e-5f);
     snprintf(w, sizeof(w), "attention_backward dqkv T=%d HD=%d", T, HD);
     close_scaled(w, get_x(d_dqkv, (size_t)N * 3 * C), dqkv, FP32 ? 1e-5f : 3e-2f);
     cudaFree(d_qkv);
