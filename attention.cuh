@@ -193,6 +193,28 @@ __device__ inline void att_stage(floatX* s, const float acc[HD / 8][4], float sc
     }
 }
 
+// att_column_sums: the block's share of the qkv bias gradient: dst[c] = the sum over its staged rows r < nrows
+// (shared memory, 4 warps x 16 MT rows, stride att_ld(HD)) of row r's column c, for the HD columns. Each warp sums
+// its own 16 MT rows (a lane 2 adjacent columns, in row order) into scratch[w HD ..] (4 HD floats of shared
+// memory the block no longer uses); after a block barrier, threads 0 .. HD - 1 add the 4 warps' sums in warp
+// order. A fixed order: bitwise deterministic. partials_sum then adds the blocks' dst rows (att_part_floats).
+template <int HD, int MT>
+__device__ inline void att_column_sums(float* dst, const floatX* rows_s, float* scratch, int nrows) {
+    int w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int c = 2 * lane; c < HD; c += 64) {
+        float s0 = 0.f, s1 = 0.f;
+        for (int r = 16 * MT * w; r < 16 * MT * (w + 1) && r < nrows; r++) {
+            s0 += tof(rows_s[r * att_ld(HD) + c]);
+            s1 += tof(rows_s[r * att_ld(HD) + c + 1]);
+        }
+        scratch[w * HD + c] = s0;
+        scratch[w * HD + c + 1] = s1;
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < HD; c += blockDim.x)
+        dst[c] = scratch[c] + scratch[HD + c] + scratch[2 * HD + c] + scratch[3 * HD + c];
+}
+
 // att_range: [lo, hi), the union of the key ranges of rows [row0, row0 + R) (empty: lo > hi), R <= 128.
 // Block-wide (128 threads, a thread per row), through the 8 ints of red.
 __device__ inline void att_range(const int* seg_lo, const int* seg_hi, int row0, int R, int T, int* red, int* lo,
@@ -510,11 +532,12 @@ __global__ void attention_backward_delta(float* delta, const floatX* dout, const
 // Data movement: Q and dO tiles in shared memory (read by ldmatrix as A operands per key tile), K and V
 // double-buffered by cp.async; per key tile a warp computes S and dP (16 MT x KC each, fp32 registers),
 // forms dS in registers and adds dS K (dS's accumulators reused as A operands) to dQ (16 MT x HD, fp32
-// registers); each K or V fragment serves the MT row tiles.
+// registers); each K or V fragment serves the MT row tiles. With part != NULL the block then writes the column
+// sums of its dQ rows (from their staged copy in shared memory) to its row of part: the Q bias gradient's partial.
 template <int HD>
 __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DQ))
-    attention_backward_dq(floatX* dqkv, const floatX* qkv, const floatX* dout, const float* lse, const float* delta,
-                          const int* seg_lo, const int* seg_hi, int B, int T, int NH) {
+    attention_backward_dq(floatX* dqkv, float* part, const floatX* qkv, const floatX* dout, const float* lse,
+                          const float* delta, const int* seg_lo, const int* seg_hi, int B, int T, int NH) {
     extern __shared__ __align__(16) unsigned char dyn_smem[];
     __shared__ int red[8];
     constexpr int LD = att_ld(HD), MT = att_mt(HD, ATT_DQ), R = att_rows(HD, ATT_DQ), KC = att_cols(HD, ATT_DQ);
@@ -570,6 +593,12 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DQ))
     for (int m = 0; m < MT; m++)
         att_store_rows<HD>(dqkv + (size_t)blk.b * T * blk.C3 + (size_t)blk.h * HD, blk.C3, Qw + 16 * m * LD,
                            blk.wrow + 16 * m, T);
+    if (part) {  // the Q bias gradient's partial: the dQ rows' column sums (scratch: K and V's buffers, free now)
+        static_assert(2 * KC * LD * sizeof(floatX) >= 4 * HD * sizeof(float), "att_column_sums scratch");
+        __syncthreads();
+        float* dst = part + ((size_t)blk.b * gridDim.x + blockIdx.x) * blk.C3 + (size_t)blk.h * HD;
+        att_column_sums<HD, MT>(dst, Qs, (float*)Ks, T - blk.row0 < R ? T - blk.row0 : R);
+    }
 }
 
 // attention_backward_dkdv: dV = P^T dO and dK = dS^T Q / sqrt(HD) for the block's keys, written into the
@@ -581,11 +610,12 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DQ))
 // their lse, delta) double-buffered by cp.async. Per query tile a warp computes S^T = K Q^T and
 // dP^T = V dO^T (16 MT x QC each, fp32 registers), forms P^T and dS^T = P^T (dP^T - delta) in registers,
 // and adds P^T dO to dV and dS^T Q to dK (16 MT x HD each, fp32 registers), P^T and dS^T reused as A
-// operands; each Q or dO fragment serves the MT key tiles.
+// operands; each Q or dO fragment serves the MT key tiles. With part != NULL the block then writes the column
+// sums of its dK and dV rows to its row of part: the K and V bias gradients' partials.
 template <int HD>
 __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DKDV))
-    attention_backward_dkdv(floatX* dqkv, const floatX* qkv, const floatX* dout, const float* lse, const float* delta,
-                            const int* seg_lo, const int* seg_hi, int B, int T, int NH) {
+    attention_backward_dkdv(floatX* dqkv, float* part, const floatX* qkv, const floatX* dout, const float* lse,
+                            const float* delta, const int* seg_lo, const int* seg_hi, int B, int T, int NH) {
     extern __shared__ __align__(16) unsigned char dyn_smem[];
     __shared__ int red[8];
     constexpr int LD = att_ld(HD), MT = att_mt(HD, ATT_DKDV), R = att_rows(HD, ATT_DKDV);
@@ -658,6 +688,14 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DKDV))
         att_store_rows<HD>(dst + blk.C, blk.C3, Kw + 16 * m * LD, blk.wrow + 16 * m, T);
         att_store_rows<HD>(dst + 2 * blk.C, blk.C3, Vw + 16 * m * LD, blk.wrow + 16 * m, T);
     }
+    if (part) {  // the K and V bias gradients' partials: column sums of dK and dV (scratch: the Q buffers, free now)
+        static_assert(2 * QC * LD * sizeof(floatX) >= 8 * HD * sizeof(float), "att_column_sums scratch");
+        __syncthreads();
+        float* pk = part + ((size_t)blk.b * gridDim.x + blockIdx.x) * blk.C3 + blk.C + (size_t)blk.h * HD;
+        int nrows = T - blk.row0 < R ? T - blk.row0 : R;
+        att_column_sums<HD, MT>(pk, Ks, (float*)Qs, nrows);
+        att_column_sums<HD, MT>(pk + blk.C, Vs, (float*)Qs + 4 * HD, nrows);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -678,9 +716,9 @@ static inline void launch_attention_forward_hd(cudaStream_t s, floatX* out, floa
            seg_lo, seg_hi, B, T, NH);
 }
 template <int HD>
-static inline void launch_attention_backward_hd(cudaStream_t s, floatX* dqkv, const floatX* dout, const floatX* qkv,
-                                                const float* lse, const float* delta, const int* seg_lo,
-                                                const int* seg_hi, int B, int T, int NH) {
+static inline void launch_attention_backward_hd(cudaStream_t s, floatX* dqkv, float* part, const floatX* dout,
+                                                const floatX* qkv, const float* lse, const float* delta,
+                                                const int* seg_lo, const int* seg_hi, int B, int T, int NH) {
     static int done = 0;
     size_t b1 = att_dq_smem(HD), b2 = att_dkdv_smem(HD);
     if (!done) {
@@ -688,10 +726,10 @@ static inline void launch_attention_backward_hd(cudaStream_t s, floatX* dqkv, co
         att_opt_in((const void*)attention_backward_dkdv<HD>, b2);
         done = 1;
     }
-    launch(attention_backward_dq<HD>, dim3(ceil_div(T, att_rows(HD, ATT_DQ)), NH, B), dim3(128), b1, s, dqkv, qkv, dout,
-           lse, delta, seg_lo, seg_hi, B, T, NH);
-    launch(attention_backward_dkdv<HD>, dim3(ceil_div(T, att_rows(HD, ATT_DKDV)), NH, B), dim3(128), b2, s, dqkv, qkv,
+    launch(attention_backward_dq<HD>, dim3(ceil_div(T, att_rows(HD, ATT_DQ)), NH, B), dim3(128), b1, s, dqkv, part, qkv,
            dout, lse, delta, seg_lo, seg_hi, B, T, NH);
+    launch(attention_backward_dkdv<HD>, dim3(ceil_div(T, att_rows(HD, ATT_DKDV)), NH, B), dim3(128), b2, s, dqkv, part,
+           qkv, dout, lse, delta, seg_lo, seg_hi, B, T, NH);
 }
 static inline void att_bad_head_size(int HD) {
     fprintf(stderr, "attention: head size %d is not supported (%s)\n", HD, ATT_HEAD_SIZES);
@@ -713,22 +751,39 @@ static inline void launch_attention_forward(cudaStream_t s, floatX* out, float* 
             att_bad_head_size(HD);
     }
 }
-// launch_attention_backward: dqkv (B, T, 3C) from dout (B, T, C); delta (B, NH, T) fp32 scratch.
-static inline void launch_attention_backward(cudaStream_t s, floatX* dqkv, float* delta, const floatX* dout,
-                                             const floatX* qkv, const floatX* out, const float* lse, const int* seg_lo,
-                                             const int* seg_hi, int B, int T, int NH, int HD) {
+// att_part_floats: the scratch of the backward's bias-gradient partials: a row of 3C floats for each block of the
+// dQ and dK dV grids (the two grids have the same shape: B ceil(T / R) blocks per head)
+static inline size_t att_part_floats(int B, int T, int C, int HD) {
+    return (size_t)B * ceil_div(T, att_rows(HD, ATT_DQ)) * 3 * C;
+}
+// launch_attention_backward: dqkv (B, T, 3C) from dout (B, T, C); with dbias != NULL also dbias (3C) += the column
+// sums of dqkv, the qkv bias gradient (each dQ and dK dV block sums its rows' columns into part, att_part_floats;
+// partials_sum adds the blocks' rows in a fixed order). delta (B, NH, T) fp32 scratch.
+static inline void launch_attention_backward(cudaStream_t s, floatX* dqkv, float* dbias, float* delta, float* part,
+                                             const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
+                                             const int* seg_lo, const int* seg_hi, int B, int T, int NH, int HD) {
+    float* pt = dbias ? part : NULL;
     launch(attention_backward_delta, dim3(B * NH, ceil_div(T * (HD / X128), 256)), dim3(256), 0, s, delta, dout, out, T,
            NH, HD);
     switch (HD) {
         case 16:
-            return launch_attention_backward_hd<16>(s, dqkv, dout, qkv, lse, delta, seg_lo, seg_hi, B, T, NH);
+            launch_attention_backward_hd<16>(s, dqkv, pt, dout, qkv, lse, delta, seg_lo, seg_hi, B, T, NH);
+            break;
         case 32:
-            return launch_attention_backward_hd<32>(s, dqkv, dout, qkv, lse, delta, seg_lo, seg_hi, B, T, NH);
+            launch_attention_backward_hd<32>(s, dqkv, pt, dout, qkv, lse, delta, seg_lo, seg_hi, B, T, NH);
+            break;
         case 64:
-            return launch_attention_backward_hd<64>(s, dqkv, dout, qkv, lse, delta, seg_lo, seg_hi, B, T, NH);
+            launch_attention_backward_hd<64>(s, dqkv, pt, dout, qkv, lse, delta, seg_lo, seg_hi, B, T, NH);
+            break;
         case 128:
-            return launch_attention_backward_hd<128>(s, dqkv, dout, qkv, lse, delta, seg_lo, seg_hi, B, T, NH);
+            launch_attention_backward_hd<128>(s, dqkv, pt, dout, qkv, lse, delta, seg_lo, seg_hi, B, T, NH);
+            break;
         default:
             att_bad_head_size(HD);
+    }
+    if (dbias) {
+        int C3 = 3 * NH * HD, G = B * ceil_div(T, att_rows(HD, ATT_DQ));
+        launch(partials_sum, dim3(ceil_div(C3, 32)), dim3(32, 8), 0, s, dbias, (float*)NULL, (float*)NULL,
+               (const float*)part, G, C3, 1);
     }
 }

@@ -312,13 +312,14 @@ typedef struct {
     size_t d_h2;     // (M, C) floatX
     // backward scratch of the deterministic reductions (no floating-point atomics; see kernels.cuh)
     size_t ln_part;    // max of (launch_grid_cap(), 3C) fp32: LayerNorm backward's blocks' dgamma, dbeta, dbias
-                       //   partials, and (gelu_grid_y(I), I) fp32: gelu_backward's blocks' bias partials
+                       //   partials, (gelu_grid_y(I), I) fp32: gelu_backward's blocks' bias partials, and
+                       //   att_part_floats: the attention backward blocks' qkv bias partials
     size_t emb_keys;   // (sort_pow2(3BT)) u64        embedding backward: (table row << 32 | token) sort keys
     size_t emb_carry;  // (EMB_CHUNKS, 2, C) fp32     embedding backward: pieces of rows that cross chunks
     size_t emb_dx;     // (B, T, C) fp32              embedding backward: dLoss/dx; shares d_qkv's bytes
                        //                             (3C floatX >= C fp32; d_qkv is free by then)
     size_t dvec;       // (numel - n_decay) fp32      a micro-step's bias gradients that cuBLASLt's BGRADB epilogue
-                       //                             writes (qkv's, the decoder's), at their offsets in the slab's
+                       //                             writes (the decoder's), at their offsets in the slab's
                        //                             vector region (the other biases' are summed by our kernels)
     size_t head_db;    // (Vp) fp32                   one chunk's decoder bias gradient (BGRADB), added to dvec
     size_t total;      // bytes
@@ -385,8 +386,11 @@ static inline size_t bert_act_layout(BertActLayout* a, const BertConfig* c, int 
     ACT(d_delta, BT * NH * 4);
     ACT(d_h, (size_t)M * C * xsize);
     ACT(d_h2, (size_t)M * C * xsize);
-    size_t part = ln_part_floats((int)C), gpart = gelu_part_floats((int)I);  // LayerNorm's or GELU's partials
-    ACT(ln_part, (part > gpart ? part : gpart) * 4);
+    // LayerNorm's, GELU's or the attention backward's partials (one at a time)
+    size_t part = ln_part_floats((int)C), gpart = gelu_part_floats((int)I);
+    size_t apart = att_part_floats(B, T, (int)C, (int)(C / NH));
+    part = part > gpart ? part : gpart;
+    ACT(ln_part, (part > apart ? part : apart) * 4);
     ACT(emb_keys, emb_keys_count((long long)BT) * 8);
     ACT(emb_carry, emb_carry_floats((int)C) * 4);
     a->emb_dx = a->d_qkv;
@@ -1584,11 +1588,12 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
         matmul_backward_weight(bl, s, bert_lg(m, l, BL_AOW), NULL, d_res, C, ACT_XL(m, atty, l), N, C, C);
         matmul_backward_input(bl, s, d_atty, d_res, C, bert_lw(m, l, BL_AOW), NULL, N, C, C);
         bert_phase(m, PHASE_ATTN_BWD);
-        launch_attention_backward(s, d_qkv, ACT_F(m, d_delta), d_atty, ACT_XL(m, qkv, l), ACT_XL(m, atty, l),
-                                  ACT_FL(m, lse, l), bt->seg_lo, bt->seg_hi, B, T, NH, HD);
+        // (and bqkv's gradient, the column sums of d_qkv, from the same kernels)
+        launch_attention_backward(s, d_qkv, bert_lg(m, l, BL_QB), ACT_F(m, d_delta), part, d_atty, ACT_XL(m, qkv, l),
+                                  ACT_XL(m, atty, l), ACT_FL(m, lse, l), bt->seg_lo, bt->seg_hi, B, T, NH, HD);
         // qkv = x Wqkv^T + bqkv (the three biases are adjacent: one (3C) bias); d_x = d_qkv Wqkv + d_res
         bert_phase(m, PHASE_MATMUL);
-        matmul_backward_weight(bl, s, bert_lg(m, l, BL_QW), bert_lgb(m, l, BL_QB), d_qkv, 3 * C, x, N, C, 3 * C);
+        matmul_backward_weight(bl, s, bert_lg(m, l, BL_QW), NULL, d_qkv, 3 * C, x, N, C, 3 * C);
         matmul_backward_input(bl, s, d_x, d_qkv, 3 * C, bert_lw(m, l, BL_QW), d_res, N, C, 3 * C);
         if (m->grad_ready) CUDA_CHECK(cudaEventRecord(m->grad_ready[c->layers - l], s));  // layer l's matrices
     }
@@ -1598,7 +1603,7 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
                               ACT_F(m, emb_carry), part, (const floatX*)d_x, (const float*)ACT_F(m, emb_stats),
                               bt->tokens, bt->types, bt->seg_lo, bt->seg_hi, bert_w(m, p->word), bert_w(m, p->pos),
                               bert_w(m, p->type), bert_w(m, p->emb_ln_w), N, T, C, V, c->max_position);
-    // the micro-step's bias gradients that BGRADB epilogues wrote (qkv's, the decoder's), added to the gradients
+    // the micro-step's bias gradient that BGRADB epilogues wrote (the decoder's), added to the gradients
     bert_phase(m, PHASE_OTHER);
     launch_add_and_clear(s, m->grad + p->n_decay, ACT_F(m, dvec), p->numel - p->n_decay);
     if (m->grad_ready) CUDA_CHECK(cudaEventRecord(m->grad_ready[c->layers + 1], s));  // everything

@@ -28,17 +28,25 @@ static void test_attention(int T, int HD, const std::vector<std::vector<int>>& r
     floatX *d_qkv = dev_rand(&qkv, (size_t)N * 3 * C, -2, 2), *d_dout = dev_rand(&dout, (size_t)N * C, -1, 1);
     floatX *d_out = dev_x((size_t)N * C), *d_dqkv = dev_x((size_t)N * 3 * C);
     float *d_lse = dev_f((size_t)B * NH * T), *d_delta = dev_f((size_t)B * NH * T);
+    float *d_part = dev_f(att_part_floats(B, T, C, HD)), *d_dbias = dev_f((size_t)3 * C);
+    std::vector<float> dbias0(3 * C);  // the bias gradient before: the backward adds the column sums of dqkv
+    test_fill(dbias0.data(), dbias0.size(), -1.f, 1.f);
     int *d_lo = dev_i(lo), *d_hi = dev_i(hi);
     std::vector<floatX> first;  // the first run's out | dqkv, bit for bit
+    vf first_db;                // and its dbias
     for (int rep = 0; rep < 2; rep++) {
         CUDA_CHECK(cudaMemset(d_dqkv, 0xff, (size_t)N * 3 * C * sizeof(floatX)));  // NaN: every element is written
         launch_attention_forward((cudaStream_t)0, d_out, d_lse, d_qkv, d_lo, d_hi, B, T, NH, HD);
-        launch_attention_backward((cudaStream_t)0, d_dqkv, d_delta, d_dout, d_qkv, d_out, d_lse, d_lo, d_hi, B, T, NH,
-                                  HD);
+        CUDA_CHECK(cudaMemcpy(d_dbias, dbias0.data(), dbias0.size() * sizeof(float), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemset(d_part, 0xff, att_part_floats(B, T, C, HD) * sizeof(float)));  // NaN: all written
+        launch_attention_backward((cudaStream_t)0, d_dqkv, d_dbias, d_delta, d_part, d_dout, d_qkv, d_out, d_lse, d_lo,
+                                  d_hi, B, T, NH, HD);
         CUDA_CHECK(cudaGetLastError());
         CUDA_CHECK(cudaDeviceSynchronize());
-        if (rep == 0) first = now_last(d_out, d_dqkv, N, C);
+        if (rep == 0) first = now_last(d_out, d_dqkv, N, C), first_db = get_f(d_dbias, (size_t)3 * C);
     }
+    CHECK(first_db == get_f(d_dbias, (size_t)3 * C), "attention T=%d HD=%d: a second run's dbias differs bit for bit",
+          T, HD);
     CHECK(!memcmp(first.data(), now_last(d_out, d_dqkv, N, C).data(), first.size() * sizeof(floatX)),
           "attention T=%d HD=%d: a second run differs bit for bit from the first", T, HD);
     vf out_k = get_x(d_out, (size_t)N * C);  // the backward uses the kernel's own (rounded) output
@@ -108,13 +116,22 @@ static void test_attention(int T, int HD, const std::vector<std::vector<int>>& r
     snprintf(w, sizeof(w), "attention_backward_delta T=%d HD=%d", T, HD);
     close_scaled(w, get_f(d_delta, (size_t)B * NH * T), delta_ref, 1e-5f);
     snprintf(w, sizeof(w), "attention_backward dqkv T=%d HD=%d", T, HD);
-    close_scaled(w, get_x(d_dqkv, (size_t)N * 3 * C), dqkv, FP32 ? 1e-5f : 3e-2f);
+    vf dqkv_k = get_x(d_dqkv, (size_t)N * 3 * C);
+    close_scaled(w, dqkv_k, dqkv, FP32 ? 1e-5f : 3e-2f);
+    // the qkv bias gradient: dbias0 + the column sums of the kernel's own dqkv (as stored), summed in double
+    vd dbias_ref(dbias0.begin(), dbias0.end());
+    for (int n = 0; n < N; n++)
+        for (int j = 0; j < 3 * C; j++) dbias_ref[j] += dqkv_k[(size_t)n * 3 * C + j];
+    snprintf(w, sizeof(w), "attention_backward dbias (dqkv's column sums) T=%d HD=%d", T, HD);
+    close_scaled(w, get_f(d_dbias, (size_t)3 * C), dbias_ref, 1e-5f);
     cudaFree(d_qkv);
     cudaFree(d_dout);
     cudaFree(d_out);
     cudaFree(d_dqkv);
     cudaFree(d_lse);
     cudaFree(d_delta);
+    cudaFree(d_part);
+    cudaFree(d_dbias);
     cudaFree(d_lo);
     cudaFree(d_hi);
 }
