@@ -991,6 +991,10 @@ static int ckpt_verify(const char* path, CkptHeader* h, char* why, size_t n) {
 // 2026-11-24 the word embeddings take bert_vocab_rows(V) rows (a multiple of 8; before, V rows), so a checkpoint
 // of a model with V % 8 != 0 saved before that is refused, with what to do instead.
 static int ckpt_layout_ok(const CkptHeader* h, char* why, size_t n) {
+    if (!bert_config_check(&h->cfg)) {  // (it says why on stderr)
+        snprintf(why, n, "its model configuration is not one this trainer can run");
+        return 0;
+    }
     BertParams p;
     bert_params_build(&p, &h->cfg);
     size_t want = p.numel;
