@@ -157,21 +157,24 @@ __device__ inline void layernorm_row(floatX* out, float* stats, const floatX* x,
     }
 }
 
-// residual_layernorm_forward: res = x + r (stored, rounded to floatX), out = LayerNorm(res) * gamma + beta,
-// stats = (mean, rstd) of res. Layout: one warp per row of (N, C), 4 warps per block, 128-bit chunks.
-// Data movement: x and r read once, res and out written once (128-bit); the variance and output passes re-read
-// the lanes' own chunks of res just written (L1). On an H100 at (32768, 768) bf16 it ran at 3.0 TB/s (201 MB in
-// 0.067 ms, ../shared/gpu/2026-11-23/kernel_times_bert_base_b64.txt): at memory bandwidth.
+// residual_layernorm_forward: res = x + (r + bias) (in fp32, stored rounded to floatX), out = LayerNorm(res) *
+// gamma + beta, stats = (mean, rstd) of res. r is a projection's matmul output without its bias (the bias is added
+// here, where r already sits in registers, rather than in cuBLASLt's BIAS epilogue). Layout: one warp per row of
+// (N, C), 4 warps per block, 128-bit chunks. Data movement: x and r read once, res and out written once (128-bit);
+// bias (C) read by every row (L1/L2); the variance and output passes re-read the lanes' own chunks of res just
+// written (L1). On an H100 at (32768, 768) bf16 it ran at 3.0 TB/s (201 MB in 0.067 ms,
+// ../shared/gpu/2026-11-23/kernel_times_bert_base_b64.txt): at memory bandwidth.
 __global__ void residual_layernorm_forward(floatX* res, floatX* out, float* stats, const floatX* x, const floatX* r,
-                                           const floatX* gamma, const floatX* beta, int N, int C, float eps) {
+                                           const floatX* bias, const floatX* gamma, const floatX* beta, int N, int C,
+                                           float eps) {
     int n = blockIdx.x * 4 + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (n >= N) return;
     size_t row = (size_t)n * C;
     float sum = 0.f;
     for (int i = lane * X128; i < C; i += 32 * X128) {
-        Pack128 a = load128(x + row + i), b = load128(r + row + i), s;
+        Pack128 a = load128(x + row + i), b = load128(r + row + i), c = load128(bias + i), s;
         for (int k = 0; k < X128; k++) {
-            s.v[k] = fromf(tof(a.v[k]) + tof(b.v[k]));
+            s.v[k] = fromf(tof(a.v[k]) + (tof(b.v[k]) + tof(c.v[k])));
             sum += tof(s.v[k]);
         }
         store128(res + row + i, s);

@@ -1493,22 +1493,22 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
         bert_phase(m, PHASE_ATTN_FWD);
         launch_attention_forward(s, atty, ACT_FL(m, lse, l), qkv, bt->seg_lo, bt->seg_hi, B, T, NH, HD);
         bert_phase(m, PHASE_MATMUL);
-        matmul_forward(bl, s, proj, C, atty, bert_lw(m, l, BL_AOW), bert_lw(m, l, BL_AOB), N, C, C);
+        matmul_forward(bl, s, proj, C, atty, bert_lw(m, l, BL_AOW), NULL, N, C, C);  // (its bias: in the LayerNorm)
         bert_phase(m, PHASE_OTHER);
         launch(residual_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, s, ACT_XL(m, res1, l), ACT_XL(m, ln1, l),
-               ACT_FL(m, ln1_stats, l), x, (const floatX*)proj, bert_lw(m, l, BL_ALNW), bert_lw(m, l, BL_ALNB), N, C,
-               c->ln_eps);
+               ACT_FL(m, ln1_stats, l), x, (const floatX*)proj, bert_lw(m, l, BL_AOB), bert_lw(m, l, BL_ALNW),
+               bert_lw(m, l, BL_ALNB), N, C, c->ln_eps);
         bert_phase(m, PHASE_MATMUL);
         matmul_forward(bl, s, ACT_XL(m, fc1, l), I, ACT_XL(m, ln1, l), bert_lw(m, l, BL_IW), bert_lw(m, l, BL_IB), N, C,
                        I);
         bert_phase(m, PHASE_OTHER);
         launch_gelu_forward(s, ACT_X(m, gelu), ACT_XL(m, fc1, l), (size_t)N * I);
         bert_phase(m, PHASE_MATMUL);
-        matmul_forward(bl, s, proj, C, ACT_X(m, gelu), bert_lw(m, l, BL_OW), bert_lw(m, l, BL_OB), N, I, C);
+        matmul_forward(bl, s, proj, C, ACT_X(m, gelu), bert_lw(m, l, BL_OW), NULL, N, I, C);  // (bias: LayerNorm)
         bert_phase(m, PHASE_OTHER);
         launch(residual_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, s, ACT_XL(m, res2, l), ACT_XL(m, ln2, l),
-               ACT_FL(m, ln2_stats, l), (const floatX*)ACT_XL(m, ln1, l), (const floatX*)proj, bert_lw(m, l, BL_OLNW),
-               bert_lw(m, l, BL_OLNB), N, C, c->ln_eps);
+               ACT_FL(m, ln2_stats, l), (const floatX*)ACT_XL(m, ln1, l), (const floatX*)proj, bert_lw(m, l, BL_OB),
+               bert_lw(m, l, BL_OLNW), bert_lw(m, l, BL_OLNB), N, C, c->ln_eps);
     }
     // MLM head on the M masked rows only (its weights, and the gradients its decoder adds to, ready first)
     if (m->weights_ready) CUDA_CHECK(cudaStreamWaitEvent(s, m->weights_ready[c->layers], 0));

@@ -163,10 +163,10 @@ static void test_ln_block_sizes(void) {
 
 static void test_layernorms(int N, int C) {
     float eps = 1e-5f;
-    vf x, r, g, be, dout;
+    vf x, r, g, be, dout, bias;
     floatX *d_x = dev_rand(&x, (size_t)N * C, -2, 2), *d_r = dev_rand(&r, (size_t)N * C, -2, 2),
            *d_g = dev_rand(&g, C, 0.5f, 1.5f), *d_b = dev_rand(&be, C, -0.5f, 0.5f),
-           *d_dout = dev_rand(&dout, (size_t)N * C, -1, 1);
+           *d_dout = dev_rand(&dout, (size_t)N * C, -1, 1), *d_bias = dev_rand(&bias, C, -1, 1);
     floatX *d_res = dev_x((size_t)N * C), *d_out = dev_x((size_t)N * C), *d_out2 = dev_x((size_t)N * C),
            *d_dx = dev_x((size_t)N * C);
     vf pre;
@@ -174,7 +174,8 @@ static void test_layernorms(int N, int C) {
     float *d_stats = dev_f(2 * N), *d_stats2 = dev_f(2 * N), *d_dg = dev_f(C), *d_db = dev_f(C), *d_dg2 = dev_f(3 * C),
           *d_part = dev_f(ln_part_floats(C));
     launch(residual_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, (cudaStream_t)0, d_res, d_out, d_stats,
-           (const floatX*)d_x, (const floatX*)d_r, (const floatX*)d_g, (const floatX*)d_b, N, C, eps);
+           (const floatX*)d_x, (const floatX*)d_r, (const floatX*)d_bias, (const floatX*)d_g, (const floatX*)d_b, N, C,
+           eps);
     launch(layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, (cudaStream_t)0, d_out2, d_stats2, (const floatX*)d_x,
            (const floatX*)d_g, (const floatX*)d_b, N, C, eps);
     launch_layernorm_backward((cudaStream_t)0, d_dx, d_dg, d_db, NULL, d_part, d_dout, d_res, d_stats, d_g, NULL, N, C);
@@ -190,7 +191,7 @@ static void test_layernorms(int N, int C) {
         res_ref((size_t)N * C);
     for (int n = 0; n < N; n++) {
         for (int i = 0; i < C; i++) {
-            res_ref[(size_t)n * C + i] = (double)x[(size_t)n * C + i] + r[(size_t)n * C + i];
+            res_ref[(size_t)n * C + i] = (double)x[(size_t)n * C + i] + r[(size_t)n * C + i] + bias[i];
             row[i] = res[(size_t)n * C + i];
         }
         ln_ref(row.data(), g.data(), be.data(), C, eps, &out[(size_t)n * C], &st[2 * n], &st[2 * n + 1]);
@@ -244,6 +245,7 @@ static void test_layernorms(int N, int C) {
     cudaFree(d_dz);
     cudaFree(d_x);
     cudaFree(d_r);
+    cudaFree(d_bias);
     cudaFree(d_g);
     cudaFree(d_b);
     cudaFree(d_dout);
