@@ -647,6 +647,24 @@ static void test_gelu_formula(void) {
 static double bf16_ulp(double v) { return ldexp(1.0, ilogb(fabs(v) > 1e-30 ? v : 1e-30) - 7); }
 static float bf16_of(double v) { return round_to((float)v, CUDA_R_16BF); }
 
+// epi_desc: the descriptor of the two tests below: D (m x n) = A^T B in bf16 with fp32 compute (A transposed),
+// epilogue epi, a bf16 bias type, the bias pointer when bias != NULL and the aux pointer (ld m) when aux != NULL
+static cublasLtMatmulDesc_t epi_desc(uint32_t epi, void* bias, void* aux, int64_t m) {
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasOperation_t opt = CUBLAS_OP_T;
+    cudaDataType bt = CUDA_R_16BF;
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof opt);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
+    if (bias) cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+    if (aux) {
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof aux);
+        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &m, sizeof m);
+    }
+    return desc;
+}
+
 static void test_gelu_epilogues_bf16(void) {
     const int m = 512, n = 128, k = 256;  // D (m x n) = A^T B, A stored (k x m)
     const size_t nd = (size_t)m * n;
@@ -678,19 +696,8 @@ static void test_gelu_epilogues_bf16(void) {
         float* fill = host_const(nd, fwd ? SENTINEL : 0.f);        // the aux output's, the bias gradient's
         void* dbias = upload(fwd ? hbias : fill, m, CUDA_R_16BF);  // bf16: D's type
         void* daux = upload(fwd ? fill : haux, nd, CUDA_R_16BF);
-        cublasLtMatmulDesc_t desc;
-        cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-        cublasOperation_t opt = CUBLAS_OP_T;
-        cudaDataType bt = CUDA_R_16BF;
-        int64_t aux_ld = m;
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof opt);
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
-        if (epi != CUBLASLT_EPILOGUE_DGELU) {  // the GPU refuses DGELU (no bias) with a bias pointer set
-            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dbias, sizeof dbias);
-            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
-        }
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &daux, sizeof daux);
-        cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld);
+        // (the GPU refuses DGELU, which takes no bias, with a bias pointer set)
+        cublasLtMatmulDesc_t desc = epi_desc(epi, epi != CUBLASLT_EPILOGUE_DGELU ? dbias : NULL, daux, m);
         cublasLtMatrixLayout_t la, lb, ld;
         cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k);
         cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, n, k);
@@ -892,19 +899,8 @@ static void test_bias_pointer_refused(void) {
     const uint32_t epis[3] = {CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_GELU_AUX, CUBLASLT_EPILOGUE_DGELU};
     for (int e = 0; e < 3; e++)
         for (int with_ptr = 0; with_ptr < 2; with_ptr++) {
-            cublasLtMatmulDesc_t desc;
-            cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-            cublasOperation_t opt = CUBLAS_OP_T;
-            cudaDataType bt = CUDA_R_16BF;
-            int64_t aux_ld = m;
-            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof opt);
-            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epis[e], sizeof epis[e]);
-            cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
-            if (with_ptr) cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &dbias, sizeof dbias);
-            if (epis[e] != CUBLASLT_EPILOGUE_DEFAULT) {
-                cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &dX, sizeof dX);
-                cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld);
-            }
+            cublasLtMatmulDesc_t desc =
+                epi_desc(epis[e], with_ptr ? dbias : NULL, epis[e] != CUBLASLT_EPILOGUE_DEFAULT ? dX : NULL, m);
             cublasLtMatrixLayout_t la, lb, ld;
             cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k);
             cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, k, n, k);
