@@ -560,37 +560,46 @@ __global__ void embedding_table_carries(float* dwte, float* dwpe, float* dwtt, c
 }
 
 // ---------------------------------------------------------------------------------------------
-// GELU (exact, erf). cuBLASLt's GELU epilogues are the tanh approximation, so the matmuls fuse only the
-// bias and these kernels apply GELU. Sizes are multiples of X128.
+// GELU (exact, erf). cuBLASLt's GELU epilogues are the tanh approximation, so the matmuls fuse nothing here:
+// the MLP's first matmul stores fc1 = x W^T without its bias, and these kernels add the bias b (fp32) as they
+// read fc1 (pre = fc1 + b, never stored), in the same pass that applies GELU. Sizes are multiples of X128.
 
-// gelu_forward: out = x * Phi(x) elementwise. Layout: one thread per 128-bit chunk of the n elements.
-// Data movement: x read once, out written once (128-bit).
-__global__ void gelu_forward(floatX* out, const floatX* inp, size_t n) {
-    size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * X128;
-    if (i >= n) return;
-    Pack128 x = load128(inp + i), o;
-    for (int k = 0; k < X128; k++) o.v[k] = fromf(gelu_erf(tof(x.v[k])));
+// gelu_forward: out (N, I) = GELU(inp + bias) elementwise, GELU(x) = x Phi(x); bias (I) or NULL (none: the MLM
+// head's dense layer, whose bias its matmul adds). Layout: thread c computes the 128-bit chunk c of the N I elements
+// (chunks = N I / X128 of them, row_chunks = I / X128 a row; 32-bit indices, so the column is a 32-bit remainder).
+// Data movement: inp read once, out written once (128-bit); the chunk's X128 bias values (128-bit) from L1/L2.
+__global__ void gelu_forward(floatX* out, const floatX* inp, const floatX* bias, unsigned chunks, unsigned row_chunks) {
+    unsigned c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= chunks) return;
+    size_t i = (size_t)c * X128;
+    Pack128 x = load128(inp + i), b = bias ? load128(bias + (c % row_chunks) * X128) : Pack128{}, o;
+    for (int k = 0; k < X128; k++) o.v[k] = fromf(gelu_erf(tof(x.v[k]) + (bias ? tof(b.v[k]) : 0.f)));
     store128(out + i, o);
 }
-// gelu_backward: the backward of y = GELU(pre), pre (N, I) the output of a matmul (x W^T + b), when y itself is
-// needed again (the weight gradient of the matmul that reads it):
+// gelu_backward: the backward of y = GELU(pre), pre = fc1 + b (N, I), fc1 the output of a matmul (x W^T) and
+// b (I) its bias, when y itself is needed again (the weight gradient of the matmul that reads it):
 //   out = GELU(pre), recomputed bit for bit as gelu_forward did,
 //   d = d * GELU'(pre) in place, both from one erf per element,
 //   part[blockIdx.y] (I floats) = the block's column sums of the new d (as stored, rounded) over its rows, which
 //   partials_sum adds to the bias gradient db = sum_n d[n]: no pass over d of its own.
 // Layout: block (32, 8), grid (ceil(I / (32 X128)), gy): thread (x, y) owns the 128-bit column chunk
-// c = (blockIdx.x * 32 + x) X128 of rows blockIdx.y * 8 + y, then + gy * 8, ...; it keeps its X128 column sums in
-// registers, and at the end the 8 row slices are summed in shared memory in order y = 0.. (a fixed order).
-// Data movement: pre and d read once, out and d written once (128-bit); 32 X128 floats of partials per block.
-__global__ void gelu_backward(floatX* out, floatX* d, float* part, const floatX* pre, int N, int I) {
+// c = (blockIdx.x * 32 + x) X128 of rows blockIdx.y * 8 + y, then + gy * 8, ...; it keeps its X128 bias values and
+// column sums in registers, and at the end the 8 row slices are summed in shared memory in order y = 0.. (a fixed
+// order). Data movement: fc1 and d read once, out and d written once (128-bit); 32 X128 floats of partials a block.
+__global__ void gelu_backward(floatX* out, floatX* d, float* part, const floatX* fc1, const floatX* bias, int N,
+                              int I) {
     __shared__ float sm[8][32 * 8];
     int col = (blockIdx.x * 32 + threadIdx.x) * X128, on = col < I;
-    float sum[16 / sizeof(floatX)] = {};
+    float sum[16 / sizeof(floatX)] = {}, b[16 / sizeof(floatX)] = {};
+    if (on) {
+        Pack128 bp = load128(bias + col);
+        for (int k = 0; k < X128; k++) b[k] = tof(bp.v[k]);
+    }
     for (int n = blockIdx.y * 8 + threadIdx.y; on && n < N; n += gridDim.y * 8) {
         size_t i = (size_t)n * I + col;
-        Pack128 x = load128(pre + i), g = load128(d + i), o;
+        Pack128 x = load128(fc1 + i), g = load128(d + i), o;
         for (int k = 0; k < X128; k++) {
-            float v = tof(x.v[k]), e = erff(v * 0.70710678118654752f);
+            float v = tof(x.v[k]) + b[k], e = erff(v * 0.70710678118654752f);
             o.v[k] = fromf(0.5f * v * (1.0f + e));
             g.v[k] = fromf(tof(g.v[k]) * (0.5f * (1.0f + e) + v * 0.39894228040143268f * expf(-0.5f * v * v)));
             sum[k] += tof(g.v[k]);
@@ -1038,10 +1047,11 @@ __global__ void copy_to_floatX(floatX* dst, const float* src, size_t n) {
 // as torch.nn.Linear. cuBLASLt is column-major, where a row-major (R, K) matrix is a (K x R) one; so the
 // forward is D = out^T (OC x N) = op(A) B with A = W seen as (IC x OC), transposed, and B = inp as (IC x N). A plan
 // (operation descriptor, three layouts and the heuristic's algorithm) is built once per distinct shape and kept; a call
-// only sets the bias pointer. The bias is fused as the BIAS epilogue; GELU is not (cuBLASLt's GELU epilogue is the tanh
-// approximation; this model uses exact erf GELU, see gelu_forward). The weight gradient also gives the bias gradient,
-// through the BGRADB epilogue (bias[j] = sum over k of op(B)[k][j]; on this layout, NT with an fp32 D and an fp32
-// bias, the real cuBLASLt 13.0 sums exactly: ../shared/gpu/2026-11-23/cublaslt_bgrad_on_trainer_layout.txt).
+// only sets the bias pointer. The bias is fused as the BIAS epilogue where a matmul has one; GELU is not (cuBLASLt's
+// GELU epilogue is the tanh approximation; this model uses exact erf GELU, see gelu_forward). The weight gradient also
+// gives the bias gradient, through the BGRADB epilogue (bias[j] = sum over k of op(B)[k][j]; on this layout, NT with an
+// fp32 D and an fp32 bias, the real cuBLASLt 13.0 sums exactly:
+// ../shared/gpu/2026-11-23/cublaslt_bgrad_on_trainer_layout.txt).
 enum { BLAS_EPI_NONE, BLAS_EPI_BIAS, BLAS_EPI_BGRADB };
 
 typedef struct {
@@ -1267,23 +1277,31 @@ static inline void launch_embedding_backward(cudaStream_t s, float* dwte, float*
            (const uint64_t*)keys, (int)E, K, C, V, P);
 }
 
-static inline void launch_gelu_forward(cudaStream_t s, floatX* out, const floatX* inp, size_t n) {
-    launch(gelu_forward, dim3(ceil_div((long long)(n / X128), 256)), dim3(256), 0, s, out, inp, n);
+// launch_gelu_forward: out (N, I) = GELU(inp + bias) (bias NULL: GELU(inp)).
+static inline void launch_gelu_forward(cudaStream_t s, floatX* out, const floatX* inp, const floatX* bias, int N,
+                                       int I) {
+    size_t chunks = (size_t)N * I / X128;
+    if (chunks > 0xffffffffu) {  // (32-bit chunk indices: 64 G elements, far beyond any activation that fits)
+        fprintf(stderr, "gelu_forward: %d x %d elements, expected at most 2^32 128-bit chunks\n", N, I);
+        exit(1);
+    }
+    launch(gelu_forward, dim3(ceil_div((long long)chunks, 256)), dim3(256), 0, s, out, inp, bias, (unsigned)chunks,
+           (unsigned)(I / X128));
 }
-// launch_gelu_backward: out = GELU(pre), d *= GELU'(pre) (N, I), and dbias (I) += the column sums of the new d;
-// part (gelu_part_floats(I)) is scratch. gy blocks down the rows: about launch_grid_cap() blocks in all, one wave
-// (56 registers: 4 blocks of 256 threads per SM).
+// launch_gelu_backward: with pre = fc1 + bias (N, I): out = GELU(pre), d *= GELU'(pre), and dbias (I) += the column
+// sums of the new d; part (gelu_part_floats(I)) is scratch. gy blocks down the rows: about launch_grid_cap() blocks in
+// all, one wave (64 registers: 4 blocks of 256 threads per SM).
 static inline int gelu_grid_y(int I) {
     int gx = ceil_div(I / X128, 32), gy = launch_grid_cap() / gx;
     return gy > 0 ? gy : 1;
 }
 static inline size_t gelu_part_floats(int I) { return (size_t)gelu_grid_y(I) * I; }
 static inline void launch_gelu_backward(cudaStream_t s, floatX* out, floatX* d, float* dbias, float* part,
-                                        const floatX* pre, int N, int I) {
+                                        const floatX* fc1, const floatX* bias, int N, int I) {
     if (N <= 0) return;
     int gx = ceil_div(I / X128, 32), gy = gelu_grid_y(I);
     if (gy > ceil_div(N, 8)) gy = ceil_div(N, 8);
-    launch(gelu_backward, dim3(gx, gy), dim3(32, 8), 0, s, out, d, part, pre, N, I);
+    launch(gelu_backward, dim3(gx, gy), dim3(32, 8), 0, s, out, d, part, fc1, bias, N, I);
     launch(partials_sum, dim3(ceil_div(I, 32)), dim3(32, 8), 0, s, dbias, (float*)NULL, (float*)NULL,
            (const float*)part, gy, I, 1);
 }

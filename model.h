@@ -282,7 +282,7 @@ typedef struct {
     size_t res1;       // (B, T, C) floatX          x + attn_out (the LayerNorm input)
     size_t ln1;        // (B, T, C) floatX          LayerNorm(res1)
     size_t ln1_stats;  // (B, T, 2) fp32
-    size_t fc1;        // (B, T, I) floatX          pre-GELU (GELU is recomputed in backward)
+    size_t fc1;        // (B, T, I) floatX          ln1 W1^T, without b1 (GELU(fc1 + b1) is recomputed in backward)
     size_t res2;       // (B, T, C) floatX          ln1 + mlp_out
     size_t ln2;        // (B, T, C) floatX          LayerNorm(res2): the layer's output
     size_t ln2_stats;  // (B, T, 2) fp32
@@ -298,7 +298,7 @@ typedef struct {
     size_t losses;   // (M) fp32                  per-row cross-entropy
     size_t loss;     // (4) fp32                  [0] mean loss of the micro-batch
     // scratch, shared by all layers
-    size_t gelu;  // (B, T, I) floatX          GELU(fc1) in forward, recomputed in backward
+    size_t gelu;  // (B, T, I) floatX          GELU(fc1 + b1) in forward, recomputed in backward
     size_t proj;  // (B, T, C) floatX          a projection output before its residual LayerNorm
     // backward scratch
     size_t d_x;      // (B, T, C) floatX          dLoss/d(layer output), flows down the stack
@@ -1499,10 +1499,9 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
                ACT_FL(m, ln1_stats, l), x, (const floatX*)proj, bert_lw(m, l, BL_AOB), bert_lw(m, l, BL_ALNW),
                bert_lw(m, l, BL_ALNB), N, C, c->ln_eps);
         bert_phase(m, PHASE_MATMUL);
-        matmul_forward(bl, s, ACT_XL(m, fc1, l), I, ACT_XL(m, ln1, l), bert_lw(m, l, BL_IW), bert_lw(m, l, BL_IB), N, C,
-                       I);
+        matmul_forward(bl, s, ACT_XL(m, fc1, l), I, ACT_XL(m, ln1, l), bert_lw(m, l, BL_IW), NULL, N, C, I);
         bert_phase(m, PHASE_OTHER);
-        launch_gelu_forward(s, ACT_X(m, gelu), ACT_XL(m, fc1, l), (size_t)N * I);
+        launch_gelu_forward(s, ACT_X(m, gelu), ACT_XL(m, fc1, l), bert_lw(m, l, BL_IB), N, I);  // GELU(fc1 + b1)
         bert_phase(m, PHASE_MATMUL);
         matmul_forward(bl, s, proj, C, ACT_X(m, gelu), bert_lw(m, l, BL_OW), NULL, N, I, C);  // (bias: LayerNorm)
         bert_phase(m, PHASE_OTHER);
@@ -1518,7 +1517,7 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
         bert_phase(m, PHASE_MATMUL);
         matmul_forward(bl, s, ACT_X(m, h_pre), C, ACT_X(m, h_in), bert_w(m, p->head_w), bert_w(m, p->head_b), M, C, C);
         bert_phase(m, PHASE_OTHER);
-        launch_gelu_forward(s, ACT_X(m, h_act), ACT_X(m, h_pre), (size_t)M * C);
+        launch_gelu_forward(s, ACT_X(m, h_act), ACT_X(m, h_pre), NULL, M, C);  // (its bias: in the matmul)
         launch(layernorm_forward, dim3(ceil_div(M, 4)), dim3(128), 0, s, ACT_X(m, h_ln), ACT_F(m, h_stats),
                (const floatX*)ACT_X(m, h_act), bert_w(m, p->head_ln_w), bert_w(m, p->head_ln_b), M, C, c->ln_eps);
         bert_head_decoder(m, bt->mlm_labels, M, dlogit_scale);
@@ -1567,15 +1566,15 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
         // (and b2's gradient, the column sums of d_res, from the same kernel)
         launch_layernorm_backward(s, d_res, bert_lg(m, l, BL_OLNW), bert_lg(m, l, BL_OLNB), bert_lg(m, l, BL_OB), part,
                                   d_x, ACT_XL(m, res2, l), ACT_FL(m, ln2_stats, l), bert_lw(m, l, BL_OLNW), NULL, N, C);
-        // fc2 = GELU(fc1) W2^T + b2: d_fc1 = d_res W2 first, then one pass recomputes GELU(fc1) (for W2's gradient),
-        // applies GELU' to d_fc1 and sums its columns (b1's gradient)
+        // fc2 = GELU(fc1 + b1) W2^T + b2: d_fc1 = d_res W2 first, then one pass recomputes GELU(fc1 + b1) (for W2's
+        // gradient), applies GELU' to d_fc1 and sums its columns (b1's gradient)
         bert_phase(m, PHASE_MATMUL);
         matmul_backward_input(bl, s, d_fc1, d_res, C, bert_lw(m, l, BL_OW), NULL, N, I, C);
         bert_phase(m, PHASE_OTHER);
-        launch_gelu_backward(s, gelu, d_fc1, bert_lg(m, l, BL_IB), part, fc1, N, I);
+        launch_gelu_backward(s, gelu, d_fc1, bert_lg(m, l, BL_IB), part, fc1, bert_lw(m, l, BL_IB), N, I);
         bert_phase(m, PHASE_MATMUL);
         matmul_backward_weight(bl, s, bert_lg(m, l, BL_OW), NULL, d_res, C, gelu, N, I, C);
-        // fc1 = ln1 W1^T + b1; d_ln1 = d_fc1 W1 + d_res (the residual branch)
+        // fc1 = ln1 W1^T (b1 is added by the GELU kernels); d_ln1 = d_fc1 W1 + d_res (the residual branch)
         matmul_backward_weight(bl, s, bert_lg(m, l, BL_IW), NULL, d_fc1, I, ln1, N, C, I);
         matmul_backward_input(bl, s, d_ln1, d_fc1, I, bert_lw(m, l, BL_IW), d_res, N, C, I);
         // attention LayerNorm: ln1 = LN(x + proj)

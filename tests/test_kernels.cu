@@ -309,32 +309,37 @@ static void test_ln_backward_agree(int N, int C) {
         cudaFree(q);
 }
 
-// gelu_forward, and gelu_backward on (N, I): GELU recomputed with gelu_forward's bits, d * GELU'(pre) in place, and
-// the bias gradient (accumulated onto 0.5) = the column sums of the new d as stored; two runs give the same bits.
+// gelu_forward, and gelu_backward on (N, I), pre = x + b (the bias b (I) added in the kernels): GELU recomputed
+// with gelu_forward's bits, d * GELU'(pre) in place, and the bias gradient (accumulated onto 0.5) = the column sums
+// of the new d as stored; two runs give the same bits. gelu_forward without a bias (the MLM head's) is GELU(x).
 static void test_gelu(int N, int I) {
     size_t n = (size_t)N * I;
-    vf x, d;
-    floatX *d_x = dev_rand(&x, n, -4, 4), *d_d = dev_rand(&d, n, -1, 1), *d_d2 = dev_x(n), *d_y = dev_x(n),
-           *d_y2 = dev_x(n);
+    vf x, d, b;
+    floatX *d_x = dev_rand(&x, n, -4, 4), *d_d = dev_rand(&d, n, -1, 1), *d_b = dev_rand(&b, I, -1, 1),
+           *d_d2 = dev_x(n), *d_y = dev_x(n), *d_y2 = dev_x(n), *d_y0 = dev_x(n);
     CUDA_CHECK(cudaMemcpy(d_d2, d_d, n * sizeof(floatX), cudaMemcpyDeviceToDevice));
     std::vector<float> half(I, 0.5f);
     float *d_db = dev_f(I), *d_db2 = dev_f(I), *d_part = dev_f(gelu_part_floats(I));
     CUDA_CHECK(cudaMemcpy(d_db, half.data(), I * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(d_db2, half.data(), I * 4, cudaMemcpyHostToDevice));
-    launch_gelu_forward((cudaStream_t)0, d_y, d_x, n);
-    launch_gelu_backward((cudaStream_t)0, d_y2, d_d, d_db, d_part, d_x, N, I);
-    launch_gelu_backward((cudaStream_t)0, d_y2, d_d2, d_db2, d_part, d_x, N, I);  // again, on a copy of d
-    vd y(n), dd(n), db(I, 0.5);
+    launch_gelu_forward((cudaStream_t)0, d_y, d_x, d_b, N, I);
+    launch_gelu_forward((cudaStream_t)0, d_y0, d_x, NULL, N, I);
+    launch_gelu_backward((cudaStream_t)0, d_y2, d_d, d_db, d_part, d_x, d_b, N, I);
+    launch_gelu_backward((cudaStream_t)0, d_y2, d_d2, d_db2, d_part, d_x, d_b, N, I);  // again, on a copy of d
+    vd y(n), y0(n), dd(n), db(I, 0.5);
     for (size_t i = 0; i < n; i++) {
-        double v = x[i], cdf = 0.5 * (1 + erf(v / sqrt(2.0)));
+        double v = (double)x[i] + b[i % I], cdf = 0.5 * (1 + erf(v / sqrt(2.0)));
         y[i] = v * cdf;
+        y0[i] = x[i] * 0.5 * (1 + erf(x[i] / sqrt(2.0)));
         dd[i] = d[i] * (cdf + v * exp(-0.5 * v * v) / sqrt(2 * M_PI));
     }
     vf y1 = get_x(d_y, n), got = get_x(d_d, n), gdb = get_f(d_db, I);
     for (size_t i = 0; i < n; i++) db[i % I] += got[i];
     char w[96];
-    snprintf(w, sizeof(w), "gelu_forward (erf) N=%d I=%d", N, I);
+    snprintf(w, sizeof(w), "gelu_forward (erf) N=%d I=%d: GELU(x + b)", N, I);
     close_scaled(w, y1, y, TOL);
+    snprintf(w, sizeof(w), "gelu_forward (erf) N=%d I=%d without a bias: GELU(x)", N, I);
+    close_scaled(w, get_x(d_y0, n), y0, TOL);
     snprintf(w, sizeof(w), "gelu_backward N=%d I=%d: d * GELU'(pre) in place", N, I);
     close_scaled(w, got, dd, TOL);
     snprintf(w, sizeof(w), "gelu_backward N=%d I=%d: dbias += the column sums of d", N, I);
@@ -343,8 +348,8 @@ static void test_gelu(int N, int I) {
           I);
     CHECK(same_bits(got, get_x(d_d2, n)) && same_bits(gdb, get_f(d_db2, I)),
           "gelu_backward N=%d I=%d: two runs give bitwise identical d and dbias", N, I);
-    for (void* q :
-         {(void*)d_x, (void*)d_d, (void*)d_d2, (void*)d_y, (void*)d_y2, (void*)d_db, (void*)d_db2, (void*)d_part})
+    for (void* q : {(void*)d_x, (void*)d_d, (void*)d_b, (void*)d_d2, (void*)d_y, (void*)d_y2, (void*)d_y0, (void*)d_db,
+                    (void*)d_db2, (void*)d_part})
         cudaFree(q);
 }
 
