@@ -1061,6 +1061,7 @@ typedef struct {
     cublasLtMatrixLayout_t la, lb, ld;
     cublasLtMatmulAlgo_t algo;
     int has_algo;
+    long long calls, acc_calls;  // how many times blas_matmul ran it, and of those with C (beta != 0)
 } MatmulPlan;
 #define BLAS_MAX_PLANS 64
 typedef struct {
@@ -1087,6 +1088,32 @@ static inline void blas_free(Blas* bl) {
     cudaFree(bl->workspace);
     cublasLtDestroy(bl->lt);
     memset(bl, 0, sizeof(*bl));
+}
+// blas_heuristic: up to n of the algorithms cuBLASLt's heuristic proposes for plan p's descriptors, best first,
+// within our workspace and for 16-byte aligned pointers; returns how many it wrote to res. blas_plan takes the
+// first; tests/bench_matmul.cu times the others.
+static inline int blas_heuristic(const Blas* bl, const MatmulPlan* p, int n, cublasLtMatmulHeuristicResult_t* res) {
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &bl->workspace_size, sizeof(bl->workspace_size)));
+    // The heuristic never sees our pointers and assumes 256-byte alignment unless told; the slab only
+    // guarantees 16 bytes per tensor (numel rounded to 8), so ask for kernels that need no more.
+    uint32_t align = 16;
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align, sizeof(align)));
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align, sizeof(align)));
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align, sizeof(align)));
+    CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align, sizeof(align)));
+    int found = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(bl->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, n, res, &found) !=
+        CUBLAS_STATUS_SUCCESS)
+        found = 0;
+    cublasLtMatmulPreferenceDestroy(pref);
+    return found;
 }
 static inline MatmulPlan* blas_plan(Blas* bl, int ta, int tb, int m, int n, int k, int lda, int ldb, int ldd,
                                     cudaDataType ab, cudaDataType cd, int epi) {
@@ -1130,30 +1157,19 @@ static inline MatmulPlan* blas_plan(Blas* bl, int ta, int tb, int m, int n, int 
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, ab, ta ? k : m, ta ? m : k, lda));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, ab, tb ? n : k, tb ? k : n, ldb));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->ld, cd, m, n, ldd));
-    cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                      &bl->workspace_size, sizeof(bl->workspace_size)));
-    // The heuristic never sees our pointers and assumes 256-byte alignment unless told; the slab only
-    // guarantees 16 bytes per tensor (numel rounded to 8), so ask for kernels that need no more.
-    uint32_t align = 16;
-    CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align, sizeof(align)));
-    CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align, sizeof(align)));
-    CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align, sizeof(align)));
-    CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align, sizeof(align)));
+    if (epi != BLAS_EPI_NONE) {
+        // An epilogue with a bias needs a bias pointer before the heuristic will answer (cpu/cublas.cpp refuses
+        // without one); blas_matmul sets the real one at each call. The placeholder is 16-byte aligned and no
+        // more, as every bias in the slab is, so the kernel chosen for it accepts them all; it is never read.
+        const void* placeholder = (const char*)bl->workspace + 16;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &placeholder,
+                                                    sizeof(placeholder)));
+    }
     cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(bl->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &res, &found) ==
-            CUBLAS_STATUS_SUCCESS &&
-        found > 0) {
+    if (blas_heuristic(bl, p, 1, &res) > 0) {
         p->algo = res.algo;
         p->has_algo = 1;
     }
-    cublasLtMatmulPreferenceDestroy(pref);
     return p;
 }
 // blas_matmul: D (m x n, column-major, ld ldd, type cd) = op(A) op(B) [+ beta C], A and B floatX, and with
@@ -1163,6 +1179,8 @@ static inline void blas_matmul(Blas* bl, cudaStream_t s, int ta, int tb, int m, 
                                const void* B, int ldb, void* D, int ldd, cudaDataType cd, const void* C, float beta,
                                int epi, const void* bias) {
     MatmulPlan* p = blas_plan(bl, ta, tb, m, n, k, lda, ldb, ldd, FLOATX_CUDA, cd, epi);
+    p->calls++;
+    p->acc_calls += C != NULL;
     if (epi != BLAS_EPI_NONE)
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     float alpha = 1.f;
@@ -1193,6 +1211,21 @@ static inline void matmul_backward_weight(Blas* bl, cudaStream_t s, float* dW, f
 
 // ---------------------------------------------------------------------------------------------
 // Launchers: grid shapes and shared-memory opt-in in one place (used by the model and the tests).
+
+// device_peak_tflops: the device's dense bf16 tensor-core peak in TFLOP/s, the denominator of MFU, found
+// by the start of its name (NVIDIA's datasheets; dense is half the "with sparsity" figure). 0: unknown.
+static inline double device_peak_tflops(const char* name) {
+    static const struct {
+        const char* prefix;
+        double tflops;
+    } peaks[] = {
+        {"NVIDIA H100 NVL", 835}, {"NVIDIA H100 PCIe", 756}, {"NVIDIA H100", 989},  // H100 SXM: "NVIDIA H100 80GB HBM3"
+        {"NVIDIA H200 NVL", 835}, {"NVIDIA H200", 989},      {"NVIDIA GH200", 989}, {"NVIDIA A100", 312},
+    };
+    for (size_t i = 0; i < sizeof peaks / sizeof peaks[0]; i++)
+        if (!strncmp(name, peaks[i].prefix, strlen(peaks[i].prefix))) return peaks[i].tflops;
+    return 0;
+}
 
 static inline int launch_grid_cap(void) { return 132 * 4; }  // blocks for grid-stride kernels (H100: 132 SMs)
 

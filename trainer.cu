@@ -1656,21 +1656,6 @@ static double now_s(void) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
-// device_peak_tflops: the device's dense bf16 tensor-core peak in TFLOP/s, the denominator of MFU, found
-// by the start of its name (NVIDIA's datasheets; dense is half the "with sparsity" figure). 0: unknown.
-static double device_peak_tflops(const char* name) {
-    static const struct {
-        const char* prefix;
-        double tflops;
-    } peaks[] = {
-        {"NVIDIA H100 NVL", 835}, {"NVIDIA H100 PCIe", 756}, {"NVIDIA H100", 989},  // H100 SXM: "NVIDIA H100 80GB HBM3"
-        {"NVIDIA H200 NVL", 835}, {"NVIDIA H200", 989},      {"NVIDIA GH200", 989}, {"NVIDIA A100", 312},
-    };
-    for (size_t i = 0; i < sizeof peaks / sizeof peaks[0]; i++)
-        if (!strncmp(name, peaks[i].prefix, strlen(peaks[i].prefix))) return peaks[i].tflops;
-    return 0;
-}
-
 // mfu_text: "MFU 18.2% (of 989 TFLOP/s)" for a GPU sustaining flops_per_s model FLOP/s, or a note that the
 // device's peak is unknown.
 static void mfu_text(char* buf, size_t n, double flops_per_s, double peak_tflops) {

@@ -264,6 +264,21 @@ static void test_reference(void) {
     float loss2;
     CUDA_CHECK(cudaMemcpy(&loss2, ACT_F(&m, loss), sizeof(float), cudaMemcpyDeviceToHost));
     CHECK(loss == loss2, "the training forward gives the same loss (%.9g vs %.9g)", loss, loss2);
+    {  // the matmul plans of one training step: the calls counted per plan (tests/bench_matmul.cu reads them) add up
+       // to the step's matmuls (12 a layer, the head's dense layer 3, the decoder 3 per chunk: here one), and every
+       // plan holds the heuristic's algorithm, those with a bias epilogue too
+        for (int i = 0; i < m.blas.n; i++) m.blas.plan[i].calls = m.blas.plan[i].acc_calls = 0;
+        model_grads(&m, &db.b, &g);
+        long long calls = 0, acc = 0;
+        int no_algo = 0;
+        for (int i = 0; i < m.blas.n; i++)
+            calls += m.blas.plan[i].calls, acc += m.blas.plan[i].acc_calls, no_algo += !m.blas.plan[i].has_algo;
+        long long want = 12LL * r.cfg.layers + 3 + 3;
+        CHECK(calls == want && acc == 6LL * r.cfg.layers + 2 && no_algo == 0,
+              "a training step's matmuls: %lld calls (want %lld), %lld with C (want %d), %d of %d plans without an "
+              "algorithm",
+              calls, want, acc, 6 * r.cfg.layers + 2, no_algo, m.blas.n);
+    }
     {  // the head's decoder in chunks of 4 of the 9 rows (4, 4, 1): the same loss and gradients up to reassociation.
         // On the CPU runtime every product sums in one order, so the two agree to the bit; a GPU picks another
         // cuBLASLt kernel for 4 rows than for 9, so the fp32 sums differ in their last bits, and in bf16 a logit
