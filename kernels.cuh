@@ -576,6 +576,22 @@ __global__ void gelu_forward(floatX* out, const floatX* inp, const floatX* bias,
     for (int k = 0; k < X128; k++) o.v[k] = fromf(gelu_erf(tof(x.v[k]) + (bias ? tof(b.v[k]) : 0.f)));
     store128(out + i, o);
 }
+// column_partials: the end of a block of (32, 8) threads in which thread (x, y) holds sum[X128], its sums of the
+// 128-bit column chunk col (of I columns) over its rows: the 8 row slices are added in shared memory in the order
+// y = 0, 1, ... (a fixed order) and the block's column sums written to part[blockIdx.y] (I floats), for
+// partials_sum. (The tail of gelu_backward and column_sums.)
+__device__ inline void column_partials(float* part, const float* sum, int col, int I) {
+    __shared__ float sm[8][32 * 8];
+    for (int k = 0; k < X128; k++) sm[threadIdx.y][threadIdx.x * X128 + k] = sum[k];
+    __syncthreads();
+    if (threadIdx.y == 0 && col < I)
+        for (int k = 0; k < X128; k++) {
+            float t = 0.f;
+            for (int y = 0; y < 8; y++) t += sm[y][threadIdx.x * X128 + k];
+            part[(size_t)blockIdx.y * I + col + k] = t;
+        }
+}
+
 // gelu_backward: the backward of y = GELU(pre), pre = fc1 + b (N, I), fc1 the output of a matmul (x W^T) and
 // b (I) its bias, when y itself is needed again (the weight gradient of the matmul that reads it):
 //   out = GELU(pre), recomputed bit for bit as gelu_forward did,
@@ -588,7 +604,6 @@ __global__ void gelu_forward(floatX* out, const floatX* inp, const floatX* bias,
 // order). Data movement: fc1 and d read once, out and d written once (128-bit); 32 X128 floats of partials a block.
 __global__ void gelu_backward(floatX* out, floatX* d, float* part, const floatX* fc1, const floatX* bias, int N,
                               int I) {
-    __shared__ float sm[8][32 * 8];
     int col = (blockIdx.x * 32 + threadIdx.x) * X128, on = col < I;
     float sum[16 / sizeof(floatX)] = {}, b[16 / sizeof(floatX)] = {};
     if (on) {
@@ -607,20 +622,30 @@ __global__ void gelu_backward(floatX* out, floatX* d, float* part, const floatX*
         store128(out + i, o);
         store128(d + i, g);
     }
-    for (int k = 0; k < X128; k++) sm[threadIdx.y][threadIdx.x * X128 + k] = sum[k];
-    __syncthreads();
-    if (threadIdx.y == 0 && on)
-        for (int k = 0; k < X128; k++) {
-            float t = 0.f;
-            for (int y = 0; y < 8; y++) t += sm[y][threadIdx.x * X128 + k];
-            part[(size_t)blockIdx.y * I + col + k] = t;
-        }
+    column_partials(part, sum, col, I);
 }
 
-// add_and_clear: dst += src, then src = 0 (n % 4 == 0, 16-byte aligned). The per-micro-step bias gradients
-// that cuBLASLt's BGRADB epilogue writes (it does not accumulate) go to a scratch copy of the gradient slab's
-// vector region; this adds them to the gradients, which accumulate over micro-steps, and leaves the scratch
-// zero, so a gradient no kernel wrote in a micro-step adds nothing. Grid-stride, 128-bit accesses.
+// column_sums: part[blockIdx.y] (C floats) = the column sums of x (N, C) over the block's rows, which partials_sum
+// adds to a bias gradient (the MLM decoder's, from a chunk of dLoss/dlogits, instead of cuBLASLt's BGRADB epilogue).
+// Layout: gelu_backward's: block (32, 8), grid (ceil(C / (32 X128)), gy); thread (x, y) sums the 128-bit column
+// chunk (blockIdx.x * 32 + x) X128 of rows blockIdx.y * 8 + y, then + gy * 8, ... in registers (4 loads in flight),
+// and column_partials adds the 8 row slices in a fixed order. Data movement: x read once (128-bit); C floats of
+// partials per row of blocks.
+__global__ void column_sums(float* part, const floatX* x, int N, int C) {
+    int col = (blockIdx.x * 32 + threadIdx.x) * X128;
+    float sum[16 / sizeof(floatX)] = {};
+#pragma unroll 4
+    for (int n = blockIdx.y * 8 + threadIdx.y; col < C && n < N; n += gridDim.y * 8) {
+        Pack128 v = load128(x + (size_t)n * C + col);
+        for (int k = 0; k < X128; k++) sum[k] += tof(v.v[k]);
+    }
+    column_partials(part, sum, col, C);
+}
+
+// add_and_clear: dst += src, then src = 0 (n % 4 == 0, 16-byte aligned). The decoder bias's gradient, summed in
+// the forward (bert_head_decoder), goes to a scratch copy of the gradient slab's vector region; at the end of the
+// backward this adds it to the gradients, which accumulate over micro-steps, and leaves the scratch zero for the
+// next micro-step. Grid-stride, 128-bit accesses.
 __global__ void add_and_clear(float* dst, float* src, size_t n) {
     for (size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 4; i < n;
          i += (size_t)gridDim.x * blockDim.x * 4) {
@@ -1321,22 +1346,33 @@ static inline void launch_gelu_forward(cudaStream_t s, floatX* out, const floatX
     launch(gelu_forward, dim3(ceil_div((long long)chunks, 256)), dim3(256), 0, s, out, inp, bias, (unsigned)chunks,
            (unsigned)(I / X128));
 }
-// launch_gelu_backward: with pre = fc1 + bias (N, I): out = GELU(pre), d *= GELU'(pre), and dbias (I) += the column
-// sums of the new d; part (gelu_part_floats(I)) is scratch. gy blocks down the rows: about launch_grid_cap() blocks in
-// all, one wave (64 registers: 4 blocks of 256 threads per SM).
-static inline int gelu_grid_y(int I) {
+// colsum_grid_y: the rows of blocks of gelu_backward and column_sums over I columns: about launch_grid_cap() blocks
+// in all, one wave (gelu_backward: 64 registers, 4 blocks of 256 threads per SM); colsum_part_floats: their
+// partials' scratch.
+static inline int colsum_grid_y(int I) {
     int gx = ceil_div(I / X128, 32), gy = launch_grid_cap() / gx;
     return gy > 0 ? gy : 1;
 }
-static inline size_t gelu_part_floats(int I) { return (size_t)gelu_grid_y(I) * I; }
+static inline size_t colsum_part_floats(int I) { return (size_t)colsum_grid_y(I) * I; }
+// launch_gelu_backward: with pre = fc1 + bias (N, I): out = GELU(pre), d *= GELU'(pre), and dbias (I) += the column
+// sums of the new d; part (colsum_part_floats(I)) is scratch.
 static inline void launch_gelu_backward(cudaStream_t s, floatX* out, floatX* d, float* dbias, float* part,
                                         const floatX* fc1, const floatX* bias, int N, int I) {
     if (N <= 0) return;
-    int gx = ceil_div(I / X128, 32), gy = gelu_grid_y(I);
+    int gx = ceil_div(I / X128, 32), gy = colsum_grid_y(I);
     if (gy > ceil_div(N, 8)) gy = ceil_div(N, 8);
     launch(gelu_backward, dim3(gx, gy), dim3(32, 8), 0, s, out, d, part, fc1, bias, N, I);
     launch(partials_sum, dim3(ceil_div(I, 32)), dim3(32, 8), 0, s, dbias, (float*)NULL, (float*)NULL,
            (const float*)part, gy, I, 1);
+}
+// launch_column_sums: dbias (C) += the column sums of x (N, C); part (colsum_part_floats(C)) is scratch.
+static inline void launch_column_sums(cudaStream_t s, float* dbias, float* part, const floatX* x, int N, int C) {
+    if (N <= 0) return;
+    int gx = ceil_div(C / X128, 32), gy = colsum_grid_y(C);
+    if (gy > ceil_div(N, 8)) gy = ceil_div(N, 8);
+    launch(column_sums, dim3(gx, gy), dim3(32, 8), 0, s, part, x, N, C);
+    launch(partials_sum, dim3(ceil_div(C, 32)), dim3(32, 8), 0, s, dbias, (float*)NULL, (float*)NULL,
+           (const float*)part, gy, C, 1);
 }
 static inline void launch_add_and_clear(cudaStream_t s, float* dst, float* src, size_t n) {
     int grid = ceil_div((long long)(n / 4), 256);

@@ -312,16 +312,16 @@ typedef struct {
     size_t d_h2;     // (M, C) floatX
     // backward scratch of the deterministic reductions (no floating-point atomics; see kernels.cuh)
     size_t ln_part;    // max of (launch_grid_cap(), 3C) fp32: LayerNorm backward's blocks' dgamma, dbeta, dbias
-                       //   partials, (gelu_grid_y(I), I) fp32: gelu_backward's blocks' bias partials, and
+                       //   partials, (colsum_grid_y(I), I) fp32: gelu_backward's blocks' bias partials,
+                       //   (colsum_grid_y(Vp), Vp) fp32: the decoder bias's (column_sums, in the forward), and
                        //   att_part_floats: the attention backward blocks' qkv bias partials
     size_t emb_keys;   // (sort_pow2(3BT)) u64        embedding backward: (table row << 32 | token) sort keys
     size_t emb_carry;  // (EMB_CHUNKS, 2, C) fp32     embedding backward: pieces of rows that cross chunks
     size_t emb_dx;     // (B, T, C) fp32              embedding backward: dLoss/dx; shares d_qkv's bytes
                        //                             (3C floatX >= C fp32; d_qkv is free by then)
-    size_t dvec;       // (numel - n_decay) fp32      a micro-step's bias gradients that cuBLASLt's BGRADB epilogue
-                       //                             writes (the decoder's), at their offsets in the slab's
-                       //                             vector region (the other biases' are summed by our kernels)
-    size_t head_db;    // (Vp) fp32                   one chunk's decoder bias gradient (BGRADB), added to dvec
+    size_t dvec;       // (numel - n_decay) fp32      a micro-step's gradient of the decoder bias, summed in the
+                       //                             forward (bert_head_decoder), at its offset in the slab's
+                       //                             vector region; added to the gradients at the end of the backward
     size_t total;      // bytes
     int B, T, M, Vp;
     int R;  // rows of the MLM head's decoder per chunk (bert_head_rows): the logits buffer holds (R, Vp)
@@ -386,10 +386,11 @@ static inline size_t bert_act_layout(BertActLayout* a, const BertConfig* c, int 
     ACT(d_delta, BT * NH * 4);
     ACT(d_h, (size_t)M * C * xsize);
     ACT(d_h2, (size_t)M * C * xsize);
-    // LayerNorm's, GELU's or the attention backward's partials (one at a time)
-    size_t part = ln_part_floats((int)C), gpart = gelu_part_floats((int)I);
+    // LayerNorm's, GELU's, the decoder bias's or the attention backward's partials (one at a time)
+    size_t part = ln_part_floats((int)C), gpart = colsum_part_floats((int)I), vpart = colsum_part_floats(Vp);
     size_t apart = att_part_floats(B, T, (int)C, (int)(C / NH));
     part = part > gpart ? part : gpart;
+    part = part > vpart ? part : vpart;
     ACT(ln_part, (part > apart ? part : apart) * 4);
     ACT(emb_keys, emb_keys_count((long long)BT) * 8);
     ACT(emb_carry, emb_carry_floats((int)C) * 4);
@@ -398,7 +399,6 @@ static inline size_t bert_act_layout(BertActLayout* a, const BertConfig* c, int 
     bert_params_build(&p, c);
     ACT(dvec, (p.numel - p.n_decay) * 4);
     bert_params_free(&p);
-    ACT(head_db, (size_t)Vp * 4);
 #undef ACT
     a->total = off;
     return off;
@@ -1416,12 +1416,9 @@ static inline const floatX* bert_w(const BertModel* m, int tensor) { return m->w
 static inline float* bert_g(const BertModel* m, int tensor) { return m->grad + m->p.t[tensor].offset; }
 static inline const floatX* bert_lw(const BertModel* m, int l, int j) { return m->w + bert_layer_off(&m->p, l, j); }
 static inline float* bert_lg(const BertModel* m, int l, int j) { return m->grad + bert_layer_off(&m->p, l, j); }
-// where the BGRADB epilogue writes a bias's gradient in a micro-step (bert_backward then adds it to the gradients)
+// where a micro-step's decoder bias gradient is summed (bert_backward then adds it to the gradients)
 static inline float* bert_gb(const BertModel* m, int tensor) {
     return ACT_F(m, dvec) + (m->p.t[tensor].offset - m->p.n_decay);
-}
-static inline float* bert_lgb(const BertModel* m, int l, int j) {
-    return ACT_F(m, dvec) + (bert_layer_off(&m->p, l, j) - m->p.n_decay);
 }
 
 // bert_head_decoder: the MLM head's tied decoder and its loss on the M rows of h_ln, R = m->act.R rows at a
@@ -1433,8 +1430,8 @@ static inline float* bert_lgb(const BertModel* m, int l, int j) {
 //   losses[r0:] = the rows' cross-entropies; with dlogit_scale != 0 the chunk becomes dLoss/dlogits in place
 // and then, with dlogit_scale != 0, the decoder's backward while the chunk exists:
 //   grad(word) += dlogits^T h_ln[r0:]      (beta 1: accumulates over chunks and micro-steps, in chunk order)
-//   head_db = the column sums of dlogits   (the BGRADB epilogue writes it), then dvec(dec_b) += head_db
 //   d_h[r0:] = dlogits Wword               (dLoss/dh_ln: bert_backward starts from it)
+//   dvec(dec_b) += the column sums of dlogits  (column_sums and partials_sum, in chunk order)
 // With dlogit_scale 0 (validation) and m->hits set, hits[r0:] = 1 where a row's top logit is its label.
 // Every sum is in a fixed order (no atomics): the same inputs give the same bits.
 static inline void bert_head_decoder(BertModel* m, const int* labels, int M, float dlogit_scale) {
@@ -1458,10 +1455,10 @@ static inline void bert_head_decoder(BertModel* m, const int* labels, int M, flo
             continue;
         }
         bert_phase(m, PHASE_MATMUL);
-        matmul_backward_weight(bl, s, bert_g(m, p->word), ACT_F(m, head_db), logits, Vp, h, n, C, Vp);
+        matmul_backward_weight(bl, s, bert_g(m, p->word), NULL, logits, Vp, h, n, C, Vp);
         matmul_backward_input(bl, s, ACT_X(m, d_h) + (size_t)r0 * C, logits, Vp, bert_w(m, p->word), NULL, n, C, Vp);
         bert_phase(m, PHASE_OTHER);
-        launch_add_and_clear(s, bert_gb(m, p->dec_b), ACT_F(m, head_db), (size_t)Vp);
+        launch_column_sums(s, bert_gb(m, p->dec_b), ACT_F(m, ln_part), logits, n, Vp);
     }
 }
 
@@ -1602,7 +1599,7 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
                               ACT_F(m, emb_carry), part, (const floatX*)d_x, (const float*)ACT_F(m, emb_stats),
                               bt->tokens, bt->types, bt->seg_lo, bt->seg_hi, bert_w(m, p->word), bert_w(m, p->pos),
                               bert_w(m, p->type), bert_w(m, p->emb_ln_w), N, T, C, V, c->max_position);
-    // the micro-step's bias gradient that BGRADB epilogues wrote (the decoder's), added to the gradients
+    // the micro-step's decoder bias gradient (summed in the forward), added to the gradients
     bert_phase(m, PHASE_OTHER);
     launch_add_and_clear(s, m->grad + p->n_decay, ACT_F(m, dvec), p->numel - p->n_decay);
     if (m->grad_ready) CUDA_CHECK(cudaEventRecord(m->grad_ready[c->layers + 1], s));  // everything

@@ -309,6 +309,27 @@ static void test_ln_backward_agree(int N, int C) {
         cudaFree(q);
 }
 
+// column_sums (launch_column_sums): dbias (C, accumulated onto 0.5) += the column sums of x (N, C), against a double
+// sum; two runs give the same bits.
+static void test_column_sums(int N, int C) {
+    vf x;
+    floatX* d_x = dev_rand(&x, (size_t)N * C, -1, 1);
+    std::vector<float> half(C, 0.5f);
+    float *d_db = dev_f(C), *d_db2 = dev_f(C), *d_part = dev_f(colsum_part_floats(C));
+    CUDA_CHECK(cudaMemcpy(d_db, half.data(), C * 4, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_db2, half.data(), C * 4, cudaMemcpyHostToDevice));
+    launch_column_sums((cudaStream_t)0, d_db, d_part, d_x, N, C);
+    launch_column_sums((cudaStream_t)0, d_db2, d_part, d_x, N, C);
+    vd want(C, 0.5);
+    for (size_t i = 0; i < (size_t)N * C; i++) want[i % C] += x[i];
+    vf got = get_f(d_db, C);
+    char w[96];
+    snprintf(w, sizeof(w), "column_sums N=%d C=%d: dbias += the column sums", N, C);
+    close_scaled(w, got, want, 1e-5f);
+    CHECK(same_bits(got, get_f(d_db2, C)), "column_sums N=%d C=%d: two runs give the same bits", N, C);
+    for (void* q : {(void*)d_x, (void*)d_db, (void*)d_db2, (void*)d_part}) cudaFree(q);
+}
+
 // gelu_forward, and gelu_backward on (N, I), pre = x + b (the bias b (I) added in the kernels): GELU recomputed
 // with gelu_forward's bits, d * GELU'(pre) in place, and the bias gradient (accumulated onto 0.5) = the column sums
 // of the new d as stored; two runs give the same bits. gelu_forward without a bias (the MLM head's) is GELU(x).
@@ -319,7 +340,7 @@ static void test_gelu(int N, int I) {
            *d_d2 = dev_x(n), *d_y = dev_x(n), *d_y2 = dev_x(n), *d_y0 = dev_x(n);
     CUDA_CHECK(cudaMemcpy(d_d2, d_d, n * sizeof(floatX), cudaMemcpyDeviceToDevice));
     std::vector<float> half(I, 0.5f);
-    float *d_db = dev_f(I), *d_db2 = dev_f(I), *d_part = dev_f(gelu_part_floats(I));
+    float *d_db = dev_f(I), *d_db2 = dev_f(I), *d_part = dev_f(colsum_part_floats(I));
     CUDA_CHECK(cudaMemcpy(d_db, half.data(), I * 4, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(d_db2, half.data(), I * 4, cudaMemcpyHostToDevice));
     launch_gelu_forward((cudaStream_t)0, d_y, d_x, d_b, N, I);
@@ -589,6 +610,8 @@ int main(void) {
     test_ln_backward_agree(9, 264);  // two warps per row
     test_gelu(37, 272);              // two column tiles (in bf16), the second partial; fewer row groups than the grid
     test_gelu(300, 8200);            // more row groups than the grid: each thread strides over rows
+    test_column_sums(37, 272);       // the MLM decoder's bias gradient: a partial column tile, few rows
+    test_column_sums(600, 4104);     // more row groups than the grid (and a row count not a multiple of 8)
     test_add_gather();
     test_cross_entropy();
     test_argmax_hits();
