@@ -32,6 +32,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -1238,20 +1239,60 @@ static const char* kernel_name(const void* kernel, char* buf, size_t n) {
     return buf;
 }
 
-// Launch counts (EMU_LAUNCH_STATS, see cuda_runtime.h): atomics, as any host thread may launch. With
-// EMU_LAUNCH_STATS=1 an atexit handler, registered before main, prints them.
+// Launch counts (EMU_LAUNCH_STATS, see cuda_runtime.h): atomics, as any host thread may launch, and per kernel a
+// record under a lock. With EMU_LAUNCH_STATS=1 or 2 an atexit handler, registered before main, prints them.
 static std::atomic<long long> launch_counts[2];
+struct KernelStats {
+    long long launches, max_blocks;
+    dim3 block;  // the largest block (by threads) it was launched with
+    size_t max_smem;
+};
+static std::mutex kernel_stats_lock;
+static std::map<const void*, KernelStats>* kernel_stats;  // (never freed: read by the atexit handler)
 long long emu_launch_count(int what) {
     return what == EMU_COUNT_MATMULS ? launch_counts[1].load() : launch_counts[0].load();
 }
+long long emu_kernel_launches(const void* kernel, dim3* block, size_t* smem) {
+    std::lock_guard<std::mutex> g(kernel_stats_lock);
+    if (!kernel_stats) return 0;
+    auto it = kernel_stats->find(kernel);
+    if (it == kernel_stats->end()) return 0;
+    if (block) *block = it->second.block;
+    if (smem) *smem = it->second.max_smem;
+    return it->second.launches;
+}
 void emu_count_matmul(void) { launch_counts[1]++; }
+static void count_kernel(const void* kernel, dim3 grid, dim3 block, size_t smem) {
+    launch_counts[0]++;
+    std::lock_guard<std::mutex> g(kernel_stats_lock);
+    if (!kernel_stats) kernel_stats = new std::map<const void*, KernelStats>();
+    KernelStats& k = (*kernel_stats)[kernel];
+    long long blocks = (long long)grid.x * grid.y * grid.z, threads = (long long)block.x * block.y * block.z;
+    if (!k.launches || threads > (long long)k.block.x * k.block.y * k.block.z) k.block = block;
+    k.launches++;
+    k.max_blocks = blocks > k.max_blocks ? blocks : k.max_blocks;
+    k.max_smem = smem > k.max_smem ? smem : k.max_smem;
+}
+static const char* kernel_name(const void* kernel, char* buf, size_t n);
 static void print_launch_counts(void) {
     fprintf(stderr, "emu: EMU_LAUNCH_STATS: %lld kernel launches, %lld cuBLASLt matmuls\n", launch_counts[0].load(),
             launch_counts[1].load());
+    const char* s = getenv("EMU_LAUNCH_STATS");
+    if (strcmp(s, "2") || !kernel_stats) return;
+    std::lock_guard<std::mutex> g(kernel_stats_lock);
+    std::map<std::string, const KernelStats*> by_name;  // sorted by name
+    char name[512];
+    for (auto& e : *kernel_stats) by_name[kernel_name(e.first, name, sizeof name)] = &e.second;
+    for (auto& e : by_name)
+        fprintf(stderr,
+                "emu: kernel %s: %lld launches, block (%u,%u,%u), up to %lld blocks and %zu bytes of dynamic shared "
+                "memory a launch\n",
+                e.first.c_str(), e.second->launches, e.second->block.x, e.second->block.y, e.second->block.z,
+                e.second->max_blocks, e.second->max_smem);
 }
 static int launch_stats_registered = [] {
     const char* s = getenv("EMU_LAUNCH_STATS");
-    if (s && !strcmp(s, "1")) atexit(print_launch_counts);
+    if (s && (!strcmp(s, "1") || !strcmp(s, "2"))) atexit(print_launch_counts);
     return 1;
 }();
 
@@ -1300,7 +1341,7 @@ void emu_launch(const void* kernel, dim3 grid, dim3 block, size_t smem, cudaStre
     j->smem = smem;
     j->nblocks = (long long)grid.x * grid.y * grid.z;
     j->kernel = kernel;
-    launch_counts[0]++;
+    count_kernel(kernel, grid, block, smem);
     emu_stream_enqueue(stream, 1, [j, free_call] {
         std::call_once(static_shared_once, [] {
             if (nshared_vars < 0) find_static_shared();

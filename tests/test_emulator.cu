@@ -250,6 +250,14 @@ int main(void) {
         CUDA_OK(cudaDeviceSynchronize());
         long long k = emu_launch_count(EMU_COUNT_KERNELS) - k0, m = emu_launch_count(EMU_COUNT_MATMULS) - m0;
         CHECK(k == 2 && m == 1, "launch counts: %lld kernels (want 2: one refused), %lld matmuls (want 1)", k, m);
+        dim3 blk;
+        size_t smem = 1;
+        long long nk = emu_kernel_launches((const void*)noop, &blk, &smem);
+        CHECK(nk >= 2 && blk.x == 32 && blk.y == 1 && smem == 0 &&
+                  emu_kernel_launches((const void*)big_smem, &blk, &smem) == 1 && blk.x == 32 && smem == 64 * 1024,
+              "per-kernel counts: noop %lld launches (want >= 2; its largest accepted block 32 threads), big_smem 1 "
+              "launch with 64 KB (the refused ones not counted)",
+              nk);
         blas_free(&bl);
         cudaFree(a);
     }

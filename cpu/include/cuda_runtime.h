@@ -358,9 +358,14 @@ typedef void (*emu_kernel_body)(void* call);
 // kernels launched so far by this process (accepted launches; one refused for a bad configuration is not
 // counted), emu_launch_count(EMU_COUNT_MATMULS) the cublasLtMatmul calls accepted (cpu/cublas.cpp counts them
 // with emu_count_matmul). With EMU_LAUNCH_STATS=1 the process prints both on stderr when it exits:
-// "emu: EMU_LAUNCH_STATS: N kernel launches, K cuBLASLt matmuls". Not part of CUDA: tests and tools only.
+// "emu: EMU_LAUNCH_STATS: N kernel launches, K cuBLASLt matmuls"; with EMU_LAUNCH_STATS=2 also a line per kernel,
+// sorted by name: "emu: kernel NAME: L launches, block (x,y,z), up to G blocks and S bytes of dynamic shared memory
+// a launch" (the largest block it was launched with; tools/kernel_report.py --all reads these).
+// emu_kernel_launches(kernel, &block, &smem) gives one kernel's launches, largest block and dynamic shared memory.
+// Not part of CUDA: tests and tools only.
 enum { EMU_COUNT_KERNELS = 0, EMU_COUNT_MATMULS = 1 };
 long long emu_launch_count(int what);
+long long emu_kernel_launches(const void* kernel, dim3* block, size_t* smem);
 void emu_count_matmul(void);
 void emu_launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, emu_kernel_body body,
                 void* call, void (*free_call)(void* call));

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# test_kernel_report.sh: tools/kernel_report.py --all on the tiny preset (needs nvcc, as ./build.sh all does):
+#   - every kernel of a training step in the table, with its launches per step as the CPU runtime counted them
+#     (EMU_LAUNCH_STATS=2): GELU forward once a layer and once in the head, its backward once a layer, the weights'
+#     copy only at start-up (0), 51 launches in all (the count README gives for this step);
+#   - ptxas's registers joined to them (sm_90), no kernel spilling, blocks per SM >= 1 for each;
+#   - the attention-only default still prints its table.
+# Run by tests/run.sh; prints "N passed, N failed" last.
+cd "$(dirname "$0")/.."
+pass=0; fail=0
+ok()  { pass=$((pass + 1)); }
+bad() { fail=$((fail + 1)); echo "FAIL test_kernel_report: $*"; }
+check() { if eval "$1"; then ok; else bad "$2"; fi; }
+W=$(mktemp -d /tmp/mlm_kernel_report_XXXXXX)
+trap 'rm -rf "$W"' EXIT
+
+python3 tools/kernel_report.py --all --preset tiny --seq 32 --batch 8 >"$W/all.log" 2>&1; rc=$?
+col() { awk -v k="$1" -v c="$2" '$1 == k { print $c }' "$W/all.log"; }  # col KERNEL N: the row's Nth field
+check '[ $rc -eq 0 ]' "kernel_report.py --all failed (exit $rc): $(tail -n 5 "$W/all.log")"
+check '[ "$(col gelu_forward 2)" = 3 ] && [ "$(col gelu_backward 2)" = 2 ] && [ "$(col copy_to_floatX 2)" = 0 ]' \
+  "launches per step: gelu_forward $(col gelu_forward 2) (want 3), gelu_backward $(col gelu_backward 2) (want 2), copy_to_floatX $(col copy_to_floatX 2) (want 0)"
+check '[ "$(col gelu_backward 3)" = 256 ] && [ "$(col gelu_backward 4)" -gt 0 ] 2>/dev/null' \
+  "gelu_backward: $(col gelu_backward 3) threads (want 256), $(col gelu_backward 4) registers (want > 0)"
+check 'grep -q "^kernel launches per step: 51; kernels with spills: none; " "$W/all.log"' \
+  "the summary line: $(grep '^kernel launches per step' "$W/all.log")"
+att=$(awk '$1 ~ /^attention_forward</ { print $2, $7 }' "$W/all.log")
+check '[ -n "$att" ] && [ "${att% *}" -gt 0 ] && [ "${att#* }" -ge 1 ]' \
+  "attention_forward: launches and blocks per SM '$att' (want > 0 and >= 1)"
+rows=$(awk 'NF >= 10 && $2 ~ /^[0-9.]+$/ && $7 ~ /^[0-9]+$/' "$W/all.log" | wc -l)
+zero=$(awk 'NF >= 10 && $2 ~ /^[0-9.]+$/ && $7 == 0' "$W/all.log" | wc -l)
+check '[ "$rows" -ge 20 ] && [ "$zero" -eq 0 ]' "$rows kernel rows (want >= 20), $zero with 0 blocks per SM"
+
+python3 tools/kernel_report.py >"$W/att.log" 2>&1; rc=$?
+check '[ $rc -eq 0 ] && grep -qE "^attention_forward<64> +[0-9]+ +0 " "$W/att.log"' \
+  "kernel_report.py (attention) failed (exit $rc): $(tail -n 3 "$W/att.log")"
+python3 tools/kernel_report.py --all --preset nope >"$W/bad.log" 2>&1; rc=$?
+check '[ $rc -ne 0 ] && grep -q "kernel_report.py: .*--bench failed" "$W/bad.log"' \
+  "a bad --preset: exit $rc, $(tail -n 2 "$W/bad.log")"
+echo "$pass passed, $fail failed"
+[ $fail -eq 0 ]
