@@ -386,6 +386,39 @@ __device__ inline void att_query_stats(float* lse_s, float* dl_s, const float* l
     dl_s[threadIdx.x] = q < T ? delta_r[q] : 0.f;
 }
 
+// att_delta_rows: the opening of dQ: delta = rowsum(dO * O) (= rowsum(P * dP), the softmax backward's term) of the
+// block's R query rows, into dl_s (R floats) for dQ and to delta_r (sequence b, head h; T floats) for the dK dV
+// kernel, which runs next. L = HD / X128 lanes share a row, each one 128-bit chunk of dO and of O (global loads;
+// the dO rows are also on their way to shared memory, so theirs mostly hit L2), and a butterfly over the L lanes
+// sums the row. 128 / L rows a pass, P = R L / 128 passes, whose loads are all in flight at once. (It was a kernel of
+// its own, which read dO and O once more.)
+template <int HD, int R>
+__device__ inline void att_delta_rows(float* dl_s, float* delta_r, const floatX* dbase, const floatX* obase, int C,
+                                      int row0, int T) {
+    constexpr int L = HD / X128, RPP = 128 / L, P = R / RPP;
+    static_assert(L >= 2 && L <= 32 && R % RPP == 0, "att_delta_rows: lanes per row");
+    int sub = threadIdx.x % L, r = threadIdx.x / L;
+    float s[P];  // this lane's part of each pass's row: all P passes' loads are issued before the first shuffle
+#pragma unroll
+    for (int p = 0; p < P; p++) {  // (rows past T read row T - 1, unconditionally, so the loads can all go first)
+        int t = row0 + p * RPP + r;
+        size_t off = (size_t)(t < T ? t : T - 1) * C + (size_t)sub * X128;
+        Pack128 g = load128(dbase + off), o = load128(obase + off);
+        s[p] = 0.f;
+        for (int k = 0; k < X128; k++) s[p] += tof(g.v[k]) * tof(o.v[k]);
+        if (t >= T) s[p] = 0.f;
+    }
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        for (int k = L / 2; k > 0; k /= 2) s[p] += __shfl_xor_sync(0xffffffffu, s[p], k);  // every lane takes part
+        int t = row0 + p * RPP + r;
+        if (sub == 0) {
+            dl_s[p * RPP + r] = s[p];
+            if (t < T) delta_r[t] = s[p];
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // attention_forward: out (B, T, C) = softmax(Q K^T / sqrt(HD) + mask) V per head; lse (B, NH, T) = the
 // log-sum-exp of each query row's scaled, masked scores (0 for padding queries).
@@ -503,30 +536,9 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_FWD))
                            blk.wrow + 16 * m, T);
 }
 
-// attention_backward_delta: delta[b, h, t] = sum_d dout[b, t, h, d] * out[b, t, h, d] (= rowsum(P * dP)),
-// the softmax-backward term of each query row. A pure read of 2 (B, T, C) tensors (writing B NH T floats), so
-// it should run at memory speed: L = HD / X128 lanes share a row, each one 128-bit chunk of dout and of out,
-// and the row's sum is a butterfly over those L lanes (shuffles). Grid (B NH, ceil(T L / 256)), 256 threads:
-// block (b h, y) takes rows t = y 256 / L .. of (b, h), so a warp's load reads 32 / L whole 128-byte rows (all
-// of each sector used) and its store writes 32 / L consecutive floats of delta. (One thread per row, as
-// before, had each load touch 32 rows 128 bytes apart and ran at 1.45 TB/s on an H100, 43% of HBM: ncu,
-// bert-base, 2026-11-24.)
-__global__ void attention_backward_delta(float* delta, const floatX* dout, const floatX* out, int T, int NH, int HD) {
-    int L = HD / X128;  // lanes per row: a power of 2 from 2 to 32 (HD 16 .. 128)
-    int b = blockIdx.x / NH, h = blockIdx.x % NH, sub = threadIdx.x % L;
-    int t = blockIdx.y * (blockDim.x / L) + threadIdx.x / L;
-    float s = 0.f;
-    if (t < T) {
-        size_t off = (((size_t)b * T + t) * NH + h) * HD + (size_t)sub * X128;
-        Pack128 g = load128(dout + off), o = load128(out + off);
-        for (int k = 0; k < X128; k++) s += tof(g.v[k]) * tof(o.v[k]);
-    }
-    for (int k = L / 2; k > 0; k /= 2) s += __shfl_xor_sync(0xffffffffu, s, k);  // every lane of the warp takes part
-    if (t < T && sub == 0) delta[(size_t)blockIdx.x * T + t] = s;
-}
-
 // attention_backward_dq: dQ = dS K / sqrt(HD) with dS = P * (dP - delta), P = exp(Q K^T / sqrt(HD) - lse)
-// (masked), dP = dO V^T; written into the Q columns of dqkv (B, T, 3C).
+// (masked), dP = dO V^T; written into the Q columns of dqkv (B, T, 3C). It first computes delta = rowsum(dO * O)
+// of its rows from dout and out (att_delta_rows) and writes it to delta (B, NH, T) for the dK dV kernel.
 // Grid (ceil(T / R), NH, B) with R = 64 MT query rows per block, block 128 = 4 warps x 16 MT query rows;
 // key tiles in the block's range.
 // Data movement: Q and dO tiles in shared memory (read by ldmatrix as A operands per key tile), K and V
@@ -536,11 +548,13 @@ __global__ void attention_backward_delta(float* delta, const floatX* dout, const
 // sums of its dQ rows (from their staged copy in shared memory) to its row of part: the Q bias gradient's partial.
 template <int HD>
 __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DQ))
-    attention_backward_dq(floatX* dqkv, float* part, const floatX* qkv, const floatX* dout, const float* lse,
-                          const float* delta, const int* seg_lo, const int* seg_hi, int B, int T, int NH) {
+    attention_backward_dq(floatX* dqkv, float* part, float* delta, const floatX* qkv, const floatX* dout,
+                          const floatX* out, const float* lse, const int* seg_lo, const int* seg_hi, int B, int T,
+                          int NH) {
     extern __shared__ __align__(16) unsigned char dyn_smem[];
     __shared__ int red[8];
     constexpr int LD = att_ld(HD), MT = att_mt(HD, ATT_DQ), R = att_rows(HD, ATT_DQ), KC = att_cols(HD, ATT_DQ);
+    __shared__ float dl_s[R];  // delta of the block's rows
     constexpr int NT = KC / 8, DT = HD / 8;
     floatX* Qs = (floatX*)dyn_smem;  // [R][LD]
     floatX* dOs = Qs + R * LD;       // [R][LD]
@@ -549,18 +563,21 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DQ))
     AttBlock blk = att_block<HD, MT, R, KC>(qkv, seg_lo, seg_hi, T, NH, red);
     WarpRange wr = warp_range<MT>(blk.lo, blk.hi, blk.wrow, T);
     int g = threadIdx.x % 32 / 4;
+    size_t row_off = (size_t)blk.b * T * blk.C + (size_t)blk.h * HD;  // dout and out at row 0 of (b, h)
     att_copy_queries<HD, R, KC>(Qs, Ks, Vs, blk, T);
-    if (blk.ntiles)
-        att_copy_tile<HD, R>(dOs, dout + (size_t)blk.b * T * blk.C + (size_t)blk.h * HD, blk.C, blk.row0, T);
+    if (blk.ntiles) att_copy_tile<HD, R>(dOs, dout + row_off, blk.C, blk.row0, T);
     cp_async_commit();
+    att_delta_rows<HD, R>(dl_s, delta + ((size_t)blk.b * NH + blk.h) * T, dout + row_off, out + row_off, blk.C,
+                          blk.row0, T);
+    __syncthreads();
     const float sl2 = 1.44269504088896341f / sqrtf((float)HD), L2E = 1.44269504088896341f;
-    const float *lse_r = lse + ((size_t)blk.b * NH + blk.h) * T, *delta_r = delta + ((size_t)blk.b * NH + blk.h) * T;
+    const float* lse_r = lse + ((size_t)blk.b * NH + blk.h) * T;
     float lse2[MT][2], dl[MT][2];  // lse log2(e) and delta of this lane's rows
     for (int m = 0; m < MT; m++)
         for (int r = 0; r < 2; r++) {
             int q = blk.wrow + 16 * m + 8 * r + g;
             lse2[m][r] = q < T ? lse_r[q] * L2E : 0.f;
-            dl[m][r] = q < T ? delta_r[q] : 0.f;
+            dl[m][r] = q < T ? dl_s[q - blk.row0] : 0.f;
         }
     float dq[MT][DT][4] = {};
     floatX *Qw = Qs + 16 * MT * blk.w * LD, *dOw = dOs + 16 * MT * blk.w * LD;
@@ -716,9 +733,10 @@ static inline void launch_attention_forward_hd(cudaStream_t s, floatX* out, floa
            seg_lo, seg_hi, B, T, NH);
 }
 template <int HD>
-static inline void launch_attention_backward_hd(cudaStream_t s, floatX* dqkv, float* part, const floatX* dout,
-                                                const floatX* qkv, const float* lse, const float* delta,
-                                                const int* seg_lo, const int* seg_hi, int B, int T, int NH) {
+static inline void launch_attention_backward_hd(cudaStream_t s, floatX* dqkv, float* part, float* delta,
+                                                const floatX* dout, const floatX* qkv, const floatX* out,
+                                                const float* lse, const int* seg_lo, const int* seg_hi, int B, int T,
+                                                int NH) {
     static int done = 0;
     size_t b1 = att_dq_smem(HD), b2 = att_dkdv_smem(HD);
     if (!done) {
@@ -726,8 +744,8 @@ static inline void launch_attention_backward_hd(cudaStream_t s, floatX* dqkv, fl
         att_opt_in((const void*)attention_backward_dkdv<HD>, b2);
         done = 1;
     }
-    launch(attention_backward_dq<HD>, dim3(ceil_div(T, att_rows(HD, ATT_DQ)), NH, B), dim3(128), b1, s, dqkv, part, qkv,
-           dout, lse, delta, seg_lo, seg_hi, B, T, NH);
+    launch(attention_backward_dq<HD>, dim3(ceil_div(T, att_rows(HD, ATT_DQ)), NH, B), dim3(128), b1, s, dqkv, part,
+           delta, qkv, dout, out, lse, seg_lo, seg_hi, B, T, NH);
     launch(attention_backward_dkdv<HD>, dim3(ceil_div(T, att_rows(HD, ATT_DKDV)), NH, B), dim3(128), b2, s, dqkv, part,
            qkv, dout, lse, delta, seg_lo, seg_hi, B, T, NH);
 }
@@ -758,25 +776,24 @@ static inline size_t att_part_floats(int B, int T, int C, int HD) {
 }
 // launch_attention_backward: dqkv (B, T, 3C) from dout (B, T, C); with dbias != NULL also dbias (3C) += the column
 // sums of dqkv, the qkv bias gradient (each dQ and dK dV block sums its rows' columns into part, att_part_floats;
-// partials_sum adds the blocks' rows in a fixed order). delta (B, NH, T) fp32 scratch.
+// partials_sum adds the blocks' rows in a fixed order). delta (B, NH, T) fp32 scratch: the dQ kernel writes it, the
+// dK dV kernel reads it.
 static inline void launch_attention_backward(cudaStream_t s, floatX* dqkv, float* dbias, float* delta, float* part,
                                              const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
                                              const int* seg_lo, const int* seg_hi, int B, int T, int NH, int HD) {
     float* pt = dbias ? part : NULL;
-    launch(attention_backward_delta, dim3(B * NH, ceil_div(T * (HD / X128), 256)), dim3(256), 0, s, delta, dout, out, T,
-           NH, HD);
     switch (HD) {
         case 16:
-            launch_attention_backward_hd<16>(s, dqkv, pt, dout, qkv, lse, delta, seg_lo, seg_hi, B, T, NH);
+            launch_attention_backward_hd<16>(s, dqkv, pt, delta, dout, qkv, out, lse, seg_lo, seg_hi, B, T, NH);
             break;
         case 32:
-            launch_attention_backward_hd<32>(s, dqkv, pt, dout, qkv, lse, delta, seg_lo, seg_hi, B, T, NH);
+            launch_attention_backward_hd<32>(s, dqkv, pt, delta, dout, qkv, out, lse, seg_lo, seg_hi, B, T, NH);
             break;
         case 64:
-            launch_attention_backward_hd<64>(s, dqkv, pt, dout, qkv, lse, delta, seg_lo, seg_hi, B, T, NH);
+            launch_attention_backward_hd<64>(s, dqkv, pt, delta, dout, qkv, out, lse, seg_lo, seg_hi, B, T, NH);
             break;
         case 128:
-            launch_attention_backward_hd<128>(s, dqkv, pt, dout, qkv, lse, delta, seg_lo, seg_hi, B, T, NH);
+            launch_attention_backward_hd<128>(s, dqkv, pt, delta, dout, qkv, out, lse, seg_lo, seg_hi, B, T, NH);
             break;
         default:
             att_bad_head_size(HD);

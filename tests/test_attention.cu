@@ -113,7 +113,7 @@ static void test_attention(int T, int HD, const std::vector<std::vector<int>>& r
     close_scaled(w, out_k, out, tol);
     snprintf(w, sizeof(w), "attention_forward lse T=%d HD=%d", T, HD);
     close_scaled(w, get_f(d_lse, (size_t)B * NH * T), lse, 1e-5f);
-    snprintf(w, sizeof(w), "attention_backward_delta T=%d HD=%d", T, HD);
+    snprintf(w, sizeof(w), "attention_backward: delta (the dQ kernel's) T=%d HD=%d", T, HD);
     close_scaled(w, get_f(d_delta, (size_t)B * NH * T), delta_ref, 1e-5f);
     snprintf(w, sizeof(w), "attention_backward dqkv T=%d HD=%d", T, HD);
     vf dqkv_k = get_x(d_dqkv, (size_t)N * 3 * C);
