@@ -389,9 +389,9 @@ __device__ inline void att_query_stats(float* lse_s, float* dl_s, const float* l
 // att_delta_rows: the opening of dQ: delta = rowsum(dO * O) (= rowsum(P * dP), the softmax backward's term) of the
 // block's R query rows, into dl_s (R floats) for dQ and to delta_r (sequence b, head h; T floats) for the dK dV
 // kernel, which runs next. L = HD / X128 lanes share a row, each one 128-bit chunk of dO and of O (global loads;
-// the dO rows are also on their way to shared memory, so theirs mostly hit L2), and a butterfly over the L lanes
-// sums the row. 128 / L rows a pass, P = R L / 128 passes, whose loads are all in flight at once. (It was a kernel of
-// its own, which read dO and O once more.)
+// the dO rows are also being copied to shared memory, so theirs may come from L2), and a butterfly over the L
+// lanes sums the row. 128 / L rows a pass, P = R L / 128 passes, whose loads are all in flight at once. (It was a
+// kernel of its own, which read dO and O once more.)
 template <int HD, int R>
 __device__ inline void att_delta_rows(float* dl_s, float* delta_r, const floatX* dbase, const floatX* obase, int C,
                                       int row0, int T) {
