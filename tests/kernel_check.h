@@ -38,6 +38,12 @@ static float* dev_f(size_t n) {
     CUDA_CHECK(cudaMemset(d, 0, n * sizeof(float)));
     return d;
 }
+static float* dev_f_fill(size_t n, float v) {  // n floats, each v (a gradient that kernels add to)
+    std::vector<float> h(n, v);
+    float* d = dev_f(n);
+    CUDA_CHECK(cudaMemcpy(d, h.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    return d;
+}
 static int* dev_i(const std::vector<int>& v) {
     int* d;
     CUDA_CHECK(cudaMalloc((void**)&d, v.size() * sizeof(int) + 4));

@@ -314,10 +314,7 @@ static void test_ln_backward_agree(int N, int C) {
 static void test_column_sums(int N, int C) {
     vf x;
     floatX* d_x = dev_rand(&x, (size_t)N * C, -1, 1);
-    std::vector<float> half(C, 0.5f);
-    float *d_db = dev_f(C), *d_db2 = dev_f(C), *d_part = dev_f(colsum_part_floats(C));
-    CUDA_CHECK(cudaMemcpy(d_db, half.data(), C * 4, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(d_db2, half.data(), C * 4, cudaMemcpyHostToDevice));
+    float *d_db = dev_f_fill(C, 0.5f), *d_db2 = dev_f_fill(C, 0.5f), *d_part = dev_f(colsum_part_floats(C));
     launch_column_sums((cudaStream_t)0, d_db, d_part, d_x, N, C);
     launch_column_sums((cudaStream_t)0, d_db2, d_part, d_x, N, C);
     vd want(C, 0.5);
@@ -339,10 +336,7 @@ static void test_gelu(int N, int I) {
     floatX *d_x = dev_rand(&x, n, -4, 4), *d_d = dev_rand(&d, n, -1, 1), *d_b = dev_rand(&b, I, -1, 1),
            *d_d2 = dev_x(n), *d_y = dev_x(n), *d_y2 = dev_x(n), *d_y0 = dev_x(n);
     CUDA_CHECK(cudaMemcpy(d_d2, d_d, n * sizeof(floatX), cudaMemcpyDeviceToDevice));
-    std::vector<float> half(I, 0.5f);
-    float *d_db = dev_f(I), *d_db2 = dev_f(I), *d_part = dev_f(colsum_part_floats(I));
-    CUDA_CHECK(cudaMemcpy(d_db, half.data(), I * 4, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(d_db2, half.data(), I * 4, cudaMemcpyHostToDevice));
+    float *d_db = dev_f_fill(I, 0.5f), *d_db2 = dev_f_fill(I, 0.5f), *d_part = dev_f(colsum_part_floats(I));
     launch_gelu_forward((cudaStream_t)0, d_y, d_x, d_b, N, I);
     launch_gelu_forward((cudaStream_t)0, d_y0, d_x, NULL, N, I);
     launch_gelu_backward((cudaStream_t)0, d_y2, d_d, d_db, d_part, d_x, d_b, N, I);
