@@ -160,7 +160,7 @@ def cpu_launches(trainer, a, steps):
         m = LAUNCH_RE.match(line)
         if m:
             out[short_name(m.group(1))] = {"launches": int(m.group(2)), "threads": int(m.group(3)) * int(m.group(4))
-                                           * int(m.group(5)), "blocks": int(m.group(6)), "dyn": int(m.group(7))}
+                                           * int(m.group(5)), "dyn": int(m.group(7))}
     if not out:
         die(f"{trainer} printed no per-kernel launch counts (EMU_LAUNCH_STATS=2): is it the CPU build?")
     return out
