@@ -536,6 +536,166 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_FWD))
                            blk.wrow + 16 * m, T);
 }
 
+#ifndef MLM_FP32
+// ---------------------------------------------------------------------------------------------
+// attention_forward_wgmma: attention_forward's results with Hopper's warpgroup MMA (wgmma, sm_90a; bf16 storage,
+// HD 64 or 128). A candidate: tests/test_attention checks it against the same double reference, and
+// tests/bench_attention times it against attention_forward, which the trainer runs until a GPU shows this faster.
+// Grid (ceil(T / 64), NH, B): block 128 = one warpgroup owns 64 query rows, warp w the 16 from row0 + 16 w (the
+// rows of wgmma's m64 accumulator each warp holds).
+// Data movement: the Q tile (64 x HD) and the K and V tiles (KW keys x HD, double-buffered; KW = 128 at HD 64,
+// 64 at HD 128) are copied by cp.async into shared memory in the layout wgmma reads (att_sw_off: 128-byte
+// swizzled rows, 1024-byte aligned); Q stays there (wgmma reads it as the A operand of every key tile). Per key
+// tile: S (64 x KW, fp32; KW / 2 registers per lane) = Q K^T by HD / 16 wgmma m64nKWk16 from shared memory (K is
+// K-major: its rows are S's columns); masking and the online softmax run on S in registers exactly as in
+// attention_forward; P (bf16) goes back to the tensor cores as wgmma's register A operand (the accumulator
+// layout is the A layout, as with mma.sync), and O (64 x HD, HD / 2 registers per lane) += P V by KW / 16 wgmma
+// m64nHDk16 with V read MN-major (trans-b: V's rows are the k of P V). O / l is staged in plain rows in the
+// free K buffer and stored 128 bits per lane.
+// Unlike attention_forward no warp skips a tile its rows do not see (wgmma is the whole warpgroup's): the
+// masking zeroes those rows' P.
+__host__ __device__ constexpr int att_wg_keys(int HD) { return HD == 64 ? 128 : 64; }
+// blocks per SM: shared memory (att_wg_smem: 73 KB at HD 64, 81 KB at HD 128) allows 3 and 2 of the 227 KB;
+// registers are capped to match (at most 168 and 255 a thread)
+__host__ __device__ constexpr int att_wg_min_blocks(int HD) { return HD == 64 ? 3 : 2; }
+// att_sw_off: the byte of element (r, c) of a shared tile of HD-wide bf16 rows, in wgmma's 128-byte swizzle:
+// 64-column atoms of 8 rows x 128 bytes, ordered [r / 8][c / 64], in which row r % 8 has its 16-byte chunks
+// permuted: chunk (c % 64) / 8 sits at position ((c % 64) / 8) ^ (r % 8). The same bytes serve as a K-major
+// operand (rows are M or N: Q, K) and as an MN-major one (rows are K: V).
+__host__ __device__ constexpr int att_sw_off(int HD, int r, int c) {
+    return (r / 8) * (HD / 64) * 1024 + (c / 64) * 1024 + (r % 8) * 128 + (((c % 64) / 8) ^ (r % 8)) * 16 + (c % 8) * 2;
+}
+// 1024 bytes to align the tiles, Q (64 rows), then K and V (2 buffers of KW rows each)
+__host__ __device__ constexpr size_t att_wg_smem(int HD) {
+    return 1024 + (size_t)(64 + 4 * att_wg_keys(HD)) * HD * sizeof(floatX);
+}
+// att_copy_tile_sw: att_copy_tile into the swizzled layout: rows [row0, row0 + R) x [0, HD) of src; rows >= T
+// zero-filled.
+template <int HD, int R>
+__device__ inline void att_copy_tile_sw(unsigned char* dst, const floatX* src, size_t stride, int row0, int T) {
+    constexpr int per = HD / X128;
+    for (int i = threadIdx.x; i < R * per; i += blockDim.x) {
+        int r = i / per, c = (i % per) * X128, ok = row0 + r < T;
+        cp_async_16(dst + att_sw_off(HD, r, c), src + (size_t)(ok ? row0 + r : 0) * stride + c, ok ? 16 : 0);
+    }
+}
+// att_wg_desc_kmajor: wgmma's descriptor of k-step ks (16 columns) of a swizzled tile read K-major (A = Q, or
+// B = K): start at the step's atom (ks / 4) and its 32 bytes in the row (ks % 4, before the swizzle, which the
+// hardware applies to the address); 8-row groups (HD / 64) KB apart.
+template <int HD>
+__device__ inline uint64_t att_wg_desc_kmajor(uint32_t tile, int ks) {
+    return wgmma_desc(tile + (ks / 4) * 1024 + (ks % 4) * 32, WGMMA_SWIZZLE_128B, 16, (HD / 64) * 1024);
+}
+// att_wg_desc_v: ... of k-step ks (16 keys: row groups 2 ks, 2 ks + 1) of a V tile read MN-major: the next
+// 64 columns (LBO) 1 KB on, the next 8 keys (SBO) (HD / 64) KB on.
+template <int HD>
+__device__ inline uint64_t att_wg_desc_v(uint32_t tile, int ks) {
+    return wgmma_desc(tile + 2 * ks * (HD / 64) * 1024, WGMMA_SWIZZLE_128B, 1024, (HD / 64) * 1024);
+}
+template <int HD>
+__global__ void __launch_bounds__(128, att_wg_min_blocks(HD))
+    attention_forward_wgmma(floatX* out, float* lse, const floatX* qkv, const int* seg_lo, const int* seg_hi, int B,
+                            int T, int NH) {
+    static_assert(HD == 64 || HD == 128, "attention_forward_wgmma: HD 64 or 128");
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    __shared__ int red[8];
+    constexpr int KW = att_wg_keys(HD), NT = KW / 8, DT = HD / 8, LD = att_ld(HD);
+    constexpr int TILE_K = KW * HD * (int)sizeof(floatX);                       // bytes of one K or V buffer
+    unsigned char* Qs = dyn_smem + (1024 - smem_addr(dyn_smem) % 1024) % 1024;  // the swizzle repeats every 1 KB
+    unsigned char* Ks = Qs + 64 * HD * sizeof(floatX);                          // [2][TILE_K]
+    unsigned char* Vs = Ks + 2 * TILE_K;                                        // [2][TILE_K]
+    AttBlock blk = att_block<HD, 1, 64, KW>(qkv, seg_lo, seg_hi, T, NH, red);
+    WarpRange wr = warp_range<1>(blk.lo, blk.hi, blk.wrow, T);
+    int lane = threadIdx.x % 32, g = lane / 4;
+    if (blk.ntiles) {
+        att_copy_tile_sw<HD, 64>(Qs, blk.base, blk.C3, blk.row0, T);
+        att_copy_tile_sw<HD, KW>(Ks, blk.base + blk.C, blk.C3, blk.start, T);
+        att_copy_tile_sw<HD, KW>(Vs, blk.base + 2 * blk.C, blk.C3, blk.start, T);
+    }
+    cp_async_commit();
+    const float sl2 = 1.44269504088896341f / sqrtf((float)HD);  // log2(e) / sqrt(HD)
+    float o[DT][4] = {}, mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {};
+    float s[NT][4];  // S, then P: each step's first wgmma does not read it (scale-d 0)
+    uint32_t q0 = smem_addr(Qs);
+    for (int it = 0; it < blk.ntiles; it++) {
+        int kt = blk.start + it * KW, buf = it & 1;
+        cp_async_wait<0>();   // key tile it is here (this thread's copies; the barrier makes it everyone's) ...
+        fence_proxy_async();  // ... and visible to wgmma, which reads shared memory through the async proxy
+        __syncthreads();      // every warp is also done with tile it - 1: its buffers may be refilled
+        if (it + 1 < blk.ntiles) {
+            att_copy_tile_sw<HD, KW>(Ks + (buf ^ 1) * TILE_K, blk.base + blk.C, blk.C3, kt + KW, T);
+            att_copy_tile_sw<HD, KW>(Vs + (buf ^ 1) * TILE_K, blk.base + 2 * blk.C, blk.C3, kt + KW, T);
+        }
+        cp_async_commit();
+        uint32_t k0 = smem_addr(Ks + buf * TILE_K), v0 = smem_addr(Vs + buf * TILE_K);
+        wgmma_fence();  // S's registers were last written by the softmax
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ks++)
+            wgmma_m64k16_bf16<KW, 0>(&s[0][0], att_wg_desc_kmajor<HD>(q0, ks), att_wg_desc_kmajor<HD>(k0, ks), ks > 0);
+        wgmma_commit_group();
+        wgmma_wait_group<0>();
+        wgmma_fence_operand(&s[0][0], KW / 2);
+        if (!(kt >= wr.all_lo && kt + KW <= wr.all_hi)) mask_tile<KW>(s, kt, wr, 0);
+        // online softmax of rows g (s[.][0..1]) and g + 8 (s[.][2..3]), as in attention_forward
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]) * sl2);
+            mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]) * sl2);
+        }
+        float sub[2], alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            float mn = fmaxf(mrun[r], mx[r]);
+            sub[r] = mn == -INFINITY ? 0.f : mn;  // no key seen yet: every exp2 is 0
+            alpha[r] = exp2f(mrun[r] - sub[r]);
+            mrun[r] = mn;
+        }
+        float ps[2] = {0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s[j][e] = exp2f(fmaf(s[j][e], sl2, -sub[e >> 1]));
+                ps[e >> 1] += s[j][e];
+            }
+        lrun[0] = lrun[0] * alpha[0] + ps[0];
+        lrun[1] = lrun[1] * alpha[1] + ps[1];
+#pragma unroll
+        for (int d = 0; d < DT; d++) o[d][0] *= alpha[0], o[d][1] *= alpha[0], o[d][2] *= alpha[1], o[d][3] *= alpha[1];
+        FragA pa[KW / 16];  // P as A operands; alive until the wait
+#pragma unroll
+        for (int k = 0; k < KW / 16; k++) pack_a(pa[k], s[2 * k], s[2 * k + 1]);
+        wgmma_fence();  // O was rescaled, P written
+#pragma unroll
+        for (int ks = 0; ks < KW / 16; ks++)
+            wgmma_m64k16_bf16_rs<HD, 1>(&o[0][0], pa[ks].x, att_wg_desc_v<HD>(v0, ks), 1);
+        wgmma_commit_group();
+        wgmma_wait_group<0>();
+        wgmma_fence_operand(&o[0][0], HD / 2);
+    }
+    cp_async_wait<0>();  // (an empty group when there were no tiles)
+    __syncthreads();     // every warp's wgmma reads are done: the K buffers take the staged output
+    float* L = lse + ((size_t)blk.b * NH + blk.h) * T;
+    floatX* Ow = (floatX*)Ks + 16 * blk.w * LD;  // the warp's 16 rows, plain (row stride LD)
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float l = lrun[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv[r] = l > 0.f ? 1.f / l : 0.f;
+        int q = blk.wrow + 8 * r + g;  // lse = ln(2^m l) = m ln 2 + ln l
+        if (lane % 4 == 0 && q < T) L[q] = l > 0.f ? mrun[r] * 0.69314718055994531f + logf(l) : 0.f;
+    }
+    att_stage<HD>(Ow, o, inv[0], inv[1]);
+    __syncwarp();
+    att_store_rows<HD>(out + (size_t)blk.b * T * blk.C + (size_t)blk.h * HD, blk.C, Ow, blk.wrow, T);
+}
+#endif
+
 // attention_backward_dq: dQ = dS K / sqrt(HD) with dS = P * (dP - delta), P = exp(Q K^T / sqrt(HD) - lse)
 // (masked), dP = dO V^T; written into the Q columns of dqkv (B, T, 3C). It first computes delta = rowsum(dO * O)
 // of its rows from dout and out (att_delta_rows) and writes it to delta (B, NH, T) for the dK dV kernel.
@@ -769,6 +929,25 @@ static inline void launch_attention_forward(cudaStream_t s, floatX* out, float* 
             att_bad_head_size(HD);
     }
 }
+#ifndef MLM_FP32
+// launch_attention_forward_wgmma: launch_attention_forward's results by attention_forward_wgmma (HD 64 or 128).
+static inline void launch_attention_forward_wgmma(cudaStream_t s, floatX* out, float* lse, const floatX* qkv,
+                                                  const int* seg_lo, const int* seg_hi, int B, int T, int NH, int HD) {
+    static int done64 = 0, done128 = 0;
+    if (HD == 64) {
+        if (!done64) att_opt_in((const void*)attention_forward_wgmma<64>, att_wg_smem(64)), done64 = 1;
+        launch(attention_forward_wgmma<64>, dim3(ceil_div(T, 64), NH, B), dim3(128), att_wg_smem(64), s, out, lse, qkv,
+               seg_lo, seg_hi, B, T, NH);
+    } else if (HD == 128) {
+        if (!done128) att_opt_in((const void*)attention_forward_wgmma<128>, att_wg_smem(128)), done128 = 1;
+        launch(attention_forward_wgmma<128>, dim3(ceil_div(T, 64), NH, B), dim3(128), att_wg_smem(128), s, out, lse,
+               qkv, seg_lo, seg_hi, B, T, NH);
+    } else {
+        fprintf(stderr, "attention_forward_wgmma: head size %d is not supported (64 or 128)\n", HD);
+        exit(1);
+    }
+}
+#endif
 // att_part_floats: the scratch of the backward's bias-gradient partials: a row of 3C floats for each block of the
 // dQ and dK dV grids (the two grids have the same shape: B ceil(T / R) blocks per head)
 static inline size_t att_part_floats(int B, int T, int C, int HD) {

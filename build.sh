@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # build.sh: builds mlm.c: with no argument, what this machine can run; `./build.sh all`, everything.
 #
-#   ./trainer        the GPU trainer (nvcc, sm_90 by default; ARCH=sm_80 ./build.sh to change)
+#   ./trainer        the GPU trainer (nvcc, sm_90a by default: the H100's wgmma needs the "a"; ARCH=sm_80 ./build.sh to change)
 #   ./trainer_cpu    the same trainer.cu compiled by g++ against cpu/ (the CPU runtime)
 #   build/test_*     the tests on the CPU runtime; build/asan/test_* the same under AddressSanitizer
 #   build/gpu/test_* the portable tests compiled by nvcc, to run on a real GPU (and build/gpu/bench_attention)
@@ -18,7 +18,7 @@ cd "$(dirname "$0")"
 
 WHAT=${1:-auto}
 case "$WHAT" in auto | cpu | gpu | all) ;; *) echo "build.sh: $WHAT: expected cpu, gpu, all or nothing (what this machine can run)" >&2; exit 1 ;; esac
-ARCH=${ARCH:-sm_90}
+ARCH=${ARCH:-sm_90a}
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 CXX=${CXX:-g++}
 NVCC=${NVCC:-$CUDA_HOME/bin/nvcc}

@@ -15,6 +15,7 @@
 // shared counter by EMU_THREADS OS threads.
 #include <cuda_runtime.h>
 #include "emu_stream.h"
+#include <ptx.h>
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <elf.h>
@@ -511,6 +512,19 @@ struct EmuFiber {
     int ncopies, cap_copies, committed;
 };
 
+struct EmuWgmmaOp {  // one wgmma.mma_async of one warp: its 16 rows of the warpgroup's 64
+    int group;       // 0 while uncommitted, else the commit number
+    int n, trans_b, scale_d;
+    uint64_t adesc, bdesc;  // adesc: unused when A comes from registers
+    float* d[32];           // each lane's accumulator registers (n / 2 floats)
+    const uint32_t* a[32];  // each lane's A registers (4), or NULL: A from shared memory
+};
+struct EmuWarpWgmma {  // a warp's wgmma operations not yet performed (see emu_wgmma_issue)
+    EmuWgmmaOp* ops;
+    int nops, cap, committed;
+    int fenced;  // a wgmma.fence since the last wait_group that completed an operation
+};
+
 struct EmuJob {  // one kernel launch
     emu_kernel_body body;
     void* call;
@@ -532,6 +546,7 @@ struct EmuWorker {  // one OS thread's state for running blocks
     int nthreads, exited;
     unsigned warp_waiting[32];  // per warp: lanes waiting in a warp collective
     unsigned warp_gone[32];     // per warp: lanes that have exited
+    EmuWarpWgmma wgmma[32];     // per warp: wgmma operations issued, not yet waited for
     int bar_arrived, bar_true;
     int* order;
     uint64_t rng;
@@ -619,7 +634,10 @@ static void fiber_main(void) {
 #endif
     w->job->body(w->job->call);
     EmuFiber* f = w->self;
-    emu_cp_async_wait_all(f);  // asynchronous copies still pending complete, as they do on the GPU
+    emu_cp_async_wait_all(f);           // asynchronous copies still pending complete, as they do on the GPU
+    if (w->wgmma[f->linear >> 5].nops)  // their results would land in registers that no longer exist
+        emu_kernel_error("exits with %d wgmma.mma_async of its warp not waited for (wgmma.wait_group)",
+                         w->wgmma[f->linear >> 5].nops);
     f->state = F_EXITED;
     w->warp_gone[f->linear >> 5] |= 1u << (f->linear & 31);
     w->exited++;
@@ -953,6 +971,181 @@ static void emu_cp_async_wait_all(EmuFiber* f) {
 }
 
 // ----------------------------------------------------------------------------
+// Warpgroup MMA, as the PTX ISA defines wgmma.mma_async (section "Asynchronous Warpgroup Level Matrix
+// Multiply-Accumulate Operation using wgmma.mma_async instruction"). A warpgroup is 4 consecutive warps,
+// the first a multiple of 4; warp w % 4 of it owns rows 16 (w % 4) .. + 15 of the 64 x N product, so
+// the emulator computes each warp's rows from that warp's registers and the shared memory that the
+// descriptors name. The operation is asynchronous: the emulator performs it at the wgmma.wait_group
+// that requires it (reading shared memory, A's registers and the accumulators then, and writing the
+// accumulators), so a kernel that reads its accumulators, or rewrites its operands, before the wait
+// gets stale values in the tests, as it may on the GPU.
+
+// Shared memory address (what __cvta_generic_to_shared gives on the GPU): the offset in the launch's
+// dynamic shared memory. wgmma operands must live there.
+uint32_t emu_smem_addr(const void* p) {
+    const char* c = (const char*)p;
+    if (c < (const char*)dyn_smem || c >= (const char*)dyn_smem + sizeof dyn_smem) {
+        emu_kernel_error("shared address of %p: not in dynamic shared memory (the emulator's only shared window)", p);
+        return 0;
+    }
+    return (uint32_t)(c - (const char*)dyn_smem);
+}
+
+// Element (mn, k) of a 16-bit operand described by `desc`, for an operand of (MN rows) x (K = 16):
+// A is M x K, B is N x K. `mn_major` (imm-trans) says which dimension is contiguous. The canonical
+// layouts (PTX ISA "Shared Memory Matrix Layout"; CUTLASS's make_gmma_desc writes them as cute layouts)
+// in bytes, before the swizzle, with W the swizzle width (16 for none, else 32, 64, 128 bytes):
+//   K-major,  no swizzle: (mn % 8) * 16 + (mn / 8) * SBO + (k % 8) * 2 + (k / 8) * LBO
+//   K-major,  swizzle W:  (mn % 8) * W  + (mn / 8) * SBO + k * 2                      (LBO unused)
+//   MN-major, no swizzle: (mn % 8) * 2  + (mn / 8) * SBO + (k % 8) * 16 + (k / 8) * LBO
+//   MN-major, swizzle W:  (mn % (W/2)) * 2 + (mn / (W/2)) * LBO + (k % 8) * W + (k / 8) * SBO
+// The swizzle then acts on the shared address a: bits [4, 4 + log2(W / 16)) ^= the same number of bits
+// from bit 7 (128B: a ^ ((a >> 7) & 7) << 4; 64B: & 3; 32B: & 1), i.e. the 16-byte chunks of each
+// W-byte row are permuted by the row's index within its 8-row (W * 8-byte) pattern.
+static int wgmma_desc_check(uint64_t desc, const char* which) {
+    if (desc & 0x3FFFC000C000C000ull & ~(7ull << 49)) {  // bits 14-15, 30-31, 46-61 but 49-51
+        emu_kernel_error("wgmma: %s descriptor 0x%016llx sets reserved bits", which, (unsigned long long)desc);
+        return 0;
+    }
+    if ((desc >> 49) & 7) {
+        emu_kernel_error(
+            "wgmma: %s descriptor 0x%016llx has a matrix base offset; the emulator supports 0 only "
+            "(start the swizzle pattern at an aligned address)",
+            which, (unsigned long long)desc);
+        return 0;
+    }
+    return 1;
+}
+static float emu_bf16_value(uint16_t x) {
+    uint32_t u = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static float wgmma_operand(uint64_t desc, int mn_major, int mn, int k, size_t smem, int* bad) {
+    uint32_t start = (uint32_t)(desc & 0x3FFF) << 4, lbo = (uint32_t)((desc >> 16) & 0x3FFF) << 4,
+             sbo = (uint32_t)((desc >> 32) & 0x3FFF) << 4;
+    int mode = (int)(desc >> 62), w = mode == 0 ? 16 : mode == 1 ? 128 : mode == 2 ? 64 : 32;
+    uint32_t off;
+    if (!mn_major)
+        off = mode == 0 ? (mn % 8) * 16 + (mn / 8) * sbo + (k % 8) * 2 + (k / 8) * lbo
+                        : (mn % 8) * w + (mn / 8) * sbo + k * 2;
+    else
+        off = mode == 0 ? (mn % 8) * 2 + (mn / 8) * sbo + (k % 8) * 16 + (k / 8) * lbo
+                        : (mn % (w / 2)) * 2 + (mn / (w / 2)) * lbo + (k % 8) * w + (k / 8) * sbo;
+    uint32_t a = start + off;
+    if (mode) a ^= ((a >> 7) & (uint32_t)(w / 16 - 1)) << 4;
+    if (a + 2 > smem) {
+        *bad = 1;
+        return 0.f;
+    }
+    uint16_t x;
+    memcpy(&x, dyn_smem + a, 2);
+    return emu_bf16_value(x);
+}
+static void wgmma_perform(EmuWgmmaOp* op, int warp) {
+    size_t smem = W->job->smem;
+    int n = op->n, row0 = 16 * (warp % 4), bad = 0;
+    static thread_local float A[16][16], B[256][16];  // not on the fiber's small stack
+    for (int r = 0; r < 16; r++)
+        for (int k = 0; k < 16; k++)
+            if (op->a[0]) {  // the lane holding (r, k): a[i] = rows g (i even) / g + 8 (odd), columns 2t + 8 (i / 2)
+                int g = r % 8, t = (k % 8) / 2, i = (r / 8) + 2 * (k / 8);
+                uint32_t x = op->a[4 * g + t][i];
+                A[r][k] = emu_bf16_value((uint16_t)(k % 2 ? x >> 16 : x & 0xFFFF));
+            } else
+                A[r][k] = wgmma_operand(op->adesc, 0, row0 + r, k, smem, &bad);
+    for (int c = 0; c < n; c++)
+        for (int k = 0; k < 16; k++) B[c][k] = wgmma_operand(op->bdesc, op->trans_b, c, k, smem, &bad);
+    if (bad) {
+        emu_kernel_error(
+            "wgmma: an operand reaches past the launch's %zu bytes of dynamic shared memory "
+            "(A 0x%016llx, B 0x%016llx)",
+            smem, (unsigned long long)op->adesc, (unsigned long long)op->bdesc);
+        return;
+    }
+    // D fragment (PTX ISA, m64nNk16 accumulator layout): lane l (g = l / 4, t = l % 4) holds
+    // d[4j + i] = D[row0 + g + 8 (i / 2)][8j + 2t + i % 2] for j < N / 8.
+    for (int l = 0; l < 32; l++) {
+        int g = l / 4, t = l % 4;
+        for (int j = 0; j < n / 8; j++)
+            for (int i = 0; i < 4; i++) {
+                int r = g + 8 * (i / 2), c = 8 * j + 2 * t + i % 2;
+                double s = op->scale_d ? op->d[l][4 * j + i] : 0.0;  // products of bf16 are exact in double
+                for (int k = 0; k < 16; k++) s += (double)A[r][k] * B[c][k];
+                op->d[l][4 * j + i] = (float)s;
+            }
+    }
+}
+
+static int warp_of_self(void) { return W->self->linear >> 5; }
+static void wgmma_fence_all(void* const* all) {
+    (void)all;
+    W->wgmma[warp_of_self()].fenced = 1;
+}
+static void wgmma_issue_all(void* const* all) {
+    EmuWorker* w = W;
+    int warp = warp_of_self();
+    for (int l = 0; l < 32; l++)
+        if (!all[l]) return emu_kernel_error("wgmma.mma_async: lane %d of warp %d is missing (.aligned)", l, warp);
+    if ((warp / 4 + 1) * 128 > w->nthreads)
+        return emu_kernel_error("wgmma.mma_async: warp %d's warpgroup (threads %d..%d) is not all in the block of %d",
+                                warp, warp / 4 * 128, warp / 4 * 128 + 127, w->nthreads);
+    const EmuWgmmaLane* x = (const EmuWgmmaLane*)all[0];
+    for (int l = 1; l < 32; l++) {
+        const EmuWgmmaLane* y = (const EmuWgmmaLane*)all[l];
+        if (y->adesc != x->adesc || y->bdesc != x->bdesc || y->n != x->n || y->trans_b != x->trans_b ||
+            y->scale_d != x->scale_d || !y->a != !x->a)
+            return emu_kernel_error("wgmma.mma_async: lanes 0 and %d of warp %d give different operands", l, warp);
+    }
+    EmuWarpWgmma* q = &w->wgmma[warp];
+    if (!q->fenced)
+        return emu_kernel_error(
+            "wgmma.mma_async without a wgmma.fence since the warp's last wgmma.wait_group "
+            "(the PTX ISA requires one before the first, and after the registers change)");
+    if ((!x->a && !wgmma_desc_check(x->adesc, "A")) || !wgmma_desc_check(x->bdesc, "B")) return;
+    if (q->nops == q->cap) {
+        q->cap = q->cap ? 2 * q->cap : 16;
+        q->ops = (EmuWgmmaOp*)realloc(q->ops, q->cap * sizeof(EmuWgmmaOp));
+        if (!q->ops) abort();
+    }
+    EmuWgmmaOp* op = &q->ops[q->nops++];
+    op->group = 0;
+    op->n = x->n, op->trans_b = x->trans_b, op->scale_d = x->scale_d;
+    op->adesc = x->adesc, op->bdesc = x->bdesc;
+    for (int l = 0; l < 32; l++) {
+        op->d[l] = ((const EmuWgmmaLane*)all[l])->d;
+        op->a[l] = ((const EmuWgmmaLane*)all[l])->a;
+    }
+}
+static void wgmma_commit_all(void* const* all) {
+    (void)all;
+    EmuWarpWgmma* q = &W->wgmma[warp_of_self()];
+    q->committed++;  // an empty group counts too (it is complete at once)
+    for (int i = 0; i < q->nops; i++)
+        if (!q->ops[i].group) q->ops[i].group = q->committed;
+}
+static void wgmma_wait_all(void* const* all) {
+    int warp = warp_of_self(), n = *(const int*)all[0];
+    EmuWarpWgmma* q = &W->wgmma[warp];
+    int keep = 0, done = 0;
+    for (int i = 0; i < q->nops; i++) {  // perform the groups older than the n most recent, in issue order
+        EmuWgmmaOp* op = &q->ops[i];
+        if (op->group && op->group <= q->committed - n) {
+            wgmma_perform(op, warp);
+            done++;
+        } else
+            q->ops[keep++] = *op;
+    }
+    q->nops = keep;
+    if (done) q->fenced = 0;
+}
+void emu_wgmma_fence(void) { emu_warp_gather(0xffffffffu, (void*)1, wgmma_fence_all, "wgmma.fence"); }
+void emu_wgmma_issue(EmuWgmmaLane* mine) { emu_warp_gather(0xffffffffu, mine, wgmma_issue_all, "wgmma.mma_async"); }
+void emu_wgmma_commit(void) { emu_warp_gather(0xffffffffu, (void*)1, wgmma_commit_all, "wgmma.commit_group"); }
+void emu_wgmma_wait(int n) { emu_warp_gather(0xffffffffu, &n, wgmma_wait_all, "wgmma.wait_group"); }
+
+// ----------------------------------------------------------------------------
 // Static __shared__ variables are block-scope thread_locals, so they would keep the values of the
 // block that ran before on the same OS thread, hiding a read of shared memory nobody wrote. On the
 // GPU they start as garbage. So the runtime finds them in the executable's symbol table (TLS
@@ -1082,6 +1275,7 @@ static void run_block(EmuWorker* w, long long b) {
     w->exited = 0;
     memset(w->warp_waiting, 0, sizeof w->warp_waiting);
     memset(w->warp_gone, 0, sizeof w->warp_gone);
+    for (int i = 0; i < 32; i++) w->wgmma[i].nops = w->wgmma[i].committed = w->wgmma[i].fenced = 0;
     w->bar_arrived = 0;
     w->bar_true = 0;
     w->error_reported = 0;

@@ -6,6 +6,13 @@
 //   cp_async_16(dst, src, n)        cp.async.cg.shared.global [dst], [src], 16, n   (zero-fills past n)
 //   cp_async_commit()               cp.async.commit_group
 //   cp_async_wait<N>()              cp.async.wait_group N
+//   smem_addr(p)                    cvta.to.shared (the 32-bit shared address)
+//   wgmma_desc(addr, layout, lbo, sbo)  a shared-memory matrix descriptor (64 bits)
+//   wgmma_m64k16_bf16<N, T>(d, adesc, bdesc, scale_d)    wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16
+//   wgmma_m64k16_bf16_rs<N, T>(d, a, bdesc, scale_d)     ... with A from registers
+//   wgmma_fence(), wgmma_commit_group(), wgmma_wait_group<N>()   wgmma.fence / .commit_group / .wait_group N
+//   wgmma_fence_operand(d, n)       a compiler barrier on the accumulator registers (no instruction)
+//   fence_proxy_async()             fence.proxy.async.shared::cta
 #pragma once
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -39,4 +46,84 @@ __device__ inline void cp_async_commit(void) { asm volatile("cp.async.commit_gro
 template <int N>
 __device__ inline void cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Hopper warpgroup MMA (sm_90a; see cpu/include/ptx.h for every lane's registers). Built for another
+// architecture, these trap: ARCH=sm_90a (build.sh's default) is what runs them.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WGMMA_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define WGMMA_ASM(...) __trap()
+#endif
+enum { WGMMA_SWIZZLE_NONE = 0, WGMMA_SWIZZLE_128B = 1, WGMMA_SWIZZLE_64B = 2, WGMMA_SWIZZLE_32B = 3 };
+__device__ inline uint32_t smem_addr(const void* p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__host__ __device__ inline uint64_t wgmma_desc(uint32_t addr, int layout, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr >> 4) & 0x3FFF) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 |
+           (uint64_t)((sbo >> 4) & 0x3FFF) << 32 | (uint64_t)layout << 62;
+}
+__device__ inline void wgmma_fence(void) { WGMMA_ASM("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ inline void wgmma_commit_group(void) { WGMMA_ASM("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ inline void wgmma_wait_group(void) {
+    WGMMA_ASM("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// The hardware writes d after the asm statement that names it: this keeps the compiler from moving
+// reads of d above the wait, or from reusing its registers meanwhile.
+__device__ inline void wgmma_fence_operand(float* d, int n) {
+    for (int i = 0; i < n; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ inline void fence_proxy_async(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+#define WGMMA_D8(i)                                                                                             \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
+        "+f"(d[i + 7])
+#define WGMMA_D32(i) WGMMA_D8(i), WGMMA_D8(i + 8), WGMMA_D8(i + 16), WGMMA_D8(i + 24)
+// wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 d, a-desc | {a}, b-desc, scale-d, 1, 1[, 0], TRANS_B:
+// scale-d is a predicate (0: D = A B, else D += A B); imm-scale-a/b 1; trans-a 0 (A K-major).
+template <int N, int TRANS_B>
+__device__ inline void wgmma_m64k16_bf16(float* d, uint64_t adesc, uint64_t bdesc, int scale_d) {
+    static_assert(N == 64 || N == 128, "wgmma_m64k16_bf16: N is 64 or 128");
+    if constexpr (N == 64)
+        WGMMA_ASM(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+            "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+            "%32, %33, p, 1, 1, 0, %35;\n}\n"
+            : WGMMA_D32(0)
+            : "l"(adesc), "l"(bdesc), "r"(scale_d), "n"(TRANS_B));
+    else
+        WGMMA_ASM(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+            "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, "
+            "%33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, "
+            "%54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+            "%64, %65, p, 1, 1, 0, %67;\n}\n"
+            : WGMMA_D32(0), WGMMA_D32(32)
+            : "l"(adesc), "l"(bdesc), "r"(scale_d), "n"(TRANS_B));
+}
+template <int N, int TRANS_B>
+__device__ inline void wgmma_m64k16_bf16_rs(float* d, const uint32_t a[4], uint64_t bdesc, int scale_d) {
+    static_assert(N == 64 || N == 128, "wgmma_m64k16_bf16_rs: N is 64 or 128");
+    if constexpr (N == 64)
+        WGMMA_ASM(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+            "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+            "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+            : WGMMA_D32(0)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(scale_d), "n"(TRANS_B));
+    else
+        WGMMA_ASM(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+            "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, "
+            "%33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, "
+            "%54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+            "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+            : WGMMA_D32(0), WGMMA_D32(32)
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(scale_d), "n"(TRANS_B));
 }

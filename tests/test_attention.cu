@@ -113,6 +113,30 @@ static void test_attention(int T, int HD, const std::vector<std::vector<int>>& r
     close_scaled(w, out_k, out, tol);
     snprintf(w, sizeof(w), "attention_forward lse T=%d HD=%d", T, HD);
     close_scaled(w, get_f(d_lse, (size_t)B * NH * T), lse, 1e-5f);
+#ifndef MLM_FP32
+    if (HD == 64 || HD == 128) {  // the wgmma candidate: the same checks, and bitwise repeatable
+        floatX* d_out2 = dev_x((size_t)N * C);
+        float* d_lse2 = dev_f((size_t)B * NH * T);
+        std::vector<floatX> o1;
+        for (int rep = 0; rep < 2; rep++) {
+            launch_attention_forward_wgmma((cudaStream_t)0, d_out2, d_lse2, d_qkv, d_lo, d_hi, B, T, NH, HD);
+            CUDA_CHECK(cudaGetLastError());
+            CUDA_CHECK(cudaDeviceSynchronize());
+            std::vector<floatX> o((size_t)N * C);
+            CUDA_CHECK(cudaMemcpy(o.data(), d_out2, o.size() * sizeof(floatX), cudaMemcpyDeviceToHost));
+            if (rep == 0) o1 = o;
+            if (rep == 1)
+                CHECK(!memcmp(o1.data(), o.data(), o.size() * sizeof(floatX)),
+                      "attention_forward_wgmma T=%d HD=%d: a second run differs bit for bit", T, HD);
+        }
+        snprintf(w, sizeof(w), "attention_forward_wgmma T=%d HD=%d B=%d", T, HD, B);
+        close_scaled(w, get_x(d_out2, (size_t)N * C), out, tol);
+        snprintf(w, sizeof(w), "attention_forward_wgmma lse T=%d HD=%d", T, HD);
+        close_scaled(w, get_f(d_lse2, (size_t)B * NH * T), lse, 1e-5f);
+        cudaFree(d_out2);
+        cudaFree(d_lse2);
+    }
+#endif
     snprintf(w, sizeof(w), "attention_backward: delta (the dQ kernel's) T=%d HD=%d", T, HD);
     close_scaled(w, get_f(d_delta, (size_t)B * NH * T), delta_ref, 1e-5f);
     snprintf(w, sizeof(w), "attention_backward dqkv T=%d HD=%d", T, HD);

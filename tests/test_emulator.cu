@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <ptx.h>
 #include "../kernels.cuh"
 #include "testing.h"
 
@@ -121,6 +122,31 @@ static void child_smem_overread(void) {
     float* d;
     cudaMalloc(&d, 32 * sizeof(float));
     launch(read_past_dyn_smem, dim3(1), dim3(32), 32 * sizeof(float), (cudaStream_t)0, d, 32);
+}
+
+// wgmma misuse, each in one warpgroup (threads 128, or 96 for `bad` 3): A and B are a 64 x 16 tile of
+// ones in dynamic shared memory (K-major, no swizzle: 8 core matrices of 8 x 16 bytes per 8 rows).
+//   bad 0: correct; out[tid] = d[0] after the wait (16)
+//   bad 1: no wgmma.fence before the first wgmma            -> reported
+//   bad 2: out[tid] = d[0] read before the wait              -> the value before the product (7)
+//   bad 3: a block of 96 threads (no whole warpgroup)        -> reported
+//   bad 4: exits without wgmma.wait_group                    -> reported
+__global__ void wgmma_misuse(float* out, int bad) {
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    __nv_bfloat16* s = (__nv_bfloat16*)dyn_smem;
+    for (int i = threadIdx.x; i < 64 * 16; i += blockDim.x) s[i] = __float2bfloat16(1.f);
+    fence_proxy_async();
+    __syncthreads();
+    float d[32];
+    for (int i = 0; i < 32; i++) d[i] = 7.f;
+    uint64_t desc = wgmma_desc(smem_addr(s), WGMMA_SWIZZLE_NONE, 128, 256);  // 8 rows: 2 core matrices in K
+    if (bad != 1) wgmma_fence();
+    wgmma_m64k16_bf16<64, 0>(d, desc, desc, 0);
+    wgmma_commit_group();
+    if (bad == 2) out[threadIdx.x] = d[0];
+    if (bad == 4) return;
+    wgmma_wait_group<0>();
+    if (bad != 2) out[threadIdx.x] = d[0];
 }
 
 int main(void) {
@@ -306,5 +332,28 @@ int main(void) {
     (void)run_child, (void)child_oob_write, (void)child_smem_overread;
 #endif
     cudaFree(dx), cudaFree(dout), cudaFree(di);
+    // wgmma: the rules the emulator enforces, and its asynchrony (the product lands at the wait)
+    {
+        float* dw;
+        float hw[128];
+        CUDA_OK(cudaMalloc(&dw, sizeof hw));
+        const char* what[5] = {"a correct wgmma", "a wgmma without wgmma.fence",
+                               "accumulators read before wgmma.wait_group", "wgmma in a block of 96 threads",
+                               "a thread exiting without wgmma.wait_group"};
+        for (int bad = 0; bad < 5; bad++) {
+            CUDA_OK(cudaMemset(dw, 0, sizeof hw));
+            launch(wgmma_misuse, dim3(1), dim3(bad == 3 ? 96 : 128), 2048, (cudaStream_t)0, dw, bad);
+            e = cudaGetLastError();
+            int fails = bad == 1 || bad == 3 || bad == 4;
+            CHECK(e == (fails ? cudaErrorLaunchFailure : cudaSuccess), "%s: launch gave %s, want %s", what[bad],
+                  cudaGetErrorName(e), fails ? "a reported misuse" : "success");
+            if (fails) continue;
+            CUDA_OK(cudaMemcpy(hw, dw, sizeof hw, cudaMemcpyDeviceToHost));
+            int off = 0;
+            for (int t = 0; t < 128; t++) off += hw[t] != (bad == 2 ? 7.f : 16.f);
+            CHECK(off == 0, "%s: %d of 128 threads read other than %g", what[bad], off, bad == 2 ? 7. : 16.);
+        }
+        cudaFree(dw);
+    }
     return test_summary();
 }

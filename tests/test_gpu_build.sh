@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # test_gpu_build.sh: the GPU build (nvcc) compiled and linked what it must. Run by tests/run.sh.
 # Checks ./trainer and every build/gpu/test_* : an x86-64 executable with device code for $ARCH
-# (default sm_90) embedded, linked against the libraries its source uses. Register spills fail the
+# (default sm_90a) embedded, linked against the libraries its source uses. Register spills fail the
 # build itself (build.sh passes ptxas --warn-on-spills --warning-as-error).
 cd "$(dirname "$0")/.."
-ARCH=${ARCH:-sm_90}
+ARCH=${ARCH:-sm_90a}
 pass=0; fail=0
 ok()  { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL test_gpu_build: $*"; }

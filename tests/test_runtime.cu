@@ -231,6 +231,72 @@ __global__ void cp_async_groups(const int4* src, int4* out1, int4* out2) {
     out2[64 + t] = s[(t + 71) % 128];
 }
 
+// wgmma (one warpgroup, 128 threads): D (64 x N) = A (64 x 64) . Bm (64 x N), four k16 steps, every
+// operand layout a kernel of ours may use. Each case writes A and B into shared memory with its own
+// formula for the bytes (the swizzles as the 16-byte chunk permutations TMA and CUTLASS write), builds
+// the descriptors, and reads D back through the documented fragment layout. Cases:
+//   0: N 64,  A K-major 128B swizzle,  B K-major 128B swizzle           (S = Q K^T)
+//   1: N 64,  A K-major 128B swizzle,  B MN-major 128B swizzle          (O = P V, V row-major)
+//   2: N 128, A from registers,        B K-major, no swizzle (core matrices of 8 x 16 bytes)
+//   3: N 128, A K-major 64B swizzle,   B MN-major 128B swizzle, two 64-column atoms (LBO)
+__device__ int wg_a_off(int c, int r, int k) {  // byte of A[r][k] in its tile
+    if (c == 3) {                               // [k / 32][r / 8][8 rows of 64 bytes], chunks ^= (r % 8) / 2
+        int kk = k % 32;
+        return (k / 32) * 4096 + (r / 8) * 512 + (r % 8) * 64 + ((kk / 8) ^ ((r % 8) / 2)) * 16 + (kk % 8) * 2;
+    }
+    return (r / 8) * 1024 + (r % 8) * 128 + ((k / 8) ^ (r % 8)) * 16 + (k % 8) * 2;  // rows of 128 bytes
+}
+__device__ int wg_b_off(int c, int k, int n) {  // byte of Bm[k][n] in its tile
+    switch (c) {
+        case 0:  // N rows of K: as A
+            return (n / 8) * 1024 + (n % 8) * 128 + ((k / 8) ^ (n % 8)) * 16 + (k % 8) * 2;
+        case 1:  // K rows of 64 n (128 bytes), chunks ^= k % 8
+            return (k / 8) * 1024 + (k % 8) * 128 + ((n / 8) ^ (k % 8)) * 16 + (n % 8) * 2;
+        case 2:  // core matrices (8 n x 8 k, n-rows of 16 bytes): [n / 8][k / 8]
+            return (n / 8) * 1024 + (k / 8) * 128 + (n % 8) * 16 + (k % 8) * 2;
+        default:  // [k / 8][n / 64][8 k-rows of 64 n]
+            return (k / 8) * 2048 + (n / 64) * 1024 + (k % 8) * 128 + (((n % 64) / 8) ^ (k % 8)) * 16 + (n % 8) * 2;
+    }
+}
+template <int C, int N, int TRANS_B>
+__global__ void wgmma_layouts(const __nv_bfloat16* A, const __nv_bfloat16* Bm, float* D) {
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    unsigned char* sA = dyn_smem + (1024 - smem_addr(dyn_smem) % 1024) % 1024;  // swizzle patterns need 1024
+    unsigned char* sB = sA + 8192;
+    int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    for (int i = tid; i < 64 * 64; i += 128) memcpy(sA + wg_a_off(C, i / 64, i % 64), &A[i], 2);
+    for (int i = tid; i < 64 * N; i += 128) memcpy(sB + wg_b_off(C, i / N, i % N), &Bm[i], 2);
+    fence_proxy_async();  // st.shared -> wgmma's reads
+    __syncthreads();
+    uint32_t a[4][4];  // case 2: A in registers for the four steps, alive until the wait
+    for (int s = 0; s < 4; s++)
+        for (int i = 0; i < 4; i++) {
+            int r = 16 * warp + g + 8 * (i % 2), k = 16 * s + 2 * t + 8 * (i / 2);
+            a[s][i] = pack2(A[r * 64 + k], A[r * 64 + k + 1]);
+        }
+    float d[N / 2];
+    for (int i = 0; i < N / 2; i++) d[i] = NAN;  // scale_d = 0 on the first step: never read
+    uint32_t a0 = smem_addr(sA), b0 = smem_addr(sB);
+    wgmma_fence();
+    for (int s = 0; s < 4; s++) {
+        uint64_t ad = C == 3 ? wgmma_desc(a0 + (s / 2) * 4096 + (s % 2) * 32, WGMMA_SWIZZLE_64B, 16, 512)
+                             : wgmma_desc(a0 + s * 32, WGMMA_SWIZZLE_128B, 16, 1024);
+        uint64_t bd = C == 0   ? wgmma_desc(b0 + s * 32, WGMMA_SWIZZLE_128B, 16, 1024)
+                      : C == 1 ? wgmma_desc(b0 + s * 2048, WGMMA_SWIZZLE_128B, 8192, 1024)
+                      : C == 2 ? wgmma_desc(b0 + s * 256, WGMMA_SWIZZLE_NONE, 128, 1024)
+                               : wgmma_desc(b0 + s * 4096, WGMMA_SWIZZLE_128B, 1024, 2048);
+        if (C == 2)
+            wgmma_m64k16_bf16_rs<N, TRANS_B>(d, a[s], bd, s > 0);
+        else
+            wgmma_m64k16_bf16<N, TRANS_B>(d, ad, bd, s > 0);
+    }
+    wgmma_commit_group();
+    wgmma_wait_group<0>();
+    wgmma_fence_operand(d, N / 2);
+    for (int j = 0; j < N / 8; j++)
+        for (int i = 0; i < 4; i++) D[(16 * warp + g + 8 * (i / 2)) * N + 8 * j + 2 * t + i % 2] = d[4 * j + i];
+}
+
 // ----------------------------------------------------------------------------
 // Streams as the GPU runs them. These kernels and checks run on both builds (CPU: cpu/runtime.cpp's stream
 // workers). stall_spin (kernels.cuh) holds a stream until the host sets a flag in pinned memory.
@@ -665,6 +731,62 @@ int main(void) {
               bad1);
         CHECK(bad2 == 0, "cp.async: after wait_group 0 and a barrier, %d of 512 words are wrong", bad2);
         cudaFree(ds), cudaFree(d1), cudaFree(d2);
+    }
+    // wgmma: the four operand layouts, small integers so that every sum is exact in fp32
+    {
+        static __nv_bfloat16 hA[64 * 64], hB[64 * 128];
+        static float want[64 * 128], got[64 * 128];
+        for (int i = 0; i < 64 * 64; i++) hA[i] = __float2bfloat16((float)((i * 7 + 3) % 11 - 5));
+        for (int i = 0; i < 64 * 128; i++) hB[i] = __float2bfloat16((float)((i * 5 + 1) % 9 - 4));
+        __nv_bfloat16 *dA, *dB;
+        float* dD;
+        CUDA_OK(cudaMalloc(&dA, sizeof hA));
+        CUDA_OK(cudaMalloc(&dB, sizeof hB));
+        CUDA_OK(cudaMalloc(&dD, sizeof got));
+        CUDA_OK(cudaMemcpy(dA, hA, sizeof hA, cudaMemcpyHostToDevice));
+        const char* names[4] = {"N 64, A and B K-major, 128B swizzle", "N 64, B MN-major (trans-b), 128B swizzle",
+                                "N 128, A from registers, B K-major without swizzle",
+                                "N 128, A K-major 64B swizzle, B MN-major 128B swizzle in two atoms"};
+        size_t smem = 1024 + 8192 + 16384;
+        for (int c = 0; c < 4; c++) {
+            int n = c < 2 ? 64 : 128;
+            CUDA_OK(cudaMemcpy(dB, hB, 64 * n * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemset(dD, 0, sizeof got));
+            if (c == 0) {
+                CUDA_OK(
+                    cudaFuncSetAttribute(wgmma_layouts<0, 64, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                launch(wgmma_layouts<0, 64, 0>, dim3(1), dim3(128), smem, (cudaStream_t)0, (const __nv_bfloat16*)dA,
+                       (const __nv_bfloat16*)dB, dD);
+            } else if (c == 1) {
+                CUDA_OK(
+                    cudaFuncSetAttribute(wgmma_layouts<1, 64, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                launch(wgmma_layouts<1, 64, 1>, dim3(1), dim3(128), smem, (cudaStream_t)0, (const __nv_bfloat16*)dA,
+                       (const __nv_bfloat16*)dB, dD);
+            } else if (c == 2) {
+                CUDA_OK(
+                    cudaFuncSetAttribute(wgmma_layouts<2, 128, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                launch(wgmma_layouts<2, 128, 0>, dim3(1), dim3(128), smem, (cudaStream_t)0, (const __nv_bfloat16*)dA,
+                       (const __nv_bfloat16*)dB, dD);
+            } else {
+                CUDA_OK(
+                    cudaFuncSetAttribute(wgmma_layouts<3, 128, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                launch(wgmma_layouts<3, 128, 1>, dim3(1), dim3(128), smem, (cudaStream_t)0, (const __nv_bfloat16*)dA,
+                       (const __nv_bfloat16*)dB, dD);
+            }
+            CUDA_OK(cudaGetLastError());
+            CUDA_OK(cudaMemcpy(got, dD, 64 * n * sizeof(float), cudaMemcpyDeviceToHost));
+            for (int r = 0; r < 64; r++)
+                for (int j = 0; j < n; j++) {
+                    float acc = 0;
+                    for (int k = 0; k < 64; k++)
+                        acc += __bfloat162float(hA[r * 64 + k]) * __bfloat162float(hB[k * n + j]);
+                    want[r * n + j] = acc;
+                }
+            char what[160];
+            snprintf(what, sizeof what, "wgmma.mma_async m64n%dk16 bf16 -> fp32, 4 steps: %s", n, names[c]);
+            check_close(what, got, want, 64 * n, 0, 0);
+        }
+        cudaFree(dA), cudaFree(dB), cudaFree(dD);
     }
     test_streams();
     return test_summary();

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """kernel_report.py: what ptxas and the SASS say about the kernels, without a GPU.
 
-Default: compiles tests/bench_attention.cu (which instantiates every attention kernel) with nvcc for sm_90, and
+Default: compiles tests/bench_attention.cu (which instantiates every attention kernel) with nvcc for sm_90a, and
 prints per kernel: registers, spill bytes, shared memory (static + the dynamic bytes the launcher asks for, from
 `build/bench_attention --smem`), the blocks per SM that registers and shared memory allow on an H100
 (64K registers, 228 KB shared memory with 1 KB reserved per block, 2048 threads, 32 blocks), and counts of
-SASS instructions: tensor-core HMMA, ldmatrix LDSM, cp.async LDGSTS, and local-memory LDL/STL (spills).
+SASS instructions: tensor-core HMMA, warpgroup HGMMA (wgmma), ldmatrix LDSM, cp.async LDGSTS, and local-memory
+LDL/STL (spills).
 
---all: every kernel a training step launches. Compiles trainer.cu for sm_90 (ptxas: registers, spills, static
+--all: every kernel a training step launches. Compiles trainer.cu for sm_90a (ptxas: registers, spills, static
 shared memory; SASS counts), and runs ./trainer_cpu --bench on the CPU runtime with EMU_LAUNCH_STATS=2 for one
 and for two timed steps (the difference: the launches of two steps), which gives each kernel's block size, the
 dynamic shared memory its launcher asks for, and its launches per step at that shape. Per kernel: launches per
@@ -61,7 +62,7 @@ def short_name(demangled):
 
 def compile_info(nvcc, args):
     """ptxas -v for one nvcc command: {mangled kernel: {regs, spill, smem}}"""
-    r = subprocess.run([nvcc, "-std=c++17", "-O3", "-arch=sm_90", "-Xptxas", "-v", "-I" + os.path.join(ROOT, "gpu")]
+    r = subprocess.run([nvcc, "-std=c++17", "-O3", "-arch=sm_90a", "-Xptxas", "-v", "-I" + os.path.join(ROOT, "gpu")]
                        + args, capture_output=True, text=True)
     if r.returncode:
         die("nvcc failed:\n" + r.stderr[-3000:])
@@ -81,7 +82,7 @@ def compile_info(nvcc, args):
 
 
 def sass_counts(path):
-    """{mangled kernel: counts of HMMA, LDSM, LDGSTS, LDL/STL} from cuobjdump, or {} without the tools"""
+    """{mangled kernel: counts of HMMA, HGMMA, LDSM, LDGSTS, LDL/STL} from cuobjdump, or {} without the tools"""
     cuobjdump, nvdisasm = find_tool("cuobjdump"), find_tool("nvdisasm")
     if not (cuobjdump and nvdisasm):
         return {}
@@ -92,7 +93,7 @@ def sass_counts(path):
         m = re.search(r"Function : (\w+)", line)
         if m:
             cur = m.group(1)
-            sass[cur] = {"HMMA": 0, "LDSM": 0, "LDGSTS": 0, "LDL/STL": 0}
+            sass[cur] = {"HMMA": 0, "HGMMA": 0, "LDSM": 0, "LDGSTS": 0, "LDL/STL": 0}
         elif cur:
             m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
             if m:
@@ -129,14 +130,14 @@ def attention_report(nvcc):
         sass = sass_counts(exe)
     names = demangle([k for k in info if "attention" in k])
     print(f"{'kernel':34} {'regs':>4} {'spill':>5} {'smem B':>7} {'blk/SM':>6} {'(regs':>5} {'smem)':>5} "
-          f"{'HMMA':>5} {'LDSM':>5} {'LDGSTS':>6} {'LDL/STL':>7}")
+          f"{'HMMA':>5} {'HGMMA':>5} {'LDSM':>5} {'LDGSTS':>6} {'LDL/STL':>7}")
     for k in sorted(names, key=lambda k: names[k]):
         i, name = info[k], names[k]
         smem = i.get("smem", 0) + dyn.get(name, 0)
         blocks, _, lim = blocks_per_sm(i.get("regs", 0), smem, 128)  # the attention kernels' blocks: 4 warps
         s = sass.get(k, {})
         print(f"{name:34} {i.get('regs', 0):4d} {i.get('spill', 0):5d} {smem:7d} {min(blocks, 16):6d} "
-              f"{lim['regs']:5d} {min(lim['smem'], 32):5d} {s.get('HMMA', '-'):>5} {s.get('LDSM', '-'):>5} "
+              f"{lim['regs']:5d} {min(lim['smem'], 32):5d} {s.get('HMMA', '-'):>5} {s.get('HGMMA', '-'):>5} {s.get('LDSM', '-'):>5} "
               f"{s.get('LDGSTS', '-'):>6} {s.get('LDL/STL', '-'):>7}")
     if not sass:
         print("(no SASS counts: cuobjdump/nvdisasm not found; pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
@@ -178,7 +179,7 @@ def all_report(nvcc, a):
     names = demangle(list(info))
     by_name = {names[k]: k for k in info}
     print(f"kernels of a training step: {a.preset}, T={a.seq}, B={a.batch} (launches from ./trainer_cpu --bench, "
-          f"EMU_LAUNCH_STATS=2; registers and spills from ptxas, sm_90; blocks per SM on an H100)")
+          f"EMU_LAUNCH_STATS=2; registers and spills from ptxas, sm_90a; blocks per SM on an H100)")
     print(f"{'kernel':34} {'launch/step':>11} {'threads':>7} {'regs':>4} {'spill':>5} {'smem B':>7} {'blk/SM':>6} "
           f"{'limit':>7} {'HMMA':>5} {'LDL/STL':>7}")
     low = []
@@ -187,7 +188,7 @@ def all_report(nvcc, a):
         per_step = (t["launches"] - one.get(name, {}).get("launches", 0)) / 2
         k = by_name.get(name)
         if k is None:
-            print(f"{name:34} {per_step:11g} {t['threads']:7d}  (not in the sm_90 build of trainer.cu)")
+            print(f"{name:34} {per_step:11g} {t['threads']:7d}  (not in the sm_90a build of trainer.cu)")
             continue
         i, s = info[k], sass.get(k, {})
         smem = i.get("smem", 0) + t["dyn"]
@@ -203,7 +204,7 @@ def all_report(nvcc, a):
 
 
 def main():
-    ap = argparse.ArgumentParser(description="registers, spills, shared memory and occupancy of the kernels (sm_90)")
+    ap = argparse.ArgumentParser(description="registers, spills, shared memory and occupancy of the kernels (sm_90a)")
     ap.add_argument("--all", action="store_true", help="every kernel of a training step (default: attention only)")
     ap.add_argument("--preset", default="bert-base")
     ap.add_argument("--seq", type=int, default=64)

@@ -21,6 +21,34 @@
 //     thread's group of copies; cp_async_wait<N>() returns when at most N of its most recent groups are
 //     pending. The data is visible to other threads after their own barrier that follows the wait.
 //     The emulator performs the copies at the wait (cpu/runtime.cpp), so a missing wait shows up in tests.
+//
+// Hopper's warpgroup MMA (section "Asynchronous Warpgroup Level Matrix Multiply-Accumulate Operation using
+// wgmma.mma_async instruction"). A warpgroup is 4 consecutive warps (the first a multiple of 4); all 128
+// threads execute each of these. Warp w % 4 of the group owns rows 16 (w % 4) .. + 15 of the 64 rows.
+//   smem_addr(p): p's shared-memory address (32 bits), what descriptors and the alignment rules use.
+//   wgmma_desc(addr, layout, lbo, sbo): a shared-memory matrix descriptor: start address, leading and
+//     stride byte offsets (each >> 4 in 14 bits), base offset 0, layout (WGMMA_SWIZZLE_NONE, _128B, _64B,
+//     _32B). cpu/runtime.cpp (wgmma_operand) spells out where each element of a K- or MN-major operand is.
+//   wgmma_m64k16_bf16<N, TRANS_B>(d, adesc, bdesc, scale_d): D (64 x N, fp32) = A (64 x 16, bf16, K-major
+//     in shared memory) . B (N x 16 as N rows, bf16, shared memory; TRANS_B = 1: MN-major) + (scale_d ? D : 0).
+//     N = 64 or 128. Lane l (g = l / 4, t = l % 4) of warp w holds d[4j + i] =
+//     D[16 (w % 4) + g + 8 (i / 2)][8j + 2t + i % 2], j < N / 8: N / 2 floats, mma.sync's C layout repeated.
+//   wgmma_m64k16_bf16_rs<N, TRANS_B>(d, a, bdesc, scale_d): the same with A from registers, a[4] in
+//     mma.sync's A layout for the warp's 16 rows (a[0] = A[g][2t, 2t+1], a[1] = A[g+8][..], a[2] =
+//     A[g][2t+8, 2t+9], a[3] = A[g+8][2t+8, 2t+9]), so an accumulator of 16 columns becomes an A operand
+//     once packed to bf16.
+//   wgmma_fence(): before the first wgmma_m64k16_* and whenever the registers it uses were changed by
+//     other instructions. wgmma_commit_group(): closes the warpgroup's open group of wgmma operations.
+//     wgmma_wait_group<N>(): returns when at most N groups are pending; only then may the accumulators
+//     and A registers be read or written, and the shared memory be overwritten.
+//   wgmma_fence_operand(d, n): the GPU build's compiler barrier on registers the hardware writes behind its
+//     back (keeps reads of d after the wait); nothing to do on the CPU.
+//   fence_proxy_async(): makes the thread's ordinary shared-memory writes visible to wgmma (the async proxy);
+//     needed between writing an operand with st.shared and the wgmma that reads it, with a barrier.
+//   The emulator checks the descriptors, the fence rule (strictly: a fence after every wait that completed
+//   an operation, before the next wgmma) and that every wgmma was waited for; it performs the products at
+//   the wait (cpu/runtime.cpp), so reading accumulators early shows up in tests.
+//   fence_proxy_async is not emulated (the CPU has one proxy): its absence is caught only on a GPU.
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -140,3 +168,44 @@ template <int N>
 static inline void cp_async_wait(void) {
     emu_cp_async_wait(N);
 }
+
+// ---------------------------------------------------------------------------------------------
+// wgmma.fence / .mma_async.m64nNk16.f32.bf16.bf16 / .commit_group / .wait_group; fence.proxy.async
+enum { WGMMA_SWIZZLE_NONE = 0, WGMMA_SWIZZLE_128B = 1, WGMMA_SWIZZLE_64B = 2, WGMMA_SWIZZLE_32B = 3 };
+struct EmuWgmmaLane {  // what one lane posts to wgmma.mma_async
+    float* d;
+    const uint32_t* a;  // NULL: A from shared memory (adesc)
+    uint64_t adesc, bdesc;
+    int n, trans_b, scale_d;
+};
+uint32_t emu_smem_addr(const void* p);
+void emu_wgmma_fence(void);
+void emu_wgmma_issue(EmuWgmmaLane* mine);
+void emu_wgmma_commit(void);
+void emu_wgmma_wait(int n);
+
+static inline uint32_t smem_addr(const void* p) { return emu_smem_addr(p); }
+static inline uint64_t wgmma_desc(uint32_t addr, int layout, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr >> 4) & 0x3FFF) | (uint64_t)((lbo >> 4) & 0x3FFF) << 16 |
+           (uint64_t)((sbo >> 4) & 0x3FFF) << 32 | (uint64_t)layout << 62;
+}
+template <int N, int TRANS_B>
+static inline void wgmma_m64k16_bf16(float* d, uint64_t adesc, uint64_t bdesc, int scale_d) {
+    static_assert(N == 64 || N == 128, "wgmma_m64k16_bf16: N is 64 or 128");
+    EmuWgmmaLane mine = {d, NULL, adesc, bdesc, N, TRANS_B, scale_d != 0};
+    emu_wgmma_issue(&mine);
+}
+template <int N, int TRANS_B>
+static inline void wgmma_m64k16_bf16_rs(float* d, const uint32_t a[4], uint64_t bdesc, int scale_d) {
+    static_assert(N == 64 || N == 128, "wgmma_m64k16_bf16_rs: N is 64 or 128");
+    EmuWgmmaLane mine = {d, a, 0, bdesc, N, TRANS_B, scale_d != 0};
+    emu_wgmma_issue(&mine);
+}
+static inline void wgmma_fence(void) { emu_wgmma_fence(); }
+static inline void wgmma_commit_group(void) { emu_wgmma_commit(); }
+template <int N>
+static inline void wgmma_wait_group(void) {
+    emu_wgmma_wait(N);
+}
+static inline void wgmma_fence_operand(float* d, int n) { (void)d, (void)n; }
+static inline void fence_proxy_async(void) {}
