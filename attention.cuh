@@ -194,11 +194,11 @@ __device__ inline void att_stage(floatX* s, const float acc[HD / 8][4], float sc
 }
 
 // att_column_sums: the block's share of the qkv bias gradient: dst[c] = the sum over its staged rows r < nrows
-// (shared memory, 4 warps x 16 MT rows, stride att_ld(HD)) of row r's column c, for the HD columns. Each warp sums
-// its own 16 MT rows (a lane 2 adjacent columns, in row order) into scratch[w HD ..] (4 HD floats of shared
-// memory the block no longer uses); after a block barrier, threads 0 .. HD - 1 add the 4 warps' sums in warp
+// (shared memory, NW = 4 or 8 warps x 16 MT rows, stride att_ld(HD)) of row r's column c, for the HD columns. Each
+// warp sums its own 16 MT rows (a lane 2 adjacent columns, in row order) into scratch[w HD ..] (NW HD floats of
+// shared memory the block no longer uses); after a block barrier, threads 0 .. HD - 1 add the warps' sums in warp
 // order. A fixed order: bitwise deterministic. partials_sum then adds the blocks' dst rows (att_part_floats).
-template <int HD, int MT>
+template <int HD, int MT, int NW = 4>
 __device__ inline void att_column_sums(float* dst, const floatX* rows_s, float* scratch, int nrows) {
     int w = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int c = 2 * lane; c < HD; c += 64) {
@@ -211,12 +211,17 @@ __device__ inline void att_column_sums(float* dst, const floatX* rows_s, float* 
         scratch[w * HD + c + 1] = s1;
     }
     __syncthreads();
-    for (int c = threadIdx.x; c < HD; c += blockDim.x)
-        dst[c] = scratch[c] + scratch[HD + c] + scratch[2 * HD + c] + scratch[3 * HD + c];
+    for (int c = threadIdx.x; c < HD; c += blockDim.x) {
+        float sum = scratch[c] + scratch[HD + c] + scratch[2 * HD + c] + scratch[3 * HD + c];
+#pragma unroll
+        for (int v = 4; v < NW; v++) sum += scratch[v * HD + c];
+        dst[c] = sum;
+    }
 }
 
 // att_range: [lo, hi), the union of the key ranges of rows [row0, row0 + R) (empty: lo > hi), R <= 128.
-// Block-wide (128 threads, a thread per row), through the 8 ints of red.
+// Block-wide (a thread per row; NW = 4 or 8 warps), through the 2 NW ints of red.
+template <int NW>
 __device__ inline void att_range(const int* seg_lo, const int* seg_hi, int row0, int R, int T, int* red, int* lo,
                                  int* hi) {
     int i = row0 + threadIdx.x % R, l = 0x7fffffff, h = -1;
@@ -230,11 +235,12 @@ __device__ inline void att_range(const int* seg_lo, const int* seg_hi, int row0,
     }
     if (threadIdx.x % 32 == 0) {
         red[threadIdx.x / 32] = l;
-        red[4 + threadIdx.x / 32] = h;
+        red[NW + threadIdx.x / 32] = h;
     }
     __syncthreads();
-    *lo = min(min(red[0], red[1]), min(red[2], red[3]));
-    *hi = max(max(red[4], red[5]), max(red[6], red[7]));
+    *lo = red[0], *hi = red[NW];
+#pragma unroll
+    for (int w = 1; w < NW; w++) *lo = min(*lo, red[w]), *hi = max(*hi, red[NW + w]);
 }
 // WarpRange: what a warp's rows attend to. lo[m][r], hi[m][r]: the range of this lane's row g (r = 0) or
 // g + 8 (r = 1) of 16-row tile m (empty for padding and rows >= T). [any_lo, any_hi): the union over the
@@ -339,7 +345,7 @@ struct AttBlock {
 // att_block: the opening of the three kernels: the block's rows, head and sequence, the union of its rows' ranges
 // (att_range, a block barrier: every thread calls it), and the CT-row tiles that cover that union. (Each kernel
 // then takes its warp's ranges, warp_range: kept out of AttBlock, as a member of it cost the forward 7 registers.)
-template <int HD, int MT, int R, int CT>
+template <int HD, int MT, int R, int CT, int NW = 4>
 __device__ inline AttBlock att_block(const floatX* qkv, const int* seg_lo, const int* seg_hi, int T, int NH, int* red) {
     AttBlock blk;
     blk.row0 = blockIdx.x * R, blk.h = blockIdx.y, blk.b = blockIdx.z, blk.w = threadIdx.x / 32;
@@ -347,7 +353,7 @@ __device__ inline AttBlock att_block(const floatX* qkv, const int* seg_lo, const
     blk.base = qkv + (size_t)blk.b * T * blk.C3 + (size_t)blk.h * HD;
     blk.lo = seg_lo + (size_t)blk.b * T, blk.hi = seg_hi + (size_t)blk.b * T;
     int lo, hi;
-    att_range(blk.lo, blk.hi, blk.row0, R, T, red, &lo, &hi);
+    att_range<NW>(blk.lo, blk.hi, blk.row0, R, T, red, &lo, &hi);
     blk.start = lo / CT * CT, blk.ntiles = hi > lo ? (hi - blk.start + CT - 1) / CT : 0;
     return blk;
 }
@@ -875,6 +881,126 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DKDV))
     }
 }
 
+#ifndef MLM_FP32
+// ---------------------------------------------------------------------------------------------
+// attention_backward_dkdv_wgmma: attention_backward_dkdv's results (dK, dV and their bias partials) with wgmma, at
+// HD 64 (bf16): a candidate, like attention_forward_wgmma (tests/test_attention checks it, tests/bench_attention
+// times it; the trainer runs attention_backward_dkdv).
+// Grid (ceil(T / 128), NH, B), the dQ kernel's, so the bias partials keep their rows (att_part_floats). Block 256 =
+// two warpgroups, 64 keys each (warp w the 16 from row0 + 16 w): both read the same query tiles.
+// Data movement: the block's K and V (128 rows) and the query tiles' Q and dO (64 rows, double-buffered by
+// cp.async, with their lse and delta) in shared memory, swizzled for wgmma (att_sw_off). Per query tile a
+// warpgroup computes S^T = K Q^T and dP^T = V dO^T (64 x 64 each, 32 fp32 registers per lane) by 2 x HD / 16
+// wgmma m64n64k16 from shared memory, forms P^T and dS^T = P^T (dP^T - delta) in registers, and adds P^T dO to dV
+// and dS^T Q to dK (64 x HD each, HD / 2 registers per lane) by 2 x 4 wgmma m64nHDk16 with P^T and dS^T as
+// register A operands and dO, Q read MN-major. dK and dV are staged in plain rows of their own and stored.
+__host__ __device__ constexpr size_t att_wg_dkdv_smem(int HD) {  // align, K, V, 2 x (Q, dO), 2 x (lse, delta), stage
+    return 1024 + (size_t)(2 * 128 + 4 * 64) * HD * sizeof(floatX) + 4 * 64 * sizeof(float) +
+           2 * att_tile_bytes(HD, 128);
+}
+template <int HD>
+__global__ void __launch_bounds__(256, 1)
+    attention_backward_dkdv_wgmma(floatX* dqkv, float* part, const floatX* qkv, const floatX* dout, const float* lse,
+                                  const float* delta, const int* seg_lo, const int* seg_hi, int B, int T, int NH) {
+    static_assert(HD == 64, "attention_backward_dkdv_wgmma: HD 64");
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    __shared__ int red[16];
+    constexpr int R = 128, QW = 64, NT = QW / 8, DT = HD / 8, LD = att_ld(HD);
+    constexpr int KB = R * HD * (int)sizeof(floatX), QB = QW * HD * (int)sizeof(floatX);
+    unsigned char* Ks = dyn_smem + (1024 - smem_addr(dyn_smem) % 1024) % 1024;
+    unsigned char* Vs = Ks + KB;
+    unsigned char* Qs = Vs + KB;               // [2][QB]
+    unsigned char* dOs = Qs + 2 * QB;          // [2][QB]
+    float* lse_s = (float*)(dOs + 2 * QB);     // [2][QW], lse log2(e)
+    float* dl_s = lse_s + 2 * QW;              // [2][QW]
+    floatX* stage = (floatX*)(dl_s + 2 * QW);  // [2][R][LD]: dK rows, then dV rows
+    AttBlock blk = att_block<HD, 1, R, QW, 8>(qkv, seg_lo, seg_hi, T, NH, red);
+    WarpRange wr = warp_range<1>(blk.lo, blk.hi, blk.wrow, T);  // the keys' ranges: the queries that see them
+    int t = threadIdx.x % 4, wg = threadIdx.x / 128;
+    const floatX* dbase = dout + (size_t)blk.b * T * blk.C + (size_t)blk.h * HD;
+    const float *lse_r = lse + ((size_t)blk.b * NH + blk.h) * T, *delta_r = delta + ((size_t)blk.b * NH + blk.h) * T;
+    if (blk.ntiles) {
+        att_copy_tile_sw<HD, R>(Ks, blk.base + blk.C, blk.C3, blk.row0, T);
+        att_copy_tile_sw<HD, R>(Vs, blk.base + 2 * blk.C, blk.C3, blk.row0, T);
+        att_copy_tile_sw<HD, QW>(Qs, blk.base, blk.C3, blk.start, T);
+        att_copy_tile_sw<HD, QW>(dOs, dbase, blk.C, blk.start, T);
+    }
+    cp_async_commit();
+    if (blk.ntiles) att_query_stats<QW>(lse_s, dl_s, lse_r, delta_r, blk.start, T);
+    const float sl2 = 1.44269504088896341f / sqrtf((float)HD);
+    float dk[DT][4] = {}, dv[DT][4] = {}, s[NT][4], dp[NT][4];
+    uint32_t k0 = smem_addr(Ks) + wg * 8 * (HD / 64) * 1024, v0 = smem_addr(Vs) + wg * 8 * (HD / 64) * 1024;
+    for (int it = 0; it < blk.ntiles; it++) {
+        int qt = blk.start + it * QW, buf = it & 1;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();
+        if (it + 1 < blk.ntiles) {
+            att_copy_tile_sw<HD, QW>(Qs + (buf ^ 1) * QB, blk.base, blk.C3, qt + QW, T);
+            att_copy_tile_sw<HD, QW>(dOs + (buf ^ 1) * QB, dbase, blk.C, qt + QW, T);
+            att_query_stats<QW>(lse_s + (buf ^ 1) * QW, dl_s + (buf ^ 1) * QW, lse_r, delta_r, qt + QW, T);
+        }
+        cp_async_commit();
+        uint32_t q0 = smem_addr(Qs + buf * QB), d0 = smem_addr(dOs + buf * QB);
+        const float *lq = lse_s + buf * QW, *dq = dl_s + buf * QW;
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ks++)  // S^T = K Q^T
+            wgmma_m64k16_bf16<QW, 0>(&s[0][0], att_wg_desc_kmajor<HD>(k0, ks), att_wg_desc_kmajor<HD>(q0, ks), ks > 0);
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ks++)  // dP^T = V dO^T
+            wgmma_m64k16_bf16<QW, 0>(&dp[0][0], att_wg_desc_kmajor<HD>(v0, ks), att_wg_desc_kmajor<HD>(d0, ks), ks > 0);
+        wgmma_commit_group();
+        wgmma_wait_group<0>();
+        wgmma_fence_operand(&s[0][0], QW / 2);
+        wgmma_fence_operand(&dp[0][0], QW / 2);
+        if (!(qt >= wr.all_lo && qt + QW <= wr.all_hi)) mask_tile<QW>(s, qt, wr, 0);
+#pragma unroll
+        for (int j = 0; j < NT; j++)  // P^T in s, dS^T = P^T (dP^T - delta) in dp; column c is query qt + c
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int c = 8 * j + 2 * t + (e & 1);
+                s[j][e] = exp2f(fmaf(s[j][e], sl2, -lq[c]));
+                dp[j][e] = s[j][e] * (dp[j][e] - dq[c]);
+            }
+        FragA pa[QW / 16], da[QW / 16];  // P^T and dS^T as A operands; alive until the wait
+#pragma unroll
+        for (int k = 0; k < QW / 16; k++) {
+            pack_a(pa[k], s[2 * k], s[2 * k + 1]);
+            pack_a(da[k], dp[2 * k], dp[2 * k + 1]);
+        }
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < QW / 16; ks++)  // dV += P^T dO
+            wgmma_m64k16_bf16_rs<HD, 1>(&dv[0][0], pa[ks].x, att_wg_desc_v<HD>(d0, ks), 1);
+#pragma unroll
+        for (int ks = 0; ks < QW / 16; ks++)  // dK += dS^T Q
+            wgmma_m64k16_bf16_rs<HD, 1>(&dk[0][0], da[ks].x, att_wg_desc_v<HD>(q0, ks), 1);
+        wgmma_commit_group();
+        wgmma_wait_group<0>();
+        wgmma_fence_operand(&dv[0][0], HD / 2);
+        wgmma_fence_operand(&dk[0][0], HD / 2);
+    }
+    cp_async_wait<0>();  // (an empty group when there were no tiles)
+    floatX *Kw = stage + 16 * blk.w * LD, *Vw = stage + (R + 16 * blk.w) * LD;  // the warp's 16 rows of each
+    float scale = 1.f / sqrtf((float)HD);
+    att_stage<HD>(Kw, dk, scale, scale);
+    att_stage<HD>(Vw, dv, 1.f, 1.f);
+    __syncwarp();
+    floatX* dst = dqkv + (size_t)blk.b * T * blk.C3 + (size_t)blk.h * HD;
+    att_store_rows<HD>(dst + blk.C, blk.C3, Kw, blk.wrow, T);
+    att_store_rows<HD>(dst + 2 * blk.C, blk.C3, Vw, blk.wrow, T);
+    if (part) {  // the K and V bias gradients' partials (scratch: the query buffers, free now)
+        static_assert(2 * QB >= 16 * HD * (int)sizeof(float), "att_column_sums scratch");
+        __syncthreads();
+        float* pk = part + ((size_t)blk.b * gridDim.x + blockIdx.x) * blk.C3 + blk.C + (size_t)blk.h * HD;
+        int nrows = T - blk.row0 < R ? T - blk.row0 : R;
+        att_column_sums<HD, 1, 8>(pk, stage, (float*)Qs, nrows);
+        att_column_sums<HD, 1, 8>(pk + blk.C, stage + R * LD, (float*)Qs + 8 * HD, nrows);
+    }
+}
+#endif
+
 // ---------------------------------------------------------------------------------------------
 // Launchers: one instance of each kernel per head size.
 #define ATT_HEAD_SIZES "16, 32, 64 or 128"
@@ -945,6 +1071,36 @@ static inline void launch_attention_forward_wgmma(cudaStream_t s, floatX* out, f
     } else {
         fprintf(stderr, "attention_forward_wgmma: head size %d is not supported (64 or 128)\n", HD);
         exit(1);
+    }
+}
+#endif
+#ifndef MLM_FP32
+// launch_attention_backward_wgmma: launch_attention_backward's results with attention_backward_dkdv_wgmma in place
+// of attention_backward_dkdv (HD 64; the dQ kernel and the bias partials' sum as there).
+static inline void launch_attention_backward_wgmma(cudaStream_t s, floatX* dqkv, float* dbias, float* delta,
+                                                   float* part, const floatX* dout, const floatX* qkv,
+                                                   const floatX* out, const float* lse, const int* seg_lo,
+                                                   const int* seg_hi, int B, int T, int NH, int HD) {
+    if (HD != 64) {
+        fprintf(stderr, "attention_backward_dkdv_wgmma: head size %d is not supported (64)\n", HD);
+        exit(1);
+    }
+    static_assert(att_rows(64, ATT_DQ) == 128, "the dK dV grid is the dQ grid: the bias partials' rows");
+    static int done = 0;
+    if (!done) {
+        att_opt_in((const void*)attention_backward_dq<64>, att_dq_smem(64));
+        att_opt_in((const void*)attention_backward_dkdv_wgmma<64>, att_wg_dkdv_smem(64));
+        done = 1;
+    }
+    float* pt = dbias ? part : NULL;
+    launch(attention_backward_dq<64>, dim3(ceil_div(T, att_rows(64, ATT_DQ)), NH, B), dim3(128), att_dq_smem(64), s,
+           dqkv, pt, delta, qkv, dout, out, lse, seg_lo, seg_hi, B, T, NH);
+    launch(attention_backward_dkdv_wgmma<64>, dim3(ceil_div(T, 128), NH, B), dim3(256), att_wg_dkdv_smem(64), s, dqkv,
+           pt, qkv, dout, lse, (const float*)delta, seg_lo, seg_hi, B, T, NH);
+    if (dbias) {
+        int C3 = 3 * NH * HD, G = B * ceil_div(T, att_rows(HD, ATT_DQ));
+        launch(partials_sum, dim3(ceil_div(C3, 32)), dim3(32, 8), 0, s, dbias, (float*)NULL, (float*)NULL,
+               (const float*)part, G, C3, 1);
     }
 }
 #endif

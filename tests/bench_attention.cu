@@ -4,7 +4,8 @@
 //   build/gpu/bench_attention          on a GPU: bert-base (B=64, H=12) and bert-large (B=32, H=16) shapes,
 //                                      T=512, D=64, full-length rows and packed rows of short samples
 //   build/bench_attention --tiny       the same program on a tiny shape (the CPU build's smoke test)
-// Each shape also times attention_forward_wgmma, the Hopper (wgmma) candidate for the forward, on its own line.
+// Each shape also times the Hopper (wgmma) candidates on a line of its own: attention_forward_wgmma, and at D=64
+// forward + backward with attention_backward_dkdv_wgmma in place of attention_backward_dkdv.
 //   options: --iters N (timed repetitions, default 20), --seed S (sample lengths of the packed rows),
 //            --smem (print each kernel's dynamic shared memory and exit)
 //
@@ -79,12 +80,13 @@ static void bench(const BenchShape* s, int iters, uint64_t seed) {
     CUDA_CHECK(cudaMemcpy(dhi, hi.data(), N * sizeof(int), cudaMemcpyHostToDevice));
     cudaStream_t st = 0;  // (the backward without the qkv bias gradient's column sums: attention alone, as the
                           // cuDNN and FlashAttention figures are; ./trainer --bench times the step with them)
-    cudaEvent_t e0, e1, e2, e3, e4;
+    cudaEvent_t e0, e1, e2, e3, e4, e5;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
     CUDA_CHECK(cudaEventCreate(&e2));
     CUDA_CHECK(cudaEventCreate(&e3));
     CUDA_CHECK(cudaEventCreate(&e4));
+    CUDA_CHECK(cudaEventCreate(&e5));
     for (int i = 0; i < 2; i++) {  // warm-up (and the shared-memory opt-in)
         launch_attention_forward(st, out, lse, qkv, dlo, dhi, B, T, NH, HD);
         launch_attention_backward(st, dqkv, NULL, delta, NULL, dout, qkv, out, lse, dlo, dhi, B, T, NH, HD);
@@ -98,28 +100,43 @@ static void bench(const BenchShape* s, int iters, uint64_t seed) {
     }
     CUDA_CHECK(cudaEventRecord(e2, st));
     // the wgmma candidate (attention_forward_wgmma, head sizes 64 and 128), timed the same way after its warm-up
-    for (int i = 0; i < 2; i++) launch_attention_forward_wgmma(st, out, lse, qkv, dlo, dhi, B, T, NH, HD);
+    for (int i = 0; i < 2; i++) {
+        launch_attention_forward_wgmma(st, out, lse, qkv, dlo, dhi, B, T, NH, HD);
+        if (HD == 64)
+            launch_attention_backward_wgmma(st, dqkv, NULL, delta, NULL, dout, qkv, out, lse, dlo, dhi, B, T, NH, HD);
+    }
     CUDA_CHECK(cudaEventRecord(e3, st));
     for (int i = 0; i < iters; i++) launch_attention_forward_wgmma(st, out, lse, qkv, dlo, dhi, B, T, NH, HD);
     CUDA_CHECK(cudaEventRecord(e4, st));
-    CUDA_CHECK(cudaEventSynchronize(e4));
+    // and at HD 64 forward + backward with both candidates (the dK dV kernel's: attention_backward_dkdv_wgmma)
+    for (int i = 0; HD == 64 && i < iters; i++) {
+        launch_attention_forward_wgmma(st, out, lse, qkv, dlo, dhi, B, T, NH, HD);
+        launch_attention_backward_wgmma(st, dqkv, NULL, delta, NULL, dout, qkv, out, lse, dlo, dhi, B, T, NH, HD);
+    }
+    CUDA_CHECK(cudaEventRecord(e5, st));
+    CUDA_CHECK(cudaEventSynchronize(e5));
     CUDA_CHECK(cudaGetLastError());
-    float ms_f, ms_fb, ms_w;
+    float ms_f, ms_fb, ms_w, ms_wb;
     CUDA_CHECK(cudaEventElapsedTime(&ms_f, e0, e1));
     CUDA_CHECK(cudaEventElapsedTime(&ms_fb, e1, e2));
     CUDA_CHECK(cudaEventElapsedTime(&ms_w, e3, e4));
-    ms_f /= iters, ms_fb /= iters, ms_w /= iters;
+    CUDA_CHECK(cudaEventElapsedTime(&ms_wb, e4, e5));
+    ms_f /= iters, ms_fb /= iters, ms_w /= iters, ms_wb /= iters;
     double fwd = 4.0 * B * NH * (double)T * T * HD, fwd_useful = 4.0 * NH * HD * pairs;
     printf(
         "%-22s %3d %3d %4d %4d %-6s | forward %8.3f ms %8.2f TFLOP/s %8.2f useful | fwd+bwd %8.3f ms %8.2f "
         "TFLOP/s %8.2f useful\n",
         s->name, B, NH, T, HD, s->packed ? "packed" : "full", ms_f, fwd / ms_f / 1e9, fwd_useful / ms_f / 1e9, ms_fb,
         3.5 * fwd / ms_fb / 1e9, 3.5 * fwd_useful / ms_fb / 1e9);
-    printf("%47s | forward_wgmma %8.3f ms %8.2f TFLOP/s (%.2fx attention_forward's time)\n", "", ms_w, fwd / ms_w / 1e9,
+    printf("%47s | forward_wgmma %8.3f ms %8.2f TFLOP/s (%.2fx attention_forward's time)", "", ms_w, fwd / ms_w / 1e9,
            ms_w / ms_f);
+    if (HD == 64)
+        printf(" | fwd+bwd_wgmma %8.3f ms %8.2f TFLOP/s (%.2fx)", ms_wb, 3.5 * fwd / ms_wb / 1e9, ms_wb / ms_fb);
+    printf("\n");
     cudaFree(qkv), cudaFree(dqkv), cudaFree(out), cudaFree(dout), cudaFree(lse), cudaFree(delta);
     cudaFree(dlo), cudaFree(dhi);
     cudaEventDestroy(e0), cudaEventDestroy(e1), cudaEventDestroy(e2), cudaEventDestroy(e3), cudaEventDestroy(e4);
+    cudaEventDestroy(e5);
 }
 
 int main(int argc, char** argv) {
@@ -128,12 +145,13 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tiny"))
             tiny = 1;
-        else if (!strcmp(argv[i], "--smem")) {  // each kernel's dynamic shared memory (for tools/kernel_report.py)
+        else if (!strcmp(argv[i], "--smem")) {  // each kernel's dynamic shared memory [and threads, if not 128]
             for (int hd = 16; hd <= 128; hd *= 2)
                 printf("attention_forward<%d> %zu\nattention_backward_dq<%d> %zu\nattention_backward_dkdv<%d> %zu\n",
                        hd, att_forward_smem(hd), hd, att_dq_smem(hd), hd, att_dkdv_smem(hd));
             printf("attention_forward_wgmma<64> %zu\nattention_forward_wgmma<128> %zu\n", att_wg_smem(64),
                    att_wg_smem(128));
+            printf("attention_backward_dkdv_wgmma<64> %zu 256\n", att_wg_dkdv_smem(64));  // (256 threads)
             return 0;
         } else if (!strcmp(argv[i], "--iters") && i + 1 < argc && atoi(argv[i + 1]) > 0)
             iters = atoi(argv[++i]);

@@ -16,6 +16,12 @@ static std::vector<floatX> now_last(const floatX* d_out, const floatX* d_dqkv, i
         cudaMemcpy(v.data() + (size_t)N * C, d_dqkv, (size_t)N * 3 * C * sizeof(floatX), cudaMemcpyDeviceToHost));
     return v;
 }
+// the raw elements of n floatX on the device (for bitwise comparisons)
+static std::vector<floatX> get_x_raw(const floatX* d, size_t n) {
+    std::vector<floatX> v(n);
+    CUDA_CHECK(cudaMemcpy(v.data(), d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    return v;
+}
 // n samples of length len, then padding
 static std::vector<int> shorts(int n, int len) { return std::vector<int>(n, len); }
 
@@ -148,6 +154,32 @@ static void test_attention(int T, int HD, const std::vector<std::vector<int>>& r
         for (int j = 0; j < 3 * C; j++) dbias_ref[j] += dqkv_k[(size_t)n * 3 * C + j];
     snprintf(w, sizeof(w), "attention_backward dbias (dqkv's column sums) T=%d HD=%d", T, HD);
     close_scaled(w, get_f(d_dbias, (size_t)3 * C), dbias_ref, 1e-5f);
+#ifndef MLM_FP32
+    if (HD == 64) {  // the backward with the wgmma dK dV candidate: the same checks, and bitwise repeatable
+        std::vector<floatX> d1;
+        vf db1;
+        for (int rep = 0; rep < 2; rep++) {
+            CUDA_CHECK(cudaMemset(d_dqkv, 0xff, (size_t)N * 3 * C * sizeof(floatX)));
+            CUDA_CHECK(cudaMemcpy(d_dbias, dbias0.data(), dbias0.size() * sizeof(float), cudaMemcpyHostToDevice));
+            CUDA_CHECK(cudaMemset(d_part, 0xff, att_part_floats(B, T, C, HD) * sizeof(float)));
+            launch_attention_backward_wgmma((cudaStream_t)0, d_dqkv, d_dbias, d_delta, d_part, d_dout, d_qkv, d_out,
+                                            d_lse, d_lo, d_hi, B, T, NH, HD);
+            CUDA_CHECK(cudaGetLastError());
+            CUDA_CHECK(cudaDeviceSynchronize());
+            if (rep == 0) d1 = get_x_raw(d_dqkv, (size_t)N * 3 * C), db1 = get_f(d_dbias, (size_t)3 * C);
+        }
+        CHECK(d1 == get_x_raw(d_dqkv, (size_t)N * 3 * C) && db1 == get_f(d_dbias, (size_t)3 * C),
+              "attention_backward_wgmma T=%d HD=%d: a second run differs bit for bit", T, HD);
+        vf dq2 = get_x(d_dqkv, (size_t)N * 3 * C);
+        snprintf(w, sizeof(w), "attention_backward_wgmma dqkv T=%d HD=%d", T, HD);
+        close_scaled(w, dq2, dqkv, 3e-2f);
+        vd db_ref(dbias0.begin(), dbias0.end());
+        for (int n = 0; n < N; n++)
+            for (int j = 0; j < 3 * C; j++) db_ref[j] += dq2[(size_t)n * 3 * C + j];
+        snprintf(w, sizeof(w), "attention_backward_wgmma dbias T=%d HD=%d", T, HD);
+        close_scaled(w, get_f(d_dbias, (size_t)3 * C), db_ref, 1e-5f);
+    }
+#endif
     cudaFree(d_qkv);
     cudaFree(d_dout);
     cudaFree(d_out);
@@ -174,6 +206,7 @@ int main(void) {
         test_attention(200, 128, {{200}, {16, 184}, {70, 60}}, 1);
         test_attention(300, 64, {shorts(29, 10), shorts(25, 12)}, 1);
         test_attention(256, 32, {{64, 64, 128}, shorts(16, 16)});
+        test_attention(192, 64, {{192}, {5, 187}}, 1);  // full query tiles for the wgmma kernels too
     } else {
         test_attention(100, 128, {{100}, {16, 84}}, 1);
         test_attention(150, 64, {shorts(14, 10), shorts(12, 12)}, 1);

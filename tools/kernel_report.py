@@ -119,10 +119,11 @@ def attention_report(nvcc):
     smem_bin = os.path.join(ROOT, "build", "bench_attention")
     if not os.path.isfile(smem_bin):
         die(f"{smem_bin} not found: run ./build.sh first")
-    dyn = {}
+    dyn, threads = {}, {}
     for line in subprocess.run([smem_bin, "--smem"], capture_output=True, text=True, check=True).stdout.splitlines():
-        k, v = line.split()
-        dyn[k] = int(v)
+        f = line.split()  # kernel, dynamic shared memory bytes, and the block's threads where not 128
+        dyn[f[0]] = int(f[1])
+        threads[f[0]] = int(f[2]) if len(f) > 2 else 128
     with tempfile.TemporaryDirectory() as tmp:
         exe = os.path.join(tmp, "bench")
         info = compile_info(nvcc, [os.path.join(ROOT, "tests", "bench_attention.cu"), "-o", exe, "-lcublasLt",
@@ -134,7 +135,7 @@ def attention_report(nvcc):
     for k in sorted(names, key=lambda k: names[k]):
         i, name = info[k], names[k]
         smem = i.get("smem", 0) + dyn.get(name, 0)
-        blocks, _, lim = blocks_per_sm(i.get("regs", 0), smem, 128)  # the attention kernels' blocks: 4 warps
+        blocks, _, lim = blocks_per_sm(i.get("regs", 0), smem, threads.get(name, 128))
         s = sass.get(k, {})
         print(f"{name:34} {i.get('regs', 0):4d} {i.get('spill', 0):5d} {smem:7d} {min(blocks, 16):6d} "
               f"{lim['regs']:5d} {min(lim['smem'], 32):5d} {s.get('HMMA', '-'):>5} {s.get('HGMMA', '-'):>5} {s.get('LDSM', '-'):>5} "
