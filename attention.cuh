@@ -396,12 +396,12 @@ __device__ inline void att_query_stats(float* lse_s, float* dl_s, const float* l
 // block's R query rows, into dl_s (R floats) for dQ and to delta_r (sequence b, head h; T floats) for the dK dV
 // kernel, which runs next. L = HD / X128 lanes share a row, each one 128-bit chunk of dO and of O (global loads;
 // the dO rows are also being copied to shared memory, so theirs may come from L2), and a butterfly over the L
-// lanes sums the row. 128 / L rows a pass, P = R L / 128 passes, whose loads are all in flight at once. (It was a
+// lanes sums the row. NTH / L rows a pass, P = R L / NTH passes, whose loads are all in flight at once. (It was a
 // kernel of its own, which read dO and O once more.)
-template <int HD, int R>
+template <int HD, int R, int NTH = 128>  // NTH: the block's threads
 __device__ inline void att_delta_rows(float* dl_s, float* delta_r, const floatX* dbase, const floatX* obase, int C,
                                       int row0, int T) {
-    constexpr int L = HD / X128, RPP = 128 / L, P = R / RPP;
+    constexpr int L = HD / X128, RPP = NTH / L, P = R / RPP;
     static_assert(L >= 2 && L <= 32 && R % RPP == 0, "att_delta_rows: lanes per row");
     int sub = threadIdx.x % L, r = threadIdx.x / L;
     float s[P];  // this lane's part of each pass's row: all P passes' loads are issued before the first shuffle
@@ -883,6 +883,112 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DKDV))
 
 #ifndef MLM_FP32
 // ---------------------------------------------------------------------------------------------
+// attention_backward_dq_wgmma: attention_backward_dq's results (dQ, delta, the Q bias partials) with wgmma, at
+// HD 64 (bf16): a candidate, like attention_backward_dkdv_wgmma, whose grid it shares (and the dQ kernel's).
+// Grid (ceil(T / 128), NH, B); block 256 = two warpgroups, 64 query rows each (warp w the 16 from row0 + 16 w).
+// It opens with delta = rowsum(dO * O) of its rows (att_delta_rows, 8 warps).
+// Data movement: the block's Q and dO (128 rows) and the key tiles' K and V (64 rows, double-buffered by
+// cp.async) in shared memory, swizzled for wgmma (att_sw_off). Per key tile a warpgroup computes S = Q K^T and
+// dP = dO V^T (64 x 64 each, 32 fp32 registers per lane) by 2 x HD / 16 wgmma m64n64k16 from shared memory, forms
+// dS = P (dP - delta) in registers and adds dS K to dQ (64 x HD, HD / 2 registers per lane) by 4 wgmma m64nHDk16
+// with dS as the register A operand and K read MN-major. dQ is staged in plain rows in the free key buffers.
+__host__ __device__ constexpr size_t att_wg_dq_smem(int HD) {  // align, Q, dO, 2 x (K, V)
+    return 1024 + (size_t)(2 * 128 + 4 * 64) * HD * sizeof(floatX);
+}
+template <int HD>
+__global__ void __launch_bounds__(256, 2)  // (2 blocks of 8 warps: at most 128 registers)
+    attention_backward_dq_wgmma(floatX* dqkv, float* part, float* delta, const floatX* qkv, const floatX* dout,
+                                const floatX* out, const float* lse, const int* seg_lo, const int* seg_hi, int B, int T,
+                                int NH) {
+    static_assert(HD == 64, "attention_backward_dq_wgmma: HD 64");
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    __shared__ int red[16];
+    constexpr int R = 128, KW = 64, NT = KW / 8, DT = HD / 8, LD = att_ld(HD);
+    constexpr int QB = R * HD * (int)sizeof(floatX), KB = KW * HD * (int)sizeof(floatX);
+    __shared__ float dl_s[R];  // delta of the block's rows
+    unsigned char* Qs = dyn_smem + (1024 - smem_addr(dyn_smem) % 1024) % 1024;
+    unsigned char* dOs = Qs + QB;
+    unsigned char* Ks = dOs + QB;     // [2][KB]
+    unsigned char* Vs = Ks + 2 * KB;  // [2][KB]
+    AttBlock blk = att_block<HD, 1, R, KW, 8>(qkv, seg_lo, seg_hi, T, NH, red);
+    WarpRange wr = warp_range<1>(blk.lo, blk.hi, blk.wrow, T);
+    int g = threadIdx.x % 32 / 4, wg = threadIdx.x / 128;
+    size_t row_off = (size_t)blk.b * T * blk.C + (size_t)blk.h * HD;  // dout and out at row 0 of (b, h)
+    if (blk.ntiles) {
+        att_copy_tile_sw<HD, R>(Qs, blk.base, blk.C3, blk.row0, T);
+        att_copy_tile_sw<HD, R>(dOs, dout + row_off, blk.C, blk.row0, T);
+        att_copy_tile_sw<HD, KW>(Ks, blk.base + blk.C, blk.C3, blk.start, T);
+        att_copy_tile_sw<HD, KW>(Vs, blk.base + 2 * blk.C, blk.C3, blk.start, T);
+    }
+    cp_async_commit();
+    att_delta_rows<HD, R, 256>(dl_s, delta + ((size_t)blk.b * NH + blk.h) * T, dout + row_off, out + row_off, blk.C,
+                               blk.row0, T);
+    __syncthreads();
+    const float sl2 = 1.44269504088896341f / sqrtf((float)HD), L2E = 1.44269504088896341f;
+    const float* lse_r = lse + ((size_t)blk.b * NH + blk.h) * T;
+    float lse2[2], dl[2];  // lse log2(e) and delta of this lane's rows
+    for (int r = 0; r < 2; r++) {
+        int q = blk.wrow + 8 * r + g;
+        lse2[r] = q < T ? lse_r[q] * L2E : 0.f;
+        dl[r] = q < T ? dl_s[q - blk.row0] : 0.f;
+    }
+    float dq[DT][4] = {}, s[NT][4], dp[NT][4];
+    uint32_t q0 = smem_addr(Qs) + wg * 8 * (HD / 64) * 1024, d0 = smem_addr(dOs) + wg * 8 * (HD / 64) * 1024;
+    for (int it = 0; it < blk.ntiles; it++) {
+        int kt = blk.start + it * KW, buf = it & 1;
+        cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();
+        if (it + 1 < blk.ntiles) {
+            att_copy_tile_sw<HD, KW>(Ks + (buf ^ 1) * KB, blk.base + blk.C, blk.C3, kt + KW, T);
+            att_copy_tile_sw<HD, KW>(Vs + (buf ^ 1) * KB, blk.base + 2 * blk.C, blk.C3, kt + KW, T);
+        }
+        cp_async_commit();
+        uint32_t k0 = smem_addr(Ks + buf * KB), v0 = smem_addr(Vs + buf * KB);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ks++)  // S = Q K^T
+            wgmma_m64k16_bf16<KW, 0>(&s[0][0], att_wg_desc_kmajor<HD>(q0, ks), att_wg_desc_kmajor<HD>(k0, ks), ks > 0);
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ks++)  // dP = dO V^T
+            wgmma_m64k16_bf16<KW, 0>(&dp[0][0], att_wg_desc_kmajor<HD>(d0, ks), att_wg_desc_kmajor<HD>(v0, ks), ks > 0);
+        wgmma_commit_group();
+        wgmma_wait_group<0>();
+        wgmma_fence_operand(&s[0][0], KW / 2);
+        wgmma_fence_operand(&dp[0][0], KW / 2);
+        if (!(kt >= wr.all_lo && kt + KW <= wr.all_hi)) mask_tile<KW>(s, kt, wr, 0);
+#pragma unroll
+        for (int j = 0; j < NT; j++)  // dS = P (dP - delta), in place of dP
+#pragma unroll
+            for (int e = 0; e < 4; e++) dp[j][e] = exp2f(fmaf(s[j][e], sl2, -lse2[e >> 1])) * (dp[j][e] - dl[e >> 1]);
+        FragA da[KW / 16];  // dS as A operands; alive until the wait
+#pragma unroll
+        for (int k = 0; k < KW / 16; k++) pack_a(da[k], dp[2 * k], dp[2 * k + 1]);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < KW / 16; ks++)  // dQ += dS K
+            wgmma_m64k16_bf16_rs<HD, 1>(&dq[0][0], da[ks].x, att_wg_desc_v<HD>(k0, ks), 1);
+        wgmma_commit_group();
+        wgmma_wait_group<0>();
+        wgmma_fence_operand(&dq[0][0], HD / 2);
+    }
+    cp_async_wait<0>();           // (an empty group when there were no tiles)
+    __syncthreads();              // every warpgroup is done with the key buffers: they take the staged dQ
+    floatX* stage = (floatX*)Ks;  // [R][LD]
+    floatX* Qw = stage + 16 * blk.w * LD;
+    float scale = 1.f / sqrtf((float)HD);
+    att_stage<HD>(Qw, dq, scale, scale);
+    __syncwarp();
+    att_store_rows<HD>(dqkv + (size_t)blk.b * T * blk.C3 + (size_t)blk.h * HD, blk.C3, Qw, blk.wrow, T);
+    if (part) {  // the Q bias gradient's partial (scratch: after the staged rows)
+        static_assert(R * LD * sizeof(floatX) + 8 * HD * sizeof(float) <= 4 * KB, "att_column_sums scratch");
+        __syncthreads();
+        float* dst = part + ((size_t)blk.b * gridDim.x + blockIdx.x) * blk.C3 + (size_t)blk.h * HD;
+        att_column_sums<HD, 1, 8>(dst, stage, (float*)(stage + R * LD), T - blk.row0 < R ? T - blk.row0 : R);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // attention_backward_dkdv_wgmma: attention_backward_dkdv's results (dK, dV and their bias partials) with wgmma, at
 // HD 64 (bf16): a candidate, like attention_forward_wgmma (tests/test_attention checks it, tests/bench_attention
 // times it; the trainer runs attention_backward_dkdv).
@@ -1075,8 +1181,8 @@ static inline void launch_attention_forward_wgmma(cudaStream_t s, floatX* out, f
 }
 #endif
 #ifndef MLM_FP32
-// launch_attention_backward_wgmma: launch_attention_backward's results with attention_backward_dkdv_wgmma in place
-// of attention_backward_dkdv (HD 64; the dQ kernel and the bias partials' sum as there).
+// launch_attention_backward_wgmma: launch_attention_backward's results by the wgmma candidates,
+// attention_backward_dq_wgmma then attention_backward_dkdv_wgmma (HD 64), and the bias partials' sum as there.
 static inline void launch_attention_backward_wgmma(cudaStream_t s, floatX* dqkv, float* dbias, float* delta,
                                                    float* part, const floatX* dout, const floatX* qkv,
                                                    const floatX* out, const float* lse, const int* seg_lo,
@@ -1085,16 +1191,16 @@ static inline void launch_attention_backward_wgmma(cudaStream_t s, floatX* dqkv,
         fprintf(stderr, "attention_backward_dkdv_wgmma: head size %d is not supported (64)\n", HD);
         exit(1);
     }
-    static_assert(att_rows(64, ATT_DQ) == 128, "the dK dV grid is the dQ grid: the bias partials' rows");
+    static_assert(att_rows(64, ATT_DQ) == 128, "the wgmma grids (128 rows a block) fill att_part_floats' rows");
     static int done = 0;
     if (!done) {
-        att_opt_in((const void*)attention_backward_dq<64>, att_dq_smem(64));
+        att_opt_in((const void*)attention_backward_dq_wgmma<64>, att_wg_dq_smem(64));
         att_opt_in((const void*)attention_backward_dkdv_wgmma<64>, att_wg_dkdv_smem(64));
         done = 1;
     }
     float* pt = dbias ? part : NULL;
-    launch(attention_backward_dq<64>, dim3(ceil_div(T, att_rows(64, ATT_DQ)), NH, B), dim3(128), att_dq_smem(64), s,
-           dqkv, pt, delta, qkv, dout, out, lse, seg_lo, seg_hi, B, T, NH);
+    launch(attention_backward_dq_wgmma<64>, dim3(ceil_div(T, 128), NH, B), dim3(256), att_wg_dq_smem(64), s, dqkv, pt,
+           delta, qkv, dout, out, lse, seg_lo, seg_hi, B, T, NH);
     launch(attention_backward_dkdv_wgmma<64>, dim3(ceil_div(T, 128), NH, B), dim3(256), att_wg_dkdv_smem(64), s, dqkv,
            pt, qkv, dout, lse, (const float*)delta, seg_lo, seg_hi, B, T, NH);
     if (dbias) {

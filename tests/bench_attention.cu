@@ -5,7 +5,7 @@
 //                                      T=512, D=64, full-length rows and packed rows of short samples
 //   build/bench_attention --tiny       the same program on a tiny shape (the CPU build's smoke test)
 // Each shape also times the Hopper (wgmma) candidates on a line of its own: attention_forward_wgmma, and at D=64
-// forward + backward with attention_backward_dkdv_wgmma in place of attention_backward_dkdv.
+// forward + backward with all three (attention_backward_dq_wgmma and attention_backward_dkdv_wgmma).
 //   options: --iters N (timed repetitions, default 20), --seed S (sample lengths of the packed rows),
 //            --smem (print each kernel's dynamic shared memory and exit)
 //
@@ -108,7 +108,7 @@ static void bench(const BenchShape* s, int iters, uint64_t seed) {
     CUDA_CHECK(cudaEventRecord(e3, st));
     for (int i = 0; i < iters; i++) launch_attention_forward_wgmma(st, out, lse, qkv, dlo, dhi, B, T, NH, HD);
     CUDA_CHECK(cudaEventRecord(e4, st));
-    // and at HD 64 forward + backward with both candidates (the dK dV kernel's: attention_backward_dkdv_wgmma)
+    // and at HD 64 forward + backward with the three candidates
     for (int i = 0; HD == 64 && i < iters; i++) {
         launch_attention_forward_wgmma(st, out, lse, qkv, dlo, dhi, B, T, NH, HD);
         launch_attention_backward_wgmma(st, dqkv, NULL, delta, NULL, dout, qkv, out, lse, dlo, dhi, B, T, NH, HD);
@@ -151,7 +151,8 @@ int main(int argc, char** argv) {
                        hd, att_forward_smem(hd), hd, att_dq_smem(hd), hd, att_dkdv_smem(hd));
             printf("attention_forward_wgmma<64> %zu\nattention_forward_wgmma<128> %zu\n", att_wg_smem(64),
                    att_wg_smem(128));
-            printf("attention_backward_dkdv_wgmma<64> %zu 256\n", att_wg_dkdv_smem(64));  // (256 threads)
+            printf("attention_backward_dq_wgmma<64> %zu 256\nattention_backward_dkdv_wgmma<64> %zu 256\n",
+                   att_wg_dq_smem(64), att_wg_dkdv_smem(64));  // (256 threads)
             return 0;
         } else if (!strcmp(argv[i], "--iters") && i + 1 < argc && atoi(argv[i + 1]) > 0)
             iters = atoi(argv[++i]);

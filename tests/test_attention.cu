@@ -155,7 +155,7 @@ static void test_attention(int T, int HD, const std::vector<std::vector<int>>& r
     snprintf(w, sizeof(w), "attention_backward dbias (dqkv's column sums) T=%d HD=%d", T, HD);
     close_scaled(w, get_f(d_dbias, (size_t)3 * C), dbias_ref, 1e-5f);
 #ifndef MLM_FP32
-    if (HD == 64) {  // the backward with the wgmma dK dV candidate: the same checks, and bitwise repeatable
+    if (HD == 64) {  // the backward with the wgmma dQ and dK dV candidates: the same checks, and bitwise repeatable
         std::vector<floatX> d1;
         vf db1;
         for (int rep = 0; rep < 2; rep++) {
@@ -171,6 +171,8 @@ static void test_attention(int T, int HD, const std::vector<std::vector<int>>& r
         CHECK(d1 == get_x_raw(d_dqkv, (size_t)N * 3 * C) && db1 == get_f(d_dbias, (size_t)3 * C),
               "attention_backward_wgmma T=%d HD=%d: a second run differs bit for bit", T, HD);
         vf dq2 = get_x(d_dqkv, (size_t)N * 3 * C);
+        snprintf(w, sizeof(w), "attention_backward_wgmma: delta (the dQ kernel's) T=%d HD=%d", T, HD);
+        close_scaled(w, get_f(d_delta, (size_t)B * NH * T), delta_ref, 1e-5f);
         snprintf(w, sizeof(w), "attention_backward_wgmma dqkv T=%d HD=%d", T, HD);
         close_scaled(w, dq2, dqkv, 3e-2f);
         vd db_ref(dbias0.begin(), dbias0.end());
