@@ -522,7 +522,14 @@ struct EmuWgmmaOp {  // one wgmma.mma_async of one warp: its 16 rows of the warp
 struct EmuWarpWgmma {  // a warp's wgmma operations not yet performed (see emu_wgmma_issue)
     EmuWgmmaOp* ops;
     int nops, cap, committed;
-    int fenced;  // a wgmma.fence since the last wait_group that completed an operation
+    int fenced;        // a wgmma.fence since the last wait_group that completed an operation
+    long long issued;  // wgmma.mma_async issued by the warp in this block
+};
+#define EMU_WGMMA_SEEN 64
+struct EmuWgmmaSeen {  // the i-th wgmma.mma_async of a warpgroup, as its first warp to get there issued it
+    long long seq;     // i, or -1
+    uint64_t adesc, bdesc;
+    int n, trans_b, scale_d, ra;
 };
 
 struct EmuJob {  // one kernel launch
@@ -544,9 +551,11 @@ struct EmuWorker {  // one OS thread's state for running blocks
     EmuJob* job;
     EmuFiber* self;
     int nthreads, exited;
-    unsigned warp_waiting[32];  // per warp: lanes waiting in a warp collective
-    unsigned warp_gone[32];     // per warp: lanes that have exited
-    EmuWarpWgmma wgmma[32];     // per warp: wgmma operations issued, not yet waited for
+    unsigned warp_waiting[32];                // per warp: lanes waiting in a warp collective
+    unsigned warp_gone[32];                   // per warp: lanes that have exited
+    EmuWarpWgmma wgmma[32];                   // per warp: wgmma operations issued, not yet waited for
+    EmuWgmmaSeen wg_seen[8][EMU_WGMMA_SEEN];  // per warpgroup: its recent wgmma, to check its warps agree
+    int wgmma_used;                           // the block issued a wgmma
     int bar_arrived, bar_true;
     int* order;
     uint64_t rng;
@@ -1109,6 +1118,25 @@ static void wgmma_issue_all(void* const* all) {
         q->ops = (EmuWgmmaOp*)realloc(q->ops, q->cap * sizeof(EmuWgmmaOp));
         if (!q->ops) abort();
     }
+    // the warpgroup's 4 warps must issue the same sequence (the instruction is the warpgroup's): the first warp to
+    // reach its i-th wgmma records it, the others compare (a warp EMU_WGMMA_SEEN ahead is not checked)
+    if (!w->wgmma_used) {
+        for (int g = 0; g < 8; g++)
+            for (int i = 0; i < EMU_WGMMA_SEEN; i++) w->wg_seen[g][i].seq = -1;
+        w->wgmma_used = 1;
+    }
+    long long i = q->issued++;
+    EmuWgmmaSeen* seen = &w->wg_seen[warp / 4][i % EMU_WGMMA_SEEN];
+    EmuWgmmaSeen mine = {i, x->a ? 0 : x->adesc, x->bdesc, x->n, x->trans_b, x->scale_d, x->a != NULL};
+    if (seen->seq == i) {
+        if (seen->adesc != mine.adesc || seen->bdesc != mine.bdesc || seen->n != mine.n ||
+            seen->trans_b != mine.trans_b || seen->scale_d != mine.scale_d || seen->ra != mine.ra)
+            return emu_kernel_error(
+                "wgmma.mma_async: warp %d's wgmma #%lld differs from another warp's of its "
+                "warpgroup (the instruction is the warpgroup's: all 4 warps issue it alike)",
+                warp, i);
+    } else if (seen->seq < i)
+        *seen = mine;
     EmuWgmmaOp* op = &q->ops[q->nops++];
     op->group = 0;
     op->n = x->n, op->trans_b = x->trans_b, op->scale_d = x->scale_d;
@@ -1139,6 +1167,19 @@ static void wgmma_wait_all(void* const* all) {
     }
     q->nops = keep;
     if (done) q->fenced = 0;
+}
+// At the end of a block that used wgmma: every warpgroup's warps issued and committed as many (a warp that
+// skipped one would leave the others waiting on the GPU).
+static void wgmma_block_end(EmuWorker* w) {
+    for (int g = 0; (g + 1) * 128 <= w->nthreads && g < 8; g++) {  // the whole warpgroups
+        EmuWarpWgmma* q = &w->wgmma[4 * g];
+        for (int k = 1; k < 4; k++)
+            if (q[k].issued != q[0].issued || q[k].committed != q[0].committed)
+                return emu_kernel_error(
+                    "warpgroup %d: warp %d issued %lld wgmma.mma_async and %d commit_group, warp %d %lld and %d "
+                    "(all 4 warps of a warpgroup execute each wgmma instruction)",
+                    g, 4 * g, q[0].issued, q[0].committed, 4 * g + k, q[k].issued, q[k].committed);
+    }
 }
 void emu_wgmma_fence(void) { emu_warp_gather(0xffffffffu, (void*)1, wgmma_fence_all, "wgmma.fence"); }
 void emu_wgmma_issue(EmuWgmmaLane* mine) { emu_warp_gather(0xffffffffu, mine, wgmma_issue_all, "wgmma.mma_async"); }
@@ -1275,7 +1316,11 @@ static void run_block(EmuWorker* w, long long b) {
     w->exited = 0;
     memset(w->warp_waiting, 0, sizeof w->warp_waiting);
     memset(w->warp_gone, 0, sizeof w->warp_gone);
-    for (int i = 0; i < 32; i++) w->wgmma[i].nops = w->wgmma[i].committed = w->wgmma[i].fenced = 0;
+    for (int i = 0; i < 32; i++) w->wgmma[i].nops = w->wgmma[i].committed = w->wgmma[i].fenced = w->wgmma[i].issued = 0;
+    if (w->wgmma_used)
+        for (int g = 0; g < 8; g++)
+            for (int i = 0; i < EMU_WGMMA_SEEN; i++) w->wg_seen[g][i].seq = -1;
+    w->wgmma_used = 0;
     w->bar_arrived = 0;
     w->bar_true = 0;
     w->error_reported = 0;
@@ -1308,6 +1353,7 @@ static void run_block(EmuWorker* w, long long b) {
 #if EMU_ASAN
     __sanitizer_finish_switch_fiber(w->asan_sched_fake, NULL, NULL);
 #endif
+    if (w->exited == n && w->wgmma_used) wgmma_block_end(w);
     if (w->exited != n) {
         report_deadlock(w);
 #if EMU_ASAN  // the abandoned fibers' frames leave poisoned bytes behind on their stacks

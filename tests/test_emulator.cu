@@ -131,6 +131,8 @@ static void child_smem_overread(void) {
 //   bad 2: out[tid] = d[0] read before the wait              -> the value before the product (7)
 //   bad 3: a block of 96 threads (no whole warpgroup)        -> reported
 //   bad 4: exits without wgmma.wait_group                    -> reported
+//   bad 5: warp 1 does not issue the wgmma (the others do)   -> reported (on the GPU: undefined, a hang)
+//   bad 6: warp 2 gives another B descriptor                 -> reported
 __global__ void wgmma_misuse(float* out, int bad) {
     extern __shared__ __align__(16) unsigned char dyn_smem[];
     __nv_bfloat16* s = (__nv_bfloat16*)dyn_smem;
@@ -141,7 +143,8 @@ __global__ void wgmma_misuse(float* out, int bad) {
     for (int i = 0; i < 32; i++) d[i] = 7.f;
     uint64_t desc = wgmma_desc(smem_addr(s), WGMMA_SWIZZLE_NONE, 128, 256);  // 8 rows: 2 core matrices in K
     if (bad != 1) wgmma_fence();
-    wgmma_m64k16_bf16<64, 0>(d, desc, desc, 0);
+    if (!(bad == 5 && threadIdx.x / 32 == 1))
+        wgmma_m64k16_bf16<64, 0>(d, desc, bad == 6 && threadIdx.x / 32 == 2 ? desc + 1 : desc, 0);
     wgmma_commit_group();
     if (bad == 2) out[threadIdx.x] = d[0];
     if (bad == 4) return;
@@ -337,14 +340,18 @@ int main(void) {
         float* dw;
         float hw[128];
         CUDA_OK(cudaMalloc(&dw, sizeof hw));
-        const char* what[5] = {"a correct wgmma", "a wgmma without wgmma.fence",
-                               "accumulators read before wgmma.wait_group", "wgmma in a block of 96 threads",
-                               "a thread exiting without wgmma.wait_group"};
-        for (int bad = 0; bad < 5; bad++) {
+        const char* what[7] = {"a correct wgmma",
+                               "a wgmma without wgmma.fence",
+                               "accumulators read before wgmma.wait_group",
+                               "wgmma in a block of 96 threads",
+                               "a thread exiting without wgmma.wait_group",
+                               "a warp of the warpgroup skipping the wgmma",
+                               "a warp of the warpgroup giving another descriptor"};
+        for (int bad = 0; bad < 7; bad++) {
             CUDA_OK(cudaMemset(dw, 0, sizeof hw));
             launch(wgmma_misuse, dim3(1), dim3(bad == 3 ? 96 : 128), 2048, (cudaStream_t)0, dw, bad);
             e = cudaGetLastError();
-            int fails = bad == 1 || bad == 3 || bad == 4;
+            int fails = bad == 1 || bad >= 3;
             CHECK(e == (fails ? cudaErrorLaunchFailure : cudaSuccess), "%s: launch gave %s, want %s", what[bad],
                   cudaGetErrorName(e), fails ? "a reported misuse" : "success");
             if (fails) continue;
