@@ -546,7 +546,8 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_FWD))
 // ---------------------------------------------------------------------------------------------
 // attention_forward_wgmma: attention_forward's results with Hopper's warpgroup MMA (wgmma, sm_90a; bf16 storage,
 // HD 64 or 128). A candidate: tests/test_attention checks it against the same double reference, and
-// tests/bench_attention times it against attention_forward, which the trainer runs until a GPU shows this faster.
+// tests/bench_attention times it against attention_forward. The trainer runs it with --attention wgmma; its
+// default stays attention_forward until a GPU shows this faster.
 // Grid (ceil(T / 64), NH, B): block 128 = one warpgroup owns 64 query rows, warp w the 16 from row0 + 16 w (the
 // rows of wgmma's m64 accumulator each warp holds).
 // Data movement: the Q tile (64 x HD) and the K and V tiles (KW keys x HD, double-buffered; KW = 128 at HD 64,
@@ -991,7 +992,7 @@ __global__ void __launch_bounds__(256, 2)  // (2 blocks of 8 warps: at most 128 
 // ---------------------------------------------------------------------------------------------
 // attention_backward_dkdv_wgmma: attention_backward_dkdv's results (dK, dV and their bias partials) with wgmma, at
 // HD 64 (bf16): a candidate, like attention_forward_wgmma (tests/test_attention checks it, tests/bench_attention
-// times it; the trainer runs attention_backward_dkdv).
+// times it, the trainer runs it with --attention wgmma).
 // Grid (ceil(T / 128), NH, B), the dQ kernel's, so the bias partials keep their rows (att_part_floats). Block 256 =
 // two warpgroups, 64 keys each (warp w the 16 from row0 + 16 w): both read the same query tiles.
 // Data movement: the block's K and V (128 rows) and the query tiles' Q and dO (64 rows, double-buffered by
@@ -1179,8 +1180,6 @@ static inline void launch_attention_forward_wgmma(cudaStream_t s, floatX* out, f
         exit(1);
     }
 }
-#endif
-#ifndef MLM_FP32
 // launch_attention_backward_wgmma: launch_attention_backward's results by the wgmma candidates,
 // attention_backward_dq_wgmma then attention_backward_dkdv_wgmma (HD 64), and the bias partials' sum as there.
 static inline void launch_attention_backward_wgmma(cudaStream_t s, floatX* dqkv, float* dbias, float* delta,
@@ -1208,6 +1207,20 @@ static inline void launch_attention_backward_wgmma(cudaStream_t s, floatX* dqkv,
         launch(partials_sum, dim3(ceil_div(C3, 32)), dim3(32, 8), 0, s, dbias, (float*)NULL, (float*)NULL,
                (const float*)part, G, C3, 1);
     }
+}
+#else  // fp32 storage: the wgmma kernels take bf16 (the trainer refuses --attention wgmma first: use_attention)
+static inline void att_wgmma_needs_bf16(void) {
+    fprintf(stderr, "attention: the wgmma kernels need bf16 storage (this is the fp32 build)\n");
+    exit(1);
+}
+static inline void launch_attention_forward_wgmma(cudaStream_t, floatX*, float*, const floatX*, const int*, const int*,
+                                                  int, int, int, int) {
+    att_wgmma_needs_bf16();
+}
+static inline void launch_attention_backward_wgmma(cudaStream_t, floatX*, float*, float*, float*, const floatX*,
+                                                   const floatX*, const floatX*, const float*, const int*, const int*,
+                                                   int, int, int, int) {
+    att_wgmma_needs_bf16();
 }
 #endif
 // att_part_floats: the scratch of the backward's bias-gradient partials: a row of 3C floats for each block of the

@@ -1229,6 +1229,7 @@ typedef struct {
     // NULL, or (M) floats: bert_forward with dlogit_scale 0 writes there whether each masked row's top
     // prediction is its label (validation's accuracy; see bert_head_decoder)
     float* hits;
+    int att_wgmma;  // 1: attention by the wgmma candidates (attention.cuh; bf16, head size 64, sm_90a), else mma.sync
 } BertModel;
 
 // bert_grad_ready_lo: after bert_backward records grad_ready[k], the gradients [lo, n_decay) of the slab's
@@ -1488,7 +1489,8 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
         bert_phase(m, PHASE_MATMUL);
         matmul_forward(bl, s, qkv, 3 * C, x, bert_lw(m, l, BL_QW), bert_lw(m, l, BL_QB), N, C, 3 * C);
         bert_phase(m, PHASE_ATTN_FWD);
-        launch_attention_forward(s, atty, ACT_FL(m, lse, l), qkv, bt->seg_lo, bt->seg_hi, B, T, NH, HD);
+        (m->att_wgmma ? launch_attention_forward_wgmma : launch_attention_forward)(
+            s, atty, ACT_FL(m, lse, l), qkv, bt->seg_lo, bt->seg_hi, B, T, NH, HD);
         bert_phase(m, PHASE_MATMUL);
         matmul_forward(bl, s, proj, C, atty, bert_lw(m, l, BL_AOW), NULL, N, C, C);  // (its bias: in the LayerNorm)
         bert_phase(m, PHASE_OTHER);
@@ -1585,8 +1587,9 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
         matmul_backward_input(bl, s, d_atty, d_res, C, bert_lw(m, l, BL_AOW), NULL, N, C, C);
         bert_phase(m, PHASE_ATTN_BWD);
         // (and bqkv's gradient, the column sums of d_qkv, from the same kernels)
-        launch_attention_backward(s, d_qkv, bert_lg(m, l, BL_QB), ACT_F(m, d_delta), part, d_atty, ACT_XL(m, qkv, l),
-                                  ACT_XL(m, atty, l), ACT_FL(m, lse, l), bt->seg_lo, bt->seg_hi, B, T, NH, HD);
+        (m->att_wgmma ? launch_attention_backward_wgmma : launch_attention_backward)(
+            s, d_qkv, bert_lg(m, l, BL_QB), ACT_F(m, d_delta), part, d_atty, ACT_XL(m, qkv, l), ACT_XL(m, atty, l),
+            ACT_FL(m, lse, l), bt->seg_lo, bt->seg_hi, B, T, NH, HD);
         // qkv = x Wqkv^T + bqkv (the three biases are adjacent: one (3C) bias); d_x = d_qkv Wqkv + d_res
         bert_phase(m, PHASE_MATMUL);
         matmul_backward_weight(bl, s, bert_lg(m, l, BL_QW), NULL, d_qkv, 3 * C, x, N, C, 3 * C);

@@ -63,6 +63,7 @@ typedef struct {
     int onebit_overlap;                // --comm onebit-overlap: the parts exchanged during the backward
     int comm_refresh;                  // --comm-refresh K: an fp32 step updates v every K steps (0: never)
     const char* optimizer_name;        // --optimizer adamw | lamb
+    const char* attention;             // --attention mma | wgmma: the attention kernels (use_attention)
     int optimizer;                     // OPT_ADAMW or OPT_LAMB (from optimizer_name)
     long long tokens;                  // --tokens N: about N real tokens, as steps (resolve_run_length)
     double epochs;                     // --epochs E: E passes over the training shards, as steps
@@ -132,6 +133,9 @@ static const Flag flags[] = {
      "adamw, or lamb: AdamW's moments and decay, each tensor's step scaled by its trust\n"
      "ratio |w| / |update| (for large global batches; not with --zero 1)"},
     {"--seed", "N", F_LL, AT(seed), 0, (double)(1LL << 62), "1337", "data order, masking and initialisation"},
+    {"--attention", "mma|wgmma", F_CHOICE, AT(attention), 0, 0, "mma",
+     "the attention kernels: mma (mma.sync, any GPU), or wgmma, Hopper's warpgroup MMA\n"
+     "(candidates not yet timed on a GPU: README; bf16, head size 64, an sm_90 GPU)"},
     {"--loader-threads", "N", F_INT_AUTO, AT(loader_threads), 1, 256, "auto",
      "threads preparing batches; auto: as many as the step needs, from one thread's measured\n"
      "rate and the predicted micro-batch time (printed with the reason)"},
@@ -2023,6 +2027,26 @@ static void bench_print(const Options* o, const char* preset, const BenchResult*
     fflush(stdout);
 }
 
+// use_attention: --attention wgmma switches the model to the Hopper candidates (attention.cuh: the forward and both
+// backward passes on wgmma), which need bf16 storage, head size 64 and compute capability 9.0 (sm_90a code).
+static int use_attention(BertModel* m, const Options* o, const cudaDeviceProp* prop, int main_rank) {
+    if (strcmp(o->attention, "wgmma")) return 1;
+    int hd = m->cfg.hidden / m->cfg.heads;
+    if (sizeof(floatX) != 2 || hd != 64 || prop->major != 9 || prop->minor != 0) {
+        fprintf(stderr,
+                "trainer: --attention wgmma needs bf16 storage, head size 64 and a compute capability 9.0 GPU (here: "
+                "%s storage, head size %d, %s %d.%d); --attention mma runs everywhere\n",
+                FLOATX_NAME, hd, prop->name, prop->major, prop->minor);
+        return 0;
+    }
+    m->att_wgmma = 1;
+    if (main_rank)
+        printf(
+            "attention: wgmma (attention_forward_wgmma, attention_backward_dq_wgmma, "
+            "attention_backward_dkdv_wgmma; --attention wgmma)\n");
+    return 1;
+}
+
 // bench_run: bench_preset with the gradient buckets made.
 static int bench_run(const Options* o, const char* preset, GradReduce* gr, const cudaDeviceProp* prop,
                      double peak_tflops, BenchResult* res) {
@@ -2054,7 +2078,9 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
     BertModel model;
-    if (!bert_alloc_sharded(&model, &cfg, B, T, plan.M, stream, gr->zero ? gr->state_numel : 0, gr->slack)) return 1;
+    if (!bert_alloc_sharded(&model, &cfg, B, T, plan.M, stream, gr->zero ? gr->state_numel : 0, gr->slack) ||
+        !use_attention(&model, o, prop, main_rank))
+        return 1;
     grad_reduce_start(gr);
     BatchMaker bm;
     float* scratch = batch_maker_alloc(&bm, &plan, 0);
@@ -2610,6 +2636,7 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
         comm_flag_real("--eps", o->eps),
         comm_flag_real("--clip", o->clip),
         comm_flag_int("--seed", o->seed),
+        comm_flag_int("--attention (1: wgmma)", !strcmp(o->attention, "wgmma")),
         comm_flag_int("--resume (1: given)", o->resume),
         comm_flag_int("--run-steps", o->run_steps),
         comm_flag_int("--val-every", o->val_every),
@@ -3195,7 +3222,8 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
     BertModel model;
-    if (!bert_alloc(&model, &cfg, plan.B, plan.T, plan.M, stream)) return 1;
+    if (!bert_alloc(&model, &cfg, plan.B, plan.T, plan.M, stream) || !use_attention(&model, o, prop, main_rank))
+        return 1;
     BatchMaker bm;
     batch_maker_alloc(&bm, &plan, vh.pad_id);
     Validation v;
@@ -3449,7 +3477,8 @@ static int allocate_run(Run* r) {
     int B = r->plan.B, T = o->T;
     CUDA_CHECK(cudaStreamCreate(&r->stream));
     if (!bert_alloc_sharded(&r->model, &r->cfg, B, T, r->plan.M, r->stream, r->gr.zero ? r->gr.state_numel : 0,
-                            r->gr.slack))
+                            r->gr.slack) ||
+        !use_attention(&r->model, o, &r->prop, r->main_rank))
         return 0;
     grad_reduce_start(&r->gr);
     if (o->onebit) onebit_setup(r);

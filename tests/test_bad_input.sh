@@ -52,6 +52,8 @@ unknown flag|$TRAINER ${T[*]} --out $W/o --bogus 1
 --ckpt-minutes -1: expected a number|$TRAINER ${T[*]} --out $W/o --ckpt-minutes -1
 --ckpt-every x: expected an integer|$TRAINER ${T[*]} --out $W/o --ckpt-every x
 --ring 1: expected an integer|$TRAINER ${T[*]} --out $W/o --ring 1
+--attention flash: expected mma or wgmma|$TRAINER ${T[*]} --out $W/o --attention flash
+--attention wgmma needs bf16 storage, head size 64 .*head size 16|$TRAINER ${T[*]} --out $W/o --attention wgmma
 missing its value|$TRAINER ${T[*]} --out
 MLM_TEST_INF_GRAD=abc: expected FIRST\[:COUNT\]|MLM_TEST_INF_GRAD=abc $TRAINER ${T[*]} --out $W/o
 MLM_TEST_INF_LOSS=0: expected FIRST\[:COUNT\]|MLM_TEST_INF_LOSS=0 $TRAINER ${T[*]} --out $W/o

@@ -6,6 +6,7 @@
 #   - a signal (SIGUSR1, SIGTERM) stops the run after the current step with a checkpoint;
 #   - data parallel: 2 processes (NCCL over shared memory) match 1 process with --grad-accum 2;
 #   - --init-from a Hugging Face export continues from its weights; --stage-dir trains from local copies;
+#   - --attention wgmma (the mini model) trains as the default kernels do;
 #   - the memory planner picks a larger micro-batch when the device has more memory;
 #   - bad input: each gives one clear error and a non-zero exit.
 # Run by tests/run.sh; needs tools/requirements.txt (python3 tools/prepare.py).
@@ -42,6 +43,21 @@ check '[ -n "$before" ] && [ "${before% *}" = "${before#* }" ] && [ "$after" = "
 ./trainer_cpu "${COMMON[@]}" --out "$W/a2" --steps 20 --val "$W/data/val_*.bin" --val-every 20 --val-batches 2 >"$W/a2.log" 2>&1
 check 'cmp -s "$W/a/checkpoint.bin" "$W/a2/checkpoint.bin" && cmp -s "$W/a/model.safetensors" "$W/a2/model.safetensors"' \
   "two identical runs (EMU_THREADS=$EMU_THREADS) gave different checkpoints: $(cmp "$W/a/checkpoint.bin" "$W/a2/checkpoint.bin" 2>&1 | head -n 1)"
+
+# 1b. --attention wgmma: the mini model (head size 64) on the Hopper candidates (attention.cuh) trains like the
+# mma.sync kernels: the same losses to 0.2% over 3 steps, and the log says which kernels ran
+MINI=(--data "$W/data/train_*.bin" --preset mini --seq 32 --batch 4 --lr 2e-3 --warmup 1 --seed 7 --steps 3)
+./trainer_cpu "${MINI[@]}" --out "$W/mma" >"$W/mma.log" 2>&1
+EMU_LAUNCH_STATS=2 ./trainer_cpu "${MINI[@]}" --out "$W/wg" --attention wgmma >"$W/wg.log" 2>&1; rc=$?
+ran=$(grep -cE "^emu: kernel void attention_(forward|backward_dq|backward_dkdv)_wgmma<64>" "$W/wg.log")
+old=$(grep -cE "^emu: kernel void attention_(forward|backward_dq|backward_dkdv)<" "$W/wg.log")
+check '[ $rc -eq 0 ] && grep -q "^attention: wgmma" "$W/wg.log" && [ "$ran" = 3 ] && [ "$old" = 0 ]' \
+  "--attention wgmma: exit $rc, $ran of the 3 wgmma kernels launched, $old mma.sync ones: $(tail -n 2 "$W/wg.log")"
+for st in 1 3; do
+  a=$(loss_at $st "$W/mma.log"); b=$(loss_at $st "$W/wg.log")
+  check 'awk -v a="$a" -v b="$b" "BEGIN { d = a - b; exit !(a > 0 && d * d < (0.002 * a) ^ 2) }"' \
+    "--attention wgmma: step $st loss $b, mma.sync's $a (want within 0.2%)"
+done
 
 # 2. resume is exact (with several OS threads)
 ./trainer_cpu "${COMMON[@]}" --out "$W/b" --steps 20 --run-steps 10 >"$W/b1.log" 2>&1
