@@ -285,6 +285,45 @@ __device__ inline void mask_tile(float s[N / 8][4], int col0, const WarpRange& w
         }
 }
 
+// att_softmax_tile: the forward's online softmax over one key tile, for a warp's 16-row accumulator tile. s (16 x N
+// scores Q K^T (unscaled), masked to -inf where a row does not see a key) becomes P = exp2(s sl2 - m) in
+// place; the running max m (mrun, log2 units) and sum l (lrun, this lane's columns: the quad's sum comes at the end)
+// of the lane's rows g (s[.][0..1]) and g + 8 (s[.][2..3]) are updated, and O (16 x HD) is rescaled by
+// exp2(m_old - m_new). A quad (lane / 4) shares its rows, so a row max is 2 shuffles.
+template <int N, int HD>
+__device__ inline void att_softmax_tile(float s[N / 8][4], float mrun[2], float lrun[2], float o[HD / 8][4],
+                                        float sl2) {
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < N / 8; j++) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]) * sl2);
+        mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]) * sl2);
+    }
+    float sub[2], alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        float mn = fmaxf(mrun[r], mx[r]);
+        // a row with no key seen yet keeps m = -inf: subtract 0 instead (every exp2 is then 0)
+        sub[r] = mn == -INFINITY ? 0.f : mn;
+        alpha[r] = exp2f(mrun[r] - sub[r]);  // rescales the old O and l
+        mrun[r] = mn;
+    }
+    float ps[2] = {0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < N / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            s[j][e] = exp2f(fmaf(s[j][e], sl2, -sub[e >> 1]));
+            ps[e >> 1] += s[j][e];
+        }
+    lrun[0] = lrun[0] * alpha[0] + ps[0];
+    lrun[1] = lrun[1] * alpha[1] + ps[1];
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) o[d][0] *= alpha[0], o[d][1] *= alpha[0], o[d][2] *= alpha[1], o[d][3] *= alpha[1];
+}
+
 // warp_mm_abt: acc[m] (16 x N, fp32) += A_m B^T for the warp's MT 16-row tiles, A_m = rows [16 m, 16 m + 16)
 // of a (row-major, K = HD columns) and B = the N rows of b (row-major, HD columns), both in shared memory
 // (row stride LD). Each B fragment read by ldmatrix serves the MT tiles.
@@ -485,37 +524,7 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_FWD))
 #pragma unroll
         for (int m = 0; m < MT; m++) {
             if (!full) mask_tile<KC>(s[m], kt, wr, m);
-            // online softmax of the tile's rows g (s[.][0..1]) and g + 8 (s[.][2..3]); a quad shares its rows
-            float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                mx[0] = fmaxf(mx[0], fmaxf(s[m][j][0], s[m][j][1]) * sl2);
-                mx[1] = fmaxf(mx[1], fmaxf(s[m][j][2], s[m][j][3]) * sl2);
-            }
-            float sub[2], alpha[2];
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-                mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-                float mn = fmaxf(mrun[m][r], mx[r]);
-                // a row with no key seen yet keeps m = -inf: subtract 0 instead (every exp2 is then 0)
-                sub[r] = mn == -INFINITY ? 0.f : mn;
-                alpha[r] = exp2f(mrun[m][r] - sub[r]);  // rescales the old O and l
-                mrun[m][r] = mn;
-            }
-            float ps[2] = {0.f, 0.f};
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    s[m][j][e] = exp2f(fmaf(s[m][j][e], sl2, -sub[e >> 1]));
-                    ps[e >> 1] += s[m][j][e];
-                }
-            lrun[m][0] = lrun[m][0] * alpha[0] + ps[0];  // this lane's columns; the quad's sum comes at the end
-            lrun[m][1] = lrun[m][1] * alpha[1] + ps[1];
-#pragma unroll
-            for (int d = 0; d < DT; d++)
-                o[m][d][0] *= alpha[0], o[m][d][1] *= alpha[0], o[m][d][2] *= alpha[1], o[m][d][3] *= alpha[1];
+            att_softmax_tile<KC, HD>(s[m], mrun[m], lrun[m], o[m], sl2);
         }
         warp_mm_pb<MT, KC, HD>(o, s, Vt, LD);  // O += P V
     }
@@ -554,7 +563,7 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_FWD))
 // 64 at HD 128) are copied by cp.async into shared memory in the layout wgmma reads (att_sw_off: 128-byte
 // swizzled rows, 1024-byte aligned); Q stays there (wgmma reads it as the A operand of every key tile). Per key
 // tile: S (64 x KW, fp32; KW / 2 registers per lane) = Q K^T by HD / 16 wgmma m64nKWk16 from shared memory (K is
-// K-major: its rows are S's columns); masking and the online softmax run on S in registers exactly as in
+// K-major: its rows are S's columns); masking and the online softmax (att_softmax_tile) run on S in registers as in
 // attention_forward; P (bf16) goes back to the tensor cores as wgmma's register A operand (the accumulator
 // layout is the A layout, as with mma.sync), and O (64 x HD, HD / 2 registers per lane) += P V by KW / 16 wgmma
 // m64nHDk16 with V read MN-major (trans-b: V's rows are the k of P V). O / l is staged in plain rows in the
@@ -643,35 +652,7 @@ __global__ void __launch_bounds__(128, att_wg_min_blocks(HD))
         wgmma_wait_group<0>();
         wgmma_fence_operand(&s[0][0], KW / 2);
         if (!(kt >= wr.all_lo && kt + KW <= wr.all_hi)) mask_tile<KW>(s, kt, wr, 0);
-        // online softmax of rows g (s[.][0..1]) and g + 8 (s[.][2..3]), as in attention_forward
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]) * sl2);
-            mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]) * sl2);
-        }
-        float sub[2], alpha[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            float mn = fmaxf(mrun[r], mx[r]);
-            sub[r] = mn == -INFINITY ? 0.f : mn;  // no key seen yet: every exp2 is 0
-            alpha[r] = exp2f(mrun[r] - sub[r]);
-            mrun[r] = mn;
-        }
-        float ps[2] = {0.f, 0.f};
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                s[j][e] = exp2f(fmaf(s[j][e], sl2, -sub[e >> 1]));
-                ps[e >> 1] += s[j][e];
-            }
-        lrun[0] = lrun[0] * alpha[0] + ps[0];
-        lrun[1] = lrun[1] * alpha[1] + ps[1];
-#pragma unroll
-        for (int d = 0; d < DT; d++) o[d][0] *= alpha[0], o[d][1] *= alpha[0], o[d][2] *= alpha[1], o[d][3] *= alpha[1];
+        att_softmax_tile<KW, HD>(s, mrun, lrun, o, sl2);
         FragA pa[KW / 16];  // P as A operands; alive until the wait
 #pragma unroll
         for (int k = 0; k < KW / 16; k++) pack_a(pa[k], s[2 * k], s[2 * k + 1]);
