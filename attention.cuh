@@ -288,18 +288,18 @@ __device__ inline void mask_tile(float s[N / 8][4], int col0, const WarpRange& w
 // att_softmax_tile: the forward's online softmax over one key tile, for a warp's 16-row accumulator tile. s (16 x N
 // scores Q K^T (unscaled), masked to -inf where a row does not see a key) becomes P = exp2(s sl2 - m) in
 // place; the running max m (mrun, log2 units) and sum l (lrun, this lane's columns: the quad's sum comes at the end)
-// of the lane's rows g (s[.][0..1]) and g + 8 (s[.][2..3]) are updated, and O (16 x HD) is rescaled by
-// exp2(m_old - m_new). A quad (lane / 4) shares its rows, so a row max is 2 shuffles.
-template <int N, int HD>
-__device__ inline void att_softmax_tile(float s[N / 8][4], float mrun[2], float lrun[2], float o[HD / 8][4],
-                                        float sl2) {
+// of the lane's rows g (s[.][0..1]) and g + 8 (s[.][2..3]) are updated (l rescaled), and alpha = exp2(m_old - m_new)
+// is what O must be rescaled by (att_rescale) before P V joins it. A quad (lane / 4) shares its rows, so a row max
+// is 2 shuffles.
+template <int N>
+__device__ inline void att_softmax_tile(float s[N / 8][4], float mrun[2], float lrun[2], float alpha[2], float sl2) {
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int j = 0; j < N / 8; j++) {
         mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]) * sl2);
         mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]) * sl2);
     }
-    float sub[2], alpha[2];
+    float sub[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
@@ -320,6 +320,10 @@ __device__ inline void att_softmax_tile(float s[N / 8][4], float mrun[2], float 
         }
     lrun[0] = lrun[0] * alpha[0] + ps[0];
     lrun[1] = lrun[1] * alpha[1] + ps[1];
+}
+// att_rescale: O (a warp's 16 x HD accumulator tile) *= alpha of its rows (g: o[.][0..1], g + 8: o[.][2..3]).
+template <int HD>
+__device__ inline void att_rescale(float o[HD / 8][4], const float alpha[2]) {
 #pragma unroll
     for (int d = 0; d < HD / 8; d++) o[d][0] *= alpha[0], o[d][1] *= alpha[0], o[d][2] *= alpha[1], o[d][3] *= alpha[1];
 }
@@ -524,7 +528,9 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_FWD))
 #pragma unroll
         for (int m = 0; m < MT; m++) {
             if (!full) mask_tile<KC>(s[m], kt, wr, m);
-            att_softmax_tile<KC, HD>(s[m], mrun[m], lrun[m], o[m], sl2);
+            float alpha[2];
+            att_softmax_tile<KC>(s[m], mrun[m], lrun[m], alpha, sl2);
+            att_rescale<HD>(o[m], alpha);
         }
         warp_mm_pb<MT, KC, HD>(o, s, Vt, LD);  // O += P V
     }
@@ -566,10 +572,13 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_FWD))
 // K-major: its rows are S's columns); masking and the online softmax (att_softmax_tile) run on S in registers as in
 // attention_forward; P (bf16) goes back to the tensor cores as wgmma's register A operand (the accumulator
 // layout is the A layout, as with mma.sync), and O (64 x HD, HD / 2 registers per lane) += P V by KW / 16 wgmma
-// m64nHDk16 with V read MN-major (trans-b: V's rows are the k of P V). O / l is staged in plain rows in the
-// free K buffer and stored 128 bits per lane.
-// Unlike attention_forward no warp skips a tile its rows do not see (wgmma is the whole warpgroup's): the
-// masking zeroes those rows' P.
+// m64nHDk16 with V read MN-major (trans-b: V's rows are the k of P V). The products are issued one tile ahead, as
+// FlashAttention-3 does inside a warpgroup: S_{j + 1} and then P_j V_j go to the tensor cores together, and the
+// softmax of S_{j + 1} runs while P_j V_j is computed (O is rescaled after its wait), so the exponentials and the
+// second product overlap; K_{j + 2} and V_{j + 1} are copied meanwhile into the buffers that S_j and P_{j - 1} V_{j -
+// 1} have finished with. O / l is staged in plain rows in the free K buffer and stored 128 bits per lane. Unlike
+// attention_forward no warp skips a tile its rows do not see (wgmma is the whole warpgroup's): the masking zeroes those
+// rows' P.
 __host__ __device__ constexpr int att_wg_keys(int HD) { return HD == 64 ? 128 : 64; }
 // blocks per SM: shared memory (att_wg_smem: 73 KB at HD 64, 81 KB at HD 128) allows 3 and 2 of the 227 KB;
 // registers are capped to match (at most 168 and 255 a thread)
@@ -608,6 +617,22 @@ template <int HD>
 __device__ inline uint64_t att_wg_desc_v(uint32_t tile, int ks) {
     return wgmma_desc(tile + 2 * ks * (HD / 64) * 1024, WGMMA_SWIZZLE_128B, 1024, (HD / 64) * 1024);
 }
+// att_wg_abt: issues acc (64 x N, fp32) = A B^T for the warpgroup, A (64 rows) and B (N rows) swizzled HD-wide
+// tiles at shared addresses a0 and b0, read K-major: HD / 16 wgmma m64nNk16 (the first overwrites acc). No commit.
+template <int N, int HD>
+__device__ inline void att_wg_abt(float* acc, uint32_t a0, uint32_t b0) {
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ks++)
+        wgmma_m64k16_bf16<N, 0>(acc, att_wg_desc_kmajor<HD>(a0, ks), att_wg_desc_kmajor<HD>(b0, ks), ks > 0);
+}
+// att_wg_pb: issues acc (64 x HD, fp32) += P B for the warpgroup, P (64 x K) from registers as wgmma's A operands
+// (pa: K / 16 fragments, which must stay untouched until the wait) and B (K rows of a swizzled HD-wide tile at b0)
+// read MN-major: K / 16 wgmma m64nHDk16. No commit.
+template <int K, int HD>
+__device__ inline void att_wg_pb(float* acc, const FragA* pa, uint32_t b0) {
+#pragma unroll
+    for (int ks = 0; ks < K / 16; ks++) wgmma_m64k16_bf16_rs<HD, 1>(acc, pa[ks].x, att_wg_desc_v<HD>(b0, ks), 1);
+}
 template <int HD>
 __global__ void __launch_bounds__(128, att_wg_min_blocks(HD))
     attention_forward_wgmma(floatX* out, float* lse, const floatX* qkv, const int* seg_lo, const int* seg_hi, int B,
@@ -618,54 +643,73 @@ __global__ void __launch_bounds__(128, att_wg_min_blocks(HD))
     constexpr int KW = att_wg_keys(HD), NT = KW / 8, DT = HD / 8, LD = att_ld(HD);
     constexpr int TILE_K = KW * HD * (int)sizeof(floatX);                       // bytes of one K or V buffer
     unsigned char* Qs = dyn_smem + (1024 - smem_addr(dyn_smem) % 1024) % 1024;  // the swizzle repeats every 1 KB
-    unsigned char* Ks = Qs + 64 * HD * sizeof(floatX);                          // [2][TILE_K]
-    unsigned char* Vs = Ks + 2 * TILE_K;                                        // [2][TILE_K]
+    unsigned char* Ks = Qs + 64 * HD * sizeof(floatX);                          // [2][TILE_K]: K_j in Ks[j & 1]
+    unsigned char* Vs = Ks + 2 * TILE_K;                                        // [2][TILE_K]: V_j in Vs[j & 1]
     AttBlock blk = att_block<HD, 1, 64, KW>(qkv, seg_lo, seg_hi, T, NH, red);
     WarpRange wr = warp_range<1>(blk.lo, blk.hi, blk.wrow, T);
-    int lane = threadIdx.x % 32, g = lane / 4;
-    if (blk.ntiles) {
-        att_copy_tile_sw<HD, 64>(Qs, blk.base, blk.C3, blk.row0, T);
-        att_copy_tile_sw<HD, KW>(Ks, blk.base + blk.C, blk.C3, blk.start, T);
-        att_copy_tile_sw<HD, KW>(Vs, blk.base + 2 * blk.C, blk.C3, blk.start, T);
-    }
+    // At least one tile, so that no wgmma sits in a branch (ptxas serializes them there): a block whose rows see
+    // no key computes tile 0 fully masked, which gives what no tile gives (O = 0, l = 0).
+    int lane = threadIdx.x % 32, g = lane / 4, n = max(blk.ntiles, 1), start = blk.ntiles ? blk.start : 0;
+    const floatX *Kg = blk.base + blk.C, *Vg = blk.base + 2 * blk.C;
+    att_copy_tile_sw<HD, 64>(Qs, blk.base, blk.C3, blk.row0, T);  // two cp.async groups: Q and K_0, ...
+    att_copy_tile_sw<HD, KW>(Ks, Kg, blk.C3, start, T);
     cp_async_commit();
+    if (n > 1) att_copy_tile_sw<HD, KW>(Ks + TILE_K, Kg, blk.C3, start + KW, T);  // ... then K_1 and V_0
+    att_copy_tile_sw<HD, KW>(Vs, Vg, blk.C3, start, T);
+    cp_async_commit();
+    cp_async_wait<1>();
+    fence_proxy_async();  // the copies are visible to wgmma, which reads shared memory through the async proxy
+    __syncthreads();
     const float sl2 = 1.44269504088896341f / sqrtf((float)HD);  // log2(e) / sqrt(HD)
-    float o[DT][4] = {}, mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {};
-    float s[NT][4];  // S, then P: each step's first wgmma does not read it (scale-d 0)
+    float o[DT][4] = {}, mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {}, alpha[2];
+    float s[NT][4];     // S, then P
+    FragA pa[KW / 16];  // P as wgmma's A operands: alive from the packing to the wait after its P V
     uint32_t q0 = smem_addr(Qs);
-    for (int it = 0; it < blk.ntiles; it++) {
-        int kt = blk.start + it * KW, buf = it & 1;
-        cp_async_wait<0>();   // key tile it is here (this thread's copies; the barrier makes it everyone's) ...
-        fence_proxy_async();  // ... and visible to wgmma, which reads shared memory through the async proxy
-        __syncthreads();      // every warp is also done with tile it - 1: its buffers may be refilled
-        if (it + 1 < blk.ntiles) {
-            att_copy_tile_sw<HD, KW>(Ks + (buf ^ 1) * TILE_K, blk.base + blk.C, blk.C3, kt + KW, T);
-            att_copy_tile_sw<HD, KW>(Vs + (buf ^ 1) * TILE_K, blk.base + 2 * blk.C, blk.C3, kt + KW, T);
-        }
-        cp_async_commit();
-        uint32_t k0 = smem_addr(Ks + buf * TILE_K), v0 = smem_addr(Vs + buf * TILE_K);
-        wgmma_fence();  // S's registers were last written by the softmax
+    wgmma_fence();  // S_0 and its softmax (O is still 0: nothing to rescale)
+    att_wg_abt<KW, HD>(&s[0][0], q0, smem_addr(Ks));
+    wgmma_commit_group();
+    wgmma_wait_group<0>();
+    wgmma_fence_operand(&s[0][0], KW / 2);
+    if (!(start >= wr.all_lo && start + KW <= wr.all_hi)) mask_tile<KW>(s, start, wr, 0);
+    att_softmax_tile<KW>(s, mrun, lrun, alpha, sl2);
 #pragma unroll
-        for (int ks = 0; ks < HD / 16; ks++)
-            wgmma_m64k16_bf16<KW, 0>(&s[0][0], att_wg_desc_kmajor<HD>(q0, ks), att_wg_desc_kmajor<HD>(k0, ks), ks > 0);
+    for (int k = 0; k < KW / 16; k++) pack_a(pa[k], s[2 * k], s[2 * k + 1]);
+    // Iteration it: S_{it + 1} = Q K_{it + 1}^T and O += P_it V_it go to the tensor cores, in that order; the
+    // softmax of S_{it + 1} runs while P_it V_it is still being computed (FlashAttention-3's overlap inside a
+    // warpgroup); then O is rescaled and P_{it + 1} packed.
+    for (int it = 0; it + 1 < n; it++) {
+        int kt = start + (it + 1) * KW;
+        cp_async_wait<0>();   // K_{it + 1} and V_it are here (this thread's copies; the barrier makes them all) ...
+        fence_proxy_async();  // ... visible to wgmma; and every warp has finished S_it and P_{it - 1} V_{it - 1},
+        __syncthreads();      // so K_it's and V_{it - 1}'s buffers take K_{it + 2} and V_{it + 1}
+        if (it + 2 < n) att_copy_tile_sw<HD, KW>(Ks + (it & 1) * TILE_K, Kg, blk.C3, kt + KW, T);
+        att_copy_tile_sw<HD, KW>(Vs + ((it + 1) & 1) * TILE_K, Vg, blk.C3, kt, T);
+        cp_async_commit();
+        wgmma_fence();  // S's registers were last read by the packing, P's written
+        att_wg_abt<KW, HD>(&s[0][0], q0, smem_addr(Ks + ((it + 1) & 1) * TILE_K));
         wgmma_commit_group();
-        wgmma_wait_group<0>();
+        att_wg_pb<KW, HD>(&o[0][0], pa, smem_addr(Vs + (it & 1) * TILE_K));
+        wgmma_commit_group();
+        wgmma_wait_group<1>();  // S_{it + 1} is done; P_it V_it may still run
         wgmma_fence_operand(&s[0][0], KW / 2);
         if (!(kt >= wr.all_lo && kt + KW <= wr.all_hi)) mask_tile<KW>(s, kt, wr, 0);
-        att_softmax_tile<KW, HD>(s, mrun, lrun, o, sl2);
-        FragA pa[KW / 16];  // P as A operands; alive until the wait
+        att_softmax_tile<KW>(s, mrun, lrun, alpha, sl2);
+        wgmma_wait_group<0>();  // P_it V_it is done: O may be rescaled, pa rewritten
+        wgmma_fence_operand(&o[0][0], HD / 2);
+        wgmma_fence_fragment(&pa[0].x[0], 4 * (KW / 16));
+        att_rescale<HD>(o, alpha);
 #pragma unroll
         for (int k = 0; k < KW / 16; k++) pack_a(pa[k], s[2 * k], s[2 * k + 1]);
-        wgmma_fence();  // O was rescaled, P written
-#pragma unroll
-        for (int ks = 0; ks < KW / 16; ks++)
-            wgmma_m64k16_bf16_rs<HD, 1>(&o[0][0], pa[ks].x, att_wg_desc_v<HD>(v0, ks), 1);
-        wgmma_commit_group();
-        wgmma_wait_group<0>();
-        wgmma_fence_operand(&o[0][0], HD / 2);
     }
-    cp_async_wait<0>();  // (an empty group when there were no tiles)
-    __syncthreads();     // every warp's wgmma reads are done: the K buffers take the staged output
+    cp_async_wait<0>();  // the last tile's P V: V_{n - 1} is here
+    fence_proxy_async();
+    __syncthreads();
+    wgmma_fence();
+    att_wg_pb<KW, HD>(&o[0][0], pa, smem_addr(Vs + ((n - 1) & 1) * TILE_K));
+    wgmma_commit_group();
+    wgmma_wait_group<0>();
+    wgmma_fence_operand(&o[0][0], HD / 2);
+    // (every warp's reads of the K buffers ended before the barrier above: they take the staged output)
     float* L = lse + ((size_t)blk.b * NH + blk.h) * T;
     floatX* Ow = (floatX*)Ks + 16 * blk.w * LD;  // the warp's 16 rows, plain (row stride LD)
     float inv[2];
@@ -928,12 +972,8 @@ __global__ void __launch_bounds__(256, 2)  // (2 blocks of 8 warps: at most 128 
         cp_async_commit();
         uint32_t k0 = smem_addr(Ks + buf * KB), v0 = smem_addr(Vs + buf * KB);
         wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < HD / 16; ks++)  // S = Q K^T
-            wgmma_m64k16_bf16<KW, 0>(&s[0][0], att_wg_desc_kmajor<HD>(q0, ks), att_wg_desc_kmajor<HD>(k0, ks), ks > 0);
-#pragma unroll
-        for (int ks = 0; ks < HD / 16; ks++)  // dP = dO V^T
-            wgmma_m64k16_bf16<KW, 0>(&dp[0][0], att_wg_desc_kmajor<HD>(d0, ks), att_wg_desc_kmajor<HD>(v0, ks), ks > 0);
+        att_wg_abt<KW, HD>(&s[0][0], q0, k0);   // S = Q K^T
+        att_wg_abt<KW, HD>(&dp[0][0], d0, v0);  // dP = dO V^T
         wgmma_commit_group();
         wgmma_wait_group<0>();
         wgmma_fence_operand(&s[0][0], KW / 2);
@@ -947,9 +987,7 @@ __global__ void __launch_bounds__(256, 2)  // (2 blocks of 8 warps: at most 128 
 #pragma unroll
         for (int k = 0; k < KW / 16; k++) pack_a(da[k], dp[2 * k], dp[2 * k + 1]);
         wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < KW / 16; ks++)  // dQ += dS K
-            wgmma_m64k16_bf16_rs<HD, 1>(&dq[0][0], da[ks].x, att_wg_desc_v<HD>(k0, ks), 1);
+        att_wg_pb<KW, HD>(&dq[0][0], da, k0);  // dQ += dS K
         wgmma_commit_group();
         wgmma_wait_group<0>();
         wgmma_fence_operand(&dq[0][0], HD / 2);
@@ -976,14 +1014,16 @@ __global__ void __launch_bounds__(256, 2)  // (2 blocks of 8 warps: at most 128 
 // times it, the trainer runs it with --attention wgmma).
 // Grid (ceil(T / 128), NH, B), the dQ kernel's, so the bias partials keep their rows (att_part_floats). Block 256 =
 // two warpgroups, 64 keys each (warp w the 16 from row0 + 16 w): both read the same query tiles.
-// Data movement: the block's K and V (128 rows) and the query tiles' Q and dO (64 rows, double-buffered by
-// cp.async, with their lse and delta) in shared memory, swizzled for wgmma (att_sw_off). Per query tile a
-// warpgroup computes S^T = K Q^T and dP^T = V dO^T (64 x 64 each, 32 fp32 registers per lane) by 2 x HD / 16
-// wgmma m64n64k16 from shared memory, forms P^T and dS^T = P^T (dP^T - delta) in registers, and adds P^T dO to dV
-// and dS^T Q to dK (64 x HD each, HD / 2 registers per lane) by 2 x 4 wgmma m64nHDk16 with P^T and dS^T as
-// register A operands and dO, Q read MN-major. dK and dV are staged in plain rows of their own and stored.
-__host__ __device__ constexpr size_t att_wg_dkdv_smem(int HD) {  // align, K, V, 2 x (Q, dO), 2 x (lse, delta), stage
-    return 1024 + (size_t)(2 * 128 + 4 * 64) * HD * sizeof(floatX) + 4 * 64 * sizeof(float) +
+// Data movement: the block's K and V (128 rows) and the query tiles' Q and dO (64 rows, in three buffers filled by
+// cp.async two tiles ahead, with their lse and delta) in shared memory, swizzled for wgmma (att_sw_off). Per query tile
+// a warpgroup computes S^T = K Q^T and dP^T = V dO^T (64 x 64 each, 32 fp32 registers per lane) by 2 x HD / 16 wgmma
+// m64n64k16 from shared memory, forms P^T and dS^T = P^T (dP^T - delta) in registers, and adds P^T dO to dV and dS^T Q
+// to dK (64 x HD each, HD / 2 registers per lane) by 2 x 4 wgmma m64nHDk16 with P^T and dS^T as register A operands and
+// dO, Q read MN-major; the next tile's S^T and dP^T are issued before those two products, so P^T and dS^T of one tile
+// are formed while the tensor cores finish the tile before (three buffers: tile j + 2 is copied while tiles j and
+// j + 1 are still to be read). dK and dV are staged in plain rows of their own and stored.
+__host__ __device__ constexpr size_t att_wg_dkdv_smem(int HD) {  // align, K, V, 3 x (Q, dO), 3 x (lse, delta), stage
+    return 1024 + (size_t)(2 * 128 + 6 * 64) * HD * sizeof(floatX) + 6 * 64 * sizeof(float) +
            2 * att_tile_bytes(HD, 128);
 }
 template <int HD>
@@ -997,51 +1037,51 @@ __global__ void __launch_bounds__(256, 1)
     constexpr int KB = R * HD * (int)sizeof(floatX), QB = QW * HD * (int)sizeof(floatX);
     unsigned char* Ks = dyn_smem + (1024 - smem_addr(dyn_smem) % 1024) % 1024;
     unsigned char* Vs = Ks + KB;
-    unsigned char* Qs = Vs + KB;               // [2][QB]
-    unsigned char* dOs = Qs + 2 * QB;          // [2][QB]
-    float* lse_s = (float*)(dOs + 2 * QB);     // [2][QW], lse log2(e)
-    float* dl_s = lse_s + 2 * QW;              // [2][QW]
-    floatX* stage = (floatX*)(dl_s + 2 * QW);  // [2][R][LD]: dK rows, then dV rows
+    unsigned char* Qs = Vs + KB;               // [3][QB]: query tile j in Qs[j % 3]
+    unsigned char* dOs = Qs + 3 * QB;          // [3][QB]
+    float* lse_s = (float*)(dOs + 3 * QB);     // [3][QW], lse log2(e)
+    float* dl_s = lse_s + 3 * QW;              // [3][QW]
+    floatX* stage = (floatX*)(dl_s + 3 * QW);  // [2][R][LD]: dK rows, then dV rows
     AttBlock blk = att_block<HD, 1, R, QW, 8>(qkv, seg_lo, seg_hi, T, NH, red);
     WarpRange wr = warp_range<1>(blk.lo, blk.hi, blk.wrow, T);  // the keys' ranges: the queries that see them
-    int t = threadIdx.x % 4, wg = threadIdx.x / 128;
+    // at least one tile, so that no wgmma sits in a branch (see attention_forward_wgmma): keys that no query sees
+    // take tile 0 fully masked (P = 0: dK = dV = 0)
+    int t = threadIdx.x % 4, wg = threadIdx.x / 128, n = max(blk.ntiles, 1), start = blk.ntiles ? blk.start : 0;
     const floatX* dbase = dout + (size_t)blk.b * T * blk.C + (size_t)blk.h * HD;
     const float *lse_r = lse + ((size_t)blk.b * NH + blk.h) * T, *delta_r = delta + ((size_t)blk.b * NH + blk.h) * T;
-    if (blk.ntiles) {
-        att_copy_tile_sw<HD, R>(Ks, blk.base + blk.C, blk.C3, blk.row0, T);
-        att_copy_tile_sw<HD, R>(Vs, blk.base + 2 * blk.C, blk.C3, blk.row0, T);
-        att_copy_tile_sw<HD, QW>(Qs, blk.base, blk.C3, blk.start, T);
-        att_copy_tile_sw<HD, QW>(dOs, dbase, blk.C, blk.start, T);
+    att_copy_tile_sw<HD, R>(Ks, blk.base + blk.C, blk.C3, blk.row0, T);  // two cp.async groups: K, V, tile 0, ...
+    att_copy_tile_sw<HD, R>(Vs, blk.base + 2 * blk.C, blk.C3, blk.row0, T);
+    att_copy_tile_sw<HD, QW>(Qs, blk.base, blk.C3, start, T);
+    att_copy_tile_sw<HD, QW>(dOs, dbase, blk.C, start, T);
+    cp_async_commit();
+    att_query_stats<QW>(lse_s, dl_s, lse_r, delta_r, start, T);
+    if (n > 1) {  // ... then tile 1
+        att_copy_tile_sw<HD, QW>(Qs + QB, blk.base, blk.C3, start + QW, T);
+        att_copy_tile_sw<HD, QW>(dOs + QB, dbase, blk.C, start + QW, T);
+        att_query_stats<QW>(lse_s + QW, dl_s + QW, lse_r, delta_r, start + QW, T);
     }
     cp_async_commit();
-    if (blk.ntiles) att_query_stats<QW>(lse_s, dl_s, lse_r, delta_r, blk.start, T);
+    cp_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();
     const float sl2 = 1.44269504088896341f / sqrtf((float)HD);
     float dk[DT][4] = {}, dv[DT][4] = {}, s[NT][4], dp[NT][4];
+    FragA pa[QW / 16], da[QW / 16];  // P^T and dS^T as A operands: alive from the packing to the wait after their use
     uint32_t k0 = smem_addr(Ks) + wg * 8 * (HD / 64) * 1024, v0 = smem_addr(Vs) + wg * 8 * (HD / 64) * 1024;
-    for (int it = 0; it < blk.ntiles; it++) {
-        int qt = blk.start + it * QW, buf = it & 1;
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();
-        if (it + 1 < blk.ntiles) {
-            att_copy_tile_sw<HD, QW>(Qs + (buf ^ 1) * QB, blk.base, blk.C3, qt + QW, T);
-            att_copy_tile_sw<HD, QW>(dOs + (buf ^ 1) * QB, dbase, blk.C, qt + QW, T);
-            att_query_stats<QW>(lse_s + (buf ^ 1) * QW, dl_s + (buf ^ 1) * QW, lse_r, delta_r, qt + QW, T);
-        }
-        cp_async_commit();
-        uint32_t q0 = smem_addr(Qs + buf * QB), d0 = smem_addr(dOs + buf * QB);
-        const float *lq = lse_s + buf * QW, *dq = dl_s + buf * QW;
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < HD / 16; ks++)  // S^T = K Q^T
-            wgmma_m64k16_bf16<QW, 0>(&s[0][0], att_wg_desc_kmajor<HD>(k0, ks), att_wg_desc_kmajor<HD>(q0, ks), ks > 0);
-#pragma unroll
-        for (int ks = 0; ks < HD / 16; ks++)  // dP^T = V dO^T
-            wgmma_m64k16_bf16<QW, 0>(&dp[0][0], att_wg_desc_kmajor<HD>(v0, ks), att_wg_desc_kmajor<HD>(d0, ks), ks > 0);
-        wgmma_commit_group();
-        wgmma_wait_group<0>();
-        wgmma_fence_operand(&s[0][0], QW / 2);
-        wgmma_fence_operand(&dp[0][0], QW / 2);
+    wgmma_fence();  // tile 0's S^T = K Q^T and dP^T = V dO^T
+    att_wg_abt<QW, HD>(&s[0][0], k0, smem_addr(Qs));
+    att_wg_abt<QW, HD>(&dp[0][0], v0, smem_addr(dOs));
+    wgmma_commit_group();
+    wgmma_wait_group<0>();
+    wgmma_fence_operand(&s[0][0], QW / 2);
+    wgmma_fence_operand(&dp[0][0], QW / 2);
+    // Iteration it: S^T and dP^T of tile it are in s and dp. P^T and dS^T are formed while the tensor cores still
+    // add tile it - 1's P^T dO and dS^T Q to dV and dK (FlashAttention-3's overlap inside a warpgroup); then tile
+    // it + 1's S^T and dP^T and tile it's two products are issued, in that order, and the first pair waited for.
+    // The last tile leaves the loop with its P^T and dS^T packed.
+    for (int it = 0;; it++) {
+        int qt = start + it * QW, b = it % 3;
+        const float *lq = lse_s + b * QW, *dq = dl_s + b * QW;
         if (!(qt >= wr.all_lo && qt + QW <= wr.all_hi)) mask_tile<QW>(s, qt, wr, 0);
 #pragma unroll
         for (int j = 0; j < NT; j++)  // P^T in s, dS^T = P^T (dP^T - delta) in dp; column c is query qt + c
@@ -1051,25 +1091,46 @@ __global__ void __launch_bounds__(256, 1)
                 s[j][e] = exp2f(fmaf(s[j][e], sl2, -lq[c]));
                 dp[j][e] = s[j][e] * (dp[j][e] - dq[c]);
             }
-        FragA pa[QW / 16], da[QW / 16];  // P^T and dS^T as A operands; alive until the wait
+        wgmma_wait_group<0>();  // tile it - 1's products are done: pa and da may be rewritten
+        wgmma_fence_fragment(&pa[0].x[0], 4 * (QW / 16));
+        wgmma_fence_fragment(&da[0].x[0], 4 * (QW / 16));
 #pragma unroll
         for (int k = 0; k < QW / 16; k++) {
             pack_a(pa[k], s[2 * k], s[2 * k + 1]);
             pack_a(da[k], dp[2 * k], dp[2 * k + 1]);
         }
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < QW / 16; ks++)  // dV += P^T dO
-            wgmma_m64k16_bf16_rs<HD, 1>(&dv[0][0], pa[ks].x, att_wg_desc_v<HD>(d0, ks), 1);
-#pragma unroll
-        for (int ks = 0; ks < QW / 16; ks++)  // dK += dS^T Q
-            wgmma_m64k16_bf16_rs<HD, 1>(&dk[0][0], da[ks].x, att_wg_desc_v<HD>(q0, ks), 1);
+        if (it + 1 == n) break;
+        cp_async_wait<0>();   // tile it + 1 is here, and every warp has finished tile it - 1's products:
+        fence_proxy_async();  // its buffers take tile it + 2
+        __syncthreads();
+        if (it + 2 < n) {
+            int q2 = qt + 2 * QW, b2 = (it + 2) % 3;
+            att_copy_tile_sw<HD, QW>(Qs + b2 * QB, blk.base, blk.C3, q2, T);
+            att_copy_tile_sw<HD, QW>(dOs + b2 * QB, dbase, blk.C, q2, T);
+            att_query_stats<QW>(lse_s + b2 * QW, dl_s + b2 * QW, lse_r, delta_r, q2, T);
+        }
+        cp_async_commit();
+        int b1 = (it + 1) % 3;
+        wgmma_fence();  // s, dp were read, pa, da written
+        att_wg_abt<QW, HD>(&s[0][0], k0, smem_addr(Qs + b1 * QB));
+        att_wg_abt<QW, HD>(&dp[0][0], v0, smem_addr(dOs + b1 * QB));
         wgmma_commit_group();
-        wgmma_wait_group<0>();
-        wgmma_fence_operand(&dv[0][0], HD / 2);
-        wgmma_fence_operand(&dk[0][0], HD / 2);
+        att_wg_pb<QW, HD>(&dv[0][0], pa, smem_addr(dOs + b * QB));  // dV += P^T dO
+        att_wg_pb<QW, HD>(&dk[0][0], da, smem_addr(Qs + b * QB));   // dK += dS^T Q
+        wgmma_commit_group();
+        wgmma_wait_group<1>();  // tile it + 1's S^T and dP^T are done; dV and dK may still be computed
+        wgmma_fence_operand(&s[0][0], QW / 2);
+        wgmma_fence_operand(&dp[0][0], QW / 2);
     }
-    cp_async_wait<0>();  // (an empty group when there were no tiles)
+    int bl = (n - 1) % 3;  // the last tile's products
+    wgmma_fence();
+    att_wg_pb<QW, HD>(&dv[0][0], pa, smem_addr(dOs + bl * QB));
+    att_wg_pb<QW, HD>(&dk[0][0], da, smem_addr(Qs + bl * QB));
+    wgmma_commit_group();
+    wgmma_wait_group<0>();
+    wgmma_fence_operand(&dv[0][0], HD / 2);
+    wgmma_fence_operand(&dk[0][0], HD / 2);
+    cp_async_wait<0>();                                                         // (an empty group)
     floatX *Kw = stage + 16 * blk.w * LD, *Vw = stage + (R + 16 * blk.w) * LD;  // the warp's 16 rows of each
     float scale = 1.f / sqrtf((float)HD);
     att_stage<HD>(Kw, dk, scale, scale);

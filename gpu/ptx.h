@@ -12,6 +12,7 @@
 //   wgmma_m64k16_bf16_rs<N, T>(d, a, bdesc, scale_d)     ... with A from registers
 //   wgmma_fence(), wgmma_commit_group(), wgmma_wait_group<N>()   wgmma.fence / .commit_group / .wait_group N
 //   wgmma_fence_operand(d, n)       a compiler barrier on the accumulator registers (no instruction)
+//   wgmma_fence_fragment(a, n)      the same on registers holding an A operand (.._rs)
 //   fence_proxy_async()             fence.proxy.async.shared::cta
 #pragma once
 #include <cuda_runtime.h>
@@ -71,6 +72,11 @@ __device__ inline void wgmma_wait_group(void) {
 // reads of d above the wait, or from reusing its registers meanwhile.
 __device__ inline void wgmma_fence_operand(float* d, int n) {
     for (int i = 0; i < n; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+// ... and on registers that hold wgmma's A operand (a, n of them): the hardware may read them until the wait,
+// so this, after the wait, keeps them alive and unchanged until then.
+__device__ inline void wgmma_fence_fragment(uint32_t* a, int n) {
+    for (int i = 0; i < n; i++) asm volatile("" : "+r"(a[i])::"memory");
 }
 __device__ inline void fence_proxy_async(void) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

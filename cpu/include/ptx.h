@@ -41,8 +41,9 @@
 //     other instructions. wgmma_commit_group(): closes the warpgroup's open group of wgmma operations.
 //     wgmma_wait_group<N>(): returns when at most N groups are pending; only then may the accumulators
 //     and A registers be read or written, and the shared memory be overwritten.
-//   wgmma_fence_operand(d, n): the GPU build's compiler barrier on registers the hardware writes behind its
-//     back (keeps reads of d after the wait); nothing to do on the CPU.
+//   wgmma_fence_operand(d, n), wgmma_fence_fragment(a, n): the GPU build's compiler barriers on registers the
+//     hardware writes (accumulators) or reads (A fragments) behind the compiler's back, placed after the wait;
+//     nothing to do on the CPU.
 //   fence_proxy_async(): makes the thread's ordinary shared-memory writes visible to wgmma (the async proxy);
 //     needed between writing an operand with st.shared and the wgmma that reads it, with a barrier.
 //   The emulator checks the descriptors, the fence rule (strictly: a fence after every wait that completed
@@ -208,4 +209,5 @@ static inline void wgmma_wait_group(void) {
     emu_wgmma_wait(N);
 }
 static inline void wgmma_fence_operand(float* d, int n) { (void)d, (void)n; }
+static inline void wgmma_fence_fragment(uint32_t* a, int n) { (void)a, (void)n; }
 static inline void fence_proxy_async(void) {}
