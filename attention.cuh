@@ -680,11 +680,8 @@ __global__ void __launch_bounds__(128, att_wg_min_blocks(HD))
     for (int it = 0; it + 1 < n; it++) {
         int kt = start + (it + 1) * KW;
         cp_async_wait<0>();   // K_{it + 1} and V_it are here (this thread's copies; the barrier makes them all) ...
-        fence_proxy_async();  // ... visible to wgmma; and every warp has finished S_it and P_{it - 1} V_{it - 1},
-        __syncthreads();      // so K_it's and V_{it - 1}'s buffers take K_{it + 2} and V_{it + 1}
-        if (it + 2 < n) att_copy_tile_sw<HD, KW>(Ks + (it & 1) * TILE_K, Kg, blk.C3, kt + KW, T);
-        att_copy_tile_sw<HD, KW>(Vs + ((it + 1) & 1) * TILE_K, Vg, blk.C3, kt, T);
-        cp_async_commit();
+        fence_proxy_async();  // ... visible to wgmma; and every warp has finished S_it and P_{it - 1} V_{it - 1}
+        __syncthreads();
         wgmma_fence();  // S's registers were last read by the packing, P's written
         att_wg_abt<KW, HD>(&s[0][0], q0, smem_addr(Ks + ((it + 1) & 1) * TILE_K));
         wgmma_commit_group();
@@ -694,6 +691,12 @@ __global__ void __launch_bounds__(128, att_wg_min_blocks(HD))
         wgmma_fence_operand(&s[0][0], KW / 2);
         if (!(kt >= wr.all_lo && kt + KW <= wr.all_hi)) mask_tile<KW>(s, kt, wr, 0);
         att_softmax_tile<KW>(s, mrun, lrun, alpha, sl2);
+        // K_it's and V_{it - 1}'s buffers (free since the barrier) take K_{it + 2} and V_{it + 1}. Issued here, the
+        // copies also keep the softmax above the wait: ptxas hoists a wgmma wait above register-only work, not
+        // above writes to shared memory (see the SASS: the MUFU.EX2 sit between the two WARPGROUP.DEPBAR).
+        if (it + 2 < n) att_copy_tile_sw<HD, KW>(Ks + (it & 1) * TILE_K, Kg, blk.C3, kt + KW, T);
+        att_copy_tile_sw<HD, KW>(Vs + ((it + 1) & 1) * TILE_K, Vg, blk.C3, kt, T);
+        cp_async_commit();
         wgmma_wait_group<0>();  // P_it V_it is done: O may be rescaled, pa rewritten
         wgmma_fence_operand(&o[0][0], HD / 2);
         wgmma_fence_fragment(&pa[0].x[0], 4 * (KW / 16));
@@ -1091,6 +1094,10 @@ __global__ void __launch_bounds__(256, 1)
                 s[j][e] = exp2f(fmaf(s[j][e], sl2, -lq[c]));
                 dp[j][e] = s[j][e] * (dp[j][e] - dq[c]);
             }
+        // tile it + 2's lse and delta, into the slot tile it - 1's left (every warp was done with it at the last
+        // barrier); written here, they also keep the exponentials above the wait (see attention_forward_wgmma)
+        if (it + 2 < n)
+            att_query_stats<QW>(lse_s + (it + 2) % 3 * QW, dl_s + (it + 2) % 3 * QW, lse_r, delta_r, qt + 2 * QW, T);
         wgmma_wait_group<0>();  // tile it - 1's products are done: pa and da may be rewritten
         wgmma_fence_fragment(&pa[0].x[0], 4 * (QW / 16));
         wgmma_fence_fragment(&da[0].x[0], 4 * (QW / 16));
@@ -1107,7 +1114,6 @@ __global__ void __launch_bounds__(256, 1)
             int q2 = qt + 2 * QW, b2 = (it + 2) % 3;
             att_copy_tile_sw<HD, QW>(Qs + b2 * QB, blk.base, blk.C3, q2, T);
             att_copy_tile_sw<HD, QW>(dOs + b2 * QB, dbase, blk.C, q2, T);
-            att_query_stats<QW>(lse_s + b2 * QW, dl_s + b2 * QW, lse_r, delta_r, q2, T);
         }
         cp_async_commit();
         int b1 = (it + 1) % 3;
