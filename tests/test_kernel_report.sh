@@ -4,7 +4,8 @@
 #     (EMU_LAUNCH_STATS=2): GELU forward once a layer and once in the head, its backward once a layer, the weights'
 #     copy only at start-up (0), 49 launches in all;
 #   - ptxas's registers joined to them (sm_90), no kernel spilling, blocks per SM >= 1 for each;
-#   - the attention-only default still prints its table.
+#   - the attention-only default still prints its table, and (with cuobjdump) the wgmma kernels' exponentials
+#     overlap their products in the SASS.
 # Run by tests/run.sh; prints "N passed, N failed" last.
 cd "$(dirname "$0")/.."
 pass=0; fail=0
@@ -33,6 +34,16 @@ check '[ "$rows" -ge 20 ] && [ "$zero" -eq 0 ]' "$rows kernel rows (want >= 20),
 python3 tools/kernel_report.py >"$W/att.log" 2>&1; rc=$?
 check '[ $rc -eq 0 ] && grep -qE "^attention_forward<64> +[0-9]+ +0 " "$W/att.log"' \
   "kernel_report.py (attention) failed (exit $rc): $(tail -n 3 "$W/att.log")"
+# the wgmma kernels' overlap, where the SASS can be read (cuobjdump, tools/requirements.txt): the forward's
+# exponentials of a tile (64 for P and 2 for the rescale) and dK dV's (32 for P^T) run while the previous tile's
+# products may (EX2 async, the last column); ptxas once placed the wait above them, which this catches
+ex2() { awk -v k="$1" '$1 == k { print $NF }' "$W/att.log"; }
+if grep -q "no SASS counts" "$W/att.log"; then
+  echo "test_kernel_report: no cuobjdump/nvdisasm, the SASS checks are skipped"
+else
+  check '[ "$(ex2 "attention_forward_wgmma<64>")" -ge 64 ] 2>/dev/null && [ "$(ex2 "attention_backward_dkdv_wgmma<64>")" -ge 32 ] 2>/dev/null' \
+    "EX2 async: attention_forward_wgmma<64> $(ex2 "attention_forward_wgmma<64>") (want >= 64), attention_backward_dkdv_wgmma<64> $(ex2 "attention_backward_dkdv_wgmma<64>") (want >= 32)"
+fi
 python3 tools/kernel_report.py --all --preset nope >"$W/bad.log" 2>&1; rc=$?
 check '[ $rc -ne 0 ] && grep -q "kernel_report.py: .*--bench failed" "$W/bad.log"' \
   "a bad --preset: exit $rc, $(tail -n 2 "$W/bad.log")"

@@ -5,8 +5,10 @@ Default: compiles tests/bench_attention.cu (which instantiates every attention k
 prints per kernel: registers, spill bytes, shared memory (static + the dynamic bytes the launcher asks for, from
 `build/bench_attention --smem`), the blocks per SM that registers and shared memory allow on an H100
 (64K registers, 228 KB shared memory with 1 KB reserved per block, 2048 threads, 32 blocks), and counts of
-SASS instructions: tensor-core HMMA, warpgroup HGMMA (wgmma), ldmatrix LDSM, cp.async LDGSTS, and local-memory
-LDL/STL (spills).
+SASS instructions: tensor-core HMMA, warpgroup HGMMA (wgmma), ldmatrix LDSM, cp.async LDGSTS, local-memory
+LDL/STL (spills), and EX2 async: the exponentials (MUFU.EX2) that the SASS places while a wgmma issued before them
+may still run (a wait for all wgmma follows them before the next HGMMA), the overlap of softmax and products that
+the wgmma kernels are built for.
 
 --all: every kernel a training step launches. Compiles trainer.cu for sm_90a (ptxas: registers, spills, static
 shared memory; SASS counts), and runs ./trainer_cpu --bench on the CPU runtime with EMU_LAUNCH_STATS=2 for one
@@ -82,7 +84,10 @@ def compile_info(nvcc, args):
 
 
 def sass_counts(path):
-    """{mangled kernel: counts of HMMA, HGMMA, LDSM, LDGSTS, LDL/STL} from cuobjdump, or {} without the tools"""
+    """{mangled kernel: counts of HMMA, HGMMA, LDSM, LDGSTS, LDL/STL, and EX2 async} from cuobjdump, or {} without
+    the tools. EX2 async: the MUFU.EX2 (exponentials) that, in program order, a wait for every wgmma (WARPGROUP.DEPBAR
+    gsb0, 0x0) follows before any new HGMMA is issued: that wait is for products issued before them (in a loop, in
+    the iteration before), which the tensor cores may still be computing while they run."""
     cuobjdump, nvdisasm = find_tool("cuobjdump"), find_tool("nvdisasm")
     if not (cuobjdump and nvdisasm):
         return {}
@@ -93,15 +98,23 @@ def sass_counts(path):
         m = re.search(r"Function : (\w+)", line)
         if m:
             cur = m.group(1)
-            sass[cur] = {"HMMA": 0, "HGMMA": 0, "LDSM": 0, "LDGSTS": 0, "LDL/STL": 0}
+            sass[cur] = {"HMMA": 0, "HGMMA": 0, "LDSM": 0, "LDGSTS": 0, "LDL/STL": 0, "EX2 async": 0}
+            ex2 = 0  # exponentials since the last HGMMA or full wait
         elif cur:
-            m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+            m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\S*)\s*([^;]*)", line)
             if m:
                 op = m.group(1)
                 if op in ("LDL", "STL"):
                     op = "LDL/STL"
                 if op in sass[cur]:
                     sass[cur][op] += 1
+                if op == "HGMMA":
+                    ex2 = 0
+                elif op == "WARPGROUP" and m.group(2) == ".DEPBAR.LE" and m.group(3).replace(" ", "") == "gsb0,0x0":
+                    sass[cur]["EX2 async"] += ex2
+                    ex2 = 0
+                elif op == "MUFU" and m.group(2) == ".EX2":
+                    ex2 += 1
     return sass
 
 
@@ -131,7 +144,7 @@ def attention_report(nvcc):
         sass = sass_counts(exe)
     names = demangle([k for k in info if "attention" in k])
     print(f"{'kernel':34} {'regs':>4} {'spill':>5} {'smem B':>7} {'blk/SM':>6} {'(regs':>5} {'smem)':>5} "
-          f"{'HMMA':>5} {'HGMMA':>5} {'LDSM':>5} {'LDGSTS':>6} {'LDL/STL':>7}")
+          f"{'HMMA':>5} {'HGMMA':>5} {'LDSM':>5} {'LDGSTS':>6} {'LDL/STL':>7} {'EX2 async':>9}")
     for k in sorted(names, key=lambda k: names[k]):
         i, name = info[k], names[k]
         smem = i.get("smem", 0) + dyn.get(name, 0)
@@ -139,7 +152,7 @@ def attention_report(nvcc):
         s = sass.get(k, {})
         print(f"{name:34} {i.get('regs', 0):4d} {i.get('spill', 0):5d} {smem:7d} {min(blocks, 16):6d} "
               f"{lim['regs']:5d} {min(lim['smem'], 32):5d} {s.get('HMMA', '-'):>5} {s.get('HGMMA', '-'):>5} {s.get('LDSM', '-'):>5} "
-              f"{s.get('LDGSTS', '-'):>6} {s.get('LDL/STL', '-'):>7}")
+              f"{s.get('LDGSTS', '-'):>6} {s.get('LDL/STL', '-'):>7} {s.get('EX2 async', '-'):>9}")
     if not sass:
         print("(no SASS counts: cuobjdump/nvdisasm not found; pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
 
