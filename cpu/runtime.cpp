@@ -921,6 +921,21 @@ static int release_activemask(EmuWorker* w) {
 }
 
 // ----------------------------------------------------------------------------
+// cp.async and wgmma on the same shared memory. Both are asynchronous: a copy may land at any time from its
+// issue to the cp.async.wait_group that completes it, and a wgmma may read its operands at any time from its
+// issue to the wgmma.wait_group that completes it. If the two windows meet on the same bytes, the GPU races.
+// The emulator keeps, per 4-byte word of the dynamic shared memory, how many copies not yet performed write it
+// and how many wgmma not yet performed read it; a copy performed over a word that a pending wgmma reads, or a
+// wgmma performed over a word a pending copy writes, is reported (both windows hold that moment). Races whose
+// windows do not meet in the order the emulator ran the threads go unseen (EMU_SHUFFLE tries other orders).
+static thread_local uint16_t smem_copying[EMU_MAX_DYNAMIC_SMEM / 4], smem_reading[EMU_MAX_DYNAMIC_SMEM / 4];
+static thread_local long long smem_marks;  // marks outstanding in the two (a failed block may leave some)
+static int smem_word(const void* p) {      // the word of dynamic shared memory at p, or -1
+    const unsigned char* c = (const unsigned char*)p;
+    return c >= dyn_smem && c < dyn_smem + sizeof dyn_smem ? (int)((c - dyn_smem) / 4) : -1;
+}
+
+// ----------------------------------------------------------------------------
 // Asynchronous copies, as the PTX ISA defines cp.async: a copy joins the thread's open group;
 // cp.async.commit_group closes it; cp.async.wait_group N returns once at most the N most recent
 // committed groups are still pending (copies not yet committed are not waited for). The emulator
@@ -934,6 +949,16 @@ struct EmuCopy {
     int group;             // 0 while uncommitted, else the commit number
 };
 static void perform_copy(const EmuCopy* c) {
+    int w = smem_word(c->dst), race = -1;
+    for (int i = 0; w >= 0 && i < c->bytes / 4; i++) {
+        smem_copying[w + i]--, smem_marks--;
+        if (smem_reading[w + i] && race < 0) race = 4 * (w + i);
+    }
+    if (race >= 0)
+        emu_kernel_error(
+            "cp.async writes shared memory at byte %d, which a wgmma.mma_async not yet waited for reads (a race "
+            "on the GPU: wgmma.wait_group, and a barrier for the other warps' wgmma, before the copy)",
+            race);
     if (c->src_bytes) memcpy(c->dst, c->src, c->src_bytes);
     memset((char*)c->dst + c->src_bytes, 0, c->bytes - c->src_bytes);
 }
@@ -955,6 +980,8 @@ void emu_cp_async(void* dst, const void* src, int bytes, int src_bytes) {
         if (!f->copies) abort();
     }
     f->copies[f->ncopies++] = EmuCopy{dst, src, bytes, src_bytes, 0};
+    int w = smem_word(dst);
+    for (int i = 0; w >= 0 && i < bytes / 4; i++) smem_copying[w + i]++, smem_marks++;
 }
 void emu_cp_async_commit(void) {
     EmuFiber* f = W->self;
@@ -1031,7 +1058,7 @@ static float emu_bf16_value(uint16_t x) {
     memcpy(&f, &u, 4);
     return f;
 }
-static float wgmma_operand(uint64_t desc, int mn_major, int mn, int k, size_t smem, int* bad) {
+static uint32_t wgmma_addr(uint64_t desc, int mn_major, int mn, int k) {
     uint32_t start = (uint32_t)(desc & 0x3FFF) << 4, lbo = (uint32_t)((desc >> 16) & 0x3FFF) << 4,
              sbo = (uint32_t)((desc >> 32) & 0x3FFF) << 4;
     int mode = (int)(desc >> 62), w = mode == 0 ? 16 : mode == 1 ? 128 : mode == 2 ? 64 : 32;
@@ -1044,17 +1071,38 @@ static float wgmma_operand(uint64_t desc, int mn_major, int mn, int k, size_t sm
                         : (mn % (w / 2)) * 2 + (mn / (w / 2)) * lbo + (k % 8) * w + (k / 8) * sbo;
     uint32_t a = start + off;
     if (mode) a ^= ((a >> 7) & (uint32_t)(w / 16 - 1)) << 4;
+    return a;
+}
+static float wgmma_operand(uint64_t desc, int mn_major, int mn, int k, size_t smem, int* bad) {
+    uint32_t a = wgmma_addr(desc, mn_major, mn, k);
     if (a + 2 > smem) {
         *bad = 1;
         return 0.f;
     }
+    if (smem_copying[a / 4] && *bad >= 0) *bad = -1 - (int)a;  // a pending cp.async writes it (see smem_copying)
     uint16_t x;
     memcpy(&x, dyn_smem + a, 2);
     return emu_bf16_value(x);
 }
+// wgmma_mark: adds delta to smem_reading at every word a warp's wgmma reads (its 16 rows of A when A is in shared
+// memory, and all of B): +1 at the issue, -1 when it is performed.
+static void wgmma_mark(const EmuWgmmaOp* op, int warp, int delta) {
+    size_t smem = W->job->smem;
+    for (int k = 0; k < 16; k++) {
+        for (int r = 0; !op->a[0] && r < 16; r++) {
+            uint32_t a = wgmma_addr(op->adesc, 0, 16 * (warp % 4) + r, k);
+            if (a + 2 <= smem) smem_reading[a / 4] += delta, smem_marks += delta;
+        }
+        for (int c = 0; c < op->n; c++) {
+            uint32_t a = wgmma_addr(op->bdesc, op->trans_b, c, k);
+            if (a + 2 <= smem) smem_reading[a / 4] += delta, smem_marks += delta;
+        }
+    }
+}
 static void wgmma_perform(EmuWgmmaOp* op, int warp) {
     size_t smem = W->job->smem;
     int n = op->n, row0 = 16 * (warp % 4), bad = 0;
+    wgmma_mark(op, warp, -1);
     static thread_local float A[16][16], B[256][16];  // not on the fiber's small stack
     for (int r = 0; r < 16; r++)
         for (int k = 0; k < 16; k++)
@@ -1066,13 +1114,18 @@ static void wgmma_perform(EmuWgmmaOp* op, int warp) {
                 A[r][k] = wgmma_operand(op->adesc, 0, row0 + r, k, smem, &bad);
     for (int c = 0; c < n; c++)
         for (int k = 0; k < 16; k++) B[c][k] = wgmma_operand(op->bdesc, op->trans_b, c, k, smem, &bad);
-    if (bad) {
+    if (bad > 0) {
         emu_kernel_error(
             "wgmma: an operand reaches past the launch's %zu bytes of dynamic shared memory "
             "(A 0x%016llx, B 0x%016llx)",
             smem, (unsigned long long)op->adesc, (unsigned long long)op->bdesc);
         return;
     }
+    if (bad < 0)
+        emu_kernel_error(
+            "wgmma.mma_async reads shared memory at byte %d, which a cp.async not yet waited for writes (a race on "
+            "the GPU: cp.async.wait_group, and a barrier for the other threads' copies, before the wgmma)",
+            -1 - bad);
     // D fragment (PTX ISA, m64nNk16 accumulator layout): lane l (g = l / 4, t = l % 4) holds
     // d[4j + i] = D[row0 + g + 8 (i / 2)][8j + 2t + i % 2] for j < N / 8.
     for (int l = 0; l < 32; l++) {
@@ -1145,6 +1198,7 @@ static void wgmma_issue_all(void* const* all) {
         op->d[l] = ((const EmuWgmmaLane*)all[l])->d;
         op->a[l] = ((const EmuWgmmaLane*)all[l])->a;
     }
+    wgmma_mark(op, warp, +1);
 }
 static void wgmma_commit_all(void* const* all) {
     (void)all;
@@ -1335,6 +1389,11 @@ static void run_block(EmuWorker* w, long long b) {
         w->order[i] = i;
     }
     memset(dyn_smem, 0xFF, j->smem);  // shared memory starts as garbage (NaN for floats), not zeros
+    if (smem_marks) {                 // a block that failed left copies or wgmma pending
+        memset(smem_copying, 0, sizeof smem_copying);
+        memset(smem_reading, 0, sizeof smem_reading);
+        smem_marks = 0;
+    }
     uint64_t seed = (uint64_t)shuffle_seed();
     if (seed) {
         scramble_static_shared();

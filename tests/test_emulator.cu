@@ -133,6 +133,9 @@ static void child_smem_overread(void) {
 //   bad 4: exits without wgmma.wait_group                    -> reported
 //   bad 5: warp 1 does not issue the wgmma (the others do)   -> reported (on the GPU: undefined, a hang)
 //   bad 6: warp 2 gives another B descriptor                 -> reported
+//   bad 7: a cp.async into the operand, not waited for, then the wgmma            -> reported (a race on the GPU)
+//   bad 8: the wgmma, then a cp.async into its operand completed before its wait  -> reported (a race)
+//   bad 9: the wgmma waited for by every warp (wait, barrier), then the cp.async  -> correct (16)
 __global__ void wgmma_misuse(float* out, int bad) {
     extern __shared__ __align__(16) unsigned char dyn_smem[];
     __nv_bfloat16* s = (__nv_bfloat16*)dyn_smem;
@@ -142,13 +145,26 @@ __global__ void wgmma_misuse(float* out, int bad) {
     float d[32];
     for (int i = 0; i < 32; i++) d[i] = 7.f;
     uint64_t desc = wgmma_desc(smem_addr(s), WGMMA_SWIZZLE_NONE, 128, 256);  // 8 rows: 2 core matrices in K
+    if (bad == 7 && threadIdx.x == 0) cp_async_16(s, out, 16);               // (the source: any device memory)
+    cp_async_commit();
     if (bad != 1) wgmma_fence();
     if (!(bad == 5 && threadIdx.x / 32 == 1))
         wgmma_m64k16_bf16<64, 0>(d, desc, bad == 6 && threadIdx.x / 32 == 2 ? desc + 1 : desc, 0);
     wgmma_commit_group();
+    if (bad == 8 && threadIdx.x == 0) {
+        cp_async_16(s, out, 16);
+        cp_async_commit();
+        cp_async_wait<0>();
+    }
     if (bad == 2) out[threadIdx.x] = d[0];
     if (bad == 4) return;
     wgmma_wait_group<0>();
+    if (bad == 9) {
+        __syncthreads();  // every warp's wgmma is done: its operands may be overwritten
+        if (threadIdx.x == 0) cp_async_16(s, out + 32, 16);
+        cp_async_commit();
+        cp_async_wait<0>();
+    }
     if (bad != 2) out[threadIdx.x] = d[0];
 }
 
@@ -340,18 +356,21 @@ int main(void) {
         float* dw;
         float hw[128];
         CUDA_OK(cudaMalloc(&dw, sizeof hw));
-        const char* what[7] = {"a correct wgmma",
-                               "a wgmma without wgmma.fence",
-                               "accumulators read before wgmma.wait_group",
-                               "wgmma in a block of 96 threads",
-                               "a thread exiting without wgmma.wait_group",
-                               "a warp of the warpgroup skipping the wgmma",
-                               "a warp of the warpgroup giving another descriptor"};
-        for (int bad = 0; bad < 7; bad++) {
+        const char* what[10] = {"a correct wgmma",
+                                "a wgmma without wgmma.fence",
+                                "accumulators read before wgmma.wait_group",
+                                "wgmma in a block of 96 threads",
+                                "a thread exiting without wgmma.wait_group",
+                                "a warp of the warpgroup skipping the wgmma",
+                                "a warp of the warpgroup giving another descriptor",
+                                "a wgmma reading what a pending cp.async writes",
+                                "a cp.async landing on a pending wgmma's operand",
+                                "a cp.async after every warp's wgmma wait and a barrier"};
+        for (int bad = 0; bad < 10; bad++) {
             CUDA_OK(cudaMemset(dw, 0, sizeof hw));
             launch(wgmma_misuse, dim3(1), dim3(bad == 3 ? 96 : 128), 2048, (cudaStream_t)0, dw, bad);
             e = cudaGetLastError();
-            int fails = bad == 1 || bad >= 3;
+            int fails = bad == 1 || (bad >= 3 && bad <= 8);
             CHECK(e == (fails ? cudaErrorLaunchFailure : cudaSuccess), "%s: launch gave %s, want %s", what[bad],
                   cudaGetErrorName(e), fails ? "a reported misuse" : "success");
             if (fails) continue;
