@@ -692,8 +692,9 @@ __global__ void __launch_bounds__(128, att_wg_min_blocks(HD))
         if (!(kt >= wr.all_lo && kt + KW <= wr.all_hi)) mask_tile<KW>(s, kt, wr, 0);
         att_softmax_tile<KW>(s, mrun, lrun, alpha, sl2);
         // K_it's and V_{it - 1}'s buffers (free since the barrier) take K_{it + 2} and V_{it + 1}. Issued here, the
-        // copies also keep the softmax above the wait: ptxas hoists a wgmma wait above register-only work, not
-        // above writes to shared memory (see the SASS: the MUFU.EX2 sit between the two WARPGROUP.DEPBAR).
+        // copies also keep the softmax above the wait: with nothing between them, ptxas (nvcc 13.0) put the wait
+        // above the register-only softmax; it keeps it below these shared-memory writes (the SASS then has the
+        // MUFU.EX2 between the two WARPGROUP.DEPBAR: tools/kernel_report.py, EX2 async).
         if (it + 2 < n) att_copy_tile_sw<HD, KW>(Ks + (it & 1) * TILE_K, Kg, blk.C3, kt + KW, T);
         att_copy_tile_sw<HD, KW>(Vs + ((it + 1) & 1) * TILE_K, Vg, blk.C3, kt, T);
         cp_async_commit();
