@@ -87,6 +87,14 @@ __device__ inline void fence_proxy_async(void) {
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
         "+f"(d[i + 7])
 #define WGMMA_D32(i) WGMMA_D8(i), WGMMA_D8(i + 8), WGMMA_D8(i + 16), WGMMA_D8(i + 24)
+// the accumulators' operand lists in the PTX text: %0 .. %31 (N 64) and %0 .. %63 (N 128)
+#define WGMMA_ACC32                                                                                              \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+    "%23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WGMMA_ACC64                                                                                              \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, " \
+    "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "  \
+    "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 // wgmma.mma_async.sync.aligned.m64nNk16.f32.bf16.bf16 d, a-desc | {a}, b-desc, scale-d, 1, 1[, 0], TRANS_B:
 // scale-d is a predicate (0: D = A B, else D += A B); imm-scale-a/b 1; trans-a 0 (A K-major).
 template <int N, int TRANS_B>
@@ -95,19 +103,13 @@ __device__ inline void wgmma_m64k16_bf16(float* d, uint64_t adesc, uint64_t bdes
     if constexpr (N == 64)
         WGMMA_ASM(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
-            "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-            "%32, %33, p, 1, 1, 0, %35;\n}\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WGMMA_ACC32 ", %32, %33, p, 1, 1, 0, %35;\n}\n"
             : WGMMA_D32(0)
             : "l"(adesc), "l"(bdesc), "r"(scale_d), "n"(TRANS_B));
     else
         WGMMA_ASM(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
-            "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, "
-            "%33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, "
-            "%54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-            "%64, %65, p, 1, 1, 0, %67;\n}\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WGMMA_ACC64 ", %64, %65, p, 1, 1, 0, %67;\n}\n"
             : WGMMA_D32(0), WGMMA_D32(32)
             : "l"(adesc), "l"(bdesc), "r"(scale_d), "n"(TRANS_B));
 }
@@ -117,19 +119,15 @@ __device__ inline void wgmma_m64k16_bf16_rs(float* d, const uint32_t a[4], uint6
     if constexpr (N == 64)
         WGMMA_ASM(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
-            "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-            "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+            "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " WGMMA_ACC32
+            ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
             : WGMMA_D32(0)
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(scale_d), "n"(TRANS_B));
     else
         WGMMA_ASM(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
-            "%12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, "
-            "%33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, "
-            "%54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-            "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " WGMMA_ACC64
+            ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
             : WGMMA_D32(0), WGMMA_D32(32)
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(scale_d), "n"(TRANS_B));
 }
