@@ -1479,9 +1479,9 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
     const BertParams* p = &m->p;
     bert_phase(m, PHASE_EMBED);
     if (m->weights_ready) CUDA_CHECK(cudaStreamWaitEvent(s, m->weights_ready[0], 0));  // the embeddings, layer 0
-    launch(embedding_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, s, ACT_X(m, emb_out), ACT_F(m, emb_stats),
-           bt->tokens, bt->types, bt->seg_lo, bt->seg_hi, bert_w(m, p->word), bert_w(m, p->pos), bert_w(m, p->type),
-           bert_w(m, p->emb_ln_w), bert_w(m, p->emb_ln_b), N, T, C, c->ln_eps);
+    launch_embedding_layernorm_forward(s, ACT_X(m, emb_out), ACT_F(m, emb_stats), bt->tokens, bt->types, bt->seg_lo,
+                                       bt->seg_hi, bert_w(m, p->word), bert_w(m, p->pos), bert_w(m, p->type),
+                                       bert_w(m, p->emb_ln_w), bert_w(m, p->emb_ln_b), N, T, C, c->ln_eps);
     for (int l = 0; l < c->layers; l++) {
         const floatX* x = l == 0 ? ACT_X(m, emb_out) : ACT_XL(m, ln2, l - 1);
         floatX *qkv = ACT_XL(m, qkv, l), *atty = ACT_XL(m, atty, l), *proj = ACT_X(m, proj);

@@ -65,9 +65,9 @@ static vf run_embedding(int B, int T, int C, int V, int P, const std::vector<std
           *d_db = d_dg + C;
     uint64_t* d_keys;
     CUDA_CHECK(cudaMalloc((void**)&d_keys, emb_keys_count(N) * sizeof(uint64_t)));
-    launch(embedding_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, (cudaStream_t)0, d_out, d_stats,
-           (const int*)d_tok, (const int*)d_ty, (const int*)d_lo, (const int*)d_hi, (const floatX*)d_wte,
-           (const floatX*)d_wpe, (const floatX*)d_wtt, (const floatX*)d_g, (const floatX*)d_b, N, T, C, eps);
+    launch_embedding_layernorm_forward((cudaStream_t)0, d_out, d_stats, (const int*)d_tok, (const int*)d_ty,
+                                       (const int*)d_lo, (const int*)d_hi, (const floatX*)d_wte, (const floatX*)d_wpe,
+                                       (const floatX*)d_wtt, (const floatX*)d_g, (const floatX*)d_b, N, T, C, eps);
     launch_embedding_backward((cudaStream_t)0, d_dwte, d_dwpe, d_dwtt, d_dg, d_db, d_dx, d_keys, d_carry, d_part,
                               d_dout, d_stats, d_tok, d_ty, d_lo, d_hi, d_wte, d_wpe, d_wtt, d_g, N, T, C, V, P);
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -285,9 +285,9 @@ static void test_ln_backward_agree(int N, int C) {
           *d_part = dev_f(ln_part_floats(C));
     uint64_t* d_keys;
     CUDA_CHECK(cudaMalloc((void**)&d_keys, emb_keys_count(N) * sizeof(uint64_t)));
-    launch(embedding_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, (cudaStream_t)0, d_out, d_stats,
-           (const int*)d_tok, (const int*)d_ty, (const int*)d_lo, (const int*)d_hi, (const floatX*)d_wte,
-           (const floatX*)d_wpe, (const floatX*)d_wtt, (const floatX*)d_g, (const floatX*)d_b, N, N, C, 1e-5f);
+    launch_embedding_layernorm_forward((cudaStream_t)0, d_out, d_stats, (const int*)d_tok, (const int*)d_ty,
+                                       (const int*)d_lo, (const int*)d_hi, (const floatX*)d_wte, (const floatX*)d_wpe,
+                                       (const floatX*)d_wtt, (const floatX*)d_g, (const floatX*)d_b, N, N, C, 1e-5f);
     launch_embedding_backward((cudaStream_t)0, d_grads, d_grads + (size_t)V * C, d_grads + (size_t)(V + N) * C, d_gbe,
                               d_gbe + C, d_dxe, d_keys, d_carry, d_part, d_dout, d_stats, d_tok, d_ty, d_lo, d_hi,
                               d_wte, d_wpe, d_wtt, d_g, N, N, C, V, N);
