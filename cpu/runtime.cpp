@@ -510,6 +510,8 @@ struct EmuFiber {
     uint64_t result;                // what the barrier or collective returns to this thread
     struct EmuCopy* copies;         // cp.async: this thread's copies not yet performed (see emu_cp_async)
     int ncopies, cap_copies, committed;
+    struct EmuCopy* landed;  // its copies performed since its last fence.proxy.async (see smem_unfenced)
+    int nlanded, cap_landed;
 };
 
 struct EmuWgmmaOp {  // one wgmma.mma_async of one warp: its 16 rows of the warpgroup's 64
@@ -518,6 +520,8 @@ struct EmuWgmmaOp {  // one wgmma.mma_async of one warp: its 16 rows of the warp
     uint64_t adesc, bdesc;  // adesc: unused when A comes from registers
     float* d[32];           // each lane's accumulator registers (n / 2 floats)
     const uint32_t* a[32];  // each lane's A registers (4), or NULL: A from shared memory
+    uint64_t dhash, ahash;  // the accumulators as the product will find them, and the A registers, at the issue
+    uint64_t shash;         // the shared memory it reads, at the issue (see wgmma_mark)
 };
 struct EmuWarpWgmma {  // a warp's wgmma operations not yet performed (see emu_wgmma_issue)
     EmuWgmmaOp* ops;
@@ -671,6 +675,7 @@ static void fiber_reset(EmuFiber* f) {
     f->asan_fake_stack = NULL;
     f->ncopies = 0;
     f->committed = 0;
+    f->nlanded = 0;
 }
 
 static void worker_reserve(EmuWorker* w, int n) {
@@ -928,8 +933,13 @@ static int release_activemask(EmuWorker* w) {
 // and how many wgmma not yet performed read it; a copy performed over a word that a pending wgmma reads, or a
 // wgmma performed over a word a pending copy writes, is reported (both windows hold that moment). Races whose
 // windows do not meet in the order the emulator ran the threads go unseen (EMU_SHUFFLE tries other orders).
+// And the two proxies: cp.async writes through the generic proxy, wgmma reads through the async proxy, and the
+// PTX ISA ("Async Proxy") asks for a fence.proxy.async between the two accesses. smem_unfenced marks the words a
+// performed copy wrote whose copying thread has not since executed fence.proxy.async; a wgmma issued over one is
+// reported. (Ordinary st.shared writes are not seen: for those only a GPU catches a missing fence.)
 static thread_local uint16_t smem_copying[EMU_MAX_DYNAMIC_SMEM / 4], smem_reading[EMU_MAX_DYNAMIC_SMEM / 4];
-static thread_local long long smem_marks;  // marks outstanding in the two (a failed block may leave some)
+static thread_local uint8_t smem_unfenced[EMU_MAX_DYNAMIC_SMEM / 4];
+static thread_local long long smem_marks;  // marks outstanding in the three (a failed block may leave some)
 static int smem_word(const void* p) {      // the word of dynamic shared memory at p, or -1
     const unsigned char* c = (const unsigned char*)p;
     return c >= dyn_smem && c < dyn_smem + sizeof dyn_smem ? (int)((c - dyn_smem) / 4) : -1;
@@ -948,11 +958,20 @@ struct EmuCopy {
     int bytes, src_bytes;  // the copy's size; bytes past src_bytes are zero-filled
     int group;             // 0 while uncommitted, else the commit number
 };
-static void perform_copy(const EmuCopy* c) {
+static void perform_copy(EmuFiber* f, const EmuCopy* c) {
     int w = smem_word(c->dst), race = -1;
     for (int i = 0; w >= 0 && i < c->bytes / 4; i++) {
         smem_copying[w + i]--, smem_marks--;
         if (smem_reading[w + i] && race < 0) race = 4 * (w + i);
+        if (!smem_unfenced[w + i]) smem_unfenced[w + i] = 1, smem_marks++;
+    }
+    if (w >= 0) {  // the copying thread's fence.proxy.async clears its marks
+        if (f->nlanded == f->cap_landed) {
+            f->cap_landed = f->cap_landed ? 2 * f->cap_landed : 64;
+            f->landed = (EmuCopy*)realloc(f->landed, f->cap_landed * sizeof(EmuCopy));
+            if (!f->landed) abort();
+        }
+        f->landed[f->nlanded++] = *c;
     }
     if (race >= 0)
         emu_kernel_error(
@@ -995,16 +1014,28 @@ void emu_cp_async_wait(int n) {
     for (int i = 0; i < f->ncopies; i++) {  // perform the groups older than the n most recent, in order
         EmuCopy* c = &f->copies[i];
         if (c->group && c->group <= f->committed - n)
-            perform_copy(c);
+            perform_copy(f, c);
         else
             f->copies[keep++] = *c;
     }
     f->ncopies = keep;
 }
 static void emu_cp_async_wait_all(EmuFiber* f) {
-    for (int i = 0; i < f->ncopies; i++) perform_copy(&f->copies[i]);
+    for (int i = 0; i < f->ncopies; i++) perform_copy(f, &f->copies[i]);
     f->ncopies = 0;
 }
+// unmark_landed: clears the smem_unfenced marks of f's copies performed since its last fence.proxy.async (at the
+// fence, and for every thread at the end of the block).
+static void unmark_landed(EmuFiber* f) {
+    for (int i = 0; i < f->nlanded; i++) {
+        int w = smem_word(f->landed[i].dst);
+        for (int k = 0; k < f->landed[i].bytes / 4; k++)
+            if (smem_unfenced[w + k]) smem_unfenced[w + k] = 0, smem_marks--;
+    }
+    f->nlanded = 0;
+}
+// fence.proxy.async: this thread's shared-memory writes so far are visible to the async proxy (wgmma).
+void emu_fence_proxy_async(void) { unmark_landed(W->self); }
 
 // ----------------------------------------------------------------------------
 // Warpgroup MMA, as the PTX ISA defines wgmma.mma_async (section "Asynchronous Warpgroup Level Matrix
@@ -1016,15 +1047,20 @@ static void emu_cp_async_wait_all(EmuFiber* f) {
 // accumulators), so a kernel that reads its accumulators, or rewrites its operands, before the wait
 // gets stale values in the tests, as it may on the GPU.
 
-// Shared memory address (what __cvta_generic_to_shared gives on the GPU): the offset in the launch's
-// dynamic shared memory. wgmma operands must live there.
+// Shared memory address (what __cvta_generic_to_shared gives on the GPU): EMU_SMEM_BASE + the offset in the
+// launch's dynamic shared memory. wgmma operands must live there. On a GPU where the dynamic window starts depends
+// on the kernel's static __shared__ variables and what the system reserves, and nothing promises a multiple of
+// 1024, where the 128-byte swizzle's pattern starts; so the emulator's window starts at 528 (16-byte aligned, as
+// the GPU's is, and not 1024-aligned), and a kernel that aligns its swizzled tiles by anything but their shared
+// address gets wrong operands in the tests.
+#define EMU_SMEM_BASE 528
 uint32_t emu_smem_addr(const void* p) {
     const char* c = (const char*)p;
     if (c < (const char*)dyn_smem || c >= (const char*)dyn_smem + sizeof dyn_smem) {
         emu_kernel_error("shared address of %p: not in dynamic shared memory (the emulator's only shared window)", p);
         return 0;
     }
-    return (uint32_t)(c - (const char*)dyn_smem);
+    return EMU_SMEM_BASE + (uint32_t)(c - (const char*)dyn_smem);
 }
 
 // Element (mn, k) of a 16-bit operand described by `desc`, for an operand of (MN rows) x (K = 16):
@@ -1071,11 +1107,11 @@ static uint32_t wgmma_addr(uint64_t desc, int mn_major, int mn, int k) {
                         : (mn % (w / 2)) * 2 + (mn / (w / 2)) * lbo + (k % 8) * w + (k / 8) * sbo;
     uint32_t a = start + off;
     if (mode) a ^= ((a >> 7) & (uint32_t)(w / 16 - 1)) << 4;
-    return a;
+    return a - EMU_SMEM_BASE;  // the offset in dyn_smem (an address below the window wraps to a huge offset)
 }
 static float wgmma_operand(uint64_t desc, int mn_major, int mn, int k, size_t smem, int* bad) {
     uint32_t a = wgmma_addr(desc, mn_major, mn, k);
-    if (a + 2 > smem) {
+    if ((size_t)a + 2 > smem) {
         *bad = 1;
         return 0.f;
     }
@@ -1084,25 +1120,53 @@ static float wgmma_operand(uint64_t desc, int mn_major, int mn, int k, size_t sm
     memcpy(&x, dyn_smem + a, 2);
     return emu_bf16_value(x);
 }
+// What a wgmma may not see change between its issue and the wait that completes it (undefined on the GPU, where
+// the tensor cores read the operands and write the accumulators at any time in between): FNV-1a hashes of its
+// registers and of the shared memory it reads, taken at the issue and compared when it is performed.
+static uint64_t fnv1a(uint64_t h, const void* p, size_t n) {
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char*)p)[i]) * 0x100000001b3ull;
+    return h;
+}
+static uint64_t wgmma_regs_hash(const EmuWgmmaOp* op, int accumulators) {  // else the A registers
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int l = 0; l < 32; l++)
+        h = accumulators ? fnv1a(h, op->d[l], op->n / 2 * sizeof(float)) : fnv1a(h, op->a[l], 4 * sizeof(uint32_t));
+    return h;
+}
 // wgmma_mark: adds delta to smem_reading at every word a warp's wgmma reads (its 16 rows of A when A is in shared
-// memory, and all of B): +1 at the issue, -1 when it is performed.
-static void wgmma_mark(const EmuWgmmaOp* op, int warp, int delta) {
+// memory, and all of B): +1 at the issue, -1 when it is performed. Returns the hash of those bytes; *unfenced
+// (when given) = the first byte a copy wrote with no fence.proxy.async since (smem_unfenced), or -1.
+static uint64_t wgmma_mark(const EmuWgmmaOp* op, int warp, int delta, int* unfenced) {
     size_t smem = W->job->smem;
-    for (int k = 0; k < 16; k++) {
-        for (int r = 0; !op->a[0] && r < 16; r++) {
-            uint32_t a = wgmma_addr(op->adesc, 0, 16 * (warp % 4) + r, k);
-            if (a + 2 <= smem) smem_reading[a / 4] += delta, smem_marks += delta;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int k = 0; k < 16; k++)
+        for (int i = op->a[0] ? 16 : 0; i < 16 + op->n; i++) {  // i < 16: row i of A, else row i - 16 of B
+            uint32_t a = i < 16 ? wgmma_addr(op->adesc, 0, 16 * (warp % 4) + i, k)
+                                : wgmma_addr(op->bdesc, op->trans_b, i - 16, k);
+            if ((size_t)a + 2 > smem) continue;  // reported when performed
+            smem_reading[a / 4] += delta, smem_marks += delta;
+            h = fnv1a(h, dyn_smem + a, 2);
+            if (unfenced && smem_unfenced[a / 4] && *unfenced < 0) *unfenced = (int)a;
         }
-        for (int c = 0; c < op->n; c++) {
-            uint32_t a = wgmma_addr(op->bdesc, op->trans_b, c, k);
-            if (a + 2 <= smem) smem_reading[a / 4] += delta, smem_marks += delta;
-        }
-    }
+    return h;
 }
 static void wgmma_perform(EmuWgmmaOp* op, int warp) {
     size_t smem = W->job->smem;
     int n = op->n, row0 = 16 * (warp % 4), bad = 0;
-    wgmma_mark(op, warp, -1);
+    if (wgmma_mark(op, warp, -1, NULL) != op->shash)
+        return emu_kernel_error(
+            "wgmma.mma_async: shared memory it reads changed between its issue and the wgmma.wait_group that "
+            "completes it (a race on the GPU, where the product may read it until then: wait, and a barrier for the "
+            "other warps' wgmma, before writing it)");
+    if (wgmma_regs_hash(op, 1) != op->dhash)
+        return emu_kernel_error(
+            "wgmma.mma_async: its accumulator registers changed between its issue and the wgmma.wait_group that "
+            "completes it (undefined on the GPU, where the tensor cores write them then: change them after the "
+            "wait, and wgmma.fence before the next wgmma)");
+    if (op->a[0] && wgmma_regs_hash(op, 0) != op->ahash)
+        return emu_kernel_error(
+            "wgmma.mma_async: its A registers changed between its issue and the wgmma.wait_group that completes it "
+            "(undefined on the GPU, where the product may read them until then)");
     static thread_local float A[16][16], B[256][16];  // not on the fiber's small stack
     for (int r = 0; r < 16; r++)
         for (int k = 0; k < 16; k++)
@@ -1116,7 +1180,7 @@ static void wgmma_perform(EmuWgmmaOp* op, int warp) {
         for (int k = 0; k < 16; k++) B[c][k] = wgmma_operand(op->bdesc, op->trans_b, c, k, smem, &bad);
     if (bad > 0) {
         emu_kernel_error(
-            "wgmma: an operand reaches past the launch's %zu bytes of dynamic shared memory "
+            "wgmma: an operand reaches outside the launch's %zu bytes of dynamic shared memory "
             "(A 0x%016llx, B 0x%016llx)",
             smem, (unsigned long long)op->adesc, (unsigned long long)op->bdesc);
         return;
@@ -1198,7 +1262,16 @@ static void wgmma_issue_all(void* const* all) {
         op->d[l] = ((const EmuWgmmaLane*)all[l])->d;
         op->a[l] = ((const EmuWgmmaLane*)all[l])->a;
     }
-    wgmma_mark(op, warp, +1);
+    op->dhash = wgmma_regs_hash(op, 1);
+    op->ahash = op->a[0] ? wgmma_regs_hash(op, 0) : 0;
+    int unfenced = -1;
+    op->shash = wgmma_mark(op, warp, +1, &unfenced);
+    if (unfenced >= 0)
+        emu_kernel_error(
+            "wgmma.mma_async reads shared memory at byte %d, which a cp.async wrote with no fence.proxy.async by "
+            "the copying thread since (wgmma reads through the async proxy: cp.async.wait_group, "
+            "fence.proxy.async, then a barrier, before the wgmma)",
+            unfenced);
 }
 static void wgmma_commit_all(void* const* all) {
     (void)all;
@@ -1216,6 +1289,11 @@ static void wgmma_wait_all(void* const* all) {
         if (op->group && op->group <= q->committed - n) {
             wgmma_perform(op, warp);
             done++;
+            for (int j = i + 1; j < q->nops; j++) {  // later products on these accumulators will find them so
+                EmuWgmmaOp* o2 = &q->ops[j];
+                if (o2->d[0] < op->d[0] + op->n / 2 && op->d[0] < o2->d[0] + o2->n / 2)
+                    o2->dhash = wgmma_regs_hash(o2, 1);
+            }
         } else
             q->ops[keep++] = *op;
     }
@@ -1392,6 +1470,7 @@ static void run_block(EmuWorker* w, long long b) {
     if (smem_marks) {                 // a block that failed left copies or wgmma pending
         memset(smem_copying, 0, sizeof smem_copying);
         memset(smem_reading, 0, sizeof smem_reading);
+        memset(smem_unfenced, 0, sizeof smem_unfenced);
         smem_marks = 0;
     }
     uint64_t seed = (uint64_t)shuffle_seed();
@@ -1413,6 +1492,7 @@ static void run_block(EmuWorker* w, long long b) {
     __sanitizer_finish_switch_fiber(w->asan_sched_fake, NULL, NULL);
 #endif
     if (w->exited == n && w->wgmma_used) wgmma_block_end(w);
+    for (int i = 0; i < n; i++) unmark_landed(&w->fibers[i]);
     if (w->exited != n) {
         report_deadlock(w);
 #if EMU_ASAN  // the abandoned fibers' frames leave poisoned bytes behind on their stacks

@@ -136,21 +136,40 @@ static void child_smem_overread(void) {
 //   bad 7: a cp.async into the operand, not waited for, then the wgmma            -> reported (a race on the GPU)
 //   bad 8: the wgmma, then a cp.async into its operand completed before its wait  -> reported (a race)
 //   bad 9: the wgmma waited for by every warp (wait, barrier), then the cp.async  -> correct (16)
-__global__ void wgmma_misuse(float* out, int bad) {
+//   bad 10: an accumulator written between the wgmma and its wait                 -> reported
+//   bad 11: a st.shared into its operand between the wgmma and its wait           -> reported
+//   bad 12: A from registers, one of them written between the wgmma and its wait  -> reported
+//   bad 13: a cp.async (of ones) into the operand, waited for, no fence.proxy.async, a barrier, the wgmma -> reported
+//   bad 14: the same with the copying thread's fence.proxy.async after its wait   -> correct (16)
+__global__ void wgmma_misuse(float* out, const __nv_bfloat16* ones, int bad) {
     extern __shared__ __align__(16) unsigned char dyn_smem[];
     __nv_bfloat16* s = (__nv_bfloat16*)dyn_smem;
     for (int i = threadIdx.x; i < 64 * 16; i += blockDim.x) s[i] = __float2bfloat16(1.f);
     fence_proxy_async();
     __syncthreads();
+    if ((bad == 13 || bad == 14) && threadIdx.x == 0) {
+        cp_async_16(s, ones, 16);
+        cp_async_commit();
+        cp_async_wait<0>();
+        if (bad == 14) fence_proxy_async();
+    }
+    __syncthreads();
     float d[32];
     for (int i = 0; i < 32; i++) d[i] = 7.f;
+    uint32_t a[4];  // bad 12: A (64 x 16 ones) from registers, two bf16 ones in each
+    for (int i = 0; i < 4; i++) a[i] = 0x3F803F80u;
     uint64_t desc = wgmma_desc(smem_addr(s), WGMMA_SWIZZLE_NONE, 128, 256);  // 8 rows: 2 core matrices in K
     if (bad == 7 && threadIdx.x == 0) cp_async_16(s, out, 16);               // (the source: any device memory)
     cp_async_commit();
     if (bad != 1) wgmma_fence();
-    if (!(bad == 5 && threadIdx.x / 32 == 1))
+    if (bad == 12)
+        wgmma_m64k16_bf16_rs<64, 0>(d, a, desc, 0);
+    else if (!(bad == 5 && threadIdx.x / 32 == 1))
         wgmma_m64k16_bf16<64, 0>(d, desc, bad == 6 && threadIdx.x / 32 == 2 ? desc + 1 : desc, 0);
     wgmma_commit_group();
+    if (bad == 10) d[3] = 1.f;
+    if (bad == 11 && threadIdx.x == 5) s[40] = __float2bfloat16(2.f);
+    if (bad == 12) a[2] = 0;
     if (bad == 8 && threadIdx.x == 0) {
         cp_async_16(s, out, 16);
         cp_async_commit();
@@ -356,7 +375,11 @@ int main(void) {
         float* dw;
         float hw[128];
         CUDA_OK(cudaMalloc(&dw, sizeof hw));
-        const char* what[10] = {"a correct wgmma",
+        __nv_bfloat16 h_ones[8], *d_ones;
+        for (int i = 0; i < 8; i++) h_ones[i] = __float2bfloat16(1.f);
+        CUDA_OK(cudaMalloc(&d_ones, sizeof h_ones));
+        CUDA_OK(cudaMemcpy(d_ones, h_ones, sizeof h_ones, cudaMemcpyHostToDevice));
+        const char* what[15] = {"a correct wgmma",
                                 "a wgmma without wgmma.fence",
                                 "accumulators read before wgmma.wait_group",
                                 "wgmma in a block of 96 threads",
@@ -365,12 +388,18 @@ int main(void) {
                                 "a warp of the warpgroup giving another descriptor",
                                 "a wgmma reading what a pending cp.async writes",
                                 "a cp.async landing on a pending wgmma's operand",
-                                "a cp.async after every warp's wgmma wait and a barrier"};
-        for (int bad = 0; bad < 10; bad++) {
+                                "a cp.async after every warp's wgmma wait and a barrier",
+                                "an accumulator written before wgmma.wait_group",
+                                "a st.shared into a pending wgmma's operand",
+                                "an A register written before wgmma.wait_group",
+                                "a copied operand without fence.proxy.async",
+                                "a copied operand with fence.proxy.async"};
+        for (int bad = 0; bad < 15; bad++) {
             CUDA_OK(cudaMemset(dw, 0, sizeof hw));
-            launch(wgmma_misuse, dim3(1), dim3(bad == 3 ? 96 : 128), 2048, (cudaStream_t)0, dw, bad);
+            launch(wgmma_misuse, dim3(1), dim3(bad == 3 ? 96 : 128), 2048, (cudaStream_t)0, dw,
+                   (const __nv_bfloat16*)d_ones, bad);
             e = cudaGetLastError();
-            int fails = bad == 1 || (bad >= 3 && bad <= 8);
+            int fails = bad == 1 || (bad >= 3 && bad <= 8) || (bad >= 10 && bad <= 13);
             CHECK(e == (fails ? cudaErrorLaunchFailure : cudaSuccess), "%s: launch gave %s, want %s", what[bad],
                   cudaGetErrorName(e), fails ? "a reported misuse" : "success");
             if (fails) continue;
@@ -380,6 +409,7 @@ int main(void) {
             CHECK(off == 0, "%s: %d of 128 threads read other than %g", what[bad], off, bad == 2 ? 7. : 16.);
         }
         cudaFree(dw);
+        cudaFree(d_ones);
     }
     return test_summary();
 }

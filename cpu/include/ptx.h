@@ -44,12 +44,17 @@
 //   wgmma_fence_operand(d, n), wgmma_fence_fragment(a, n): the GPU build's compiler barriers on registers the
 //     hardware writes (accumulators) or reads (A fragments) behind the compiler's back, placed after the wait;
 //     nothing to do on the CPU.
-//   fence_proxy_async(): makes the thread's ordinary shared-memory writes visible to wgmma (the async proxy);
-//     needed between writing an operand with st.shared and the wgmma that reads it, with a barrier.
+//   fence_proxy_async(): makes the thread's shared-memory writes (st.shared, and cp.async's once waited for)
+//     visible to wgmma (the async proxy); needed between writing an operand and the wgmma that reads it, with a
+//     barrier.
 //   The emulator checks the descriptors, the fence rule (strictly: a fence after every wait that completed
 //   an operation, before the next wgmma) and that every wgmma was waited for; it performs the products at
-//   the wait (cpu/runtime.cpp), so reading accumulators early shows up in tests.
-//   fence_proxy_async is not emulated (the CPU has one proxy): its absence is caught only on a GPU.
+//   the wait (cpu/runtime.cpp), so reading accumulators early shows up in tests. It also reports what is
+//   undefined on a GPU between a wgmma's issue and its wait: its accumulators or A registers written, the shared
+//   memory it reads changed (by any store or copy), and a cp.async over it landing; and a wgmma issued over
+//   bytes a cp.async wrote with no fence_proxy_async by the copying thread since. A missing fence after
+//   ordinary st.shared writes is not seen (the CPU has one proxy): only a GPU catches that. Shared addresses
+//   start at 528, not at a multiple of 1024, so a tile aligned by anything but smem_addr shows up too.
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -184,6 +189,7 @@ void emu_wgmma_fence(void);
 void emu_wgmma_issue(EmuWgmmaLane* mine);
 void emu_wgmma_commit(void);
 void emu_wgmma_wait(int n);
+void emu_fence_proxy_async(void);
 
 static inline uint32_t smem_addr(const void* p) { return emu_smem_addr(p); }
 static inline uint64_t wgmma_desc(uint32_t addr, int layout, uint32_t lbo, uint32_t sbo) {
@@ -210,4 +216,4 @@ static inline void wgmma_wait_group(void) {
 }
 static inline void wgmma_fence_operand(float* d, int n) { (void)d, (void)n; }
 static inline void wgmma_fence_fragment(uint32_t* a, int n) { (void)a, (void)n; }
-static inline void fence_proxy_async(void) {}
+static inline void fence_proxy_async(void) { emu_fence_proxy_async(); }
