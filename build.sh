@@ -31,7 +31,7 @@ NCCL_INC=""
 for d in "$CUDA_HOME/include" /usr/include /usr/local/include; do [ -f "$d/nccl.h" ] && { NCCL_INC=$d; break; }; done
 [ -n "$NCCL_INC" ] || die "nccl.h not found in $CUDA_HOME/include, /usr/include or /usr/local/include (install NCCL's development package)"
 
-CPU_FLAGS="-std=c++17 -O2 -g -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas -Icpu/include -I$CUDA_HOME/include -I$NCCL_INC -pthread"
+CPU_FLAGS="-std=c++17 -O2 -g -Wall -Wextra -Wno-unused-parameter -Wno-unknown-pragmas -Wno-psabi -Icpu/include -I$CUDA_HOME/include -I$NCCL_INC -pthread"
 ASAN_FLAGS="-O1 -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
 # ptxas: a kernel that spills registers fails the build
 # -Igpu: gpu/ptx.h (inline PTX) is the GPU build's <ptx.h>, as cpu/include/ptx.h is the CPU build's

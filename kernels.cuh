@@ -16,6 +16,7 @@ static inline void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_
 }
 #endif
 
+#include <cuda.h>      // CUtensorMap (types only: tma_map gets the driver's function from the runtime)
 #include <cublasLt.h>  // matmuls (on the CPU build: cpu/cublas.cpp implements the same API)
 #include <mma.h>       // WMMA tensor-core fragments (on the CPU build: cpu/include/mma.h)
 #include <stdint.h>
@@ -1290,6 +1291,42 @@ static inline void launch_embedding_layernorm_forward(cudaStream_t s, floatX* ou
     kernel_opt_in((const void*)embedding_layernorm_forward, bytes, &done);
     launch(embedding_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), bytes, s, out, stats, tokens, types, seg_lo,
            seg_hi, wte, wpe, wtt, gamma, beta, N, T, C, eps);
+}
+
+// tma_map: a tensor map for the tensor memory accelerator (the map argument of tma_load_2d/3d, gpu/ptx.h): the
+// tensor at base, of rank dims[0..rank) elements of type (innermost first, dims[0] contiguous), strides[d - 1]
+// bytes apart along dimension d >= 1, copied in boxes of box[0..rank) elements, swizzled in shared memory as
+// swizzle says. cuTensorMapEncodeTiled is the driver's: the runtime hands it out (cudaGetDriverEntryPointByVersion),
+// so the trainer links no driver library. A refusal stops the program, naming the shape.
+static inline void tma_map(CUtensorMap* map, CUtensorMapDataType type, const void* base, int rank, const uint64_t* dims,
+                           const uint64_t* strides, const uint32_t* box, CUtensorMapSwizzle swizzle) {
+    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static EncodeTiled encode = NULL;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult q;
+        void* fn = NULL;
+        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+        if (q != cudaDriverEntryPointSuccess || !fn) {
+            fprintf(stderr, "tma_map: the driver has no cuTensorMapEncodeTiled (CUDA 12.0 or later is needed)\n");
+            exit(1);
+        }
+        encode = (EncodeTiled)fn;
+    }
+    cuuint32_t ones[5] = {1, 1, 1, 1, 1};
+    CUresult r = encode(map, type, (cuuint32_t)rank, (void*)base, (const cuuint64_t*)dims, (const cuuint64_t*)strides,
+                        (const cuuint32_t*)box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "tma_map: cuTensorMapEncodeTiled refused (error %d) a rank-%d map at %p: dims", (int)r, rank,
+                base);
+        for (int d = 0; d < rank; d++) fprintf(stderr, " %llu", (unsigned long long)dims[d]);
+        fprintf(stderr, ", box");
+        for (int d = 0; d < rank; d++) fprintf(stderr, " %u", box[d]);
+        fprintf(stderr, ", swizzle %d\n", (int)swizzle);
+        exit(1);
+    }
 }
 
 // The scratch of the LayerNorm and embedding backward (the model's memory plan counts it with these sizes):

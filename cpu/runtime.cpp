@@ -490,7 +490,15 @@ asm(".text\n"
 #error "cpu/runtime.cpp: the fiber switch is written for x86-64 only"
 #endif
 
-enum fiber_state { F_READY, F_WAIT_BAR, F_WAIT_WARP, F_WAIT_ACTIVE, F_EXITED };  // F_WAIT_ACTIVE: in __activemask
+enum fiber_state {
+    F_READY,
+    F_WAIT_BAR,
+    F_WAIT_WARP,
+    F_WAIT_ACTIVE,
+    F_WAIT_MBAR,
+    F_EXITED
+};  // F_WAIT_ACTIVE: in
+    // __activemask
 
 struct EmuFiber {
     void* sp;  // saved stack pointer while switched out
@@ -536,6 +544,21 @@ struct EmuWgmmaSeen {  // the i-th wgmma.mma_async of a warpgroup, as its first 
     int n, trans_b, scale_d, ra;
 };
 
+#define EMU_MAX_MBARS 64
+struct EmuMbar {  // an mbarrier object (PTX ISA "Parallel Synchronization and Communication Instructions: mbarrier")
+    uint64_t* addr;
+    int count;     // the expected arrivals of each phase (mbarrier.init)
+    int pending;   // arrivals still to come in the current phase
+    long long tx;  // transaction bytes still to come in the current phase (expect_tx adds, complete_tx takes)
+    int phase;     // the current phase, counted from 0
+};
+struct EmuTma {  // a cp.async.bulk.tensor not yet performed: the box at coords of the map, to dst
+    unsigned char* dst;
+    uint64_t map[16];  // a copy of the tensor map (the kernel's parameter may be gone when the copy lands)
+    int coords[5];
+    int mbar;  // index in EmuWorker.mbars
+};
+
 struct EmuJob {  // one kernel launch
     emu_kernel_body body;
     void* call;
@@ -560,6 +583,10 @@ struct EmuWorker {  // one OS thread's state for running blocks
     EmuWarpWgmma wgmma[32];                   // per warp: wgmma operations issued, not yet waited for
     EmuWgmmaSeen wg_seen[8][EMU_WGMMA_SEEN];  // per warpgroup: its recent wgmma, to check its warps agree
     int wgmma_used;                           // the block issued a wgmma
+    EmuMbar mbars[EMU_MAX_MBARS];             // the block's mbarriers, in the order initialized
+    int nmbars;
+    EmuTma* tmas;  // the block's bulk tensor copies not yet performed
+    int ntmas, cap_tmas;
     int bar_arrived, bar_true;
     int* order;
     uint64_t rng;
@@ -1319,6 +1346,269 @@ void emu_wgmma_commit(void) { emu_warp_gather(0xffffffffu, (void*)1, wgmma_commi
 void emu_wgmma_wait(int n) { emu_warp_gather(0xffffffffu, &n, wgmma_wait_all, "wgmma.wait_group"); }
 
 // ----------------------------------------------------------------------------
+// mbarrier and the tensor memory accelerator (TMA), as the PTX ISA defines them ("mbarrier", and
+// "cp.async.bulk.tensor"). An mbarrier counts, per phase, the arrivals still to come (mbarrier.init's count)
+// and the transaction bytes still to come (mbarrier.arrive.expect_tx adds, a bulk copy's complete_tx takes);
+// when both reach 0 the phase completes and the next begins. mbarrier.try_wait.parity p is true once the
+// phase of parity p has completed, i.e. while the current phase's parity is not p.
+// The emulator keeps a block's barriers by address (EmuWorker.mbars) and performs a bulk copy only when a
+// thread waits on its barrier and the phase is not complete without it (or reports it, if the block ends
+// first), so a kernel that reads a tile before waiting reads stale bytes in the tests. A thread whose phase
+// has not completed blocks (F_WAIT_MBAR) until an arrival or a copy completes it; when no thread can run, the
+// block is reported as a deadlock (who waits on which barrier), where a GPU would hang.
+static EmuMbar* mbar_find(uint64_t* bar, const char* op) {
+    EmuWorker* w = W;
+    for (int i = 0; i < w->nmbars; i++)
+        if (w->mbars[i].addr == bar) return &w->mbars[i];
+    emu_kernel_error("%s: %p is not an mbarrier that mbarrier.init set up in this block", op, (void*)bar);
+    return NULL;
+}
+// mbar_complete_if_done: the phase completes when no arrival and no transaction byte is still to come; the
+// threads waiting for it go on.
+static void mbar_complete_if_done(EmuMbar* m) {
+    EmuWorker* w = W;
+    if (m->pending || m->tx) return;
+    m->phase++;
+    m->pending = m->count;
+    for (int i = 0; i < w->nthreads; i++) {
+        EmuFiber* f = &w->fibers[i];
+        if (f->state == F_WAIT_MBAR && &w->mbars[f->warg] == m) f->state = F_READY;  // it checks its parity again
+    }
+}
+void emu_mbar_init(uint64_t* bar, int count) {
+    EmuWorker* w = W;
+    if ((uintptr_t)bar % 8) return emu_kernel_error("mbarrier.init: %p is not 8-byte aligned", (void*)bar);
+    if (count < 1 || count > (1 << 20) - 1)
+        return emu_kernel_error("mbarrier.init: count %d is outside [1, 2^20 - 1]", count);
+    EmuMbar* m = NULL;
+    for (int i = 0; i < w->nmbars; i++)
+        if (w->mbars[i].addr == bar) m = &w->mbars[i];
+    if (!m) {
+        if (w->nmbars == EMU_MAX_MBARS)
+            return emu_kernel_error("mbarrier.init: more than %d mbarriers in a block", EMU_MAX_MBARS);
+        m = &w->mbars[w->nmbars++];
+    }
+    *m = EmuMbar{bar, count, count, 0, 0};
+    *bar = 0;  // the object's bytes: what they hold on a GPU is opaque
+}
+void emu_mbar_arrive(uint64_t* bar, uint32_t tx) {
+    EmuMbar* m = mbar_find(bar, "mbarrier.arrive");
+    if (!m) return;
+    if (m->pending == 0)
+        return emu_kernel_error(
+            "mbarrier.arrive: mbarrier %d has had all %d arrivals of its phase %d (it waits for %lld transaction "
+            "bytes): an arrival too many",
+            (int)(m - W->mbars), m->count, m->phase, m->tx);
+    m->tx += tx;  // expect_tx, then the arrival
+    m->pending--;
+    mbar_complete_if_done(m);
+}
+static void perform_tma(EmuTma* t);
+void emu_mbar_wait(uint64_t* bar, int parity) {
+    EmuWorker* w = W;
+    EmuMbar* m = mbar_find(bar, "mbarrier.try_wait.parity");
+    if (!m) return;
+    int i = (int)(m - w->mbars);
+    while ((m->phase & 1) == (parity & 1)) {  // the phase of this parity has not completed
+        int k = 0;
+        while (k < w->ntmas && w->tmas[k].mbar != i) k++;
+        if (k < w->ntmas) {  // the oldest copy that completes on this barrier lands now
+            EmuTma t = w->tmas[k];
+            memmove(&w->tmas[k], &w->tmas[k + 1], (w->ntmas - k - 1) * sizeof(EmuTma));
+            w->ntmas--;
+            perform_tma(&t);
+            continue;
+        }
+        EmuFiber* f = w->self;
+        f->state = F_WAIT_MBAR;
+        f->warg = i;
+        f->wval = (uint64_t)(parity & 1);
+        f->wname = "mbarrier.try_wait.parity";
+        yield_from(f, 0);
+    }
+}
+
+// Tensor maps. The emulator's cuTensorMapEncodeTiled checks the arguments as the driver documents them
+// (cuda.h) and keeps them in the 128-byte CUtensorMap; the bulk copy reads them from the kernel's copy.
+struct EmuTensorMap {
+    uint64_t magic;
+    const unsigned char* base;
+    uint64_t dim[5], stride[5];  // stride[0] = the element size; bytes
+    uint32_t box[5];
+    int rank, esize, swizzle;  // swizzle: the span in bytes (16 = none, 32, 64, 128)
+};
+static_assert(sizeof(EmuTensorMap) <= sizeof(CUtensorMap), "EmuTensorMap must fit in a CUtensorMap");
+#define EMU_TMAP_MAGIC 0x4d4c4d2e544d4150ull
+static CUresult tmap_fail(const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cpu runtime: cuTensorMapEncodeTiled: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+static CUresult emu_cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* addr,
+                                           const cuuint64_t* dim, const cuuint64_t* strides, const cuuint32_t* box,
+                                           const cuuint32_t* estrides, CUtensorMapInterleave interleave,
+                                           CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
+                                           CUtensorMapFloatOOBfill oob) {
+    (void)l2;
+    int esize = type == CU_TENSOR_MAP_DATA_TYPE_UINT8 ? 1
+                : type == CU_TENSOR_MAP_DATA_TYPE_UINT16 || type == CU_TENSOR_MAP_DATA_TYPE_FLOAT16 ||
+                        type == CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                    ? 2
+                : type == CU_TENSOR_MAP_DATA_TYPE_UINT32 || type == CU_TENSOR_MAP_DATA_TYPE_INT32 ||
+                        type == CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                    ? 4
+                : type == CU_TENSOR_MAP_DATA_TYPE_UINT64 || type == CU_TENSOR_MAP_DATA_TYPE_INT64 ||
+                        type == CU_TENSOR_MAP_DATA_TYPE_FLOAT64
+                    ? 8
+                    : 0;
+    if (!map) return tmap_fail("tensorMap is NULL");
+    if (!esize) return tmap_fail("data type %d is not emulated (8, 16, 32 and 64-bit types are)", (int)type);
+    if (rank < 1 || rank > 5) return tmap_fail("tensorRank %u is not in [1, 5]", rank);
+    if ((uintptr_t)addr % 16) return tmap_fail("globalAddress %p is not 16-byte aligned", addr);
+    if (interleave != CU_TENSOR_MAP_INTERLEAVE_NONE) return tmap_fail("only CU_TENSOR_MAP_INTERLEAVE_NONE is emulated");
+    if (oob != CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+        return tmap_fail("only CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE is emulated");
+    int span = swizzle == CU_TENSOR_MAP_SWIZZLE_NONE   ? 16
+               : swizzle == CU_TENSOR_MAP_SWIZZLE_32B  ? 32
+               : swizzle == CU_TENSOR_MAP_SWIZZLE_64B  ? 64
+               : swizzle == CU_TENSOR_MAP_SWIZZLE_128B ? 128
+                                                       : 0;
+    if (!span) return tmap_fail("swizzle %d is not emulated (NONE, 32B, 64B and 128B are)", (int)swizzle);
+    EmuTensorMap t = {};
+    t.magic = EMU_TMAP_MAGIC, t.base = (const unsigned char*)addr, t.rank = (int)rank, t.esize = esize;
+    t.swizzle = span;
+    for (cuuint32_t d = 0; d < rank; d++) {
+        if (dim[d] == 0 || dim[d] > (1ull << 32))
+            return tmap_fail("globalDim[%u] = %llu is not in [1, 2^32]", d, (unsigned long long)dim[d]);
+        if (box[d] == 0 || box[d] > 256) return tmap_fail("boxDim[%u] = %u is not in [1, 256]", d, box[d]);
+        if (estrides[d] != 1) return tmap_fail("elementStrides[%u] = %u: only 1 is emulated", d, estrides[d]);
+        t.dim[d] = dim[d], t.box[d] = box[d];
+        t.stride[d] = d == 0 ? (uint64_t)esize : strides[d - 1];
+        if (d > 0 && (strides[d - 1] % 16 || strides[d - 1] >= (1ull << 40)))
+            return tmap_fail("globalStrides[%u] = %llu is not a multiple of 16 below 2^40", d - 1,
+                             (unsigned long long)strides[d - 1]);
+    }
+    if (box[0] * esize % 16)
+        return tmap_fail("boxDim[0] x the element size (%u bytes) is not a multiple of 16", box[0] * esize);
+    if (span > 16 && box[0] * esize > (cuuint32_t)span)
+        return tmap_fail("the box's inner dimension (%u bytes) is wider than the swizzle span (%d bytes)",
+                         box[0] * esize, span);
+    if (span > 16 && box[0] * esize != (cuuint32_t)span)
+        return tmap_fail(
+            "the box's inner dimension (%u bytes) is narrower than the swizzle span (%d bytes): not emulated",
+            box[0] * esize, span);
+    memset(map, 0, sizeof *map);
+    memcpy(map, &t, sizeof t);
+    return CUDA_SUCCESS;
+}
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int version,
+                                             unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
+    (void)version, (void)flags;
+    int found = symbol && !strcmp(symbol, "cuTensorMapEncodeTiled");
+    if (fn) *fn = found ? (void*)&emu_cuTensorMapEncodeTiled : NULL;
+    if (status) *status = found ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+    return found ? cudaSuccess
+                 : fail(cudaErrorSymbolNotFound, "cudaGetDriverEntryPointByVersion: %s is not emulated",
+                        symbol ? symbol : "(null)");
+}
+
+// cp.async.bulk.tensor.Nd.shared::cluster.global.tile.mbarrier::complete_tx::bytes [dst], [map, {coords}], [bar]:
+// the box of the map's boxDim elements from coords (innermost first) to dst, rows of boxDim[0] elements one
+// after another, the swizzle applied to the shared address (as wgmma reads it: bits [4, 4 + log2(span / 16))
+// ^= the same count of bits from bit 7); elements outside the tensor are zeros; then complete_tx(box bytes)
+// on bar. Issued by one thread; the block's threads wait on bar.
+static size_t tma_box_bytes(const EmuTensorMap* t) {
+    size_t n = (size_t)t->esize;
+    for (int d = 0; d < t->rank; d++) n *= t->box[d];
+    return n;
+}
+static void perform_tma(EmuTma* c) {
+    const EmuTensorMap* t = (const EmuTensorMap*)c->map;
+    size_t bytes = tma_box_bytes(t), rows = bytes / (t->box[0] * t->esize);
+    int w0 = smem_word(c->dst), race = -1;
+    for (size_t i = 0; i < bytes / 4; i++) {
+        smem_copying[w0 + i]--, smem_marks--;
+        if (smem_reading[w0 + i] && race < 0) race = 4 * (int)(w0 + i);
+    }
+    if (race >= 0)
+        emu_kernel_error(
+            "cp.async.bulk.tensor writes shared memory at byte %d, which a wgmma.mma_async not yet waited for "
+            "reads (a race on the GPU)",
+            race);
+    uint32_t base = emu_smem_addr(c->dst);
+    for (size_t r = 0; r < rows; r++) {
+        long long coord[5] = {0, 0, 0, 0, 0};
+        size_t q = r;
+        int in = 1;
+        for (int d = 1; d < t->rank; d++) {
+            coord[d] = c->coords[d] + (long long)(q % t->box[d]);
+            q /= t->box[d];
+            in &= coord[d] >= 0 && coord[d] < (long long)t->dim[d];
+        }
+        for (uint32_t e = 0; e < t->box[0]; e++) {
+            coord[0] = c->coords[0] + (long long)e;
+            uint32_t a = base + (uint32_t)(r * t->box[0] + e) * t->esize;
+            if (t->swizzle > 16) a ^= ((a >> 7) & (uint32_t)(t->swizzle / 16 - 1)) << 4;
+            unsigned char* out = dyn_smem + (a - EMU_SMEM_BASE);
+            if (!in || coord[0] < 0 || coord[0] >= (long long)t->dim[0]) {
+                memset(out, 0, t->esize);
+                continue;
+            }
+            const unsigned char* src = t->base;
+            for (int d = 0; d < t->rank; d++) src += coord[d] * t->stride[d];
+            size_t over = 0;
+            if (device_range(src, t->esize, &over)) {
+                emu_kernel_error("cp.async.bulk.tensor: element %p of the tensor is not inside a cudaMalloc'ed buffer",
+                                 (const void*)src);
+                return;
+            }
+            memcpy(out, src, t->esize);
+        }
+    }
+    EmuMbar* m = &W->mbars[c->mbar];
+    m->tx -= (long long)bytes;
+    if (m->tx < 0 && m->pending == 0)
+        return emu_kernel_error(
+            "cp.async.bulk.tensor: %zu bytes complete on mbarrier %d, more than its phase expects (arrive.expect_tx)",
+            bytes, c->mbar);
+    mbar_complete_if_done(m);
+}
+void emu_tma_load(void* dst, const CUtensorMap* map, int rank, const int* coords, uint64_t* bar) {
+    EmuWorker* w = W;
+    const EmuTensorMap* t = (const EmuTensorMap*)map;
+    if (t->magic != EMU_TMAP_MAGIC)
+        return emu_kernel_error("cp.async.bulk.tensor: the tensor map was not made by cuTensorMapEncodeTiled");
+    if (t->rank != rank) return emu_kernel_error("cp.async.bulk.tensor.%dd: the tensor map has rank %d", rank, t->rank);
+    uint32_t a = emu_smem_addr(dst);
+    size_t bytes = tma_box_bytes(t);
+    if (a % 128) return emu_kernel_error("cp.async.bulk.tensor: shared address %u is not 128-byte aligned", a);
+    if (a - EMU_SMEM_BASE + bytes > w->job->smem)
+        return emu_kernel_error(
+            "cp.async.bulk.tensor: the box (%zu bytes at shared address %u) reaches past the "
+            "launch's %zu bytes of dynamic shared memory",
+            bytes, a, w->job->smem);
+    EmuMbar* m = mbar_find(bar, "cp.async.bulk.tensor");
+    if (!m) return;
+    if (w->ntmas == w->cap_tmas) {
+        w->cap_tmas = w->cap_tmas ? 2 * w->cap_tmas : 16;
+        w->tmas = (EmuTma*)realloc(w->tmas, w->cap_tmas * sizeof(EmuTma));
+        if (!w->tmas) abort();
+    }
+    EmuTma* c = &w->tmas[w->ntmas++];
+    c->dst = (unsigned char*)dst, c->mbar = (int)(m - w->mbars);
+    memcpy(c->map, map, sizeof c->map);
+    for (int d = 0; d < 5; d++) c->coords[d] = d < rank ? coords[d] : 0;
+    int w0 = smem_word(dst);
+    for (size_t i = 0; i < bytes / 4; i++) smem_copying[w0 + i]++, smem_marks++;
+    for (int i = 0; i < w->nthreads; i++)  // threads waiting on bar check again: this copy may complete the phase
+        if (w->fibers[i].state == F_WAIT_MBAR && w->fibers[i].warg == c->mbar) w->fibers[i].state = F_READY;
+}
+
+// ----------------------------------------------------------------------------
 // Static __shared__ variables are block-scope thread_locals, so they would keep the values of the
 // block that ran before on the same OS thread, hiding a read of shared memory nobody wrote. On the
 // GPU they start as garbage. So the runtime finds them in the executable's symbol table (TLS
@@ -1422,7 +1712,14 @@ static void report_deadlock(EmuWorker* w) {
         EmuFiber* f = &w->fibers[i];
         if (f->state == F_WAIT_BAR)
             fprintf(stderr, "    thread (%u,%u,%u) waits in __syncthreads\n", f->tid.x, f->tid.y, f->tid.z), shown++;
-        else if (f->state == F_WAIT_WARP) {
+        else if (f->state == F_WAIT_MBAR) {
+            const EmuMbar* m = &w->mbars[f->warg];
+            fprintf(stderr,
+                    "    thread (%u,%u,%u) waits on mbarrier %d for the phase of parity %d (its phase %d: %d of %d "
+                    "arrivals and %lld transaction bytes still to come)\n",
+                    f->tid.x, f->tid.y, f->tid.z, f->warg, (int)f->wval, m->phase, m->pending, m->count, m->tx);
+            shown++;
+        } else if (f->state == F_WAIT_WARP) {
             unsigned gone = 0;  // lanes of the mask that exited or do not exist: they can never arrive
             for (int l = 0; l < 32; l++) {
                 int t = (f->linear & ~31) + l;
@@ -1453,6 +1750,8 @@ static void run_block(EmuWorker* w, long long b) {
         for (int g = 0; g < 8; g++)
             for (int i = 0; i < EMU_WGMMA_SEEN; i++) w->wg_seen[g][i].seq = -1;
     w->wgmma_used = 0;
+    w->nmbars = 0;
+    w->ntmas = 0;
     w->bar_arrived = 0;
     w->bar_true = 0;
     w->error_reported = 0;
@@ -1492,6 +1791,9 @@ static void run_block(EmuWorker* w, long long b) {
     __sanitizer_finish_switch_fiber(w->asan_sched_fake, NULL, NULL);
 #endif
     if (w->exited == n && w->wgmma_used) wgmma_block_end(w);
+    if (w->exited == n && w->ntmas)
+        emu_kernel_error(
+            "the block exits with %d cp.async.bulk.tensor copies whose mbarrier phase no thread waited for", w->ntmas);
     for (int i = 0; i < n; i++) unmark_landed(&w->fibers[i]);
     if (w->exited != n) {
         report_deadlock(w);

@@ -14,7 +14,15 @@
 //   wgmma_fence_operand(d, n)       a compiler barrier on the accumulator registers (no instruction)
 //   wgmma_fence_fragment(a, n)      the same on registers holding an A operand (.._rs)
 //   fence_proxy_async()             fence.proxy.async.shared::cta
+//   mbar_init(bar, count)           mbarrier.init.shared::cta.b64
+//   fence_mbarrier_init()           fence.mbarrier_init.release.cluster
+//   mbar_arrive(bar)                mbarrier.arrive.shared::cta.b64
+//   mbar_arrive_expect_tx(bar, n)   mbarrier.arrive.expect_tx.shared::cta.b64
+//   mbar_wait(bar, parity)          mbarrier.try_wait.parity.shared::cta.b64, until true
+//   tma_load_2d/3d(dst, map, c.., bar)
+//   cp.async.bulk.tensor.{2,3}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
 #pragma once
+#include <cuda.h>  // CUtensorMap
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -130,4 +138,46 @@ __device__ inline void wgmma_m64k16_bf16_rs(float* d, const uint32_t a[4], uint6
             ", {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
             : WGMMA_D32(0), WGMMA_D32(32)
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(bdesc), "r"(scale_d), "n"(TRANS_B));
+}
+
+// mbarrier and the tensor memory accelerator (sm_90; see cpu/include/ptx.h for what each does).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define HOPPER_ASM(...) asm volatile(__VA_ARGS__)
+#else
+#define HOPPER_ASM(...) __trap()
+#endif
+__device__ inline void mbar_init(uint64_t* bar, int count) {
+    HOPPER_ASM("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ inline void fence_mbarrier_init(void) { HOPPER_ASM("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ inline void mbar_arrive(uint64_t* bar) {
+    HOPPER_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ inline void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+    HOPPER_ASM("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ inline void mbar_wait(uint64_t* bar, int parity) {
+    HOPPER_ASM(
+        "{\n"
+        ".reg .pred p;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT;\n"
+        "}\n" ::"r"(smem_addr(bar)),
+        "r"(parity)
+        : "memory");
+}
+__device__ inline void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+    HOPPER_ASM(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+        "[%4];\n" ::"r"(smem_addr(dst)),
+        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+        : "memory");
+}
+__device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
+    HOPPER_ASM(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+        "%4}], [%5];\n" ::"r"(smem_addr(dst)),
+        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+        : "memory");
 }

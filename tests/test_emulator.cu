@@ -187,6 +187,31 @@ __global__ void wgmma_misuse(float* out, const __nv_bfloat16* ones, int bad) {
     if (bad != 2) out[threadIdx.x] = d[0];
 }
 
+// mbarrier and TMA misuse, in a block of 64 threads; thread 0 sets up a barrier (count 1) and copies a 16 x 64 bf16
+// box (2048 bytes) of a 2D map into shared memory, then every thread waits for phase 0:
+//   bad 0: correct                                                            -> success
+//   bad 1: the barrier's count is 2 and only one thread arrives               -> a deadlock reported (a GPU hangs)
+//   bad 2: thread 0 arrives again after its expect_tx, before the copy lands  -> reported (an arrival too many)
+//   bad 3: the copy is issued and nobody waits                                -> reported when the block ends
+//   bad 4: expect_tx of 1024 bytes for the 2048-byte box                      -> reported (more bytes than expected)
+//   bad 5: the barrier not initialized                                         -> reported
+__global__ void mbar_misuse(const __grid_constant__ CUtensorMap map, int bad) {
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    __shared__ __align__(8) uint64_t bar;
+    unsigned char* dst = dyn_smem + (1024 - smem_addr(dyn_smem) % 1024) % 1024;
+    if (threadIdx.x == 0 && bad != 5) {
+        mbar_init(&bar, bad == 1 ? 2 : 1);
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        mbar_arrive_expect_tx(&bar, bad == 4 ? 1024 : 2048);
+        if (bad == 2) mbar_arrive(&bar);
+        tma_load_2d(dst, &map, 0, 0, &bar);
+    }
+    if (bad != 3) mbar_wait(&bar, 0);
+}
+
 int main(void) {
     float x[64], want[64], got[64], *dx, *dout;
     for (int i = 0; i < 64; i++) x[i] = (float)i;
@@ -410,6 +435,54 @@ int main(void) {
         }
         cudaFree(dw);
         cudaFree(d_ones);
+    }
+    // mbarrier and TMA: misuse reported, a hang reported as a deadlock; cuTensorMapEncodeTiled's checks
+    {
+        __nv_bfloat16* dt;
+        CUDA_OK(cudaMalloc(&dt, 64 * 64 * sizeof(__nv_bfloat16)));
+        CUDA_OK(cudaMemset(dt, 0, 64 * 64 * sizeof(__nv_bfloat16)));
+        CUtensorMap map;
+        uint64_t dims[2] = {64, 64}, strides[1] = {128};
+        uint32_t box[2] = {64, 16};
+        tma_map(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, dt, 2, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+        const char* what[6] = {"a correct copy and wait",
+                               "a phase that never completes (a missing arrival)",
+                               "an arrival too many",
+                               "a copy nobody waits for",
+                               "a copy of more bytes than expect_tx says",
+                               "an mbarrier never initialized"};
+        for (int bad = 0; bad < 6; bad++) {
+            launch(mbar_misuse, dim3(1), dim3(64), 1024 + 2048, (cudaStream_t)0, map, bad);
+            e = cudaGetLastError();
+            CHECK(e == (bad ? cudaErrorLaunchFailure : cudaSuccess), "mbarrier/TMA, %s: launch gave %s, want %s",
+                  what[bad], cudaGetErrorName(e), bad ? "a reported misuse" : "success");
+        }
+        typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                        const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                        CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+        void* fn = NULL;
+        cudaDriverEntryPointQueryResult q;
+        CUDA_OK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+        EncodeTiled encode = (EncodeTiled)fn;
+        cuuint32_t ones[2] = {1, 1}, wide[2] = {128, 16}, big[2] = {64, 300};
+        cuuint64_t odd[1] = {120};
+        struct {
+            const char* what;
+            void* base;
+            const cuuint64_t* strides;
+            const cuuint32_t* box;
+        } refused[4] = {{"a base address not 16-byte aligned", (char*)dt + 8, strides, box},
+                        {"a stride not a multiple of 16", dt, odd, box},
+                        {"a box row (256 bytes) wider than the 128-byte swizzle", dt, strides, wide},
+                        {"a box dimension over 256", dt, strides, big}};
+        for (int i = 0; i < 4; i++) {
+            CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, refused[i].base, dims, refused[i].strides,
+                                refused[i].box, ones, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+            CHECK(r == CUDA_ERROR_INVALID_VALUE, "cuTensorMapEncodeTiled refuses %s (gave %d)", refused[i].what,
+                  (int)r);
+        }
+        cudaFree(dt);
     }
     return test_summary();
 }

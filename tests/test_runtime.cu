@@ -298,6 +298,180 @@ __global__ void wgmma_layouts(const __nv_bfloat16* A, const __nv_bfloat16* Bm, f
 }
 
 // ----------------------------------------------------------------------------
+// TMA (cp.async.bulk.tensor) with mbarriers, on both builds. The tensors are bf16, their boxes 64 elements
+// (128 bytes) wide with the 128-byte swizzle; the checks compare the shared bytes with tma_sw_off, the swizzle
+// as the 16-byte chunk permutation CUTLASS and the CUDA programming guide give (chunk j of row r at j ^ (r % 8)
+// in each 1 KB of 8 rows), not with the emulator's code.
+static int tma_sw_off(int r, int e) { return r * 128 + ((e / 8) ^ (r % 8)) * 16 + (e % 8) * 2; }
+// tma_box: thread 0 copies the box at (c0, c1, c2) of a 3D map into 1024-aligned shared memory (its own expect_tx
+// on the barrier); every thread waits for phase 0 and copies the shared bytes, as they lie, to out.
+__global__ void tma_box(const __grid_constant__ CUtensorMap map, int c0, int c1, int c2, int bytes,
+                        unsigned char* out) {
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    __shared__ __align__(8) uint64_t bar;
+    unsigned char* dst = dyn_smem + (1024 - smem_addr(dyn_smem) % 1024) % 1024;
+    if (threadIdx.x == 0) {
+        mbar_init(&bar, 1);
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        mbar_arrive_expect_tx(&bar, bytes);
+        tma_load_3d(dst, &map, c0, c1, c2, &bar);
+    }
+    mbar_wait(&bar, 0);
+    for (int i = threadIdx.x; i < bytes; i += blockDim.x) out[i] = dst[i];
+}
+// tma_pipeline: n tiles (boxes at (0, 32 i) of a 2D map, 32 rows of 64) through two shared buffers, FlashAttention-3's
+// producer and consumers: warp 4's lane 0 waits for a buffer's "empty" phase, expects its bytes on "full" and
+// issues the copy; warps 0-3 wait for "full", copy the tile's bytes to out (tile i at out + 4096 i), and each
+// warp's lane 0 arrives on "empty" (4 arrivals a phase). Tile i uses buffer i % 2 and waits for phase parity
+// (i / 2) % 2 of "full"; the producer's first wait on "empty" (parity 1) returns at once.
+__global__ void tma_pipeline(const __grid_constant__ CUtensorMap map, int n, unsigned char* out) {
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    __shared__ __align__(8) uint64_t full[2], empty[2];
+    unsigned char* buf = dyn_smem + (1024 - smem_addr(dyn_smem) % 1024) % 1024;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        for (int b = 0; b < 2; b++) mbar_init(&full[b], 1), mbar_init(&empty[b], 4);
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+    for (int i = 0; i < n; i++) {
+        int b = i % 2, parity = (i / 2) % 2;
+        if (warp == 4) {
+            if (lane == 0) {
+                mbar_wait(&empty[b], parity ^ 1);
+                mbar_arrive_expect_tx(&full[b], 4096);
+                tma_load_2d(buf + b * 4096, &map, 0, 32 * i, &full[b]);
+            }
+        } else {
+            mbar_wait(&full[b], parity);
+            for (int k = threadIdx.x; k < 4096; k += 128) out[4096 * i + k] = buf[b * 4096 + k];
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[b]);
+        }
+    }
+}
+// tma_wgmma: A (64 x 64) and B (64 x 64) copied by TMA from a (128, 64) bf16 matrix (rows 0-63, 64-127), then
+// D = A B^T by one warpgroup reading both K-major through the 128-byte swizzle (as attention's S = Q K^T): the
+// layout TMA writes is the one wgmma reads.
+__global__ void tma_wgmma(const __grid_constant__ CUtensorMap map, float* D) {
+    extern __shared__ __align__(16) unsigned char dyn_smem[];
+    __shared__ __align__(8) uint64_t bar;
+    unsigned char* sA = dyn_smem + (1024 - smem_addr(dyn_smem) % 1024) % 1024;
+    unsigned char* sB = sA + 8192;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    if (threadIdx.x == 0) {
+        mbar_init(&bar, 1);
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        mbar_arrive_expect_tx(&bar, 16384);
+        tma_load_2d(sA, &map, 0, 0, &bar);
+        tma_load_2d(sB, &map, 0, 64, &bar);
+    }
+    mbar_wait(&bar, 0);
+    float d[32];
+    uint32_t a0 = smem_addr(sA), b0 = smem_addr(sB);
+    wgmma_fence();
+    for (int s = 0; s < 4; s++)
+        wgmma_m64k16_bf16<64, 0>(d, wgmma_desc(a0 + s * 32, WGMMA_SWIZZLE_128B, 16, 1024),
+                                 wgmma_desc(b0 + s * 32, WGMMA_SWIZZLE_128B, 16, 1024), s > 0);
+    wgmma_commit_group();
+    wgmma_wait_group<0>();
+    wgmma_fence_operand(d, 32);
+    for (int j = 0; j < 8; j++)
+        for (int i = 0; i < 4; i++) D[(16 * warp + g + 8 * (i / 2)) * 64 + 8 * j + 2 * t + i % 2] = d[4 * j + i];
+}
+
+static void test_tma(void) {
+    // a (3, 50, 192) tensor of bf16 (B, T, W), each element its own small integer
+    const int W = 192, T = 50, Bn = 3;
+    static __nv_bfloat16 h[3 * 50 * 192];
+    for (int i = 0; i < Bn * T * W; i++) h[i] = __float2bfloat16((float)(i % 251));
+    __nv_bfloat16* dt;
+    unsigned char *dout, got[32 * 128 * 6];
+    CUDA_OK(cudaMalloc(&dt, sizeof h));
+    CUDA_OK(cudaMalloc(&dout, sizeof got));
+    CUDA_OK(cudaMemcpy(dt, h, sizeof h, cudaMemcpyHostToDevice));
+    CUtensorMap map3, map2, mapw;
+    uint64_t dims3[3] = {(uint64_t)W, (uint64_t)T, (uint64_t)Bn}, str3[2] = {W * 2ull, W * T * 2ull};
+    uint32_t box3[3] = {64, 32, 1};
+    tma_map(&map3, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, dt, 3, dims3, str3, box3, CU_TENSOR_MAP_SWIZZLE_128B);
+    // boxes inside, past the rows (T), before the first row, past the columns (W)
+    int cases[5][3] = {{0, 0, 0}, {64, 16, 1}, {128, 32, 2}, {0, -8, 1}, {160, 40, 0}};
+    size_t smem = 1024 + 4096;
+    CUDA_OK(cudaFuncSetAttribute(tma_box, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    for (int c = 0; c < 5; c++) {
+        int c0 = cases[c][0], c1 = cases[c][1], c2 = cases[c][2];
+        CUDA_OK(cudaMemset(dout, 0xAB, 4096));
+        launch(tma_box, dim3(1), dim3(128), smem, (cudaStream_t)0, map3, c0, c1, c2, 4096, dout);
+        CUDA_OK(cudaGetLastError());
+        CUDA_OK(cudaMemcpy(got, dout, 4096, cudaMemcpyDeviceToHost));
+        int bad = 0;
+        for (int r = 0; r < 32; r++)
+            for (int e = 0; e < 64; e++) {
+                int t = c1 + r, w = c0 + e, in = t >= 0 && t < T && w < W;
+                uint16_t want = 0, g;
+                if (in) memcpy(&want, &h[((size_t)c2 * T + t) * W + w], 2);
+                memcpy(&g, got + tma_sw_off(r, e), 2);
+                bad += g != want;
+            }
+        CHECK(bad == 0, "tma_load_3d: box at (%d, %d, %d), 128B swizzle, zeros outside the tensor: %d of 2048 wrong",
+              c0, c1, c2, bad);
+    }
+    // the pipeline: 6 tiles of 32 rows of a (150, 64) matrix (the last tile's 2 rows past the end are zeros)
+    uint64_t dims2[2] = {64, 150}, str2[1] = {128};
+    uint32_t box2[2] = {64, 32};
+    tma_map(&map2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, dt, 2, dims2, str2, box2, CU_TENSOR_MAP_SWIZZLE_128B);
+    smem = 1024 + 8192;
+    CUDA_OK(cudaFuncSetAttribute(tma_pipeline, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    launch(tma_pipeline, dim3(1), dim3(160), smem, (cudaStream_t)0, map2, 5, dout);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaMemcpy(got, dout, 5 * 4096, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int i = 0; i < 5; i++)
+        for (int r = 0; r < 32; r++)
+            for (int e = 0; e < 64; e++) {
+                int row = 32 * i + r;
+                uint16_t want = 0, g;
+                if (row < 150) memcpy(&want, &h[(size_t)row * 64 + e], 2);
+                memcpy(&g, got + 4096 * i + tma_sw_off(r, e), 2);
+                bad += g != want;
+            }
+    CHECK(bad == 0,
+          "tma_load_2d through two buffers, full/empty mbarriers, 1 producer and 4 consumer warps, "
+          "5 tiles: %d of 10240 elements wrong",
+          bad);
+    // TMA then wgmma: small integers, so every sum is exact
+    static __nv_bfloat16 hm[128 * 64];
+    static float want[64 * 64], dgot[64 * 64];
+    for (int i = 0; i < 128 * 64; i++) hm[i] = __float2bfloat16((float)((i * 7 + 3) % 11 - 5));
+    CUDA_OK(cudaMemcpy(dt, hm, sizeof hm, cudaMemcpyHostToDevice));
+    uint64_t dimsw[2] = {64, 128}, strw[1] = {128};
+    uint32_t boxw[2] = {64, 64};
+    tma_map(&mapw, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, dt, 2, dimsw, strw, boxw, CU_TENSOR_MAP_SWIZZLE_128B);
+    float* dD;
+    CUDA_OK(cudaMalloc(&dD, sizeof dgot));
+    smem = 1024 + 16384;
+    CUDA_OK(cudaFuncSetAttribute(tma_wgmma, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    launch(tma_wgmma, dim3(1), dim3(128), smem, (cudaStream_t)0, mapw, dD);
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaMemcpy(dgot, dD, sizeof dgot, cudaMemcpyDeviceToHost));
+    for (int r = 0; r < 64; r++)
+        for (int n = 0; n < 64; n++) {
+            float acc = 0;
+            for (int k = 0; k < 64; k++)
+                acc += __bfloat162float(hm[r * 64 + k]) * __bfloat162float(hm[(64 + n) * 64 + k]);
+            want[r * 64 + n] = acc;
+        }
+    check_close("tma_load_2d of A and B, then wgmma D = A B^T (both K-major, 128B swizzle)", dgot, want, 64 * 64, 0, 0);
+    cudaFree(dt), cudaFree(dout), cudaFree(dD);
+}
+
+// ----------------------------------------------------------------------------
 // Streams as the GPU runs them. These kernels and checks run on both builds (CPU: cpu/runtime.cpp's stream
 // workers). stall_spin (kernels.cuh) holds a stream until the host sets a flag in pinned memory.
 
@@ -789,5 +963,6 @@ int main(void) {
         cudaFree(dA), cudaFree(dB), cudaFree(dD);
     }
     test_streams();
+    test_tma();
     return test_summary();
 }

@@ -55,7 +55,31 @@
 //   bytes a cp.async wrote with no fence_proxy_async by the copying thread since. A missing fence after
 //   ordinary st.shared writes is not seen (the CPU has one proxy): only a GPU catches that. Shared addresses
 //   start at 528, not at a multiple of 1024, so a tile aligned by anything but smem_addr shows up too.
+//
+// mbarrier and the tensor memory accelerator (TMA; PTX ISA "mbarrier" and "cp.async.bulk.tensor"). An mbarrier
+// is a 64-bit object in shared memory that counts, per phase, the arrivals still to come and the transaction
+// bytes still to come; when both reach zero its phase completes and the next begins.
+//   mbar_init(bar, count): phase 0, count arrivals expected (one thread; then fence_mbarrier_init() and a
+//     barrier before any other use). mbar_arrive(bar): one arrival. mbar_arrive_expect_tx(bar, n): n more
+//     transaction bytes expected in this phase, then one arrival (the thread that issues the copies does it).
+//   mbar_wait(bar, parity): returns once the phase of that parity has completed (loops on try_wait.parity):
+//     a consumer waits for parity 0 on its first use of a "full" barrier, then 1, 0, ...
+//   tma_load_2d/3d(dst, map, c0, c1[, c2], bar): one thread copies the box of the tensor map (made on the host by
+//     cuTensorMapEncodeTiled) whose first element is at coordinates (c0, c1, c2), innermost first, to dst (128-byte
+//     aligned shared memory): its rows (boxDim[0] elements) one after another, with the map's swizzle applied
+//     to the shared address as wgmma reads it (the 128-byte swizzle: bits 4-6 ^= bits 7-9), elements outside
+//     the tensor as zeros; then the box's bytes complete on bar. The map must be a __grid_constant__ kernel
+//     parameter (its address is the generic address of the parameter).
+// The emulator keeps each block's barriers by address and performs a copy when a thread waits on its barrier
+// and the phase cannot complete without it, so reading a tile before the wait reads stale bytes in the tests;
+// a waiter whose phase cannot complete blocks, and a block where no thread can run is reported as a deadlock
+// (naming each barrier's missing arrivals and bytes) where a GPU would hang. It also reports an arrival too
+// many, more bytes than expected, a block that ends with a copy nobody waited for, and a copy over bytes a
+// pending wgmma reads. cuTensorMapEncodeTiled (through cudaGetDriverEntryPointByVersion) checks its arguments as
+// cuda.h documents them; the emulator supports interleave NONE, element strides 1, zero fill, and a swizzled
+// box whose inner dimension is the swizzle span.
 #pragma once
+#include <cuda.h>  // CUtensorMap (the driver API's types; nothing of the driver is linked)
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 
@@ -217,3 +241,24 @@ static inline void wgmma_wait_group(void) {
 static inline void wgmma_fence_operand(float* d, int n) { (void)d, (void)n; }
 static inline void wgmma_fence_fragment(uint32_t* a, int n) { (void)a, (void)n; }
 static inline void fence_proxy_async(void) { emu_fence_proxy_async(); }
+
+// ---------------------------------------------------------------------------------------------
+// mbarrier.init / .arrive / .arrive.expect_tx / .try_wait.parity; fence.mbarrier_init;
+// cp.async.bulk.tensor.{2,3}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes (TMA)
+void emu_mbar_init(uint64_t* bar, int count);
+void emu_mbar_arrive(uint64_t* bar, uint32_t tx);
+void emu_mbar_wait(uint64_t* bar, int parity);
+void emu_tma_load(void* dst, const CUtensorMap* map, int rank, const int* coords, uint64_t* bar);
+static inline void mbar_init(uint64_t* bar, int count) { emu_mbar_init(bar, count); }
+static inline void fence_mbarrier_init(void) {}
+static inline void mbar_arrive(uint64_t* bar) { emu_mbar_arrive(bar, 0); }
+static inline void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) { emu_mbar_arrive(bar, bytes); }
+static inline void mbar_wait(uint64_t* bar, int parity) { emu_mbar_wait(bar, parity); }
+static inline void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+    int c[2] = {c0, c1};
+    emu_tma_load(dst, map, 2, c, bar);
+}
+static inline void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
+    int c[3] = {c0, c1, c2};
+    emu_tma_load(dst, map, 3, c, bar);
+}
