@@ -913,12 +913,26 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DKDV))
 
 #ifndef MLM_FP32
 // ---------------------------------------------------------------------------------------------
+// att_wg_maps: the TMA tensor maps of qkv (B, T, 3C) and dout (B, T, C) in bf16, as 3D tensors (columns, T, B) read
+// in boxes of 64 columns x 64 rows (8 KB, one head's tile) with the 128-byte swizzle: boxes past row T get zeros.
+static inline void att_wg_maps(CUtensorMap* tm_qkv, CUtensorMap* tm_dout, const floatX* qkv, const floatX* dout, int B,
+                               int T, int C) {
+    uint64_t dq[3] = {3 * (uint64_t)C, (uint64_t)T, (uint64_t)B}, sq[2] = {6 * (uint64_t)C, 6 * (uint64_t)C * T};
+    uint64_t dd[3] = {(uint64_t)C, (uint64_t)T, (uint64_t)B}, sd[2] = {2 * (uint64_t)C, 2 * (uint64_t)C * T};
+    uint32_t box[3] = {64, 64, 1};
+    tma_map(tm_qkv, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, qkv, 3, dq, sq, box, CU_TENSOR_MAP_SWIZZLE_128B);
+    tma_map(tm_dout, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, dout, 3, dd, sd, box, CU_TENSOR_MAP_SWIZZLE_128B);
+}
 // attention_backward_dq_wgmma: attention_backward_dq's results (dQ, delta, the Q bias partials) with wgmma, at
 // HD 64 (bf16): a candidate, like attention_backward_dkdv_wgmma, whose grid it shares (and the dQ kernel's).
 // Grid (ceil(T / 128), NH, B); block 256 = two warpgroups, 64 query rows each (warp w the 16 from row0 + 16 w).
 // It opens with delta = rowsum(dO * O) of its rows (att_delta_rows, 8 warps).
-// Data movement: the block's Q and dO (128 rows) and the key tiles' K and V (64 rows, double-buffered by
-// cp.async) in shared memory, swizzled for wgmma (att_sw_off). Per key tile a warpgroup computes S = Q K^T and
+// Data movement: the block's Q and dO (128 rows) and the key tiles' K and V (64 rows, double-buffered) in shared
+// memory, swizzled for wgmma (att_sw_off). The tiles are copied by the tensor memory accelerator (TMA): thread 0
+// issues each 64-row box of qkv or dout (tensor maps tm_qkv and tm_dout, att_wg_maps: rows past T come as zeros)
+// with one instruction, and the block waits on the buffer's mbarrier (full[b], phase parity (j / 2) % 2 for key
+// tile j; qd for Q and dO) instead of on its threads' own copies.
+// Per key tile a warpgroup computes S = Q K^T and
 // dP = dO V^T (64 x 64 each, 32 fp32 registers per lane) by 2 x HD / 16 wgmma m64n64k16 from shared memory, forms
 // dS = P (dP - delta) in registers and adds dS K to dQ (64 x HD, HD / 2 registers per lane) by 4 wgmma m64nHDk16
 // with dS as the register A operand and K read MN-major. dQ is staged in plain rows in the free key buffers.
@@ -927,12 +941,14 @@ __host__ __device__ constexpr size_t att_wg_dq_smem(int HD) {  // align, Q, dO, 
 }
 template <int HD>
 __global__ void __launch_bounds__(256, 2)  // (2 blocks of 8 warps: at most 128 registers)
-    attention_backward_dq_wgmma(floatX* dqkv, float* part, float* delta, const floatX* qkv, const floatX* dout,
+    attention_backward_dq_wgmma(floatX* dqkv, float* part, float* delta, const __grid_constant__ CUtensorMap tm_qkv,
+                                const __grid_constant__ CUtensorMap tm_dout, const floatX* qkv, const floatX* dout,
                                 const floatX* out, const float* lse, const int* seg_lo, const int* seg_hi, int B, int T,
                                 int NH) {
-    static_assert(HD == 64, "attention_backward_dq_wgmma: HD 64");
+    static_assert(HD == 64, "attention_backward_dq_wgmma: HD 64 (one 128-byte swizzled box a row)");
     extern __shared__ __align__(16) unsigned char dyn_smem[];
     __shared__ int red[16];
+    __shared__ __align__(8) uint64_t full[2], qd;  // TMA's mbarriers: key buffer b's tile, and Q with dO
     constexpr int R = 128, KW = 64, NT = KW / 8, DT = HD / 8, LD = att_ld(HD);
     constexpr int QB = R * HD * (int)sizeof(floatX), KB = KW * HD * (int)sizeof(floatX);
     __shared__ float dl_s[R];  // delta of the block's rows
@@ -944,13 +960,23 @@ __global__ void __launch_bounds__(256, 2)  // (2 blocks of 8 warps: at most 128 
     WarpRange wr = warp_range<1>(blk.lo, blk.hi, blk.wrow, T);
     int g = threadIdx.x % 32 / 4, wg = threadIdx.x / 128;
     size_t row_off = (size_t)blk.b * T * blk.C + (size_t)blk.h * HD;  // dout and out at row 0 of (b, h)
-    if (blk.ntiles) {
-        att_copy_tile_sw<HD, R>(Qs, blk.base, blk.C3, blk.row0, T);
-        att_copy_tile_sw<HD, R>(dOs, dout + row_off, blk.C, blk.row0, T);
-        att_copy_tile_sw<HD, KW>(Ks, blk.base + blk.C, blk.C3, blk.start, T);
-        att_copy_tile_sw<HD, KW>(Vs, blk.base + 2 * blk.C, blk.C3, blk.start, T);
+    int qcol = blk.h * HD;                                            // the head's first column (Q, dout)
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 2; i++) mbar_init(&full[i], 1);
+        mbar_init(&qd, 1);
+        fence_mbarrier_init();
     }
-    cp_async_commit();
+    __syncthreads();
+    if (threadIdx.x == 0 && blk.ntiles) {  // Q and dO (two boxes of 64 rows each), then key tile 0
+        mbar_arrive_expect_tx(&qd, 2 * QB);
+        for (int h = 0; h < 2; h++) {
+            tma_load_3d(Qs + h * KB, &tm_qkv, qcol, blk.row0 + h * KW, blk.b, &qd);
+            tma_load_3d(dOs + h * KB, &tm_dout, qcol, blk.row0 + h * KW, blk.b, &qd);
+        }
+        mbar_arrive_expect_tx(&full[0], 2 * KB);
+        tma_load_3d(Ks, &tm_qkv, blk.C + qcol, blk.start, blk.b, &full[0]);
+        tma_load_3d(Vs, &tm_qkv, 2 * blk.C + qcol, blk.start, blk.b, &full[0]);
+    }
     att_delta_rows<HD, R, 256>(dl_s, delta + ((size_t)blk.b * NH + blk.h) * T, dout + row_off, out + row_off, blk.C,
                                blk.row0, T);
     __syncthreads();
@@ -964,16 +990,16 @@ __global__ void __launch_bounds__(256, 2)  // (2 blocks of 8 warps: at most 128 
     }
     float dq[DT][4] = {}, s[NT][4], dp[NT][4];
     uint32_t q0 = smem_addr(Qs) + wg * 8 * (HD / 64) * 1024, d0 = smem_addr(dOs) + wg * 8 * (HD / 64) * 1024;
+    if (blk.ntiles) mbar_wait(&qd, 0);
     for (int it = 0; it < blk.ntiles; it++) {
         int kt = blk.start + it * KW, buf = it & 1;
-        cp_async_wait<0>();
-        fence_proxy_async();
-        __syncthreads();
-        if (it + 1 < blk.ntiles) {
-            att_copy_tile_sw<HD, KW>(Ks + (buf ^ 1) * KB, blk.base + blk.C, blk.C3, kt + KW, T);
-            att_copy_tile_sw<HD, KW>(Vs + (buf ^ 1) * KB, blk.base + 2 * blk.C, blk.C3, kt + KW, T);
+        __syncthreads();  // every warpgroup is done with key tile it - 1: its buffers take tile it + 1
+        if (it + 1 < blk.ntiles && threadIdx.x == 0) {
+            mbar_arrive_expect_tx(&full[buf ^ 1], 2 * KB);
+            tma_load_3d(Ks + (buf ^ 1) * KB, &tm_qkv, blk.C + qcol, kt + KW, blk.b, &full[buf ^ 1]);
+            tma_load_3d(Vs + (buf ^ 1) * KB, &tm_qkv, 2 * blk.C + qcol, kt + KW, blk.b, &full[buf ^ 1]);
         }
-        cp_async_commit();
+        mbar_wait(&full[buf], it / 2 % 2);  // key tile it is here
         uint32_t k0 = smem_addr(Ks + buf * KB), v0 = smem_addr(Vs + buf * KB);
         wgmma_fence();
         att_wg_abt<KW, HD>(&s[0][0], q0, k0);   // S = Q K^T
@@ -996,7 +1022,6 @@ __global__ void __launch_bounds__(256, 2)  // (2 blocks of 8 warps: at most 128 
         wgmma_wait_group<0>();
         wgmma_fence_operand(&dq[0][0], HD / 2);
     }
-    cp_async_wait<0>();           // (an empty group when there were no tiles)
     __syncthreads();              // every warpgroup is done with the key buffers: they take the staged dQ
     floatX* stage = (floatX*)Ks;  // [R][LD]
     floatX* Qw = stage + 16 * blk.w * LD;
@@ -1018,8 +1043,9 @@ __global__ void __launch_bounds__(256, 2)  // (2 blocks of 8 warps: at most 128 
 // times it, the trainer runs it with --attention wgmma).
 // Grid (ceil(T / 128), NH, B), the dQ kernel's, so the bias partials keep their rows (att_part_floats). Block 256 =
 // two warpgroups, 64 keys each (warp w the 16 from row0 + 16 w): both read the same query tiles.
-// Data movement: the block's K and V (128 rows) and the query tiles' Q and dO (64 rows, in three buffers filled by
-// cp.async two tiles ahead, with their lse and delta) in shared memory, swizzled for wgmma (att_sw_off). Per query tile
+// Data movement: the block's K and V (128 rows) and the query tiles' Q and dO (64 rows, in three buffers filled two
+// tiles ahead, with their lse and delta) in shared memory, swizzled for wgmma (att_sw_off), copied by TMA as in
+// attention_backward_dq_wgmma (full[b]: phase parity (j / 3) % 2 for query tile j; kv for K and V). Per query tile
 // a warpgroup computes S^T = K Q^T and dP^T = V dO^T (64 x 64 each, 32 fp32 registers per lane) by 2 x HD / 16 wgmma
 // m64n64k16 from shared memory, forms P^T and dS^T = P^T (dP^T - delta) in registers, and adds P^T dO to dV and dS^T Q
 // to dK (64 x HD each, HD / 2 registers per lane) by 2 x 4 wgmma m64nHDk16 with P^T and dS^T as register A operands and
@@ -1032,11 +1058,13 @@ __host__ __device__ constexpr size_t att_wg_dkdv_smem(int HD) {  // align, K, V,
 }
 template <int HD>
 __global__ void __launch_bounds__(256, 1)
-    attention_backward_dkdv_wgmma(floatX* dqkv, float* part, const floatX* qkv, const floatX* dout, const float* lse,
+    attention_backward_dkdv_wgmma(floatX* dqkv, float* part, const __grid_constant__ CUtensorMap tm_qkv,
+                                  const __grid_constant__ CUtensorMap tm_dout, const floatX* qkv, const float* lse,
                                   const float* delta, const int* seg_lo, const int* seg_hi, int B, int T, int NH) {
-    static_assert(HD == 64, "attention_backward_dkdv_wgmma: HD 64");
+    static_assert(HD == 64, "attention_backward_dkdv_wgmma: HD 64 (one 128-byte swizzled box a row)");
     extern __shared__ __align__(16) unsigned char dyn_smem[];
     __shared__ int red[16];
+    __shared__ __align__(8) uint64_t full[3], kv;  // TMA's mbarriers: query buffer b's tile, and K with V
     constexpr int R = 128, QW = 64, NT = QW / 8, DT = HD / 8, LD = att_ld(HD);
     constexpr int KB = R * HD * (int)sizeof(floatX), QB = QW * HD * (int)sizeof(floatX);
     unsigned char* Ks = dyn_smem + (1024 - smem_addr(dyn_smem) % 1024) % 1024;
@@ -1051,23 +1079,31 @@ __global__ void __launch_bounds__(256, 1)
     // at least one tile, so that no wgmma sits in a branch (see attention_forward_wgmma): keys that no query sees
     // take tile 0 fully masked (P = 0: dK = dV = 0)
     int t = threadIdx.x % 4, wg = threadIdx.x / 128, n = max(blk.ntiles, 1), start = blk.ntiles ? blk.start : 0;
-    const floatX* dbase = dout + (size_t)blk.b * T * blk.C + (size_t)blk.h * HD;
+    int qcol = blk.h * HD;  // the head's first column in qkv's Q third and in dout
     const float *lse_r = lse + ((size_t)blk.b * NH + blk.h) * T, *delta_r = delta + ((size_t)blk.b * NH + blk.h) * T;
-    att_copy_tile_sw<HD, R>(Ks, blk.base + blk.C, blk.C3, blk.row0, T);  // two cp.async groups: K, V, tile 0, ...
-    att_copy_tile_sw<HD, R>(Vs, blk.base + 2 * blk.C, blk.C3, blk.row0, T);
-    att_copy_tile_sw<HD, QW>(Qs, blk.base, blk.C3, start, T);
-    att_copy_tile_sw<HD, QW>(dOs, dbase, blk.C, start, T);
-    cp_async_commit();
-    att_query_stats<QW>(lse_s, dl_s, lse_r, delta_r, start, T);
-    if (n > 1) {  // ... then tile 1
-        att_copy_tile_sw<HD, QW>(Qs + QB, blk.base, blk.C3, start + QW, T);
-        att_copy_tile_sw<HD, QW>(dOs + QB, dbase, blk.C, start + QW, T);
-        att_query_stats<QW>(lse_s + QW, dl_s + QW, lse_r, delta_r, start + QW, T);
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < 3; i++) mbar_init(&full[i], 1);
+        mbar_init(&kv, 1);
+        fence_mbarrier_init();
     }
-    cp_async_commit();
-    cp_async_wait<1>();
-    fence_proxy_async();
     __syncthreads();
+    if (threadIdx.x == 0) {  // K and V (two boxes of 64 rows each), tile 0, and tile 1
+        mbar_arrive_expect_tx(&kv, 2 * KB);
+        for (int h = 0; h < 2; h++) {
+            tma_load_3d(Ks + h * QB, &tm_qkv, blk.C + qcol, blk.row0 + h * QW, blk.b, &kv);
+            tma_load_3d(Vs + h * QB, &tm_qkv, 2 * blk.C + qcol, blk.row0 + h * QW, blk.b, &kv);
+        }
+        for (int j = 0; j < 2 && j < n; j++) {
+            mbar_arrive_expect_tx(&full[j], 2 * QB);
+            tma_load_3d(Qs + j * QB, &tm_qkv, qcol, start + j * QW, blk.b, &full[j]);
+            tma_load_3d(dOs + j * QB, &tm_dout, qcol, start + j * QW, blk.b, &full[j]);
+        }
+    }
+    att_query_stats<QW>(lse_s, dl_s, lse_r, delta_r, start, T);
+    if (n > 1) att_query_stats<QW>(lse_s + QW, dl_s + QW, lse_r, delta_r, start + QW, T);
+    __syncthreads();  // the stats
+    mbar_wait(&kv, 0);
+    mbar_wait(&full[0], 0);
     const float sl2 = 1.44269504088896341f / sqrtf((float)HD);
     float dk[DT][4] = {}, dv[DT][4] = {}, s[NT][4], dp[NT][4];
     FragA pa[QW / 16], da[QW / 16];  // P^T and dS^T as A operands: alive from the packing to the wait after their use
@@ -1108,17 +1144,16 @@ __global__ void __launch_bounds__(256, 1)
             pack_a(da[k], dp[2 * k], dp[2 * k + 1]);
         }
         if (it + 1 == n) break;
-        cp_async_wait<0>();   // tile it + 1 is here, and every warp has finished tile it - 1's products:
-        fence_proxy_async();  // its buffers take tile it + 2
-        __syncthreads();
-        if (it + 2 < n) {
+        __syncthreads();  // every warp has finished tile it - 1's products: its buffers take tile it + 2
+        if (it + 2 < n && threadIdx.x == 0) {
             int q2 = qt + 2 * QW, b2 = (it + 2) % 3;
-            att_copy_tile_sw<HD, QW>(Qs + b2 * QB, blk.base, blk.C3, q2, T);
-            att_copy_tile_sw<HD, QW>(dOs + b2 * QB, dbase, blk.C, q2, T);
+            mbar_arrive_expect_tx(&full[b2], 2 * QB);
+            tma_load_3d(Qs + b2 * QB, &tm_qkv, qcol, q2, blk.b, &full[b2]);
+            tma_load_3d(dOs + b2 * QB, &tm_dout, qcol, q2, blk.b, &full[b2]);
         }
-        cp_async_commit();
         int b1 = (it + 1) % 3;
-        wgmma_fence();  // s, dp were read, pa, da written
+        mbar_wait(&full[b1], (it + 1) / 3 % 2);  // tile it + 1 is here
+        wgmma_fence();                           // s, dp were read, pa, da written
         att_wg_abt<QW, HD>(&s[0][0], k0, smem_addr(Qs + b1 * QB));
         att_wg_abt<QW, HD>(&dp[0][0], v0, smem_addr(dOs + b1 * QB));
         wgmma_commit_group();
@@ -1137,7 +1172,6 @@ __global__ void __launch_bounds__(256, 1)
     wgmma_wait_group<0>();
     wgmma_fence_operand(&dv[0][0], HD / 2);
     wgmma_fence_operand(&dk[0][0], HD / 2);
-    cp_async_wait<0>();                                                         // (an empty group)
     floatX *Kw = stage + 16 * blk.w * LD, *Vw = stage + (R + 16 * blk.w) * LD;  // the warp's 16 rows of each
     float scale = 1.f / sqrtf((float)HD);
     att_stage<HD>(Kw, dk, scale, scale);
@@ -1247,10 +1281,12 @@ static inline void launch_attention_backward_wgmma(cudaStream_t s, floatX* dqkv,
         done = 1;
     }
     float* pt = dbias ? part : NULL;
+    CUtensorMap tm_qkv, tm_dout;
+    att_wg_maps(&tm_qkv, &tm_dout, qkv, dout, B, T, NH * HD);
     launch(attention_backward_dq_wgmma<64>, dim3(ceil_div(T, 128), NH, B), dim3(256), att_wg_dq_smem(64), s, dqkv, pt,
-           delta, qkv, dout, out, lse, seg_lo, seg_hi, B, T, NH);
+           delta, tm_qkv, tm_dout, qkv, dout, out, lse, seg_lo, seg_hi, B, T, NH);
     launch(attention_backward_dkdv_wgmma<64>, dim3(ceil_div(T, 128), NH, B), dim3(256), att_wg_dkdv_smem(64), s, dqkv,
-           pt, qkv, dout, lse, (const float*)delta, seg_lo, seg_hi, B, T, NH);
+           pt, tm_qkv, tm_dout, qkv, lse, (const float*)delta, seg_lo, seg_hi, B, T, NH);
     if (dbias) {
         int C3 = 3 * NH * HD, G = B * ceil_div(T, att_rows(HD, ATT_DQ));
         launch(partials_sum, dim3(ceil_div(C3, 32)), dim3(32, 8), 0, s, dbias, (float*)NULL, (float*)NULL,
