@@ -566,56 +566,67 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_FWD))
 // Grid (ceil(T / 64), NH, B): block 128 = one warpgroup owns 64 query rows, warp w the 16 from row0 + 16 w (the
 // rows of wgmma's m64 accumulator each warp holds).
 // Data movement: the Q tile (64 x HD) and the K and V tiles (KW keys x HD, double-buffered; KW = 128 at HD 64,
-// 64 at HD 128) are copied by cp.async into shared memory in the layout wgmma reads (att_sw_off: 128-byte
-// swizzled rows, 1024-byte aligned); Q stays there (wgmma reads it as the A operand of every key tile). Per key
-// tile: S (64 x KW, fp32; KW / 2 registers per lane) = Q K^T by HD / 16 wgmma m64nKWk16 from shared memory (K is
-// K-major: its rows are S's columns); masking and the online softmax (att_softmax_tile) run on S in registers as in
-// attention_forward; P (bf16) goes back to the tensor cores as wgmma's register A operand (the accumulator
-// layout is the A layout, as with mma.sync), and O (64 x HD, HD / 2 registers per lane) += P V by KW / 16 wgmma
-// m64nHDk16 with V read MN-major (trans-b: V's rows are the k of P V). The products are issued one tile ahead, as
-// FlashAttention-3 does inside a warpgroup: S_{j + 1} and then P_j V_j go to the tensor cores together, and the
-// softmax of S_{j + 1} runs while P_j V_j is computed (O is rescaled after its wait), so the exponentials and the
-// second product overlap; K_{j + 2} and V_{j + 1} are copied meanwhile into the buffers that S_j and P_{j - 1} V_{j -
-// 1} have finished with. O / l is staged in plain rows in the free K buffer and stored 128 bits per lane. Unlike
-// attention_forward no warp skips a tile its rows do not see (wgmma is the whole warpgroup's): the masking zeroes those
-// rows' P.
+// 64 at HD 128) are copied into shared memory in the layout wgmma reads (att_sw_off: 128-byte swizzled rows,
+// 1024-byte aligned) by the tensor memory accelerator: thread 0 issues each 64 x 64 box of qkv (the tensor map
+// tm_qkv, att_wg_map; rows past T come as zeros), and the block waits on an mbarrier, not on its own copies
+// (stage j, K_j with V_{j - 1}, completes on full[j % 2] in its phase j / 2; stage 0 also brings Q); Q stays there
+// (wgmma reads it as the A operand of every key tile). Per key tile: S (64 x KW, fp32; KW / 2 registers per lane) = Q
+// K^T by HD / 16 wgmma m64nKWk16 from shared memory (K is K-major: its rows are S's columns); masking and the online
+// softmax (att_softmax_tile) run on S in registers as in attention_forward; P (bf16) goes back to the tensor cores as
+// wgmma's register A operand (the accumulator layout is the A layout, as with mma.sync), and O (64 x HD, HD / 2
+// registers per lane) += P V by KW / 16 wgmma m64nHDk16 with V read MN-major (trans-b: V's rows are the k of P V). The
+// products are issued one tile ahead, as FlashAttention-3 does inside a warpgroup: S_{j + 1} and then P_j V_j go to the
+// tensor cores together, and the softmax of S_{j + 1} runs while P_j V_j is computed (O is rescaled after its wait), so
+// the exponentials and the second product overlap; K_{j + 2} and V_{j + 1} are copied meanwhile into the buffers that
+// S_j and P_{j - 1} V_{j - 1} have finished with. O / l is staged in plain rows in the free K buffer and stored 128
+// bits per lane. Unlike attention_forward no warp skips a tile its rows do not see (wgmma is the whole warpgroup's):
+// the masking zeroes those rows' P.
 __host__ __device__ constexpr int att_wg_keys(int HD) { return HD == 64 ? 128 : 64; }
 // blocks per SM: shared memory (att_wg_smem: 73 KB at HD 64, 81 KB at HD 128) allows 3 and 2 of the 227 KB;
 // registers are capped to match (at most 168 and 255 a thread)
 __host__ __device__ constexpr int att_wg_min_blocks(int HD) { return HD == 64 ? 3 : 2; }
-// att_sw_off: the byte of element (r, c) of a shared tile of HD-wide bf16 rows, in wgmma's 128-byte swizzle:
-// 64-column atoms of 8 rows x 128 bytes, ordered [r / 8][c / 64], in which row r % 8 has its 16-byte chunks
-// permuted: chunk (c % 64) / 8 sits at position ((c % 64) / 8) ^ (r % 8). The same bytes serve as a K-major
-// operand (rows are M or N: Q, K) and as an MN-major one (rows are K: V).
+// att_sw_off: the byte of element (r, c) of a shared tile of HD-wide bf16 rows, in wgmma's 128-byte swizzle, as TMA
+// writes it (att_tma_tile): boxes of 64 rows x 64 columns (8 KB), the column blocks 8 KB apart (so a tile of HD 128
+// has at most 64 rows), each box 8-row groups of 8 x 128 bytes (1 KB) in which row r % 8 has its 16-byte chunks
+// permuted: chunk (c % 64) / 8 sits at position ((c % 64) / 8) ^ (r % 8). The same bytes serve as a K-major operand
+// (rows are M or N: Q, K) and as an MN-major one (rows are K: V).
 __host__ __device__ constexpr int att_sw_off(int HD, int r, int c) {
-    return (r / 8) * (HD / 64) * 1024 + (c / 64) * 1024 + (r % 8) * 128 + (((c % 64) / 8) ^ (r % 8)) * 16 + (c % 8) * 2;
+    return (c / 64) * 8192 + (r / 8) * 1024 + (r % 8) * 128 + (((c % 64) / 8) ^ (r % 8)) * 16 + (c % 8) * 2;
 }
 // 1024 bytes to align the tiles, Q (64 rows), then K and V (2 buffers of KW rows each)
 __host__ __device__ constexpr size_t att_wg_smem(int HD) {
     return 1024 + (size_t)(64 + 4 * att_wg_keys(HD)) * HD * sizeof(floatX);
 }
-// att_copy_tile_sw: att_copy_tile into the swizzled layout: rows [row0, row0 + R) x [0, HD) of src; rows >= T
-// zero-filled.
+// att_wg_map: the TMA tensor map of x (B, T, cols) in bf16 (qkv, or dout), as a 3D tensor (cols, T, B) read in boxes
+// of 64 columns x 64 rows (8 KB: a head's 64 rows at HD 64) with the 128-byte swizzle; boxes past row T get zeros.
+static inline void att_wg_map(CUtensorMap* map, const floatX* x, int B, int T, int cols) {
+    uint64_t dims[3] = {(uint64_t)cols, (uint64_t)T, (uint64_t)B},
+             strides[2] = {2 * (uint64_t)cols, 2 * (uint64_t)cols * T};
+    uint32_t box[3] = {64, 64, 1};
+    tma_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x, 3, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+// att_tma_tile: thread 0's TMA copies of rows [row0, row0 + R) x columns [col0, col0 + HD) of batch row b of map's
+// tensor into the shared tile dst (att_sw_off's layout), completing on bar: (R / 64) (HD / 64) boxes, R HD 2 bytes.
 template <int HD, int R>
-__device__ inline void att_copy_tile_sw(unsigned char* dst, const floatX* src, size_t stride, int row0, int T) {
-    constexpr int per = HD / X128;
-    for (int i = threadIdx.x; i < R * per; i += blockDim.x) {
-        int r = i / per, c = (i % per) * X128, ok = row0 + r < T;
-        cp_async_16(dst + att_sw_off(HD, r, c), src + (size_t)(ok ? row0 + r : 0) * stride + c, ok ? 16 : 0);
-    }
+__device__ inline void att_tma_tile(unsigned char* dst, const CUtensorMap* map, int col0, int row0, int b,
+                                    uint64_t* bar) {
+    static_assert(R % 64 == 0 && HD % 64 == 0 && (HD == 64 || R == 64), "att_tma_tile: att_sw_off's boxes");
+    for (int c = 0; c < HD / 64; c++)
+        for (int r = 0; r < R / 64; r++)
+            tma_load_3d(dst + att_sw_off(HD, 64 * r, 64 * c), map, col0 + 64 * c, row0 + 64 * r, b, bar);
 }
 // att_wg_desc_kmajor: wgmma's descriptor of k-step ks (16 columns) of a swizzled tile read K-major (A = Q, or
-// B = K): start at the step's atom (ks / 4) and its 32 bytes in the row (ks % 4, before the swizzle, which the
-// hardware applies to the address); 8-row groups (HD / 64) KB apart.
+// B = K): start at the step's column block (ks / 4) and its 32 bytes in the row (ks % 4, before the swizzle, which
+// the hardware applies to the address); 8-row groups 1 KB apart.
 template <int HD>
 __device__ inline uint64_t att_wg_desc_kmajor(uint32_t tile, int ks) {
-    return wgmma_desc(tile + (ks / 4) * 1024 + (ks % 4) * 32, WGMMA_SWIZZLE_128B, 16, (HD / 64) * 1024);
+    return wgmma_desc(tile + (ks / 4) * 8192 + (ks % 4) * 32, WGMMA_SWIZZLE_128B, 16, 1024);
 }
 // att_wg_desc_v: ... of k-step ks (16 keys: row groups 2 ks, 2 ks + 1) of a V tile read MN-major: the next
-// 64 columns (LBO) 1 KB on, the next 8 keys (SBO) (HD / 64) KB on.
+// 64 columns (LBO) 8 KB on, the next 8 keys (SBO) 1 KB on.
 template <int HD>
 __device__ inline uint64_t att_wg_desc_v(uint32_t tile, int ks) {
-    return wgmma_desc(tile + 2 * ks * (HD / 64) * 1024, WGMMA_SWIZZLE_128B, 1024, (HD / 64) * 1024);
+    return wgmma_desc(tile + 2 * ks * 1024, WGMMA_SWIZZLE_128B, 8192, 1024);
 }
 // att_wg_abt: issues acc (64 x N, fp32) = A B^T for the warpgroup, A (64 rows) and B (N rows) swizzled HD-wide
 // tiles at shared addresses a0 and b0, read K-major: HD / 16 wgmma m64nNk16 (the first overwrites acc). No commit.
@@ -635,11 +646,12 @@ __device__ inline void att_wg_pb(float* acc, const FragA* pa, uint32_t b0) {
 }
 template <int HD>
 __global__ void __launch_bounds__(128, att_wg_min_blocks(HD))
-    attention_forward_wgmma(floatX* out, float* lse, const floatX* qkv, const int* seg_lo, const int* seg_hi, int B,
-                            int T, int NH) {
+    attention_forward_wgmma(floatX* out, float* lse, const __grid_constant__ CUtensorMap tm_qkv, const floatX* qkv,
+                            const int* seg_lo, const int* seg_hi, int B, int T, int NH) {
     static_assert(HD == 64 || HD == 128, "attention_forward_wgmma: HD 64 or 128");
     extern __shared__ __align__(16) unsigned char dyn_smem[];
     __shared__ int red[8];
+    __shared__ __align__(8) uint64_t full[2];  // TMA's mbarriers: stage j (K_j, V_{j - 1}; Q with K_0) in full[j & 1]
     constexpr int KW = att_wg_keys(HD), NT = KW / 8, DT = HD / 8, LD = att_ld(HD);
     constexpr int TILE_K = KW * HD * (int)sizeof(floatX);                       // bytes of one K or V buffer
     unsigned char* Qs = dyn_smem + (1024 - smem_addr(dyn_smem) % 1024) % 1024;  // the swizzle repeats every 1 KB
@@ -650,16 +662,22 @@ __global__ void __launch_bounds__(128, att_wg_min_blocks(HD))
     // At least one tile, so that no wgmma sits in a branch (ptxas serializes them there): a block whose rows see
     // no key computes tile 0 fully masked, which gives what no tile gives (O = 0, l = 0).
     int lane = threadIdx.x % 32, g = lane / 4, n = max(blk.ntiles, 1), start = blk.ntiles ? blk.start : 0;
-    const floatX *Kg = blk.base + blk.C, *Vg = blk.base + 2 * blk.C;
-    att_copy_tile_sw<HD, 64>(Qs, blk.base, blk.C3, blk.row0, T);  // two cp.async groups: Q and K_0, ...
-    att_copy_tile_sw<HD, KW>(Ks, Kg, blk.C3, start, T);
-    cp_async_commit();
-    if (n > 1) att_copy_tile_sw<HD, KW>(Ks + TILE_K, Kg, blk.C3, start + KW, T);  // ... then K_1 and V_0
-    att_copy_tile_sw<HD, KW>(Vs, Vg, blk.C3, start, T);
-    cp_async_commit();
-    cp_async_wait<1>();
-    fence_proxy_async();  // the copies are visible to wgmma, which reads shared memory through the async proxy
+    int qcol = blk.h * HD, kcol = blk.C + qcol, vcol = 2 * blk.C + qcol;  // the head's columns of Q, K, V in qkv
+    if (threadIdx.x == 0) {
+        mbar_init(&full[0], 1);
+        mbar_init(&full[1], 1);
+        fence_mbarrier_init();
+    }
     __syncthreads();
+    if (threadIdx.x == 0) {  // stage 0: Q and K_0; stage 1: K_1 and V_0
+        mbar_arrive_expect_tx(&full[0], 64 * HD * sizeof(floatX) + TILE_K);
+        att_tma_tile<HD, 64>(Qs, &tm_qkv, qcol, blk.row0, blk.b, &full[0]);
+        att_tma_tile<HD, KW>(Ks, &tm_qkv, kcol, start, blk.b, &full[0]);
+        mbar_arrive_expect_tx(&full[1], (n > 1 ? 2 : 1) * TILE_K);
+        if (n > 1) att_tma_tile<HD, KW>(Ks + TILE_K, &tm_qkv, kcol, start + KW, blk.b, &full[1]);
+        att_tma_tile<HD, KW>(Vs, &tm_qkv, vcol, start, blk.b, &full[1]);
+    }
+    mbar_wait(&full[0], 0);
     const float sl2 = 1.44269504088896341f / sqrtf((float)HD);  // log2(e) / sqrt(HD)
     float o[DT][4] = {}, mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {}, alpha[2];
     float s[NT][4];     // S, then P
@@ -679,10 +697,9 @@ __global__ void __launch_bounds__(128, att_wg_min_blocks(HD))
     // warpgroup); then O is rescaled and P_{it + 1} packed.
     for (int it = 0; it + 1 < n; it++) {
         int kt = start + (it + 1) * KW;
-        cp_async_wait<0>();   // K_{it + 1} and V_it are here (this thread's copies; the barrier makes them all) ...
-        fence_proxy_async();  // ... visible to wgmma; and every warp has finished S_it and P_{it - 1} V_{it - 1}
-        __syncthreads();
-        wgmma_fence();  // S's registers were last read by the packing, P's written
+        __syncthreads();                                   // every warp has finished S_it and P_{it - 1} V_{it - 1}
+        mbar_wait(&full[(it + 1) & 1], (it + 1) / 2 % 2);  // stage it + 1: K_{it + 1} and V_it are here
+        wgmma_fence();                                     // S's registers were last read by the packing, P's written
         att_wg_abt<KW, HD>(&s[0][0], q0, smem_addr(Ks + ((it + 1) & 1) * TILE_K));
         wgmma_commit_group();
         att_wg_pb<KW, HD>(&o[0][0], pa, smem_addr(Vs + (it & 1) * TILE_K));
@@ -691,13 +708,16 @@ __global__ void __launch_bounds__(128, att_wg_min_blocks(HD))
         wgmma_fence_operand(&s[0][0], KW / 2);
         if (!(kt >= wr.all_lo && kt + KW <= wr.all_hi)) mask_tile<KW>(s, kt, wr, 0);
         att_softmax_tile<KW>(s, mrun, lrun, alpha, sl2);
-        // K_it's and V_{it - 1}'s buffers (free since the barrier) take K_{it + 2} and V_{it + 1}. Issued here, the
-        // copies also keep the softmax above the wait: with nothing between them, ptxas (nvcc 13.0) put the wait
-        // above the register-only softmax; it keeps it below these shared-memory writes (the SASS then has the
-        // MUFU.EX2 between the two WARPGROUP.DEPBAR: tools/kernel_report.py, EX2 async).
-        if (it + 2 < n) att_copy_tile_sw<HD, KW>(Ks + (it & 1) * TILE_K, Kg, blk.C3, kt + KW, T);
-        att_copy_tile_sw<HD, KW>(Vs + ((it + 1) & 1) * TILE_K, Vg, blk.C3, kt, T);
-        cp_async_commit();
+        // Stage it + 2: K_it's and V_{it - 1}'s buffers (free since the barrier) take K_{it + 2} and V_{it + 1}.
+        // Issued here, the copies also keep the softmax above the wait: with nothing between them, ptxas (nvcc 13.0)
+        // put the wait above the register-only softmax; it keeps it below these memory operations (the SASS then
+        // has the MUFU.EX2 between the two WARPGROUP.DEPBAR: tools/kernel_report.py, EX2 async).
+        if (threadIdx.x == 0) {
+            uint64_t* bar = &full[it & 1];
+            mbar_arrive_expect_tx(bar, (it + 2 < n ? 2 : 1) * TILE_K);
+            if (it + 2 < n) att_tma_tile<HD, KW>(Ks + (it & 1) * TILE_K, &tm_qkv, kcol, kt + KW, blk.b, bar);
+            att_tma_tile<HD, KW>(Vs + ((it + 1) & 1) * TILE_K, &tm_qkv, vcol, kt, blk.b, bar);
+        }
         wgmma_wait_group<0>();  // P_it V_it is done: O may be rescaled, pa rewritten
         wgmma_fence_operand(&o[0][0], HD / 2);
         wgmma_fence_fragment(&pa[0].x[0], 4 * (KW / 16));
@@ -705,9 +725,8 @@ __global__ void __launch_bounds__(128, att_wg_min_blocks(HD))
 #pragma unroll
         for (int k = 0; k < KW / 16; k++) pack_a(pa[k], s[2 * k], s[2 * k + 1]);
     }
-    cp_async_wait<0>();  // the last tile's P V: V_{n - 1} is here
-    fence_proxy_async();
     __syncthreads();
+    mbar_wait(&full[n & 1], n / 2 % 2);  // the last tile's P V: stage n, V_{n - 1}, is here
     wgmma_fence();
     att_wg_pb<KW, HD>(&o[0][0], pa, smem_addr(Vs + ((n - 1) & 1) * TILE_K));
     wgmma_commit_group();
@@ -913,23 +932,13 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DKDV))
 
 #ifndef MLM_FP32
 // ---------------------------------------------------------------------------------------------
-// att_wg_maps: the TMA tensor maps of qkv (B, T, 3C) and dout (B, T, C) in bf16, as 3D tensors (columns, T, B) read
-// in boxes of 64 columns x 64 rows (8 KB, one head's tile) with the 128-byte swizzle: boxes past row T get zeros.
-static inline void att_wg_maps(CUtensorMap* tm_qkv, CUtensorMap* tm_dout, const floatX* qkv, const floatX* dout, int B,
-                               int T, int C) {
-    uint64_t dq[3] = {3 * (uint64_t)C, (uint64_t)T, (uint64_t)B}, sq[2] = {6 * (uint64_t)C, 6 * (uint64_t)C * T};
-    uint64_t dd[3] = {(uint64_t)C, (uint64_t)T, (uint64_t)B}, sd[2] = {2 * (uint64_t)C, 2 * (uint64_t)C * T};
-    uint32_t box[3] = {64, 64, 1};
-    tma_map(tm_qkv, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, qkv, 3, dq, sq, box, CU_TENSOR_MAP_SWIZZLE_128B);
-    tma_map(tm_dout, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, dout, 3, dd, sd, box, CU_TENSOR_MAP_SWIZZLE_128B);
-}
 // attention_backward_dq_wgmma: attention_backward_dq's results (dQ, delta, the Q bias partials) with wgmma, at
 // HD 64 (bf16): a candidate, like attention_backward_dkdv_wgmma, whose grid it shares (and the dQ kernel's).
 // Grid (ceil(T / 128), NH, B); block 256 = two warpgroups, 64 query rows each (warp w the 16 from row0 + 16 w).
 // It opens with delta = rowsum(dO * O) of its rows (att_delta_rows, 8 warps).
 // Data movement: the block's Q and dO (128 rows) and the key tiles' K and V (64 rows, double-buffered) in shared
 // memory, swizzled for wgmma (att_sw_off). The tiles are copied by the tensor memory accelerator (TMA): thread 0
-// issues each 64-row box of qkv or dout (tensor maps tm_qkv and tm_dout, att_wg_maps: rows past T come as zeros)
+// issues each 64-row box of qkv or dout (tensor maps tm_qkv and tm_dout, att_wg_map: rows past T come as zeros)
 // with one instruction, and the block waits on the buffer's mbarrier (full[b], phase parity (j / 2) % 2 for key
 // tile j; qd for Q and dO) instead of on its threads' own copies.
 // Per key tile a warpgroup computes S = Q K^T and
@@ -969,13 +978,11 @@ __global__ void __launch_bounds__(256, 2)  // (2 blocks of 8 warps: at most 128 
     __syncthreads();
     if (threadIdx.x == 0 && blk.ntiles) {  // Q and dO (two boxes of 64 rows each), then key tile 0
         mbar_arrive_expect_tx(&qd, 2 * QB);
-        for (int h = 0; h < 2; h++) {
-            tma_load_3d(Qs + h * KB, &tm_qkv, qcol, blk.row0 + h * KW, blk.b, &qd);
-            tma_load_3d(dOs + h * KB, &tm_dout, qcol, blk.row0 + h * KW, blk.b, &qd);
-        }
+        att_tma_tile<HD, R>(Qs, &tm_qkv, qcol, blk.row0, blk.b, &qd);
+        att_tma_tile<HD, R>(dOs, &tm_dout, qcol, blk.row0, blk.b, &qd);
         mbar_arrive_expect_tx(&full[0], 2 * KB);
-        tma_load_3d(Ks, &tm_qkv, blk.C + qcol, blk.start, blk.b, &full[0]);
-        tma_load_3d(Vs, &tm_qkv, 2 * blk.C + qcol, blk.start, blk.b, &full[0]);
+        att_tma_tile<HD, KW>(Ks, &tm_qkv, blk.C + qcol, blk.start, blk.b, &full[0]);
+        att_tma_tile<HD, KW>(Vs, &tm_qkv, 2 * blk.C + qcol, blk.start, blk.b, &full[0]);
     }
     att_delta_rows<HD, R, 256>(dl_s, delta + ((size_t)blk.b * NH + blk.h) * T, dout + row_off, out + row_off, blk.C,
                                blk.row0, T);
@@ -996,8 +1003,8 @@ __global__ void __launch_bounds__(256, 2)  // (2 blocks of 8 warps: at most 128 
         __syncthreads();  // every warpgroup is done with key tile it - 1: its buffers take tile it + 1
         if (it + 1 < blk.ntiles && threadIdx.x == 0) {
             mbar_arrive_expect_tx(&full[buf ^ 1], 2 * KB);
-            tma_load_3d(Ks + (buf ^ 1) * KB, &tm_qkv, blk.C + qcol, kt + KW, blk.b, &full[buf ^ 1]);
-            tma_load_3d(Vs + (buf ^ 1) * KB, &tm_qkv, 2 * blk.C + qcol, kt + KW, blk.b, &full[buf ^ 1]);
+            att_tma_tile<HD, KW>(Ks + (buf ^ 1) * KB, &tm_qkv, blk.C + qcol, kt + KW, blk.b, &full[buf ^ 1]);
+            att_tma_tile<HD, KW>(Vs + (buf ^ 1) * KB, &tm_qkv, 2 * blk.C + qcol, kt + KW, blk.b, &full[buf ^ 1]);
         }
         mbar_wait(&full[buf], it / 2 % 2);  // key tile it is here
         uint32_t k0 = smem_addr(Ks + buf * KB), v0 = smem_addr(Vs + buf * KB);
@@ -1089,14 +1096,12 @@ __global__ void __launch_bounds__(256, 1)
     __syncthreads();
     if (threadIdx.x == 0) {  // K and V (two boxes of 64 rows each), tile 0, and tile 1
         mbar_arrive_expect_tx(&kv, 2 * KB);
-        for (int h = 0; h < 2; h++) {
-            tma_load_3d(Ks + h * QB, &tm_qkv, blk.C + qcol, blk.row0 + h * QW, blk.b, &kv);
-            tma_load_3d(Vs + h * QB, &tm_qkv, 2 * blk.C + qcol, blk.row0 + h * QW, blk.b, &kv);
-        }
+        att_tma_tile<HD, R>(Ks, &tm_qkv, blk.C + qcol, blk.row0, blk.b, &kv);
+        att_tma_tile<HD, R>(Vs, &tm_qkv, 2 * blk.C + qcol, blk.row0, blk.b, &kv);
         for (int j = 0; j < 2 && j < n; j++) {
             mbar_arrive_expect_tx(&full[j], 2 * QB);
-            tma_load_3d(Qs + j * QB, &tm_qkv, qcol, start + j * QW, blk.b, &full[j]);
-            tma_load_3d(dOs + j * QB, &tm_dout, qcol, start + j * QW, blk.b, &full[j]);
+            att_tma_tile<HD, QW>(Qs + j * QB, &tm_qkv, qcol, start + j * QW, blk.b, &full[j]);
+            att_tma_tile<HD, QW>(dOs + j * QB, &tm_dout, qcol, start + j * QW, blk.b, &full[j]);
         }
     }
     att_query_stats<QW>(lse_s, dl_s, lse_r, delta_r, start, T);
@@ -1148,8 +1153,8 @@ __global__ void __launch_bounds__(256, 1)
         if (it + 2 < n && threadIdx.x == 0) {
             int q2 = qt + 2 * QW, b2 = (it + 2) % 3;
             mbar_arrive_expect_tx(&full[b2], 2 * QB);
-            tma_load_3d(Qs + b2 * QB, &tm_qkv, qcol, q2, blk.b, &full[b2]);
-            tma_load_3d(dOs + b2 * QB, &tm_dout, qcol, q2, blk.b, &full[b2]);
+            att_tma_tile<HD, QW>(Qs + b2 * QB, &tm_qkv, qcol, q2, blk.b, &full[b2]);
+            att_tma_tile<HD, QW>(dOs + b2 * QB, &tm_dout, qcol, q2, blk.b, &full[b2]);
         }
         int b1 = (it + 1) % 3;
         mbar_wait(&full[b1], (it + 1) / 3 % 2);  // tile it + 1 is here
@@ -1250,14 +1255,16 @@ static inline void launch_attention_forward(cudaStream_t s, floatX* out, float* 
 static inline void launch_attention_forward_wgmma(cudaStream_t s, floatX* out, float* lse, const floatX* qkv,
                                                   const int* seg_lo, const int* seg_hi, int B, int T, int NH, int HD) {
     static int done64 = 0, done128 = 0;
+    CUtensorMap tm_qkv;
+    if (HD == 64 || HD == 128) att_wg_map(&tm_qkv, qkv, B, T, 3 * NH * HD);
     if (HD == 64) {
         if (!done64) att_opt_in((const void*)attention_forward_wgmma<64>, att_wg_smem(64)), done64 = 1;
-        launch(attention_forward_wgmma<64>, dim3(ceil_div(T, 64), NH, B), dim3(128), att_wg_smem(64), s, out, lse, qkv,
-               seg_lo, seg_hi, B, T, NH);
+        launch(attention_forward_wgmma<64>, dim3(ceil_div(T, 64), NH, B), dim3(128), att_wg_smem(64), s, out, lse,
+               tm_qkv, qkv, seg_lo, seg_hi, B, T, NH);
     } else if (HD == 128) {
         if (!done128) att_opt_in((const void*)attention_forward_wgmma<128>, att_wg_smem(128)), done128 = 1;
         launch(attention_forward_wgmma<128>, dim3(ceil_div(T, 64), NH, B), dim3(128), att_wg_smem(128), s, out, lse,
-               qkv, seg_lo, seg_hi, B, T, NH);
+               tm_qkv, qkv, seg_lo, seg_hi, B, T, NH);
     } else {
         fprintf(stderr, "attention_forward_wgmma: head size %d is not supported (64 or 128)\n", HD);
         exit(1);
@@ -1282,7 +1289,8 @@ static inline void launch_attention_backward_wgmma(cudaStream_t s, floatX* dqkv,
     }
     float* pt = dbias ? part : NULL;
     CUtensorMap tm_qkv, tm_dout;
-    att_wg_maps(&tm_qkv, &tm_dout, qkv, dout, B, T, NH * HD);
+    att_wg_map(&tm_qkv, qkv, B, T, 3 * NH * HD);
+    att_wg_map(&tm_dout, dout, B, T, NH * HD);
     launch(attention_backward_dq_wgmma<64>, dim3(ceil_div(T, 128), NH, B), dim3(256), att_wg_dq_smem(64), s, dqkv, pt,
            delta, tm_qkv, tm_dout, qkv, dout, out, lse, seg_lo, seg_hi, B, T, NH);
     launch(attention_backward_dkdv_wgmma<64>, dim3(ceil_div(T, 128), NH, B), dim3(256), att_wg_dkdv_smem(64), s, dqkv,
