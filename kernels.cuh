@@ -16,9 +16,10 @@ static inline void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_
 }
 #endif
 
-#include <cuda.h>      // CUtensorMap (types only: tma_map gets the driver's function from the runtime)
-#include <cublasLt.h>  // matmuls (on the CPU build: cpu/cublas.cpp implements the same API)
-#include <mma.h>       // WMMA tensor-core fragments (on the CPU build: cpu/include/mma.h)
+#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (types only: tma_map gets the driver's
+                           // function from the runtime)
+#include <cublasLt.h>      // matmuls (on the CPU build: cpu/cublas.cpp implements the same API)
+#include <mma.h>           // WMMA tensor-core fragments (on the CPU build: cpu/include/mma.h)
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1300,10 +1301,7 @@ static inline void launch_embedding_layernorm_forward(cudaStream_t s, floatX* ou
 // so the trainer links no driver library. A refusal stops the program, naming the shape.
 static inline void tma_map(CUtensorMap* map, CUtensorMapDataType type, const void* base, int rank, const uint64_t* dims,
                            const uint64_t* strides, const uint32_t* box, CUtensorMapSwizzle swizzle) {
-    typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                    const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static EncodeTiled encode = NULL;
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
     if (!encode) {
         cudaDriverEntryPointQueryResult q;
         void* fn = NULL;
@@ -1312,7 +1310,7 @@ static inline void tma_map(CUtensorMap* map, CUtensorMapDataType type, const voi
             fprintf(stderr, "tma_map: the driver has no cuTensorMapEncodeTiled (CUDA 12.0 or later is needed)\n");
             exit(1);
         }
-        encode = (EncodeTiled)fn;
+        encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
     }
     cuuint32_t ones[5] = {1, 1, 1, 1, 1};
     CUresult r = encode(map, type, (cuuint32_t)rank, (void*)base, (const cuuint64_t*)dims, (const cuuint64_t*)strides,

@@ -490,15 +490,8 @@ asm(".text\n"
 #error "cpu/runtime.cpp: the fiber switch is written for x86-64 only"
 #endif
 
-enum fiber_state {
-    F_READY,
-    F_WAIT_BAR,
-    F_WAIT_WARP,
-    F_WAIT_ACTIVE,
-    F_WAIT_MBAR,
-    F_EXITED
-};  // F_WAIT_ACTIVE: in
-    // __activemask
+// F_WAIT_ACTIVE: in __activemask; F_WAIT_MBAR: in mbarrier.try_wait.parity
+enum fiber_state { F_READY, F_WAIT_BAR, F_WAIT_WARP, F_WAIT_ACTIVE, F_WAIT_MBAR, F_EXITED };
 
 struct EmuFiber {
     void* sp;  // saved stack pointer while switched out
@@ -985,13 +978,21 @@ struct EmuCopy {
     int bytes, src_bytes;  // the copy's size; bytes past src_bytes are zero-filled
     int group;             // 0 while uncommitted, else the commit number
 };
-static void perform_copy(EmuFiber* f, const EmuCopy* c) {
-    int w = smem_word(c->dst), race = -1;
-    for (int i = 0; w >= 0 && i < c->bytes / 4; i++) {
-        smem_copying[w + i]--, smem_marks--;
+// copying_marks: adds delta (+1 at a copy's issue, -1 when it lands) to smem_copying over the nwords words from
+// word w (-1: not dynamic shared memory, nothing to mark). Returns the first byte among them that a pending wgmma
+// reads, or -1: a race, when the copy lands.
+static int copying_marks(int w, int nwords, int delta) {
+    int race = -1;
+    for (int i = 0; w >= 0 && i < nwords; i++) {
+        smem_copying[w + i] += delta, smem_marks += delta;
         if (smem_reading[w + i] && race < 0) race = 4 * (w + i);
-        if (!smem_unfenced[w + i]) smem_unfenced[w + i] = 1, smem_marks++;
     }
+    return race;
+}
+static void perform_copy(EmuFiber* f, const EmuCopy* c) {
+    int w = smem_word(c->dst), race = copying_marks(w, c->bytes / 4, -1);
+    for (int i = 0; w >= 0 && i < c->bytes / 4; i++)
+        if (!smem_unfenced[w + i]) smem_unfenced[w + i] = 1, smem_marks++;
     if (w >= 0) {  // the copying thread's fence.proxy.async clears its marks
         if (f->nlanded == f->cap_landed) {
             f->cap_landed = f->cap_landed ? 2 * f->cap_landed : 64;
@@ -1027,7 +1028,7 @@ void emu_cp_async(void* dst, const void* src, int bytes, int src_bytes) {
     }
     f->copies[f->ncopies++] = EmuCopy{dst, src, bytes, src_bytes, 0};
     int w = smem_word(dst);
-    for (int i = 0; w >= 0 && i < bytes / 4; i++) smem_copying[w + i]++, smem_marks++;
+    copying_marks(w, bytes / 4, +1);
 }
 void emu_cp_async_commit(void) {
     EmuFiber* f = W->self;
@@ -1356,33 +1357,37 @@ void emu_wgmma_wait(int n) { emu_warp_gather(0xffffffffu, &n, wgmma_wait_all, "w
 // first), so a kernel that reads a tile before waiting reads stale bytes in the tests. A thread whose phase
 // has not completed blocks (F_WAIT_MBAR) until an arrival or a copy completes it; when no thread can run, the
 // block is reported as a deadlock (who waits on which barrier), where a GPU would hang.
-static EmuMbar* mbar_find(uint64_t* bar, const char* op) {
+static EmuMbar* mbar_lookup(uint64_t* bar) {  // the block's mbarrier at bar, or NULL
     EmuWorker* w = W;
     for (int i = 0; i < w->nmbars; i++)
         if (w->mbars[i].addr == bar) return &w->mbars[i];
-    emu_kernel_error("%s: %p is not an mbarrier that mbarrier.init set up in this block", op, (void*)bar);
     return NULL;
+}
+static EmuMbar* mbar_find(uint64_t* bar, const char* op) {  // ... or a kernel error
+    EmuMbar* m = mbar_lookup(bar);
+    if (!m) emu_kernel_error("%s: %p is not an mbarrier that mbarrier.init set up in this block", op, (void*)bar);
+    return m;
+}
+// mbar_wake: the threads waiting on mbarrier i check their parity again (its phase completed, or a copy that may
+// complete it was issued)
+static void mbar_wake(EmuWorker* w, int i) {
+    for (int k = 0; k < w->nthreads; k++)
+        if (w->fibers[k].state == F_WAIT_MBAR && w->fibers[k].warg == i) w->fibers[k].state = F_READY;
 }
 // mbar_complete_if_done: the phase completes when no arrival and no transaction byte is still to come; the
 // threads waiting for it go on.
 static void mbar_complete_if_done(EmuMbar* m) {
-    EmuWorker* w = W;
     if (m->pending || m->tx) return;
     m->phase++;
     m->pending = m->count;
-    for (int i = 0; i < w->nthreads; i++) {
-        EmuFiber* f = &w->fibers[i];
-        if (f->state == F_WAIT_MBAR && &w->mbars[f->warg] == m) f->state = F_READY;  // it checks its parity again
-    }
+    mbar_wake(W, (int)(m - W->mbars));
 }
 void emu_mbar_init(uint64_t* bar, int count) {
     EmuWorker* w = W;
     if ((uintptr_t)bar % 8) return emu_kernel_error("mbarrier.init: %p is not 8-byte aligned", (void*)bar);
     if (count < 1 || count > (1 << 20) - 1)
         return emu_kernel_error("mbarrier.init: count %d is outside [1, 2^20 - 1]", count);
-    EmuMbar* m = NULL;
-    for (int i = 0; i < w->nmbars; i++)
-        if (w->mbars[i].addr == bar) m = &w->mbars[i];
+    EmuMbar* m = mbar_lookup(bar);  // initialized again: a new first phase
     if (!m) {
         if (w->nmbars == EMU_MAX_MBARS)
             return emu_kernel_error("mbarrier.init: more than %d mbarriers in a block", EMU_MAX_MBARS);
@@ -1529,11 +1534,7 @@ static size_t tma_box_bytes(const EmuTensorMap* t) {
 static void perform_tma(EmuTma* c) {
     const EmuTensorMap* t = (const EmuTensorMap*)c->map;
     size_t bytes = tma_box_bytes(t), rows = bytes / (t->box[0] * t->esize);
-    int w0 = smem_word(c->dst), race = -1;
-    for (size_t i = 0; i < bytes / 4; i++) {
-        smem_copying[w0 + i]--, smem_marks--;
-        if (smem_reading[w0 + i] && race < 0) race = 4 * (int)(w0 + i);
-    }
+    int race = copying_marks(smem_word(c->dst), (int)(bytes / 4), -1);
     if (race >= 0)
         emu_kernel_error(
             "cp.async.bulk.tensor writes shared memory at byte %d, which a wgmma.mma_async not yet waited for "
@@ -1602,10 +1603,8 @@ void emu_tma_load(void* dst, const CUtensorMap* map, int rank, const int* coords
     c->dst = (unsigned char*)dst, c->mbar = (int)(m - w->mbars);
     memcpy(c->map, map, sizeof c->map);
     for (int d = 0; d < 5; d++) c->coords[d] = d < rank ? coords[d] : 0;
-    int w0 = smem_word(dst);
-    for (size_t i = 0; i < bytes / 4; i++) smem_copying[w0 + i]++, smem_marks++;
-    for (int i = 0; i < w->nthreads; i++)  // threads waiting on bar check again: this copy may complete the phase
-        if (w->fibers[i].state == F_WAIT_MBAR && w->fibers[i].warg == c->mbar) w->fibers[i].state = F_READY;
+    copying_marks(smem_word(dst), (int)(bytes / 4), +1);
+    mbar_wake(w, c->mbar);
 }
 
 // ----------------------------------------------------------------------------

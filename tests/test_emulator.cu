@@ -457,13 +457,10 @@ int main(void) {
             CHECK(e == (bad ? cudaErrorLaunchFailure : cudaSuccess), "mbarrier/TMA, %s: launch gave %s, want %s",
                   what[bad], cudaGetErrorName(e), bad ? "a reported misuse" : "success");
         }
-        typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                        const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                        CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
         void* fn = NULL;
         cudaDriverEntryPointQueryResult q;
         CUDA_OK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
-        EncodeTiled encode = (EncodeTiled)fn;
+        PFN_cuTensorMapEncodeTiled_v12000 encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
         cuuint32_t ones[2] = {1, 1}, wide[2] = {128, 16}, big[2] = {64, 300};
         cuuint64_t odd[1] = {120};
         struct {
