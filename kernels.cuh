@@ -86,6 +86,13 @@ __device__ inline float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0
 __device__ inline float gelu_erf_grad(float x) {  // d/dx [x Phi(x)] = Phi(x) + x phi(x)
     return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * 0.39894228040143268f * expf(-0.5f * x * x);
 }
+// gelu_erf_and_grad: y = GELU(x) (as gelu_erf) and dy = GELU'(x) (as gelu_erf_grad) from one erf: gelu_backward's
+// arithmetic, shared with gemm_wgmma's epilogue so that the two write the same bits.
+__device__ inline void gelu_erf_and_grad(float x, float* y, float* dy) {
+    float e = erff(x * 0.70710678118654752f);
+    *y = 0.5f * x * (1.0f + e);
+    *dy = 0.5f * (1.0f + e) + x * 0.39894228040143268f * expf(-0.5f * x * x);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Embeddings fused with LayerNorm.
@@ -624,9 +631,10 @@ __global__ void gelu_backward(floatX* out, floatX* d, float* part, const floatX*
         size_t i = (size_t)n * I + col;
         Pack128 x = load128(fc1 + i), g = load128(d + i), o;
         for (int k = 0; k < X128; k++) {
-            float v = tof(x.v[k]) + b[k], e = erff(v * 0.70710678118654752f);
-            o.v[k] = fromf(0.5f * v * (1.0f + e));
-            g.v[k] = fromf(tof(g.v[k]) * (0.5f * (1.0f + e) + v * 0.39894228040143268f * expf(-0.5f * v * v)));
+            float y, dy;
+            gelu_erf_and_grad(tof(x.v[k]) + b[k], &y, &dy);
+            o.v[k] = fromf(y);
+            g.v[k] = fromf(tof(g.v[k]) * dy);
             sum[k] += tof(g.v[k]);
         }
         store128(out + i, o);
@@ -1439,3 +1447,4 @@ static inline void launch_add_and_clear(cudaStream_t s, float* dst, float* src, 
 }
 
 #include "attention.cuh"  // the attention kernels and their launchers
+#include "gemm.cuh"       // our own Hopper matmul, with the MLP's GELU in its epilogue

@@ -313,6 +313,7 @@ typedef struct {
     // backward scratch of the deterministic reductions (no floating-point atomics; see kernels.cuh)
     size_t ln_part;    // max of (launch_grid_cap(), 3C) fp32: LayerNorm backward's blocks' dgamma, dbeta, dbias
                        //   partials, (colsum_grid_y(I), I) fp32: gelu_backward's blocks' bias partials,
+                       //   (ceil(BT / 128), I) fp32: gemm_wgmma's (--mlp wgmma),
                        //   (colsum_grid_y(Vp), Vp) fp32: the decoder bias's (column_sums, in the forward), and
                        //   att_part_floats: the attention backward blocks' qkv bias partials
     size_t emb_keys;   // (sort_pow2(3BT)) u64        embedding backward: (table row << 32 | token) sort keys
@@ -386,10 +387,12 @@ static inline size_t bert_act_layout(BertActLayout* a, const BertConfig* c, int 
     ACT(d_delta, BT * NH * 4);
     ACT(d_h, (size_t)M * C * xsize);
     ACT(d_h2, (size_t)M * C * xsize);
-    // LayerNorm's, GELU's, the decoder bias's or the attention backward's partials (one at a time)
+    // LayerNorm's, GELU's (gelu_backward's or gemm_wgmma's), the decoder bias's or the attention backward's
+    // partials (one at a time)
     size_t part = ln_part_floats((int)C), gpart = colsum_part_floats((int)I), vpart = colsum_part_floats(Vp);
-    size_t apart = att_part_floats(B, T, (int)C, (int)(C / NH));
+    size_t apart = att_part_floats(B, T, (int)C, (int)(C / NH)), mpart = gemm_part_floats((long long)BT, (int)I);
     part = part > gpart ? part : gpart;
+    part = part > mpart ? part : mpart;
     part = part > vpart ? part : vpart;
     ACT(ln_part, (part > apart ? part : apart) * 4);
     ACT(emb_keys, emb_keys_count((long long)BT) * 8);
@@ -1230,6 +1233,8 @@ typedef struct {
     // prediction is its label (validation's accuracy; see bert_head_decoder)
     float* hits;
     int att_wgmma;  // 1: attention by the wgmma candidates (attention.cuh; bf16, head size 64, sm_90a), else mma.sync
+    int mlp_wgmma;  // 1: the MLP's fc1 and its input gradient by gemm_wgmma with GELU in its epilogue (gemm.cuh; bf16,
+                    // sm_90a), else cuBLASLt and the GELU kernels
 } BertModel;
 
 // bert_grad_ready_lo: after bert_backward records grad_ready[k], the gradients [lo, n_decay) of the slab's
@@ -1498,10 +1503,15 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
                ACT_FL(m, ln1_stats, l), x, (const floatX*)proj, bert_lw(m, l, BL_AOB), bert_lw(m, l, BL_ALNW),
                bert_lw(m, l, BL_ALNB), N, C, c->ln_eps);
         bert_phase(m, PHASE_MATMUL);
-        matmul_forward(bl, s, ACT_XL(m, fc1, l), I, ACT_XL(m, ln1, l), bert_lw(m, l, BL_IW), NULL, N, C, I);
-        bert_phase(m, PHASE_OTHER);
-        launch_gelu_forward(s, ACT_X(m, gelu), ACT_XL(m, fc1, l), bert_lw(m, l, BL_IB), N, I);  // GELU(fc1 + b1)
-        bert_phase(m, PHASE_MATMUL);
+        if (m->mlp_wgmma) {  // fc1 = ln1 W1^T and GELU(fc1 + b1), from one kernel
+            launch_gemm_wgmma(s, GEMM_GELU, 0, ACT_XL(m, fc1, l), ACT_X(m, gelu), NULL, NULL, ACT_XL(m, ln1, l),
+                              bert_lw(m, l, BL_IW), NULL, bert_lw(m, l, BL_IB), N, I, C, 0);
+        } else {
+            matmul_forward(bl, s, ACT_XL(m, fc1, l), I, ACT_XL(m, ln1, l), bert_lw(m, l, BL_IW), NULL, N, C, I);
+            bert_phase(m, PHASE_OTHER);
+            launch_gelu_forward(s, ACT_X(m, gelu), ACT_XL(m, fc1, l), bert_lw(m, l, BL_IB), N, I);  // GELU(fc1 + b1)
+            bert_phase(m, PHASE_MATMUL);
+        }
         matmul_forward(bl, s, proj, C, ACT_X(m, gelu), bert_lw(m, l, BL_OW), NULL, N, I, C);  // (bias: LayerNorm)
         bert_phase(m, PHASE_OTHER);
         launch(residual_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, s, ACT_XL(m, res2, l), ACT_XL(m, ln2, l),
@@ -1568,10 +1578,15 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
         // fc2 = GELU(fc1 + b1) W2^T + b2: d_fc1 = d_res W2 first, then one pass recomputes GELU(fc1 + b1) (for W2's
         // gradient), applies GELU' to d_fc1 and sums its columns (b1's gradient)
         bert_phase(m, PHASE_MATMUL);
-        matmul_backward_input(bl, s, d_fc1, d_res, C, bert_lw(m, l, BL_OW), NULL, N, I, C);
-        bert_phase(m, PHASE_OTHER);
-        launch_gelu_backward(s, gelu, d_fc1, bert_lg(m, l, BL_IB), part, fc1, bert_lw(m, l, BL_IB), N, I);
-        bert_phase(m, PHASE_MATMUL);
+        if (m->mlp_wgmma) {  // (gemm_wgmma: the same pass in the matmul's epilogue)
+            launch_gemm_wgmma(s, GEMM_DGELU, 1, d_fc1, gelu, bert_lg(m, l, BL_IB), part, d_res, bert_lw(m, l, BL_OW),
+                              fc1, bert_lw(m, l, BL_IB), N, I, C, 0);
+        } else {
+            matmul_backward_input(bl, s, d_fc1, d_res, C, bert_lw(m, l, BL_OW), NULL, N, I, C);
+            bert_phase(m, PHASE_OTHER);
+            launch_gelu_backward(s, gelu, d_fc1, bert_lg(m, l, BL_IB), part, fc1, bert_lw(m, l, BL_IB), N, I);
+            bert_phase(m, PHASE_MATMUL);
+        }
         matmul_backward_weight(bl, s, bert_lg(m, l, BL_OW), NULL, d_res, C, gelu, N, I, C);
         // fc1 = ln1 W1^T (b1 is added by the GELU kernels); d_ln1 = d_fc1 W1 + d_res (the residual branch)
         matmul_backward_weight(bl, s, bert_lg(m, l, BL_IW), NULL, d_fc1, I, ln1, N, C, I);

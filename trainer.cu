@@ -64,6 +64,7 @@ typedef struct {
     int comm_refresh;                  // --comm-refresh K: an fp32 step updates v every K steps (0: never)
     const char* optimizer_name;        // --optimizer adamw | lamb
     const char* attention;             // --attention mma | wgmma: the attention kernels (use_attention)
+    const char* mlp;                   // --mlp cublaslt | wgmma: the MLP's first matmul and GELU (use_mlp)
     int optimizer;                     // OPT_ADAMW or OPT_LAMB (from optimizer_name)
     long long tokens;                  // --tokens N: about N real tokens, as steps (resolve_run_length)
     double epochs;                     // --epochs E: E passes over the training shards, as steps
@@ -136,6 +137,10 @@ static const Flag flags[] = {
     {"--attention", "mma|wgmma", F_CHOICE, AT(attention), 0, 0, "mma",
      "the attention kernels: mma (mma.sync, any GPU), or wgmma, Hopper's warpgroup MMA\n"
      "(candidates not yet timed on a GPU: README; bf16, head size 64, an sm_90 GPU)"},
+    {"--mlp", "cublaslt|wgmma", F_CHOICE, AT(mlp), 0, 0, "cublaslt",
+     "the MLP's first matmul (and its input gradient): cuBLASLt, then a GELU kernel; or\n"
+     "wgmma, our Hopper matmul with GELU in its epilogue (not yet timed on a GPU: README;\n"
+     "bf16, an sm_90 GPU)"},
     {"--loader-threads", "N", F_INT_AUTO, AT(loader_threads), 1, 256, "auto",
      "threads preparing batches; auto: as many as the step needs, from one thread's measured\n"
      "rate and the predicted micro-batch time (printed with the reason)"},
@@ -2047,6 +2052,23 @@ static int use_attention(BertModel* m, const Options* o, const cudaDeviceProp* p
     return 1;
 }
 
+// use_mlp: --mlp wgmma runs the MLP's fc1 and its input gradient on gemm_wgmma (gemm.cuh) with GELU and GELU' in its
+// epilogue, which needs bf16 storage and compute capability 9.0 (sm_90a code).
+static int use_mlp(BertModel* m, const Options* o, const cudaDeviceProp* prop, int main_rank) {
+    if (strcmp(o->mlp, "wgmma")) return 1;
+    if (sizeof(floatX) != 2 || prop->major != 9 || prop->minor != 0 || m->cfg.hidden % 8 || m->cfg.intermediate % 8) {
+        fprintf(stderr,
+                "trainer: --mlp wgmma needs bf16 storage, a hidden and an intermediate size that are multiples of 8 "
+                "and a compute capability 9.0 GPU (here: %s storage, hidden %d, intermediate %d, %s %d.%d); --mlp "
+                "cublaslt runs everywhere\n",
+                FLOATX_NAME, m->cfg.hidden, m->cfg.intermediate, prop->name, prop->major, prop->minor);
+        return 0;
+    }
+    m->mlp_wgmma = 1;
+    if (main_rank) printf("mlp: wgmma (gemm_wgmma with GELU in its epilogue, forward and backward; --mlp wgmma)\n");
+    return 1;
+}
+
 // bench_run: bench_preset with the gradient buckets made.
 static int bench_run(const Options* o, const char* preset, GradReduce* gr, const cudaDeviceProp* prop,
                      double peak_tflops, BenchResult* res) {
@@ -2079,7 +2101,7 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     CUDA_CHECK(cudaStreamCreate(&stream));
     BertModel model;
     if (!bert_alloc_sharded(&model, &cfg, B, T, plan.M, stream, gr->zero ? gr->state_numel : 0, gr->slack) ||
-        !use_attention(&model, o, prop, main_rank))
+        !use_attention(&model, o, prop, main_rank) || !use_mlp(&model, o, prop, main_rank))
         return 1;
     grad_reduce_start(gr);
     BatchMaker bm;
@@ -2637,6 +2659,7 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
         comm_flag_real("--clip", o->clip),
         comm_flag_int("--seed", o->seed),
         comm_flag_int("--attention (1: wgmma)", !strcmp(o->attention, "wgmma")),
+        comm_flag_int("--mlp (1: wgmma)", !strcmp(o->mlp, "wgmma")),
         comm_flag_int("--resume (1: given)", o->resume),
         comm_flag_int("--run-steps", o->run_steps),
         comm_flag_int("--val-every", o->val_every),
@@ -3222,7 +3245,8 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
     BertModel model;
-    if (!bert_alloc(&model, &cfg, plan.B, plan.T, plan.M, stream) || !use_attention(&model, o, prop, main_rank))
+    if (!bert_alloc(&model, &cfg, plan.B, plan.T, plan.M, stream) || !use_attention(&model, o, prop, main_rank) ||
+        !use_mlp(&model, o, prop, main_rank))
         return 1;
     BatchMaker bm;
     batch_maker_alloc(&bm, &plan, vh.pad_id);
@@ -3478,7 +3502,7 @@ static int allocate_run(Run* r) {
     CUDA_CHECK(cudaStreamCreate(&r->stream));
     if (!bert_alloc_sharded(&r->model, &r->cfg, B, T, r->plan.M, r->stream, r->gr.zero ? r->gr.state_numel : 0,
                             r->gr.slack) ||
-        !use_attention(&r->model, o, &r->prop, r->main_rank))
+        !use_attention(&r->model, o, &r->prop, r->main_rank) || !use_mlp(&r->model, o, &r->prop, r->main_rank))
         return 0;
     grad_reduce_start(&r->gr);
     if (o->onebit) onebit_setup(r);

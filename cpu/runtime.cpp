@@ -576,6 +576,8 @@ struct EmuWorker {  // one OS thread's state for running blocks
     EmuWarpWgmma wgmma[32];                   // per warp: wgmma operations issued, not yet waited for
     EmuWgmmaSeen wg_seen[8][EMU_WGMMA_SEEN];  // per warpgroup: its recent wgmma, to check its warps agree
     int wgmma_used;                           // the block issued a wgmma
+    int nreg_calls[32], nreg_last[32];        // per warp: setmaxnreg executed, and the last one's (N, + 1000 if inc)
+    int nreg_used;                            // the block executed a setmaxnreg
     EmuMbar mbars[EMU_MAX_MBARS];             // the block's mbarriers, in the order initialized
     int nmbars;
     EmuTma* tmas;  // the block's bulk tensor copies not yet performed
@@ -1341,6 +1343,33 @@ static void wgmma_block_end(EmuWorker* w) {
                     g, 4 * g, q[0].issued, q[0].committed, 4 * g + k, q[k].issued, q[k].committed);
     }
 }
+// setmaxnreg: a warp collective (all 32 lanes, the same N); the warps of a warpgroup are compared at the block's end.
+static void setmaxnreg_all(void* const* all) {
+    int warp = warp_of_self(), v = *(const int*)all[0];
+    for (int l = 1; l < 32; l++)
+        if (!all[l] || *(const int*)all[l] != v)
+            return emu_kernel_error("setmaxnreg: lane %d of warp %d is missing or asks otherwise (.sync.aligned)", l,
+                                    warp);
+    W->nreg_calls[warp]++;
+    W->nreg_last[warp] = v;
+    W->nreg_used = 1;
+}
+void emu_setmaxnreg(int n, int inc) {
+    int v = n + (inc ? 1000 : 0);
+    emu_warp_gather(0xffffffffu, &v, setmaxnreg_all, inc ? "setmaxnreg.inc" : "setmaxnreg.dec");
+}
+static void setmaxnreg_block_end(EmuWorker* w) {
+    for (int g = 0; (g + 1) * 128 <= w->nthreads && g < 8; g++)
+        for (int k = 1; k < 4; k++)
+            if (w->nreg_calls[4 * g + k] != w->nreg_calls[4 * g] || w->nreg_last[4 * g + k] != w->nreg_last[4 * g])
+                return emu_kernel_error(
+                    "warpgroup %d: warp %d executed %d setmaxnreg (the last %s %d), warp %d %d (%s %d): all 4 warps of "
+                    "a warpgroup execute the same ones",
+                    g, 4 * g, w->nreg_calls[4 * g], w->nreg_last[4 * g] >= 1000 ? "inc" : "dec",
+                    w->nreg_last[4 * g] % 1000, 4 * g + k, w->nreg_calls[4 * g + k],
+                    w->nreg_last[4 * g + k] >= 1000 ? "inc" : "dec", w->nreg_last[4 * g + k] % 1000);
+    if (w->nthreads % 128) emu_kernel_error("setmaxnreg in a block of %d threads, not whole warpgroups", w->nthreads);
+}
 void emu_wgmma_fence(void) { emu_warp_gather(0xffffffffu, (void*)1, wgmma_fence_all, "wgmma.fence"); }
 void emu_wgmma_issue(EmuWgmmaLane* mine) { emu_warp_gather(0xffffffffu, mine, wgmma_issue_all, "wgmma.mma_async"); }
 void emu_wgmma_commit(void) { emu_warp_gather(0xffffffffu, (void*)1, wgmma_commit_all, "wgmma.commit_group"); }
@@ -1749,6 +1778,9 @@ static void run_block(EmuWorker* w, long long b) {
         for (int g = 0; g < 8; g++)
             for (int i = 0; i < EMU_WGMMA_SEEN; i++) w->wg_seen[g][i].seq = -1;
     w->wgmma_used = 0;
+    memset(w->nreg_calls, 0, sizeof w->nreg_calls);
+    memset(w->nreg_last, 0, sizeof w->nreg_last);
+    w->nreg_used = 0;
     w->nmbars = 0;
     w->ntmas = 0;
     w->bar_arrived = 0;
@@ -1790,6 +1822,7 @@ static void run_block(EmuWorker* w, long long b) {
     __sanitizer_finish_switch_fiber(w->asan_sched_fake, NULL, NULL);
 #endif
     if (w->exited == n && w->wgmma_used) wgmma_block_end(w);
+    if (w->exited == n && w->nreg_used) setmaxnreg_block_end(w);
     if (w->exited == n && w->ntmas)
         emu_kernel_error(
             "the block exits with %d cp.async.bulk.tensor copies whose mbarrier phase no thread waited for", w->ntmas);
@@ -2098,9 +2131,12 @@ static void worker_release(EmuWorker* w) {
 #endif
         munmap(f->stack_lo - 4096, f->stack_size + 4096);
         free(f->copies);
+        free(f->landed);
     }
+    for (int i = 0; i < 32; i++) free(w->wgmma[i].ops);
     free(w->fibers);
     free(w->order);
+    free(w->tmas);
     memset(w, 0, sizeof *w);
 }
 

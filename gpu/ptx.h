@@ -21,6 +21,7 @@
 //   mbar_wait(bar, parity)          mbarrier.try_wait.parity.shared::cta.b64, until true
 //   tma_load_2d/3d(dst, map, c.., bar)
 //   cp.async.bulk.tensor.{2,3}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+//   setmaxnreg_inc<N>(), setmaxnreg_dec<N>()   setmaxnreg.{inc,dec}.sync.aligned.u32 N
 #pragma once
 #include <cuda.h>  // CUtensorMap
 #include <cuda_runtime.h>
@@ -180,4 +181,16 @@ __device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, int c0, in
         "%4}], [%5];\n" ::"r"(smem_addr(dst)),
         "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
         : "memory");
+}
+// setmaxnreg (sm_90a): the warpgroup's threads ask for (inc) or give back (dec) registers, to N a thread (24 to
+// 256, a multiple of 8); every thread of the warpgroup executes the same one. ptxas compiles the code after it to N.
+template <int N>
+__device__ inline void setmaxnreg_inc(void) {
+    static_assert(N >= 24 && N <= 256 && N % 8 == 0, "setmaxnreg: N is a multiple of 8 in [24, 256]");
+    WGMMA_ASM("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ inline void setmaxnreg_dec(void) {
+    static_assert(N >= 24 && N <= 256 && N % 8 == 0, "setmaxnreg: N is a multiple of 8 in [24, 256]");
+    WGMMA_ASM("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }

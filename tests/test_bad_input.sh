@@ -54,6 +54,7 @@ unknown flag|$TRAINER ${T[*]} --out $W/o --bogus 1
 --ring 1: expected an integer|$TRAINER ${T[*]} --out $W/o --ring 1
 --attention flash: expected mma or wgmma|$TRAINER ${T[*]} --out $W/o --attention flash
 --attention wgmma needs bf16 storage, head size 64 .*head size 16|$TRAINER ${T[*]} --out $W/o --attention wgmma
+--mlp cutlass: expected cublaslt or wgmma|$TRAINER ${T[*]} --out $W/o --mlp cutlass
 missing its value|$TRAINER ${T[*]} --out
 MLM_TEST_INF_GRAD=abc: expected FIRST\[:COUNT\]|MLM_TEST_INF_GRAD=abc $TRAINER ${T[*]} --out $W/o
 MLM_TEST_INF_LOSS=0: expected FIRST\[:COUNT\]|MLM_TEST_INF_LOSS=0 $TRAINER ${T[*]} --out $W/o

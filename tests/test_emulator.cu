@@ -212,6 +212,22 @@ __global__ void mbar_misuse(const __grid_constant__ CUtensorMap map, int bad) {
     if (bad != 3) mbar_wait(&bar, 0);
 }
 
+// setmaxnreg_use: 256 threads (2 warpgroups), warpgroup 0 gives registers back, warpgroup 1 asks for more:
+//   bad 0: as the ISA requires                                                 -> runs
+//   bad 1: warp 3 skips its warpgroup's setmaxnreg.dec                          -> reported when the block ends
+//   bad 2: lanes 16-31 of warp 5 skip setmaxnreg.inc (not .aligned)             -> reported
+//   bad 3: warp 6 asks for 224, its warpgroup's other warps for 232             -> reported when the block ends
+__global__ void setmaxnreg_use(int bad) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (warp < 4) {
+        if (!(bad == 1 && warp == 3)) setmaxnreg_dec<40>();
+    } else if (bad == 3 && warp == 6) {
+        setmaxnreg_inc<224>();
+    } else if (!(bad == 2 && warp == 5 && lane >= 16)) {
+        setmaxnreg_inc<232>();
+    }
+}
+
 int main(void) {
     float x[64], want[64], got[64], *dx, *dout;
     for (int i = 0; i < 64; i++) x[i] = (float)i;
@@ -480,6 +496,16 @@ int main(void) {
                   (int)r);
         }
         cudaFree(dt);
+    }
+    {
+        const char* what[4] = {"as the ISA requires", "a warp that skips its warpgroup's setmaxnreg",
+                               "half a warp's lanes that skip it", "a warp that asks for another count"};
+        for (int bad = 0; bad < 4; bad++) {
+            launch(setmaxnreg_use, dim3(1), dim3(256), 0, (cudaStream_t)0, bad);
+            cudaError_t e = cudaGetLastError();
+            CHECK(e == (bad ? cudaErrorLaunchFailure : cudaSuccess), "setmaxnreg, %s: launch gave %s, want %s",
+                  what[bad], cudaGetErrorName(e), bad ? "a reported misuse" : "success");
+        }
     }
     return test_summary();
 }

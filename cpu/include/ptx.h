@@ -70,6 +70,11 @@
 //     to the shared address as wgmma reads it (the 128-byte swizzle: bits 4-6 ^= bits 7-9), elements outside
 //     the tensor as zeros; then the box's bytes complete on bar. The map must be a __grid_constant__ kernel
 //     parameter (its address is the generic address of the parameter).
+//
+// setmaxnreg (PTX ISA "setmaxnreg"): setmaxnreg_inc<N>() / setmaxnreg_dec<N>(): the warpgroup's threads ask for, or
+// give back, registers, to N a thread (a multiple of 8 in [24, 256]: checked when compiled). A hint for the
+// register file, with nothing to do on the CPU; the emulator checks what the ISA requires of its use: all 32 lanes
+// of a warp execute it together (.sync.aligned) and the 4 warps of a warpgroup execute the same ones.
 // The emulator keeps each block's barriers by address and performs a copy when a thread waits on its barrier
 // and the phase cannot complete without it, so reading a tile before the wait reads stale bytes in the tests;
 // a waiter whose phase cannot complete blocks, and a block where no thread can run is reported as a deadlock
@@ -261,4 +266,18 @@ static inline void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1
 static inline void tma_load_3d(void* dst, const CUtensorMap* map, int c0, int c1, int c2, uint64_t* bar) {
     int c[3] = {c0, c1, c2};
     emu_tma_load(dst, map, 3, c, bar);
+}
+
+// ---------------------------------------------------------------------------------------------
+// setmaxnreg.{inc,dec}.sync.aligned.u32 N
+void emu_setmaxnreg(int n, int inc);
+template <int N>
+static inline void setmaxnreg_inc(void) {
+    static_assert(N >= 24 && N <= 256 && N % 8 == 0, "setmaxnreg: N is a multiple of 8 in [24, 256]");
+    emu_setmaxnreg(N, 1);
+}
+template <int N>
+static inline void setmaxnreg_dec(void) {
+    static_assert(N >= 24 && N <= 256 && N % 8 == 0, "setmaxnreg: N is a multiple of 8 in [24, 256]");
+    emu_setmaxnreg(N, 0);
 }
