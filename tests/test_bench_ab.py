@@ -5,8 +5,9 @@
 
 The parser and the table on a hand-made --bench output (two presets); bad input (a ref that is no commit,
 a file that is not executable, --rounds 0, a trainer that fails) gives exit 2 and one line naming it; then
-real runs on the CPU runtime: ./trainer_cpu against itself as binaries, and HEAD against HEAD (one build,
-the same tree) and HEAD against the working tree, each exported and built by ./build.sh.
+real runs on the CPU runtime: ./trainer_cpu against itself as binaries (also with --b-flags: one side only runs
+--mlp wgmma; and a bad --a-flags), and HEAD against HEAD (one build, the same tree) and HEAD against the working
+tree, each exported and built by ./build.sh.
 """
 import os
 import shutil
@@ -36,6 +37,11 @@ def tool(*args):
     r = subprocess.run([sys.executable, TOOL] + list(args), capture_output=True, text=True, cwd=ROOT)
     work = [line[len("logs and trees in "):] for line in r.stdout.splitlines() if line.startswith("logs and trees in ")]
     return r.returncode, r.stdout, r.stderr, work[0] if work else None
+
+
+def read_log(work, name):
+    path = os.path.join(work or "", name)
+    return open(path).read() if work and os.path.isfile(path) else ""
 
 
 def clean(work):
@@ -108,6 +114,14 @@ def test_real_runs():
     check(rc == 0 and "tiny:" in out and "tokens/s (each round)" in out and "matmuls ms" in out,
           f"two binaries: exit {rc}\n{out}{err}")
     check(work is not None and os.path.isfile(os.path.join(work, "b_round2.log")), f"two binaries: the logs in {work}")
+    clean(work)
+    rc, out, err, work = tool(trainer, trainer, "--rounds", "1", "--b-flags", "--mlp wgmma", *flags)
+    alog, blog = (read_log(work, f"{k}_round1.log") for k in "ab")
+    check(rc == 0 and "with --mlp wgmma" in out and "mlp: wgmma" in blog and "mlp: wgmma" not in alog,
+          f"--b-flags: B alone runs --mlp wgmma: exit {rc}\n{out}{err}")
+    clean(work)
+    rc, out, err, work = tool(trainer, trainer, "--rounds", "1", "--a-flags", "--mlp cutlass", *flags)
+    check(rc == 2 and "--mlp cutlass" in err, f"--a-flags with a bad flag: the trainer's refusal named: {rc} {err!r}")
     clean(work)
     with tempfile.TemporaryDirectory() as d:
         rc, out, err, work = tool("--cpu", "--keep", d, "HEAD", "HEAD", "--rounds", "1", *flags)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench_ab.py: one change measured before and after, in one job on one GPU.
 
-    tools/bench_ab.py A B [--rounds N] [--cpu] [--keep DIR] [-- TRAINER --bench FLAGS]
+    tools/bench_ab.py A B [--rounds N] [--cpu] [--keep DIR] [--a-flags F] [--b-flags F] [-- TRAINER --bench FLAGS]
 
 A and B are each a git commit (a hash, branch or tag of this repository), `.` for the working tree as it is
 (uncommitted changes included), or the path of a trainer binary already built. Each commit or tree is
@@ -10,12 +10,15 @@ resolves to the same tree as another is built once), then `TRAINER --bench FLAGS
 A, B, A, B, ... (default 2), alternating so that a GPU's clocks and temperature drift on both alike. For
 each preset it prints one table: tokens/s and the step's wall-clock time per round, and the median of each
 phase of --bench's table (data wait, embedding, attention, matmuls, other kernels, optimizer, all-reduce),
-for A and B and as B / A. The logs stay in the directory it names (--keep DIR to choose it).
+for A and B and as B / A. The logs stay in the directory it names (--keep DIR to choose it). --a-flags and
+--b-flags add flags to one side only (after FLAGS; split at spaces): a candidate against the default path of the
+same commit, built once.
 
     tools/bench_ab.py HEAD~1 HEAD                       # bert-base and bert-large (--bench's default)
     tools/bench_ab.py main . -- --preset bert-base      # the working tree against main
     tools/bench_ab.py /tmp/trainer_old ./trainer --rounds 3 -- --preset bert-large
     tools/bench_ab.py --cpu HEAD . -- --preset tiny --seq 32 --batch 16   # without a GPU: ./trainer_cpu
+    tools/bench_ab.py HEAD HEAD --b-flags "--mlp wgmma" -- --preset bert-base   # a candidate against the default
 
 A run's micro-batch comes from each side's planner unless FLAGS give --batch; a table says when the two
 differ. Exit code 0, or 2 with one line naming what was wrong (a ref that is no commit, a build that
@@ -161,6 +164,8 @@ def main(argv):
     p.add_argument("--rounds", type=int, default=2, help="rounds of A then B (default 2)")
     p.add_argument("--cpu", action="store_true", help="build and run ./trainer_cpu (the CPU runtime)")
     p.add_argument("--keep", metavar="DIR", help="the directory for the trees and logs (default: a new one in /tmp)")
+    p.add_argument("--a-flags", default="", metavar="F", help="more trainer flags for A only (split at spaces)")
+    p.add_argument("--b-flags", default="", metavar="F", help="more trainer flags for B only (split at spaces)")
     o = p.parse_args(argv)
     if o.rounds < 1:
         raise Fail(f"--rounds {o.rounds}: expected a positive integer")
@@ -171,11 +176,15 @@ def main(argv):
     built = {}
     for side, name in zip(sides, ["a", "b"]):
         build(side, work, name, binary_name, built)
+    side_flags = [flags + o.a_flags.split(), flags + o.b_flags.split()]
+    for k, extra in enumerate((o.a_flags, o.b_flags)):
+        if extra.split():
+            sides[k]["label"] += " with " + " ".join(extra.split())
     print(f"A: {sides[0]['label']}\nB: {sides[1]['label']}\nlogs and trees in {work}")
     results = [[], []]
     for r in range(o.rounds):
         for k, side in enumerate(sides):
-            results[k].append(run(side, flags, os.path.join(work, f"{'ab'[k]}_round{r + 1}.log")))
+            results[k].append(run(side, side_flags[k], os.path.join(work, f"{'ab'[k]}_round{r + 1}.log")))
     for preset in results[0][0]:
         a = [x[preset] for x in results[0] if preset in x]
         b = [x[preset] for x in results[1] if preset in x]
