@@ -50,8 +50,13 @@ enum { GEMM_PLAIN, GEMM_GELU, GEMM_DGELU };
 #define GEMM_KSTEP 64                        // columns of K a stage holds (128 bytes of bf16: the swizzle's span)
 #define GEMM_THREADS 384                     // 2 consumer warpgroups and the producer's
 #define GEMM_PRODUCER_REGS 40                // setmaxnreg: the producer warpgroup gives registers to the consumers
-#define GEMM_CONSUMER_REGS 232               // (128 x 40 + 256 x 232 <= 65,536)
+#define GEMM_CONSUMER_REGS 232               // (128 x 40 + 256 x 232 = 168 x 384)
 #define GEMM_STAGE_BYTES (2 * 128 * 64 * 2)  // A's and B's boxes of one k-step
+// setmaxnreg moves registers within the block's pool, what the launch gave it: 168 a thread at 384 threads (65,536 /
+// 384, down to a multiple of 8: ptxas -v reports 168 for every gemm_wgmma, which their setmaxnreg needs). A
+// consumer's .inc waits until the producer's .dec has freed enough, so asking for more than the pool holds hangs.
+static_assert(GEMM_PRODUCER_REGS * 128 + GEMM_CONSUMER_REGS * 256 <= (65536 / GEMM_THREADS) / 8 * 8 * GEMM_THREADS,
+              "gemm_wgmma: setmaxnreg asks for more registers than the block has");
 // stages of the ring: 6 (192 KB), or 4 beside GEMM_DGELU's two X tiles (64 KB) and column sums (8 KB): 5 would pass
 // the 227 KB a block may have
 __host__ __device__ constexpr int gemm_stages(int epi) { return epi == GEMM_DGELU ? 4 : 6; }

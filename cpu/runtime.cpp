@@ -1368,7 +1368,21 @@ static void setmaxnreg_block_end(EmuWorker* w) {
                     g, 4 * g, w->nreg_calls[4 * g], w->nreg_last[4 * g] >= 1000 ? "inc" : "dec",
                     w->nreg_last[4 * g] % 1000, 4 * g + k, w->nreg_calls[4 * g + k],
                     w->nreg_last[4 * g + k] >= 1000 ? "inc" : "dec", w->nreg_last[4 * g + k] % 1000);
-    if (w->nthreads % 128) emu_kernel_error("setmaxnreg in a block of %d threads, not whole warpgroups", w->nthreads);
+    if (w->nthreads % 128)
+        return emu_kernel_error("setmaxnreg in a block of %d threads, not whole warpgroups", w->nthreads);
+    // The registers a block ends with come from what its launch gave it: at most the cap ptxas can give a thread
+    // of a block this size (65,536 / threads, at most 255, down to a multiple of 8), times its threads. A .inc past
+    // what the pool holds waits for registers no warpgroup will give back: the block hangs on a GPU.
+    int cap = (65536 / w->nthreads < 255 ? 65536 / w->nthreads : 255) / 8 * 8, total = 0;
+    for (int g = 0; g < w->nthreads / 128; g++) {
+        if (!w->nreg_calls[4 * g]) return;  // a warpgroup that keeps its launch count: unknown here
+        total += w->nreg_last[4 * g] % 1000 * 128;
+    }
+    if (total > cap * w->nthreads)
+        emu_kernel_error(
+            "setmaxnreg: the warpgroups ask for %d registers in all, more than the %d a block of %d threads can have "
+            "(%d a thread): a setmaxnreg.inc would wait forever on a GPU",
+            total, cap * w->nthreads, w->nthreads, cap);
 }
 void emu_wgmma_fence(void) { emu_warp_gather(0xffffffffu, (void*)1, wgmma_fence_all, "wgmma.fence"); }
 void emu_wgmma_issue(EmuWgmmaLane* mine) { emu_warp_gather(0xffffffffu, mine, wgmma_issue_all, "wgmma.mma_async"); }

@@ -217,9 +217,13 @@ __global__ void mbar_misuse(const __grid_constant__ CUtensorMap map, int bad) {
 //   bad 1: warp 3 skips its warpgroup's setmaxnreg.dec                          -> reported when the block ends
 //   bad 2: lanes 16-31 of warp 5 skip setmaxnreg.inc (not .aligned)             -> reported
 //   bad 3: warp 6 asks for 224, its warpgroup's other warps for 232             -> reported when the block ends
+//   bad 4: both warpgroups ask for 256: 65,536 registers, past the 63,488 that a block of 256 threads can have (248
+//          a thread), so on a GPU the second .inc would wait forever              -> reported when the block ends
 __global__ void setmaxnreg_use(int bad) {
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (warp < 4) {
+    if (bad == 4) {
+        setmaxnreg_inc<256>();
+    } else if (warp < 4) {
         if (!(bad == 1 && warp == 3)) setmaxnreg_dec<40>();
     } else if (bad == 3 && warp == 6) {
         setmaxnreg_inc<224>();
@@ -498,9 +502,10 @@ int main(void) {
         cudaFree(dt);
     }
     {
-        const char* what[4] = {"as the ISA requires", "a warp that skips its warpgroup's setmaxnreg",
-                               "half a warp's lanes that skip it", "a warp that asks for another count"};
-        for (int bad = 0; bad < 4; bad++) {
+        const char* what[5] = {"as the ISA requires", "a warp that skips its warpgroup's setmaxnreg",
+                               "half a warp's lanes that skip it", "a warp that asks for another count",
+                               "more registers than the block has"};
+        for (int bad = 0; bad < 5; bad++) {
             launch(setmaxnreg_use, dim3(1), dim3(256), 0, (cudaStream_t)0, bad);
             cudaError_t e = cudaGetLastError();
             CHECK(e == (bad ? cudaErrorLaunchFailure : cudaSuccess), "setmaxnreg, %s: launch gave %s, want %s",
