@@ -74,7 +74,8 @@
 // setmaxnreg (PTX ISA "setmaxnreg"): setmaxnreg_inc<N>() / setmaxnreg_dec<N>(): the warpgroup's threads ask for, or
 // give back, registers, to N a thread (a multiple of 8 in [24, 256]: checked when compiled). A hint for the
 // register file, with nothing to do on the CPU; the emulator checks what the ISA requires of its use: all 32 lanes
-// of a warp execute it together (.sync.aligned) and the 4 warps of a warpgroup execute the same ones.
+// of a warp execute it together (.sync.aligned) and the 4 warps of a warpgroup execute the same ones; and that the
+// counts the warpgroups end with fit in the most registers a block of that size can have (else a .inc hangs).
 // The emulator keeps each block's barriers by address and performs a copy when a thread waits on its barrier
 // and the phase cannot complete without it, so reading a tile before the wait reads stale bytes in the tests;
 // a waiter whose phase cannot complete blocks, and a block where no thread can run is reported as a deadlock
