@@ -566,7 +566,7 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_FWD))
 // Grid (ceil(T / 64), NH, B): block 128 = one warpgroup owns 64 query rows, warp w the 16 from row0 + 16 w (the
 // rows of wgmma's m64 accumulator each warp holds).
 // Data movement: the Q tile (64 x HD) and the K and V tiles (KW keys x HD, double-buffered; KW = 128 at HD 64,
-// 64 at HD 128) are copied into shared memory in the layout wgmma reads (att_sw_off: 128-byte swizzled rows,
+// 64 at HD 128) are copied into shared memory in the layout wgmma reads (sw128_off: 128-byte swizzled rows,
 // 1024-byte aligned) by the tensor memory accelerator: thread 0 issues each 64 x 64 box of qkv (the tensor map
 // tm_qkv, att_wg_map; rows past T come as zeros), and the block waits on an mbarrier, not on its own copies
 // (stage j, K_j with V_{j - 1}, completes on full[j % 2] in its phase j / 2; stage 0 also brings Q); Q stays there
@@ -585,13 +585,14 @@ __host__ __device__ constexpr int att_wg_keys(int HD) { return HD == 64 ? 128 : 
 // blocks per SM: shared memory (att_wg_smem: 73 KB at HD 64, 81 KB at HD 128) allows 3 and 2 of the 227 KB;
 // registers are capped to match (at most 168 and 255 a thread)
 __host__ __device__ constexpr int att_wg_min_blocks(int HD) { return HD == 64 ? 3 : 2; }
-// att_sw_off: the byte of element (r, c) of a shared tile of HD-wide bf16 rows, in wgmma's 128-byte swizzle, as TMA
-// writes it (att_tma_tile): boxes of 64 rows x 64 columns (8 KB), the column blocks 8 KB apart (so a tile of HD 128
-// has at most 64 rows), each box 8-row groups of 8 x 128 bytes (1 KB) in which row r % 8 has its 16-byte chunks
-// permuted: chunk (c % 64) / 8 sits at position ((c % 64) / 8) ^ (r % 8). The same bytes serve as a K-major operand
-// (rows are M or N: Q, K) and as an MN-major one (rows are K: V).
-__host__ __device__ constexpr int att_sw_off(int HD, int r, int c) {
-    return (c / 64) * 8192 + (r / 8) * 1024 + (r % 8) * 128 + (((c % 64) / 8) ^ (r % 8)) * 16 + (c % 8) * 2;
+// sw128_off: the byte of element (r, c) of a shared tile of bf16 rows in wgmma's 128-byte swizzle, as TMA writes it
+// (the wgmma attention kernels' tiles, and gemm_wgmma's): boxes of 64 columns (rows of 128 bytes, one after another),
+// the column blocks box_bytes apart (the attention tiles' boxes are 64 rows: 8 KB), each box 8-row groups of 8 x 128
+// bytes (1 KB) in which row r % 8 has its 16-byte chunks permuted: chunk (c % 64) / 8 sits at position
+// ((c % 64) / 8) ^ (r % 8). The same bytes serve as a K-major operand (rows are M or N: Q, K) and as an MN-major one
+// (rows are K: V). Tiles start 1024-byte aligned (the swizzle repeats every 1 KB).
+__host__ __device__ constexpr int sw128_off(int box_bytes, int r, int c) {
+    return (c / 64) * box_bytes + r * 128 + (((c % 64) / 8) ^ (r % 8)) * 16 + (c % 8) * 2;
 }
 // 1024 bytes to align the tiles, Q (64 rows), then K and V (2 buffers of KW rows each)
 __host__ __device__ constexpr size_t att_wg_smem(int HD) {
@@ -606,27 +607,25 @@ static inline void att_wg_map(CUtensorMap* map, const floatX* x, int B, int T, i
     tma_map(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x, 3, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 // att_tma_tile: thread 0's TMA copies of rows [row0, row0 + R) x columns [col0, col0 + HD) of batch row b of map's
-// tensor into the shared tile dst (att_sw_off's layout), completing on bar: (R / 64) (HD / 64) boxes, R HD 2 bytes.
+// tensor into the shared tile dst (sw128_off's layout), completing on bar: (R / 64) (HD / 64) boxes, R HD 2 bytes.
 template <int HD, int R>
 __device__ inline void att_tma_tile(unsigned char* dst, const CUtensorMap* map, int col0, int row0, int b,
                                     uint64_t* bar) {
-    static_assert(R % 64 == 0 && HD % 64 == 0 && (HD == 64 || R == 64), "att_tma_tile: att_sw_off's boxes");
+    static_assert(R % 64 == 0 && HD % 64 == 0 && (HD == 64 || R == 64), "att_tma_tile: 64 x 64 boxes");
     for (int c = 0; c < HD / 64; c++)
         for (int r = 0; r < R / 64; r++)
-            tma_load_3d(dst + att_sw_off(HD, 64 * r, 64 * c), map, col0 + 64 * c, row0 + 64 * r, b, bar);
+            tma_load_3d(dst + sw128_off(8192, 64 * r, 64 * c), map, col0 + 64 * c, row0 + 64 * r, b, bar);
 }
-// att_wg_desc_kmajor: wgmma's descriptor of k-step ks (16 columns) of a swizzled tile read K-major (A = Q, or
+// sw128_desc_kmajor: wgmma's descriptor of k-step ks (16 columns) of a sw128_off tile read K-major (A = Q, or
 // B = K): start at the step's column block (ks / 4) and its 32 bytes in the row (ks % 4, before the swizzle, which
 // the hardware applies to the address); 8-row groups 1 KB apart.
-template <int HD>
-__device__ inline uint64_t att_wg_desc_kmajor(uint32_t tile, int ks) {
-    return wgmma_desc(tile + (ks / 4) * 8192 + (ks % 4) * 32, WGMMA_SWIZZLE_128B, 16, 1024);
+__device__ inline uint64_t sw128_desc_kmajor(uint32_t tile, int box_bytes, int ks) {
+    return wgmma_desc(tile + (ks / 4) * box_bytes + (ks % 4) * 32, WGMMA_SWIZZLE_128B, 16, 1024);
 }
-// att_wg_desc_v: ... of k-step ks (16 keys: row groups 2 ks, 2 ks + 1) of a V tile read MN-major: the next
-// 64 columns (LBO) 8 KB on, the next 8 keys (SBO) 1 KB on.
-template <int HD>
-__device__ inline uint64_t att_wg_desc_v(uint32_t tile, int ks) {
-    return wgmma_desc(tile + 2 * ks * 1024, WGMMA_SWIZZLE_128B, 8192, 1024);
+// sw128_desc_mnmajor: ... of k-step ks (16 rows of K: row groups 2 ks, 2 ks + 1) of a sw128_off tile read MN-major
+// (V): the next 64 columns (LBO) box_bytes on, the next 8 rows (SBO) 1 KB on.
+__device__ inline uint64_t sw128_desc_mnmajor(uint32_t tile, int box_bytes, int ks) {
+    return wgmma_desc(tile + 2 * ks * 1024, WGMMA_SWIZZLE_128B, box_bytes, 1024);
 }
 // att_wg_abt: issues acc (64 x N, fp32) = A B^T for the warpgroup, A (64 rows) and B (N rows) swizzled HD-wide
 // tiles at shared addresses a0 and b0, read K-major: HD / 16 wgmma m64nNk16 (the first overwrites acc). No commit.
@@ -634,7 +633,7 @@ template <int N, int HD>
 __device__ inline void att_wg_abt(float* acc, uint32_t a0, uint32_t b0) {
 #pragma unroll
     for (int ks = 0; ks < HD / 16; ks++)
-        wgmma_m64k16_bf16<N, 0>(acc, att_wg_desc_kmajor<HD>(a0, ks), att_wg_desc_kmajor<HD>(b0, ks), ks > 0);
+        wgmma_m64k16_bf16<N, 0>(acc, sw128_desc_kmajor(a0, 8192, ks), sw128_desc_kmajor(b0, 8192, ks), ks > 0);
 }
 // att_wg_pb: issues acc (64 x HD, fp32) += P B for the warpgroup, P (64 x K) from registers as wgmma's A operands
 // (pa: K / 16 fragments, which must stay untouched until the wait) and B (K rows of a swizzled HD-wide tile at b0)
@@ -642,7 +641,7 @@ __device__ inline void att_wg_abt(float* acc, uint32_t a0, uint32_t b0) {
 template <int K, int HD>
 __device__ inline void att_wg_pb(float* acc, const FragA* pa, uint32_t b0) {
 #pragma unroll
-    for (int ks = 0; ks < K / 16; ks++) wgmma_m64k16_bf16_rs<HD, 1>(acc, pa[ks].x, att_wg_desc_v<HD>(b0, ks), 1);
+    for (int ks = 0; ks < K / 16; ks++) wgmma_m64k16_bf16_rs<HD, 1>(acc, pa[ks].x, sw128_desc_mnmajor(b0, 8192, ks), 1);
 }
 template <int HD>
 __global__ void __launch_bounds__(128, att_wg_min_blocks(HD))
@@ -937,7 +936,7 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DKDV))
 // Grid (ceil(T / 128), NH, B); block 256 = two warpgroups, 64 query rows each (warp w the 16 from row0 + 16 w).
 // It opens with delta = rowsum(dO * O) of its rows (att_delta_rows, 8 warps).
 // Data movement: the block's Q and dO (128 rows) and the key tiles' K and V (64 rows, double-buffered) in shared
-// memory, swizzled for wgmma (att_sw_off). The tiles are copied by the tensor memory accelerator (TMA): thread 0
+// memory, swizzled for wgmma (sw128_off). The tiles are copied by the tensor memory accelerator (TMA): thread 0
 // issues each 64-row box of qkv or dout (tensor maps tm_qkv and tm_dout, att_wg_map: rows past T come as zeros)
 // with one instruction, and the block waits on the buffer's mbarrier (full[b], phase parity (j / 2) % 2 for key
 // tile j; qd for Q and dO) instead of on its threads' own copies.
@@ -1051,7 +1050,7 @@ __global__ void __launch_bounds__(256, 2)  // (2 blocks of 8 warps: at most 128 
 // Grid (ceil(T / 128), NH, B), the dQ kernel's, so the bias partials keep their rows (att_part_floats). Block 256 =
 // two warpgroups, 64 keys each (warp w the 16 from row0 + 16 w): both read the same query tiles.
 // Data movement: the block's K and V (128 rows) and the query tiles' Q and dO (64 rows, in three buffers filled two
-// tiles ahead, with their lse and delta) in shared memory, swizzled for wgmma (att_sw_off), copied by TMA as in
+// tiles ahead, with their lse and delta) in shared memory, swizzled for wgmma (sw128_off), copied by TMA as in
 // attention_backward_dq_wgmma (full[b]: phase parity (j / 3) % 2 for query tile j; kv for K and V). Per query tile
 // a warpgroup computes S^T = K Q^T and dP^T = V dO^T (64 x 64 each, 32 fp32 registers per lane) by 2 x HD / 16 wgmma
 // m64n64k16 from shared memory, forms P^T and dS^T = P^T (dP^T - delta) in registers, and adds P^T dO to dV and dS^T Q

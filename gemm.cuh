@@ -68,22 +68,6 @@ __host__ __device__ constexpr size_t gemm_smem(int epi) {
 static inline size_t gemm_part_floats(long long M, int N) { return (size_t)((M + 127) / 128) * N; }
 
 #ifndef MLM_FP32
-// gemm_sw_off: the byte of element (r, c) of a swizzled tile of 64-column boxes, as TMA writes it: rows of 128 bytes
-// (box rows apart: 128 in A's and X's boxes, 64 in B's MN-major ones), boxes box_bytes apart, and in each 8-row group
-// of 1 KB row r's 16-byte chunks permuted: chunk (c % 64) / 8 at position ((c % 64) / 8) ^ (r % 8).
-__host__ __device__ constexpr int gemm_sw_off(int box_bytes, int r, int c) {
-    return (c / 64) * box_bytes + r * 128 + (((c % 64) / 8) ^ (r % 8)) * 16 + (c % 8) * 2;
-}
-// gemm_desc_kmajor: wgmma's descriptor of k16 step ks of a 64-column K-major box at shared address tile (rows are M
-// or N): the step's 32 bytes of the row (the hardware applies the swizzle), 8-row groups 1 KB apart.
-__device__ inline uint64_t gemm_desc_kmajor(uint32_t tile, int ks) {
-    return wgmma_desc(tile + ks * 32, WGMMA_SWIZZLE_128B, 16, 1024);
-}
-// gemm_desc_mnmajor: ... of k16 step ks of B (64 rows of K x 128 columns of N, two 8 KB boxes) read MN-major: rows
-// 16 ks .. + 15 (8-row groups 1 KB apart: SBO), the second 64 columns 8 KB on (LBO).
-__device__ inline uint64_t gemm_desc_mnmajor(uint32_t tile, int ks) {
-    return wgmma_desc(tile + 2 * ks * 1024, WGMMA_SWIZZLE_128B, 8192, 1024);
-}
 // gemm_store2: elements (row, col) and (row, col + 1) of a row-major (., ld) matrix, 4 bytes
 __device__ inline void gemm_store2(floatX* p, size_t ld, int row, int col, floatX a, floatX b) {
     __nv_bfloat162 v;
@@ -168,9 +152,9 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < 4; ks++) {
-                uint64_t bd = TRANS_B ? gemm_desc_mnmajor(sb, ks) : gemm_desc_kmajor(sb, ks);
-                wgmma_m64k16_bf16<128, TRANS_B>(acc[0], gemm_desc_kmajor(sa, ks), bd, 1);
-                wgmma_m64k16_bf16<128, TRANS_B>(acc[1], gemm_desc_kmajor(sa + 8192, ks), bd, 1);
+                uint64_t bd = TRANS_B ? sw128_desc_mnmajor(sb, 8192, ks) : sw128_desc_kmajor(sb, 16384, ks);
+                wgmma_m64k16_bf16<128, TRANS_B>(acc[0], sw128_desc_kmajor(sa, 16384, ks), bd, 1);
+                wgmma_m64k16_bf16<128, TRANS_B>(acc[1], sw128_desc_kmajor(sa + 8192, 16384, ks), bd, 1);
             }
             wgmma_commit_group();
             wgmma_wait_group<1>();  // the stage before is read: hand it back
@@ -179,7 +163,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
         if (threadIdx.x % 128 == 0) mbar_arrive(&order[1 - wg]);  // every stage of tile i has landed: the other's turn
         wgmma_wait_group<0>();
         wgmma_fence_operand(&acc[0][0], 128);
-        if (nk > 0 && lane == 0) mbar_arrive(&empty[(i * nk + nk - 1) % S]);
+        if (lane == 0) mbar_arrive(&empty[(i * nk + nk - 1) % S]);
         // The epilogue. Lane (g, q) of warp wl holds acc[h][4 j + e] = element (64 h + 16 wl + g + 8 (e / 2),
         // 8 j + 2 q + e % 2) of the tile.
         if (EPI == GEMM_DGELU) mbar_wait(&xfull[wg], u & 1);
@@ -201,7 +185,7 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
                         gemm_store2(D, N, row, col, d0, d1);
                         gemm_store2(D2, N, row, col, fromf(gelu_erf(tof(d0) + b0)), fromf(gelu_erf(tof(d1) + b1)));
                     } else {
-                        __nv_bfloat162 x = *(const __nv_bfloat162*)(xs + gemm_sw_off(16384, rt, 8 * j + 2 * q));
+                        __nv_bfloat162 x = *(const __nv_bfloat162*)(xs + sw128_off(16384, rt, 8 * j + 2 * q));
                         float y0, y1, dy0, dy1;
                         gelu_erf_and_grad(tof(x.x) + b0, &y0, &dy0);
                         gelu_erf_and_grad(tof(x.y) + b1, &y1, &dy1);
