@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# gpu_session.sh: what a session with a lent GPU runs, as one script that fits the device's calls (at most 10
+# minutes each). Stages, in this order:
+#   build         ./build.sh gpu (incremental; run at every call, so a fresh machine rebuilds)
+#   tests         the GPU test binaries, the ones that check the candidates' layouts and kernels first
+#   kernels       build/gpu/bench_gemm (bert-base, bert-large) and build/gpu/bench_attention
+#   ab-mlp        whole steps, --mlp wgmma against the default path (tools/bench_ab.py, bert-base)
+#   ab-attention  whole steps, --attention wgmma against the default path
+#   matmul        build/gpu/bench_matmul (bert-base): every matmul of a step against cuBLASLt's other algorithms
+#   peer          tools/bench_vs_peer.sh: mlm.c against PyTorch + transformers, bert-base and bert-large
+#
+#   tools/gpu_session.sh [--budget SECONDS] [--dir DIR] [--only STAGE,STAGE] [--cpu]
+#
+# A stage starts only while its estimate fits the time left of --budget (default 540 s), and runs under a timeout
+# of what is left, so the script ends inside the call. A stage whose log says it passed is not run again: a second
+# call with the same --dir (default runs/gpu_session) goes on where the first stopped. A candidate's whole steps run
+# only if its kernels passed their tests on this machine (test_gemm for --mlp wgmma, test_attention for --attention
+# wgmma): timing a wrong kernel says nothing. Each stage writes DIR/STAGE.log; DIR/summary.txt (at most 8 files in
+# all: what the device tool brings back from $OUT) holds each stage's state, time and result lines, and is printed
+# last. --cpu runs the same stages on the CPU runtime at tiny sizes (the CPU build's binaries; no peer): the
+# script's own test, tests/test_gpu_session.sh. GPU_SESSION_TESTS="test_a test_b" names the test binaries instead.
+# Exit code 0 when no stage that ran failed, 1 when one did, 2 for a bad argument.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+die() { echo "gpu_session.sh: $*" >&2; exit 2; }
+
+BUDGET=540 DIR=runs/gpu_session ONLY="" CPU=0
+STAGES="build tests kernels ab-mlp ab-attention matmul peer"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --budget) [ $# -ge 2 ] || die "--budget needs a value"; BUDGET=$2; shift 2 ;;
+    --dir) [ $# -ge 2 ] || die "--dir needs a value"; DIR=$2; shift 2 ;;
+    --only) [ $# -ge 2 ] || die "--only needs a value"; ONLY=$2; shift 2 ;;
+    --cpu) CPU=1; shift ;;
+    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "$1: unknown argument (--budget SECONDS --dir DIR --only STAGE,STAGE --cpu)" ;;
+  esac
+done
+[[ "$BUDGET" =~ ^[0-9]+$ ]] && [ "$BUDGET" -ge 1 ] || die "--budget $BUDGET: expected a positive number of seconds"
+for s in ${ONLY//,/ }; do [[ " $STAGES " == *" $s "* ]] || die "--only $s: not a stage (expected some of: $STAGES)"; done
+mkdir -p "$DIR" || die "cannot create $DIR"
+START=$(date +%s)
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+
+# The binaries and sizes of each mode. The estimates (seconds) are what a stage is given room for before it starts.
+if [ $CPU = 1 ]; then
+  BIN=build TRAINER=./trainer_cpu
+  BUILD="./build.sh cpu"
+  TESTS=${GPU_SESSION_TESTS:-test_runtime test_gemm test_attention}
+  KERNELS="build/bench_gemm --tiny && build/bench_attention --tiny"
+  AB="python3 tools/bench_ab.py --cpu --rounds 1 $TRAINER $TRAINER"
+  AB_ARGS="-- --preset mini --seq 32 --batch 4 --bench-steps 1 --bench-warmup 1"
+  MATMUL="build/bench_matmul --tiny"
+  declare -A EST=([build]=5 [tests]=20 [kernels]=30 [ab-mlp]=60 [ab-attention]=60 [matmul]=30 [peer]=5)
+else
+  BIN=build/gpu TRAINER=./trainer
+  BUILD="./build.sh gpu"
+  # the emulator's reading of the PTX ISA (TMA, wgmma layouts) first, then the candidates, then the model and the rest
+  TESTS=${GPU_SESSION_TESTS:-test_runtime test_gemm test_attention test_model $(cd build/gpu 2>/dev/null && ls test_* 2>/dev/null | grep -v '\.d$' | grep -v -x -e test_runtime -e test_gemm -e test_attention -e test_model | tr '\n' ' ')}
+  KERNELS="build/gpu/bench_gemm && build/gpu/bench_gemm --preset bert-large && build/gpu/bench_attention"
+  AB="python3 tools/bench_ab.py --rounds 2 $TRAINER $TRAINER"
+  AB_ARGS="-- --preset bert-base"
+  MATMUL="build/gpu/bench_matmul --preset bert-base"
+  declare -A EST=([build]=300 [tests]=240 [kernels]=90 [ab-mlp]=200 [ab-attention]=200 [matmul]=120 [peer]=360)
+fi
+
+# state: DIR/summary.txt, one line a stage: "STAGE STATE SECONDS", STATE ok, failed, timed-out or skipped
+state_of() { awk -v s="$1" '$1 == "--" { exit } $1 == s { st = $2 } END { print st }' "$DIR/summary.txt" 2>/dev/null; }
+declare -A STATE SECS WHY
+for s in $STAGES; do STATE[$s]=$(state_of "$s"); SECS[$s]=""; WHY[$s]=""; done
+STATE[build]=""  # always again: the build is incremental, and a fresh machine has none
+
+# the tests stage: each binary in turn, one line "NAME: N passed, N failed" (or why not) a binary
+run_tests() {
+  local t out last rc
+  for t in $TESTS; do
+    [ -x "$BIN/$t" ] || { echo "$t: not built"; continue; }
+    out=$(timeout "$(left)" "$BIN/$t" 2>&1); rc=$?
+    last=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
+    [[ "$last" == *" 0 failed" && $rc = 0 ]] || echo "$out" | grep -v -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 30
+    echo "$t: ${last:-no summary line} (exit $rc)"
+    [ "$(left)" -gt 0 ] || { echo "out of time after $t"; return 124; }
+  done
+}
+# passed TEST: whether the tests stage's log shows TEST passing on this machine
+passed() { grep -q -x "$1: [0-9]* passed, 0 failed (exit 0)" "$DIR/tests.log" 2>/dev/null; }
+
+command_of() {
+  case "$1" in
+    build) echo "$BUILD" ;;
+    tests) echo run_tests ;;
+    kernels) echo "$KERNELS" ;;
+    ab-mlp) echo "$AB --b-flags '--mlp wgmma' $AB_ARGS" ;;
+    ab-attention) echo "$AB --b-flags '--attention wgmma' $AB_ARGS" ;;
+    matmul) echo "$MATMUL" ;;
+    peer) echo "TRAINER=$TRAINER tools/bench_vs_peer.sh" ;;
+  esac
+}
+# why_not STAGE: why the stage cannot run now (empty: it can)
+why_not() {
+  case "$1" in
+    ab-mlp) passed test_gemm || { echo "test_gemm has not passed on this machine"; return; } ;;
+    ab-attention) passed test_attention || { echo "test_attention has not passed on this machine"; return; } ;;
+    peer) [ $CPU = 0 ] || { echo "needs a GPU"; return; } ;;
+  esac
+  [ "$1" = build ] || [ "${STATE[build]}" = ok ] || { echo "the build did not pass"; return; }
+  [ "$(left)" -ge "${EST[$1]}" ] || echo "needs about ${EST[$1]} s, $(left) s left"
+}
+
+write_summary() {
+  local s
+  {
+    for s in $STAGES; do [ -n "${STATE[$s]}" ] && echo "$s ${STATE[$s]} ${SECS[$s]:-0}"; done
+    echo "--"
+    for s in $STAGES; do [ -n "${WHY[$s]}" ] && echo "$s: ${WHY[$s]}"; done
+    for s in $STAGES; do
+      [ -f "$DIR/$s.log" ] && [ "$s" != build ] || continue
+      echo "-- $s"
+      case $s in
+        tests) grep -h -E '^test_[a-z0-9_]+: ' "$DIR/$s.log" ;;
+        kernels) grep -h -E '^(bert-|head size|tiny)|_wgmma|bench-gemm-result' "$DIR/$s.log" ;;
+        ab-*) grep -h -E '^ *(tokens/s|step ms|attention|matmuls|other kernels)' "$DIR/$s.log" ;;
+        matmul) grep -h -E 'bench-matmul-result' "$DIR/$s.log" ;;
+        peer) grep -h -E '^\| |^device' "$DIR/$s.log" ;;
+      esac
+    done
+  } > "$DIR/summary.txt.tmp" && mv "$DIR/summary.txt.tmp" "$DIR/summary.txt"
+}
+
+failed=0
+for s in $STAGES; do
+  [ -z "$ONLY" ] || [[ ",$ONLY," == *",$s,"* ]] || [ "$s" = build ] || continue
+  [ "${STATE[$s]}" = ok ] && continue
+  why=$(why_not "$s")
+  if [ -n "$why" ]; then
+    STATE[$s]=skipped WHY[$s]=$why
+    echo "gpu_session: $s skipped: $why"
+    write_summary
+    continue
+  fi
+  echo "gpu_session: $s ($(left) s left): $(command_of "$s")"
+  t0=$(date +%s)
+  if [ "$s" = tests ]; then
+    run_tests > "$DIR/tests.log" 2>&1; rc=$?
+    grep -q -v -E '^test_[a-z0-9_]+: [0-9]+ passed, 0 failed \(exit 0\)$' "$DIR/tests.log" && [ $rc = 0 ] && rc=1
+  else
+    timeout "$(left)" bash -c "$(command_of "$s")" > "$DIR/$s.log" 2>&1; rc=$?
+  fi
+  SECS[$s]=$(($(date +%s) - t0))
+  case $rc in
+    0) STATE[$s]=ok ;;
+    124 | 137) STATE[$s]=timed-out WHY[$s]="stopped at the budget's end" failed=1 ;;
+    *) STATE[$s]=failed WHY[$s]="exit $rc: $(grep -v '^$' "$DIR/$s.log" | tail -n 1 | cut -c1-200)" failed=1 ;;
+  esac
+  echo "gpu_session: $s ${STATE[$s]} in ${SECS[$s]} s"
+  write_summary
+done
+write_summary
+echo "== gpu_session summary ($DIR/summary.txt; a stage's log is $DIR/STAGE.log)"
+cat "$DIR/summary.txt"
+exit $failed
