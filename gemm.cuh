@@ -38,7 +38,8 @@
 //   - a consumer warpgroup's 128 x 128 fp32 accumulator lives in registers (128 a thread: two m64n128 wgmma
 //     tiles); per stage it issues 4 k16 steps x 2 wgmma m64n128k16 from shared memory, keeps one stage's products
 //     in flight (wgmma.wait_group 1) and releases the stage before;
-//   - the epilogue goes from registers to global memory (bf16 pairs, 4 bytes a lane); GEMM_DGELU's X tile (128 x
+//   - the epilogue goes from registers to global memory, 16 bytes a lane after the quad's 4 lanes exchange their
+//     bf16 pairs (gemm_quad_transpose: each then holds 8 consecutive columns of a row); GEMM_DGELU's X tile (128 x
 //     128 bf16, 32 KB a warpgroup) comes by TMA into shared memory, asked for by the warpgroup when its tile starts,
 //     so it is there by the epilogue; its column sums go through warp shuffles and 2 KB of shared memory.
 // Registers: 128 accumulators plus the epilogue's. __launch_bounds__(384, 1) starts every thread at 168; setmaxnreg
@@ -68,12 +69,38 @@ __host__ __device__ constexpr size_t gemm_smem(int epi) {
 static inline size_t gemm_part_floats(long long M, int N) { return (size_t)((M + 127) / 128) * N; }
 
 #ifndef MLM_FP32
-// gemm_store2: elements (row, col) and (row, col + 1) of a row-major (., ld) matrix, 4 bytes
-__device__ inline void gemm_store2(floatX* p, size_t ld, int row, int col, floatX a, floatX b) {
+// gemm_pack2: two bf16 as the 32 bits of a pair (a in the low half: the lower column, as memory holds them)
+__device__ inline uint32_t gemm_pack2(floatX a, floatX b) {
     __nv_bfloat162 v;
     v.x = a;
     v.y = b;
-    *(__nv_bfloat162*)(p + (size_t)row * ld + col) = v;
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return u;
+}
+// gemm_quad_transpose: the 4 lanes of a quad (lanes 4 g + q, q = 0..3) exchange 4 words each, so that lane q's v[c]
+// becomes what lane c's v[q] was: a 4 x 4 transpose in two butterfly steps (across q's bit 1, then its bit 0), in
+// each of which a lane keeps the 2 words whose index agrees with its own bit and swaps the other 2 with its partner:
+// 4 shuffles a lane. Every lane of the warp must call it (full-mask shuffles).
+__device__ inline void gemm_quad_transpose(uint32_t v[4], int q) {
+#pragma unroll
+    for (int bit = 2; bit >= 1; bit >>= 1)
+#pragma unroll
+        for (int c0 = 0; c0 < 4; c0++) {
+            if (c0 & bit) continue;
+            int c1 = c0 | bit;
+            uint32_t recv = __shfl_xor_sync(0xffffffffu, (q & bit) ? v[c0] : v[c1], bit);
+            if (q & bit)
+                v[c0] = recv;
+            else
+                v[c1] = recv;
+        }
+}
+// gemm_store8: the 8 bf16 of v (4 pairs) at p, 16 bytes
+__device__ inline void gemm_store8(floatX* p, const uint32_t v[4]) {
+    Pack128 x;
+    memcpy(&x, v, 16);
+    store128(p, x);
 }
 
 template <int EPI, int TRANS_B>
@@ -165,47 +192,71 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
         wgmma_fence_operand(&acc[0][0], 128);
         if (lane == 0) mbar_arrive(&empty[(i * nk + nk - 1) % S]);
         // The epilogue. Lane (g, q) of warp wl holds acc[h][4 j + e] = element (64 h + 16 wl + g + 8 (e / 2),
-        // 8 j + 2 q + e % 2) of the tile.
+        // 8 j + 2 q + e % 2) of the tile: per row, 2 columns of each 8-column block j. It computes there (rounding,
+        // GELU, GELU'), then for each group of 4 blocks (j = 4 k + c) the quad transposes its bf16 pairs, so that lane
+        // q holds the 8 columns of block 4 k + q and stores them as 16 bytes: a warp's store covers 8 rows x 64
+        // bytes, whole 32-byte sectors.
         if (EPI == GEMM_DGELU) mbar_wait(&xfull[wg], u & 1);
+        __syncwarp();  // (ptxas cannot tell that the lanes leave mbar_wait's spin loop together: without this it
+                       // compiled each shuffle below twice, a converged and a "collective" path, 2x the epilogue)
 #pragma unroll  // (acc's indices must be constants: registers)
-        for (int j = 0; j < 16; j++) {
-            int col = n0 + 8 * j + 2 * q;
-            float b0 = 0.f, b1 = 0.f, sum0 = 0.f, sum1 = 0.f;
-            if (EPI != GEMM_PLAIN && col < N) b0 = tof(bias[col]), b1 = tof(bias[col + 1]);
+        for (int k = 0; k < 4; k++) {
+            float sum[4][2];  // GEMM_DGELU: per block c of the group, the column sums of the lane's rows
+#pragma unroll
+            for (int c = 0; c < 4; c++) sum[c][0] = sum[c][1] = 0.f;
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
                     int rt = 64 * h + 16 * wl + g + 8 * r, row = m0 + rt;  // rt: the row in the tile
-                    floatX d0 = fromf(acc[h][4 * j + 2 * r]), d1 = fromf(acc[h][4 * j + 2 * r + 1]);
-                    if (row >= M || col >= N) continue;
-                    if (EPI == GEMM_PLAIN) {
-                        gemm_store2(D, N, row, col, d0, d1);
-                    } else if (EPI == GEMM_GELU) {
-                        gemm_store2(D, N, row, col, d0, d1);
-                        gemm_store2(D2, N, row, col, fromf(gelu_erf(tof(d0) + b0)), fromf(gelu_erf(tof(d1) + b1)));
-                    } else {
-                        __nv_bfloat162 x = *(const __nv_bfloat162*)(xs + sw128_off(16384, rt, 8 * j + 2 * q));
-                        float y0, y1, dy0, dy1;
-                        gelu_erf_and_grad(tof(x.x) + b0, &y0, &dy0);
-                        gelu_erf_and_grad(tof(x.y) + b1, &y1, &dy1);
-                        floatX g0 = fromf(tof(d0) * dy0), g1 = fromf(tof(d1) * dy1);
-                        gemm_store2(D, N, row, col, g0, g1);
-                        gemm_store2(D2, N, row, col, fromf(y0), fromf(y1));
-                        sum0 += tof(g0);
-                        sum1 += tof(g1);
+                    bool in = row < M;
+                    uint32_t w1[4], w2[4];  // D's and D2's pairs of blocks 4 k + c, then (transposed) of 4 k + q
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        int j = 4 * k + c, col = n0 + 8 * j + 2 * q;
+                        float b0 = 0.f, b1 = 0.f;  // (read again for each row: from L1, fewer live registers)
+                        if (EPI != GEMM_PLAIN && col < N) {
+                            __nv_bfloat162 bb = *(const __nv_bfloat162*)(bias + col);
+                            b0 = tof(bb.x), b1 = tof(bb.y);
+                        }
+                        floatX d0 = fromf(acc[h][4 * j + 2 * r]), d1 = fromf(acc[h][4 * j + 2 * r + 1]);
+                        if (EPI == GEMM_PLAIN) {
+                            w1[c] = gemm_pack2(d0, d1);
+                        } else if (EPI == GEMM_GELU) {
+                            w1[c] = gemm_pack2(d0, d1);
+                            w2[c] = gemm_pack2(fromf(gelu_erf(tof(d0) + b0)), fromf(gelu_erf(tof(d1) + b1)));
+                        } else {
+                            __nv_bfloat162 x = *(const __nv_bfloat162*)(xs + sw128_off(16384, rt, 8 * j + 2 * q));
+                            float y0, y1, dy0, dy1;
+                            gelu_erf_and_grad(tof(x.x) + b0, &y0, &dy0);
+                            gelu_erf_and_grad(tof(x.y) + b1, &y1, &dy1);
+                            floatX g0 = fromf(tof(d0) * dy0), g1 = fromf(tof(d1) * dy1);
+                            w1[c] = gemm_pack2(g0, g1);
+                            w2[c] = gemm_pack2(fromf(y0), fromf(y1));
+                            sum[c][0] += in ? tof(g0) : 0.f;  // (a row past M adds an exact +0: nothing)
+                            sum[c][1] += in ? tof(g1) : 0.f;
+                        }
+                    }
+                    gemm_quad_transpose(w1, q);
+                    if (EPI != GEMM_PLAIN) gemm_quad_transpose(w2, q);
+                    int col8 = n0 + 8 * (4 * k + q);  // N is a multiple of 8: a block is all in or all out
+                    if (in && col8 < N) {
+                        gemm_store8(D + (size_t)row * N + col8, w1);
+                        if (EPI != GEMM_PLAIN) gemm_store8(D2 + (size_t)row * N + col8, w2);
                     }
                 }
-            if (EPI == GEMM_DGELU) {  // the warp's 32 rows: the 8 lanes of a column pair (g = 0..7), a butterfly
-                for (int o = 4; o < 32; o <<= 1) {
-                    sum0 += __shfl_xor_sync(0xffffffffu, sum0, o);
-                    sum1 += __shfl_xor_sync(0xffffffffu, sum1, o);
+            if (EPI == GEMM_DGELU)  // the warp's 32 rows: the 8 lanes of a column pair (g = 0..7), a butterfly
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    for (int o = 4; o < 32; o <<= 1) {
+                        sum[c][0] += __shfl_xor_sync(0xffffffffu, sum[c][0], o);
+                        sum[c][1] += __shfl_xor_sync(0xffffffffu, sum[c][1], o);
+                    }
+                    if (g == 0) {
+                        colsum[wg][u & 1][wl][8 * (4 * k + c) + 2 * q] = sum[c][0];
+                        colsum[wg][u & 1][wl][8 * (4 * k + c) + 2 * q + 1] = sum[c][1];
+                    }
                 }
-                if (g == 0) {
-                    colsum[wg][u & 1][wl][8 * j + 2 * q] = sum0;
-                    colsum[wg][u & 1][wl][8 * j + 2 * q + 1] = sum1;
-                }
-            }
         }
         if (EPI == GEMM_DGELU) {  // the warpgroup's 4 warps in order: thread c of the group sums column c
             mbar_arrive(&colbar[wg]);
