@@ -46,7 +46,7 @@ left() { echo $((BUDGET - ($(date +%s) - START))); }
 if [ $CPU = 1 ]; then
   BIN=build TRAINER=./trainer_cpu
   BUILD="./build.sh cpu"
-  TESTS=${GPU_SESSION_TESTS:-test_runtime test_gemm test_attention}
+  TESTS=${GPU_SESSION_TESTS:-test_runtime test_gemm test_attention}  # (ALL in the list: every other test built)
   KERNELS="build/bench_gemm --tiny && build/bench_attention --tiny"
   AB="python3 tools/bench_ab.py --cpu --rounds 1 $TRAINER $TRAINER"
   AB_ARGS="-- --preset mini --seq 32 --batch 4 --bench-steps 1 --bench-warmup 1"
@@ -56,7 +56,7 @@ else
   BIN=build/gpu TRAINER=./trainer
   BUILD="./build.sh gpu"
   # the emulator's reading of the PTX ISA (TMA, wgmma layouts) first, then the candidates, then the model and the rest
-  TESTS=${GPU_SESSION_TESTS:-test_runtime test_gemm test_attention test_model $(cd build/gpu 2>/dev/null && ls test_* 2>/dev/null | grep -v '\.d$' | grep -v -x -e test_runtime -e test_gemm -e test_attention -e test_model | tr '\n' ' ')}
+  TESTS=${GPU_SESSION_TESTS:-test_runtime test_gemm test_attention test_model ALL}  # ALL: the rest, once built
   KERNELS="build/gpu/bench_gemm && build/gpu/bench_gemm --preset bert-large && build/gpu/bench_attention"
   AB="python3 tools/bench_ab.py --rounds 2 $TRAINER $TRAINER"
   AB_ARGS="-- --preset bert-base"
@@ -72,8 +72,9 @@ STATE[build]=""  # always again: the build is incremental, and a fresh machine h
 
 # the tests stage: each binary in turn, one line "NAME: N passed, N failed" (or why not) a binary
 run_tests() {
-  local t out last rc
-  for t in $TESTS; do
+  local t out last rc rest
+  rest=$(cd "$BIN" 2>/dev/null && ls test_* 2>/dev/null | grep -v '\.d$' | grep -v -x $(printf -- '-e %s ' $TESTS) | tr '\n' ' ')
+  for t in ${TESTS/ALL/$rest}; do
     [ -x "$BIN/$t" ] || { echo "$t: not built"; continue; }
     out=$(timeout "$(left)" "$BIN/$t" 2>&1); rc=$?
     last=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
