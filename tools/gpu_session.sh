@@ -41,6 +41,7 @@ for s in ${ONLY//,/ }; do [[ " $STAGES " == *" $s "* ]] || die "--only $s: not a
 mkdir -p "$DIR" || die "cannot create $DIR"
 START=$(date +%s)
 left() { echo $((BUDGET - ($(date +%s) - START))); }
+limit() { local l; l=$(left); echo $((l > 1 ? l : 1)); }  # a timeout of what is left (timeout 0 would mean none)
 
 # The binaries and sizes of each mode. The estimates (seconds) are what a stage is given room for before it starts.
 if [ $CPU = 1 ]; then
@@ -76,7 +77,7 @@ run_tests() {
   rest=$(cd "$BIN" 2>/dev/null && ls test_* 2>/dev/null | grep -v '\.d$' | grep -v -x $(printf -- '-e %s ' $TESTS) | tr '\n' ' ')
   for t in ${TESTS/ALL/$rest}; do
     [ -x "$BIN/$t" ] || { echo "$t: not built"; continue; }
-    out=$(timeout "$(left)" "$BIN/$t" 2>&1); rc=$?
+    out=$(timeout "$(limit)" "$BIN/$t" 2>&1); rc=$?
     last=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
     [[ "$last" == *" 0 failed" && $rc = 0 ]] || echo "$out" | grep -v -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 30
     echo "$t: ${last:-no summary line} (exit $rc)"
@@ -145,7 +146,7 @@ for s in $STAGES; do
     run_tests > "$DIR/tests.log" 2>&1; rc=$?
     grep -q -v -E '^test_[a-z0-9_]+: [0-9]+ passed, 0 failed \(exit 0\)$' "$DIR/tests.log" && [ $rc = 0 ] && rc=1
   else
-    timeout "$(left)" bash -c "$(command_of "$s")" > "$DIR/$s.log" 2>&1; rc=$?
+    timeout "$(limit)" bash -c "$(command_of "$s")" > "$DIR/$s.log" 2>&1; rc=$?
   fi
   SECS[$s]=$(($(date +%s) - t0))
   case $rc in
