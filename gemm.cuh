@@ -197,8 +197,9 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
         // q holds the 8 columns of block 4 k + q and stores them as 16 bytes: a warp's store covers 8 rows x 64
         // bytes, whole 32-byte sectors.
         if (EPI == GEMM_DGELU) mbar_wait(&xfull[wg], u & 1);
-        // ptxas cannot tell that the lanes leave mbar_wait's spin loop together: without this __syncwarp it compiled
-        // each shuffle below twice, a converged and a "collective" path (WARPSYNC, ENDCOLLECTIVE), 2x the epilogue
+        // ptxas cannot tell that the lanes leave mbar_wait's spin loop together: without this __syncwarp it added a
+        // second copy of the epilogue below for a warp that arrives diverged (BRA.DIV to WARPSYNC.COLLECTIVE ...
+        // ENDCOLLECTIVE around each shuffle): never run, but as long as the epilogue itself
         __syncwarp();
 #pragma unroll  // (acc's indices must be constants: registers)
         for (int k = 0; k < 4; k++) {
