@@ -3,7 +3,8 @@
 #   - every kernel of a training step in the table, with its launches per step as the CPU runtime counted them
 #     (EMU_LAUNCH_STATS=2): GELU forward once a layer and once in the head, its backward once a layer, the weights'
 #     copy only at start-up (0), 49 launches in all;
-#   - ptxas's registers joined to them (sm_90), no kernel spilling, blocks per SM >= 1 for each;
+#   - ptxas's registers joined to them (sm_90), no kernel spilling, blocks per SM >= 1 for each; (with cuobjdump) no
+#     wgmma kernel with a copy of its shuffles for a diverged warp;
 #   - the attention-only default still prints its table, and (with cuobjdump) the wgmma kernels' exponentials
 #     overlap their products in the SASS.
 # Run by tests/run.sh; prints "N passed, N failed" last.
@@ -31,6 +32,12 @@ rows=$(awk 'NF >= 10 && $2 ~ /^[0-9.]+$/ && $7 ~ /^[0-9]+$/' "$W/all.log" | wc -
 zero=$(awk 'NF >= 10 && $2 ~ /^[0-9.]+$/ && $7 == 0' "$W/all.log" | wc -l)
 check '[ "$rows" -ge 20 ] && [ "$zero" -eq 0 ]' "$rows kernel rows (want >= 20), $zero with 0 blocks per SM"
 
+# the Hopper kernels' shuffles run after mbarrier spin loops in inline PTX: without a __syncwarp after the wait, ptxas
+# adds a copy of the code for a diverged warp (gemm_wgmma's GEMM_DGELU epilogue had one as long as itself)
+coll=$(grep "^kernels with a diverged-warp copy of their shuffles" "$W/all.log")
+if [ -n "$coll" ]; then
+  check '! echo "$coll" | grep -q "wgmma"' "a wgmma kernel has a diverged-warp copy: $coll"
+fi
 python3 tools/kernel_report.py >"$W/att.log" 2>&1; rc=$?
 check '[ $rc -eq 0 ] && grep -qE "^attention_forward<64> +[0-9]+ +0 " "$W/att.log"' \
   "kernel_report.py (attention) failed (exit $rc): $(tail -n 3 "$W/att.log")"

@@ -15,7 +15,8 @@ shared memory; SASS counts), and runs ./trainer_cpu --bench on the CPU runtime w
 and for two timed steps (the difference: the launches of two steps), which gives each kernel's block size, the
 dynamic shared memory its launcher asks for, and its launches per step at that shape. Per kernel: launches per
 step, threads per block, registers, spills, shared memory, blocks per SM (and what limits them: registers,
-shared memory or threads), HMMA and LDL/STL counts. The shape: --preset (bert-base), --seq (64), --batch (1);
+shared memory or threads), HMMA and LDL/STL counts; then the kernels of the build whose shuffles ptxas also compiled
+for a diverged warp (ENDCOLLECTIVE, see sass_counts). The shape: --preset (bert-base), --seq (64), --batch (1);
 block sizes and shared memory follow the preset's hidden and head sizes, launch counts its layers and B x T.
 
   python3 tools/kernel_report.py            (after ./build.sh; needs nvcc, and cuobjdump + nvdisasm:
@@ -84,8 +85,10 @@ def compile_info(nvcc, args):
 
 
 def sass_counts(path):
-    """{mangled kernel: counts of HMMA, HGMMA, LDSM, LDGSTS, LDL/STL, and EX2 async} from cuobjdump, or {} without
-    the tools. EX2 async: the MUFU.EX2 (exponentials) that, in program order, a wait for every wgmma (WARPGROUP.DEPBAR
+    """{mangled kernel: counts of HMMA, HGMMA, LDSM, LDGSTS, LDL/STL, ENDCOLLECTIVE and EX2 async} from cuobjdump, or
+    {} without the tools. ENDCOLLECTIVE: the warp-wide operations (shuffles) that ptxas also compiled into a copy for a
+    warp that arrives diverged, since it could not tell that the lanes arrive together (after a spin loop in inline
+    PTX, say): code that never runs in a converged warp, as long as the code it copies. EX2 async: the MUFU.EX2 (exponentials) that, in program order, a wait for every wgmma (WARPGROUP.DEPBAR
     gsb0, 0x0) follows before any new HGMMA is issued: that wait is for products issued before them (in a loop, in
     the iteration before), which the tensor cores may still be computing while they run."""
     cuobjdump, nvdisasm = find_tool("cuobjdump"), find_tool("nvdisasm")
@@ -98,7 +101,8 @@ def sass_counts(path):
         m = re.search(r"Function : (\w+)", line)
         if m:
             cur = m.group(1)
-            sass[cur] = {"HMMA": 0, "HGMMA": 0, "LDSM": 0, "LDGSTS": 0, "LDL/STL": 0, "EX2 async": 0}
+            sass[cur] = {"HMMA": 0, "HGMMA": 0, "LDSM": 0, "LDGSTS": 0, "LDL/STL": 0, "EX2 async": 0,
+                         "ENDCOLLECTIVE": 0}
             ex2 = 0  # exponentials since the last HGMMA or full wait
         elif cur:
             m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\S*)\s*([^;]*)", line)
@@ -213,9 +217,12 @@ def all_report(nvcc, a):
         print(f"{name:34} {per_step:11g} {t['threads']:7d} {i.get('regs', 0):4d} {i.get('spill', 0):5d} {smem:7d} "
               f"{blocks:6d} {limit:>7} {s.get('HMMA', '-'):>5} {s.get('LDL/STL', '-'):>7}")
     steps = sum((two[n]["launches"] - one.get(n, {}).get("launches", 0)) / 2 for n in two)
+    coll = sorted(f"{names[k]} ({sass[k]['ENDCOLLECTIVE']})" for k in info if sass.get(k, {}).get("ENDCOLLECTIVE"))
     print(f"kernel launches per step: {steps:g}; kernels with spills: "
           f"{sum(1 for k in info if info[k].get('spill', 0)) or 'none'}; launched each step with fewer than 2 blocks "
           f"per SM: {', '.join(low) or 'none'}")
+    if sass:  # every kernel of the build, launched or not
+        print(f"kernels with a diverged-warp copy of their shuffles (ENDCOLLECTIVE): {', '.join(coll) or 'none'}")
 
 
 def main():
