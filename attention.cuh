@@ -130,6 +130,8 @@ __device__ inline void mma(float d[4], const FragA& a, const FragB& b) {
 // registers.
 #define ATT_FP32 (sizeof(floatX) == 4)
 enum { ATT_FWD, ATT_DQ, ATT_DKDV };  // the three kernels
+// which of them run as the Hopper candidates (the trainer's --attention; 0: the mma.sync kernels everywhere)
+enum { ATT_WG_FWD = 1, ATT_WG_DQ = 2, ATT_WG_DKDV = 4, ATT_WG_ALL = 7 };
 __host__ __device__ constexpr int att_ld(int HD) { return HD + 8; }
 __host__ __device__ constexpr size_t att_tile_bytes(int HD, int rows) {
     return (size_t)rows * att_ld(HD) * sizeof(floatX);
@@ -1212,11 +1214,22 @@ static inline void launch_attention_forward_hd(cudaStream_t s, floatX* out, floa
     launch(attention_forward<HD>, dim3(ceil_div(T, att_rows(HD, ATT_FWD)), NH, B), dim3(128), bytes, s, out, lse, qkv,
            seg_lo, seg_hi, B, T, NH);
 }
+// the wgmma candidates' launchers (below; HD 64, bf16)
+static inline void launch_attention_backward_dq_wgmma(cudaStream_t s, floatX* dqkv, float* part, float* delta,
+                                                      const floatX* dout, const floatX* qkv, const floatX* out,
+                                                      const float* lse, const int* seg_lo, const int* seg_hi, int B,
+                                                      int T, int NH);
+static inline void launch_attention_backward_dkdv_wgmma(cudaStream_t s, floatX* dqkv, float* part, const float* delta,
+                                                        const floatX* dout, const floatX* qkv, const float* lse,
+                                                        const int* seg_lo, const int* seg_hi, int B, int T, int NH);
+// launch_attention_backward_hd: the dQ kernel, then the dK dV kernel, each the mma.sync one or (wg's ATT_WG_DQ,
+// ATT_WG_DKDV bits, HD 64 only) the wgmma candidate: the two write the same layouts (delta (B, NH, T), the
+// bias partials' rows of 128 queries or keys), so either of one can follow either of the other.
 template <int HD>
 static inline void launch_attention_backward_hd(cudaStream_t s, floatX* dqkv, float* part, float* delta,
                                                 const floatX* dout, const floatX* qkv, const floatX* out,
                                                 const float* lse, const int* seg_lo, const int* seg_hi, int B, int T,
-                                                int NH) {
+                                                int NH, int wg) {
     static int done = 0;
     size_t b1 = att_dq_smem(HD), b2 = att_dkdv_smem(HD);
     if (!done) {
@@ -1224,30 +1237,20 @@ static inline void launch_attention_backward_hd(cudaStream_t s, floatX* dqkv, fl
         att_opt_in((const void*)attention_backward_dkdv<HD>, b2);
         done = 1;
     }
-    launch(attention_backward_dq<HD>, dim3(ceil_div(T, att_rows(HD, ATT_DQ)), NH, B), dim3(128), b1, s, dqkv, part,
-           delta, qkv, dout, out, lse, seg_lo, seg_hi, B, T, NH);
-    launch(attention_backward_dkdv<HD>, dim3(ceil_div(T, att_rows(HD, ATT_DKDV)), NH, B), dim3(128), b2, s, dqkv, part,
-           qkv, dout, lse, delta, seg_lo, seg_hi, B, T, NH);
+    if (wg & ATT_WG_DQ)
+        launch_attention_backward_dq_wgmma(s, dqkv, part, delta, dout, qkv, out, lse, seg_lo, seg_hi, B, T, NH);
+    else
+        launch(attention_backward_dq<HD>, dim3(ceil_div(T, att_rows(HD, ATT_DQ)), NH, B), dim3(128), b1, s, dqkv, part,
+               delta, qkv, dout, out, lse, seg_lo, seg_hi, B, T, NH);
+    if (wg & ATT_WG_DKDV)
+        launch_attention_backward_dkdv_wgmma(s, dqkv, part, delta, dout, qkv, lse, seg_lo, seg_hi, B, T, NH);
+    else
+        launch(attention_backward_dkdv<HD>, dim3(ceil_div(T, att_rows(HD, ATT_DKDV)), NH, B), dim3(128), b2, s, dqkv,
+               part, qkv, dout, lse, delta, seg_lo, seg_hi, B, T, NH);
 }
 static inline void att_bad_head_size(int HD) {
     fprintf(stderr, "attention: head size %d is not supported (%s)\n", HD, ATT_HEAD_SIZES);
     exit(1);
-}
-// launch_attention_forward: out (B, T, C), lse (B, NH, T) from qkv (B, T, 3C) and the key ranges (B, T).
-static inline void launch_attention_forward(cudaStream_t s, floatX* out, float* lse, const floatX* qkv,
-                                            const int* seg_lo, const int* seg_hi, int B, int T, int NH, int HD) {
-    switch (HD) {
-        case 16:
-            return launch_attention_forward_hd<16>(s, out, lse, qkv, seg_lo, seg_hi, B, T, NH);
-        case 32:
-            return launch_attention_forward_hd<32>(s, out, lse, qkv, seg_lo, seg_hi, B, T, NH);
-        case 64:
-            return launch_attention_forward_hd<64>(s, out, lse, qkv, seg_lo, seg_hi, B, T, NH);
-        case 128:
-            return launch_attention_forward_hd<128>(s, out, lse, qkv, seg_lo, seg_hi, B, T, NH);
-        default:
-            att_bad_head_size(HD);
-    }
 }
 #ifndef MLM_FP32
 // launch_attention_forward_wgmma: launch_attention_forward's results by attention_forward_wgmma (HD 64 or 128).
@@ -1269,36 +1272,31 @@ static inline void launch_attention_forward_wgmma(cudaStream_t s, floatX* out, f
         exit(1);
     }
 }
-// launch_attention_backward_wgmma: launch_attention_backward's results by the wgmma candidates,
-// attention_backward_dq_wgmma then attention_backward_dkdv_wgmma (HD 64), and the bias partials' sum as there.
-static inline void launch_attention_backward_wgmma(cudaStream_t s, floatX* dqkv, float* dbias, float* delta,
-                                                   float* part, const floatX* dout, const floatX* qkv,
-                                                   const floatX* out, const float* lse, const int* seg_lo,
-                                                   const int* seg_hi, int B, int T, int NH, int HD) {
-    if (HD != 64) {
-        fprintf(stderr, "attention_backward_dkdv_wgmma: head size %d is not supported (64)\n", HD);
-        exit(1);
-    }
-    static_assert(att_rows(64, ATT_DQ) == 128, "the wgmma grids (128 rows a block) fill att_part_floats' rows");
+// launch_attention_backward_dq_wgmma, launch_attention_backward_dkdv_wgmma: the backward's two kernels as the wgmma
+// candidates (HD 64), on the grid of the mma.sync ones (128 rows a block), so the bias partials keep their rows
+static_assert(att_rows(64, ATT_DQ) == 128 && att_rows(64, ATT_DKDV) == 128, "the wgmma grids: 128 rows a block");
+static inline void launch_attention_backward_dq_wgmma(cudaStream_t s, floatX* dqkv, float* part, float* delta,
+                                                      const floatX* dout, const floatX* qkv, const floatX* out,
+                                                      const float* lse, const int* seg_lo, const int* seg_hi, int B,
+                                                      int T, int NH) {
     static int done = 0;
-    if (!done) {
-        att_opt_in((const void*)attention_backward_dq_wgmma<64>, att_wg_dq_smem(64));
-        att_opt_in((const void*)attention_backward_dkdv_wgmma<64>, att_wg_dkdv_smem(64));
-        done = 1;
-    }
-    float* pt = dbias ? part : NULL;
+    if (!done) att_opt_in((const void*)attention_backward_dq_wgmma<64>, att_wg_dq_smem(64)), done = 1;
     CUtensorMap tm_qkv, tm_dout;
-    att_wg_map(&tm_qkv, qkv, B, T, 3 * NH * HD);
-    att_wg_map(&tm_dout, dout, B, T, NH * HD);
-    launch(attention_backward_dq_wgmma<64>, dim3(ceil_div(T, 128), NH, B), dim3(256), att_wg_dq_smem(64), s, dqkv, pt,
+    att_wg_map(&tm_qkv, qkv, B, T, 3 * NH * 64);
+    att_wg_map(&tm_dout, dout, B, T, NH * 64);
+    launch(attention_backward_dq_wgmma<64>, dim3(ceil_div(T, 128), NH, B), dim3(256), att_wg_dq_smem(64), s, dqkv, part,
            delta, tm_qkv, tm_dout, qkv, dout, out, lse, seg_lo, seg_hi, B, T, NH);
+}
+static inline void launch_attention_backward_dkdv_wgmma(cudaStream_t s, floatX* dqkv, float* part, const float* delta,
+                                                        const floatX* dout, const floatX* qkv, const float* lse,
+                                                        const int* seg_lo, const int* seg_hi, int B, int T, int NH) {
+    static int done = 0;
+    if (!done) att_opt_in((const void*)attention_backward_dkdv_wgmma<64>, att_wg_dkdv_smem(64)), done = 1;
+    CUtensorMap tm_qkv, tm_dout;
+    att_wg_map(&tm_qkv, qkv, B, T, 3 * NH * 64);
+    att_wg_map(&tm_dout, dout, B, T, NH * 64);
     launch(attention_backward_dkdv_wgmma<64>, dim3(ceil_div(T, 128), NH, B), dim3(256), att_wg_dkdv_smem(64), s, dqkv,
-           pt, tm_qkv, tm_dout, qkv, lse, (const float*)delta, seg_lo, seg_hi, B, T, NH);
-    if (dbias) {
-        int C3 = 3 * NH * HD, G = B * ceil_div(T, att_rows(HD, ATT_DQ));
-        launch(partials_sum, dim3(ceil_div(C3, 32)), dim3(32, 8), 0, s, dbias, (float*)NULL, (float*)NULL,
-               (const float*)part, G, C3, 1);
-    }
+           part, tm_qkv, tm_dout, qkv, lse, delta, seg_lo, seg_hi, B, T, NH);
 }
 #else  // fp32 storage: the wgmma kernels take bf16 (the trainer refuses --attention wgmma first: use_attention)
 static inline void att_wgmma_needs_bf16(void) {
@@ -1309,12 +1307,36 @@ static inline void launch_attention_forward_wgmma(cudaStream_t, floatX*, float*,
                                                   int, int, int, int) {
     att_wgmma_needs_bf16();
 }
-static inline void launch_attention_backward_wgmma(cudaStream_t, floatX*, float*, float*, float*, const floatX*,
-                                                   const floatX*, const floatX*, const float*, const int*, const int*,
-                                                   int, int, int, int) {
+static inline void launch_attention_backward_dq_wgmma(cudaStream_t, floatX*, float*, float*, const floatX*,
+                                                      const floatX*, const floatX*, const float*, const int*,
+                                                      const int*, int, int, int) {
+    att_wgmma_needs_bf16();
+}
+static inline void launch_attention_backward_dkdv_wgmma(cudaStream_t, floatX*, float*, const float*, const floatX*,
+                                                        const floatX*, const float*, const int*, const int*, int, int,
+                                                        int) {
     att_wgmma_needs_bf16();
 }
 #endif
+// launch_attention_forward: out (B, T, C), lse (B, NH, T) from qkv (B, T, 3C) and the key ranges (B, T); with wg's
+// ATT_WG_FWD bit by the wgmma candidate (HD 64 or 128, bf16).
+static inline void launch_attention_forward(cudaStream_t s, floatX* out, float* lse, const floatX* qkv,
+                                            const int* seg_lo, const int* seg_hi, int B, int T, int NH, int HD,
+                                            int wg) {
+    if (wg & ATT_WG_FWD) return launch_attention_forward_wgmma(s, out, lse, qkv, seg_lo, seg_hi, B, T, NH, HD);
+    switch (HD) {
+        case 16:
+            return launch_attention_forward_hd<16>(s, out, lse, qkv, seg_lo, seg_hi, B, T, NH);
+        case 32:
+            return launch_attention_forward_hd<32>(s, out, lse, qkv, seg_lo, seg_hi, B, T, NH);
+        case 64:
+            return launch_attention_forward_hd<64>(s, out, lse, qkv, seg_lo, seg_hi, B, T, NH);
+        case 128:
+            return launch_attention_forward_hd<128>(s, out, lse, qkv, seg_lo, seg_hi, B, T, NH);
+        default:
+            att_bad_head_size(HD);
+    }
+}
 // att_part_floats: the scratch of the backward's bias-gradient partials: a row of 3C floats for each block of the
 // dQ and dK dV grids (the two grids have the same shape: B ceil(T / R) blocks per head)
 static inline size_t att_part_floats(int B, int T, int C, int HD) {
@@ -1323,23 +1345,28 @@ static inline size_t att_part_floats(int B, int T, int C, int HD) {
 // launch_attention_backward: dqkv (B, T, 3C) from dout (B, T, C); with dbias != NULL also dbias (3C) += the column
 // sums of dqkv, the qkv bias gradient (each dQ and dK dV block sums its rows' columns into part, att_part_floats;
 // partials_sum adds the blocks' rows in a fixed order). delta (B, NH, T) fp32 scratch: the dQ kernel writes it, the
-// dK dV kernel reads it.
+// dK dV kernel reads it. wg's ATT_WG_DQ and ATT_WG_DKDV bits run those kernels as the wgmma candidates (HD 64, bf16).
 static inline void launch_attention_backward(cudaStream_t s, floatX* dqkv, float* dbias, float* delta, float* part,
                                              const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
-                                             const int* seg_lo, const int* seg_hi, int B, int T, int NH, int HD) {
+                                             const int* seg_lo, const int* seg_hi, int B, int T, int NH, int HD,
+                                             int wg) {
     float* pt = dbias ? part : NULL;
+    if ((wg & (ATT_WG_DQ | ATT_WG_DKDV)) && HD != 64) {
+        fprintf(stderr, "attention_backward: the wgmma kernels take head size 64, not %d\n", HD);
+        exit(1);
+    }
     switch (HD) {
         case 16:
-            launch_attention_backward_hd<16>(s, dqkv, pt, delta, dout, qkv, out, lse, seg_lo, seg_hi, B, T, NH);
+            launch_attention_backward_hd<16>(s, dqkv, pt, delta, dout, qkv, out, lse, seg_lo, seg_hi, B, T, NH, 0);
             break;
         case 32:
-            launch_attention_backward_hd<32>(s, dqkv, pt, delta, dout, qkv, out, lse, seg_lo, seg_hi, B, T, NH);
+            launch_attention_backward_hd<32>(s, dqkv, pt, delta, dout, qkv, out, lse, seg_lo, seg_hi, B, T, NH, 0);
             break;
         case 64:
-            launch_attention_backward_hd<64>(s, dqkv, pt, delta, dout, qkv, out, lse, seg_lo, seg_hi, B, T, NH);
+            launch_attention_backward_hd<64>(s, dqkv, pt, delta, dout, qkv, out, lse, seg_lo, seg_hi, B, T, NH, wg);
             break;
         case 128:
-            launch_attention_backward_hd<128>(s, dqkv, pt, delta, dout, qkv, out, lse, seg_lo, seg_hi, B, T, NH);
+            launch_attention_backward_hd<128>(s, dqkv, pt, delta, dout, qkv, out, lse, seg_lo, seg_hi, B, T, NH, 0);
             break;
         default:
             att_bad_head_size(HD);

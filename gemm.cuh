@@ -47,6 +47,8 @@
 #pragma once
 
 enum { GEMM_PLAIN, GEMM_GELU, GEMM_DGELU };
+// which of the MLP's two passes run on gemm_wgmma (the trainer's --mlp; 0: cuBLASLt and the GELU kernels)
+enum { MLP_WG_FWD = 1, MLP_WG_BWD = 2, MLP_WG_ALL = 3 };
 #define GEMM_TILE 128                        // rows and columns of a tile
 #define GEMM_KSTEP 64                        // columns of K a stage holds (128 bytes of bf16: the swizzle's span)
 #define GEMM_THREADS 384                     // 2 consumer warpgroups and the producer's

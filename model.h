@@ -1232,9 +1232,10 @@ typedef struct {
     // NULL, or (M) floats: bert_forward with dlogit_scale 0 writes there whether each masked row's top
     // prediction is its label (validation's accuracy; see bert_head_decoder)
     float* hits;
-    int att_wgmma;  // 1: attention by the wgmma candidates (attention.cuh; bf16, head size 64, sm_90a), else mma.sync
-    int mlp_wgmma;  // 1: the MLP's fc1 and its input gradient by gemm_wgmma with GELU in its epilogue (gemm.cuh; bf16,
-                    // sm_90a), else cuBLASLt and the GELU kernels
+    // the Hopper candidates (bf16, sm_90a) this model runs, as masks; 0: the default kernels everywhere
+    int att_wgmma;  // ATT_WG_FWD, _DQ, _DKDV: those attention kernels by the wgmma ones (attention.cuh; head size 64)
+    int mlp_wgmma;  // MLP_WG_FWD: fc1 and GELU by gemm_wgmma with GELU in its epilogue, MLP_WG_BWD: fc1's input
+                    // gradient and GELU' likewise (gemm.cuh), where the default is cuBLASLt, then a GELU kernel
 } BertModel;
 
 // bert_grad_ready_lo: after bert_backward records grad_ready[k], the gradients [lo, n_decay) of the slab's
@@ -1494,8 +1495,7 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
         bert_phase(m, PHASE_MATMUL);
         matmul_forward(bl, s, qkv, 3 * C, x, bert_lw(m, l, BL_QW), bert_lw(m, l, BL_QB), N, C, 3 * C);
         bert_phase(m, PHASE_ATTN_FWD);
-        (m->att_wgmma ? launch_attention_forward_wgmma : launch_attention_forward)(
-            s, atty, ACT_FL(m, lse, l), qkv, bt->seg_lo, bt->seg_hi, B, T, NH, HD);
+        launch_attention_forward(s, atty, ACT_FL(m, lse, l), qkv, bt->seg_lo, bt->seg_hi, B, T, NH, HD, m->att_wgmma);
         bert_phase(m, PHASE_MATMUL);
         matmul_forward(bl, s, proj, C, atty, bert_lw(m, l, BL_AOW), NULL, N, C, C);  // (its bias: in the LayerNorm)
         bert_phase(m, PHASE_OTHER);
@@ -1503,7 +1503,7 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
                ACT_FL(m, ln1_stats, l), x, (const floatX*)proj, bert_lw(m, l, BL_AOB), bert_lw(m, l, BL_ALNW),
                bert_lw(m, l, BL_ALNB), N, C, c->ln_eps);
         bert_phase(m, PHASE_MATMUL);
-        if (m->mlp_wgmma) {  // fc1 = ln1 W1^T and GELU(fc1 + b1), from one kernel
+        if (m->mlp_wgmma & MLP_WG_FWD) {  // fc1 = ln1 W1^T and GELU(fc1 + b1), from one kernel
             launch_gemm_wgmma(s, GEMM_GELU, 0, ACT_XL(m, fc1, l), ACT_X(m, gelu), NULL, NULL, ACT_XL(m, ln1, l),
                               bert_lw(m, l, BL_IW), NULL, bert_lw(m, l, BL_IB), N, I, C, 0);
         } else {
@@ -1578,7 +1578,7 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
         // fc2 = GELU(fc1 + b1) W2^T + b2: d_fc1 = d_res W2 first, then one pass recomputes GELU(fc1 + b1) (for W2's
         // gradient), applies GELU' to d_fc1 and sums its columns (b1's gradient)
         bert_phase(m, PHASE_MATMUL);
-        if (m->mlp_wgmma) {  // (gemm_wgmma: the same pass in the matmul's epilogue)
+        if (m->mlp_wgmma & MLP_WG_BWD) {  // (gemm_wgmma: the same pass in the matmul's epilogue)
             launch_gemm_wgmma(s, GEMM_DGELU, 1, d_fc1, gelu, bert_lg(m, l, BL_IB), part, d_res, bert_lw(m, l, BL_OW),
                               fc1, bert_lw(m, l, BL_IB), N, I, C, 0);
         } else {
@@ -1602,9 +1602,9 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
         matmul_backward_input(bl, s, d_atty, d_res, C, bert_lw(m, l, BL_AOW), NULL, N, C, C);
         bert_phase(m, PHASE_ATTN_BWD);
         // (and bqkv's gradient, the column sums of d_qkv, from the same kernels)
-        (m->att_wgmma ? launch_attention_backward_wgmma : launch_attention_backward)(
-            s, d_qkv, bert_lg(m, l, BL_QB), ACT_F(m, d_delta), part, d_atty, ACT_XL(m, qkv, l), ACT_XL(m, atty, l),
-            ACT_FL(m, lse, l), bt->seg_lo, bt->seg_hi, B, T, NH, HD);
+        launch_attention_backward(s, d_qkv, bert_lg(m, l, BL_QB), ACT_F(m, d_delta), part, d_atty, ACT_XL(m, qkv, l),
+                                  ACT_XL(m, atty, l), ACT_FL(m, lse, l), bt->seg_lo, bt->seg_hi, B, T, NH, HD,
+                                  m->att_wgmma);
         // qkv = x Wqkv^T + bqkv (the three biases are adjacent: one (3C) bias); d_x = d_qkv Wqkv + d_res
         bert_phase(m, PHASE_MATMUL);
         matmul_backward_weight(bl, s, bert_lg(m, l, BL_QW), NULL, d_qkv, 3 * C, x, N, C, 3 * C);

@@ -63,8 +63,9 @@ typedef struct {
     int onebit_overlap;                // --comm onebit-overlap: the parts exchanged during the backward
     int comm_refresh;                  // --comm-refresh K: an fp32 step updates v every K steps (0: never)
     const char* optimizer_name;        // --optimizer adamw | lamb
-    const char* attention;             // --attention mma | wgmma: the attention kernels (use_attention)
-    const char* mlp;                   // --mlp cublaslt | wgmma: the MLP's first matmul and GELU (use_mlp)
+    const char* attention;             // --attention mma | wgmma | LIST: the attention kernels (use_attention)
+    const char* mlp;                   // --mlp cublaslt | wgmma | LIST: the MLP's first matmul and GELU (use_mlp)
+    int att_wg, mlp_wg;                // the kernels they put on wgmma: ATT_WG_* and MLP_WG_* masks (kernel_set)
     int optimizer;                     // OPT_ADAMW or OPT_LAMB (from optimizer_name)
     long long tokens;                  // --tokens N: about N real tokens, as steps (resolve_run_length)
     double epochs;                     // --epochs E: E passes over the training shards, as steps
@@ -134,13 +135,14 @@ static const Flag flags[] = {
      "adamw, or lamb: AdamW's moments and decay, each tensor's step scaled by its trust\n"
      "ratio |w| / |update| (for large global batches; not with --zero 1)"},
     {"--seed", "N", F_LL, AT(seed), 0, (double)(1LL << 62), "1337", "data order, masking and initialisation"},
-    {"--attention", "mma|wgmma", F_CHOICE, AT(attention), 0, 0, "mma",
+    {"--attention", "mma|wgmma|LIST", F_STR, AT(attention), 0, 0, "mma",
      "the attention kernels: mma (mma.sync, any GPU), or wgmma, Hopper's warpgroup MMA\n"
-     "(candidates not yet timed on a GPU: README; bf16, head size 64, an sm_90 GPU)"},
-    {"--mlp", "cublaslt|wgmma", F_CHOICE, AT(mlp), 0, 0, "cublaslt",
+     "(candidates not yet timed on a GPU: README; bf16, head size 64, an sm_90 GPU), for\n"
+     "all three or for those of a comma list of fwd, dq, dkdv (the others on mma)"},
+    {"--mlp", "cublaslt|wgmma|LIST", F_STR, AT(mlp), 0, 0, "cublaslt",
      "the MLP's first matmul (and its input gradient): cuBLASLt, then a GELU kernel; or\n"
      "wgmma, our Hopper matmul with GELU in its epilogue (not yet timed on a GPU: README;\n"
-     "bf16, an sm_90 GPU)"},
+     "bf16, an sm_90 GPU), for both or for one of fwd, bwd (the other on cuBLASLt)"},
     {"--loader-threads", "N", F_INT_AUTO, AT(loader_threads), 1, 256, "auto",
      "threads preparing batches; auto: as many as the step needs, from one thread's measured\n"
      "rate and the predicted micro-batch time (printed with the reason)"},
@@ -523,6 +525,31 @@ static const char* choice(const Flag* f, const char* v) {
     exit(1);
 }
 
+// kernel_set: --attention's or --mlp's value v as a mask: none (0), all (every bit), or a comma list of names
+// (bit i for names[i], each at most once); else exit 1 naming the flag, the value and what was expected.
+static int kernel_set(const char* flag, const char* v, const char* none, const char* all, const char* const* names,
+                      int n) {
+    if (!strcmp(v, none)) return 0;
+    if (!strcmp(v, all)) return (1 << n) - 1;
+    int mask = 0;
+    for (const char* p = v;;) {
+        const char* e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        int i = 0;
+        while (i < n && !(strlen(names[i]) == len && !strncmp(p, names[i], len))) i++;
+        if (i == n || (mask >> i & 1)) {
+            fprintf(stderr, "trainer: %s %s: expected %s, %s, or a comma list of ", flag, v, none, all);
+            for (int k = 0; k < n; k++) fprintf(stderr, "%s%s", names[k], k + 1 < n ? ", " : "");
+            fprintf(stderr, ", each at most once (those to run on wgmma)\n");
+            exit(1);
+        }
+        mask |= 1 << i;
+        if (!e) break;
+        p = e + 1;
+    }
+    return mask;
+}
+
 // read_flag: flag f's value v (NULL for a switch) into its field of o, or exit 1 with a line naming the flag,
 // the value and what was expected.
 static void read_flag(Options* o, const Flag* f, const char* v) {
@@ -595,6 +622,12 @@ static Options parse_options(int argc, char** argv) {
     o.grad_reduce_bf16 = !strcmp(o.comm, "bf16"), o.onebit_overlap = !strcmp(o.comm, "onebit-overlap");
     o.onebit = o.onebit_overlap || !strcmp(o.comm, "onebit");
     o.optimizer = !strcmp(o.optimizer_name, "lamb") ? OPT_LAMB : OPT_ADAMW;
+    static const char* const att_names[] = {"fwd", "dq", "dkdv"};  // (bit i: ATT_WG_FWD, _DQ, _DKDV)
+    static const char* const mlp_names[] = {"fwd", "bwd"};         // (MLP_WG_FWD, _BWD)
+    static_assert(ATT_WG_FWD == 1 && ATT_WG_DQ == 2 && ATT_WG_DKDV == 4 && MLP_WG_FWD == 1 && MLP_WG_BWD == 2,
+                  "kernel_set's bits");
+    o.att_wg = kernel_set("--attention", o.attention, "mma", "wgmma", att_names, 3);
+    o.mlp_wg = kernel_set("--mlp", o.mlp, "cublaslt", "wgmma", mlp_names, 2);
     if (!o.preset) o.preset = o.bench ? "bert-base,bert-large" : "bert-base";
     check_options(&o);
     if (o.comm_refresh < 0) o.comm_refresh = o.onebit ? ONEBIT_REFRESH_DEFAULT : 0;
@@ -2032,40 +2065,47 @@ static void bench_print(const Options* o, const char* preset, const BenchResult*
     fflush(stdout);
 }
 
-// use_attention: --attention wgmma switches the model to the Hopper candidates (attention.cuh: the forward and both
-// backward passes on wgmma), which need bf16 storage, head size 64 and compute capability 9.0 (sm_90a code).
+// use_attention: --attention wgmma (or a list of fwd, dq, dkdv) switches those attention kernels to the Hopper
+// candidates (attention.cuh), which need bf16 storage, compute capability 9.0 (sm_90a code) and head size 64 (the
+// forward alone: 64 or 128).
 static int use_attention(BertModel* m, const Options* o, const cudaDeviceProp* prop, int main_rank) {
-    if (strcmp(o->attention, "wgmma")) return 1;
-    int hd = m->cfg.hidden / m->cfg.heads;
-    if (sizeof(floatX) != 2 || hd != 64 || prop->major != 9 || prop->minor != 0) {
+    int wg = o->att_wg, hd = m->cfg.hidden / m->cfg.heads;
+    if (!wg) return 1;
+    if (sizeof(floatX) != 2 || !(hd == 64 || (hd == 128 && wg == ATT_WG_FWD)) || prop->major != 9 || prop->minor != 0) {
         fprintf(stderr,
-                "trainer: --attention wgmma needs bf16 storage, head size 64 and a compute capability 9.0 GPU (here: "
-                "%s storage, head size %d, %s %d.%d); --attention mma runs everywhere\n",
-                FLOATX_NAME, hd, prop->name, prop->major, prop->minor);
+                "trainer: --attention %s needs bf16 storage, head size 64 (the forward alone: 64 or 128) and a compute "
+                "capability 9.0 GPU (here: %s storage, head size %d, %s %d.%d); --attention mma runs everywhere\n",
+                o->attention, FLOATX_NAME, hd, prop->name, prop->major, prop->minor);
         return 0;
     }
-    m->att_wgmma = 1;
+    m->att_wgmma = wg;
     if (main_rank)
-        printf(
-            "attention: wgmma (attention_forward_wgmma, attention_backward_dq_wgmma, "
-            "attention_backward_dkdv_wgmma; --attention wgmma)\n");
+        printf("attention: %s, %s, %s (--attention %s)\n",
+               wg & ATT_WG_FWD ? "attention_forward_wgmma" : "attention_forward",
+               wg & ATT_WG_DQ ? "attention_backward_dq_wgmma" : "attention_backward_dq",
+               wg & ATT_WG_DKDV ? "attention_backward_dkdv_wgmma" : "attention_backward_dkdv", o->attention);
     return 1;
 }
 
-// use_mlp: --mlp wgmma runs the MLP's fc1 and its input gradient on gemm_wgmma (gemm.cuh) with GELU and GELU' in its
-// epilogue, which needs bf16 storage and compute capability 9.0 (sm_90a code).
+// use_mlp: --mlp wgmma (or fwd, or bwd) runs the MLP's fc1 and GELU, and fc1's input gradient and GELU', on
+// gemm_wgmma (gemm.cuh) with GELU and GELU' in its epilogue, which needs bf16 storage, compute capability 9.0
+// (sm_90a code) and sizes that are multiples of 8.
 static int use_mlp(BertModel* m, const Options* o, const cudaDeviceProp* prop, int main_rank) {
-    if (strcmp(o->mlp, "wgmma")) return 1;
+    int wg = o->mlp_wg;
+    if (!wg) return 1;
     if (sizeof(floatX) != 2 || prop->major != 9 || prop->minor != 0 || m->cfg.hidden % 8 || m->cfg.intermediate % 8) {
         fprintf(stderr,
-                "trainer: --mlp wgmma needs bf16 storage, a hidden and an intermediate size that are multiples of 8 "
+                "trainer: --mlp %s needs bf16 storage, a hidden and an intermediate size that are multiples of 8 "
                 "and a compute capability 9.0 GPU (here: %s storage, hidden %d, intermediate %d, %s %d.%d); --mlp "
                 "cublaslt runs everywhere\n",
-                FLOATX_NAME, m->cfg.hidden, m->cfg.intermediate, prop->name, prop->major, prop->minor);
+                o->mlp, FLOATX_NAME, m->cfg.hidden, m->cfg.intermediate, prop->name, prop->major, prop->minor);
         return 0;
     }
-    m->mlp_wgmma = 1;
-    if (main_rank) printf("mlp: wgmma (gemm_wgmma with GELU in its epilogue, forward and backward; --mlp wgmma)\n");
+    m->mlp_wgmma = wg;
+    if (main_rank)
+        printf("mlp: forward %s, backward %s (--mlp %s)\n",
+               wg & MLP_WG_FWD ? "gemm_wgmma with GELU in its epilogue" : "cuBLASLt, then gelu_forward",
+               wg & MLP_WG_BWD ? "gemm_wgmma with GELU' in its epilogue" : "cuBLASLt, then gelu_backward", o->mlp);
     return 1;
 }
 
@@ -2658,8 +2698,8 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
         comm_flag_real("--eps", o->eps),
         comm_flag_real("--clip", o->clip),
         comm_flag_int("--seed", o->seed),
-        comm_flag_int("--attention (1: wgmma)", !strcmp(o->attention, "wgmma")),
-        comm_flag_int("--mlp (1: wgmma)", !strcmp(o->mlp, "wgmma")),
+        comm_flag_int("--attention (the kernels on wgmma: 1 fwd, 2 dq, 4 dkdv)", o->att_wg),
+        comm_flag_int("--mlp (the passes on wgmma: 1 fwd, 2 bwd)", o->mlp_wg),
         comm_flag_int("--resume (1: given)", o->resume),
         comm_flag_int("--run-steps", o->run_steps),
         comm_flag_int("--val-every", o->val_every),

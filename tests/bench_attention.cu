@@ -4,8 +4,10 @@
 //   build/gpu/bench_attention          on a GPU: bert-base (B=64, H=12) and bert-large (B=32, H=16) shapes,
 //                                      T=512, D=64, full-length rows and packed rows of short samples
 //   build/bench_attention --tiny       the same program on a tiny shape (the CPU build's smoke test)
-// Each shape also times the Hopper (wgmma) candidates on a line of its own: attention_forward_wgmma, and at D=64
-// forward + backward with all three (attention_backward_dq_wgmma and attention_backward_dkdv_wgmma).
+// Each shape also times the Hopper (wgmma) candidates, kernel by kernel, on a line of its own: attention_forward_wgmma,
+// and at D=64 the backward with attention_backward_dq_wgmma, attention_backward_dkdv_wgmma or both in place of the
+// mma.sync ones; a third line names the fastest way to run the three as the trainer's flag (--attention fwd,dkdv)
+// and its time, and one line `bench-attention-result ... best=FLAG` is for scripts (tools/gpu_session.sh).
 //   options: --iters N (timed repetitions, default 20), --seed S (sample lengths of the packed rows),
 //            --smem (print each kernel's dynamic shared memory and exit)
 //
@@ -80,63 +82,70 @@ static void bench(const BenchShape* s, int iters, uint64_t seed) {
     CUDA_CHECK(cudaMemcpy(dhi, hi.data(), N * sizeof(int), cudaMemcpyHostToDevice));
     cudaStream_t st = 0;  // (the backward without the qkv bias gradient's column sums: attention alone, as the
                           // cuDNN and FlashAttention figures are; ./trainer --bench times the step with them)
-    cudaEvent_t e0, e1, e2, e3, e4, e5;
+    // What is timed: the forward with the mma.sync kernel and with the wgmma one (ATT_WG_FWD), and the backward alone
+    // with each way of running its two kernels (wg's ATT_WG_DQ and ATT_WG_DKDV bits; the wgmma ones at HD 64 only),
+    // each `iters` calls after 2 of warm-up (and the shared-memory opt-in).
+    int nb = HD == 64 ? 4 : 1;
+    static const int bwd_wg[4] = {0, ATT_WG_DQ, ATT_WG_DKDV, ATT_WG_DQ | ATT_WG_DKDV};
+    float ms_fwd[2], ms_bwd[4];
+    cudaEvent_t e0, e1;
     CUDA_CHECK(cudaEventCreate(&e0));
     CUDA_CHECK(cudaEventCreate(&e1));
-    CUDA_CHECK(cudaEventCreate(&e2));
-    CUDA_CHECK(cudaEventCreate(&e3));
-    CUDA_CHECK(cudaEventCreate(&e4));
-    CUDA_CHECK(cudaEventCreate(&e5));
-    for (int i = 0; i < 2; i++) {  // warm-up (and the shared-memory opt-in)
-        launch_attention_forward(st, out, lse, qkv, dlo, dhi, B, T, NH, HD);
-        launch_attention_backward(st, dqkv, NULL, delta, NULL, dout, qkv, out, lse, dlo, dhi, B, T, NH, HD);
+    for (int f = 0; f < 2; f++) {
+        for (int i = 0; i < 2 + iters; i++) {
+            if (i == 2) CUDA_CHECK(cudaEventRecord(e0, st));
+            launch_attention_forward(st, out, lse, qkv, dlo, dhi, B, T, NH, HD, f ? ATT_WG_FWD : 0);
+        }
+        CUDA_CHECK(cudaEventRecord(e1, st));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        CUDA_CHECK(cudaEventElapsedTime(&ms_fwd[f], e0, e1));
+        ms_fwd[f] /= iters;
     }
-    CUDA_CHECK(cudaEventRecord(e0, st));
-    for (int i = 0; i < iters; i++) launch_attention_forward(st, out, lse, qkv, dlo, dhi, B, T, NH, HD);
-    CUDA_CHECK(cudaEventRecord(e1, st));
-    for (int i = 0; i < iters; i++) {
-        launch_attention_forward(st, out, lse, qkv, dlo, dhi, B, T, NH, HD);
-        launch_attention_backward(st, dqkv, NULL, delta, NULL, dout, qkv, out, lse, dlo, dhi, B, T, NH, HD);
+    for (int k = 0; k < nb; k++) {  // (out and lse: the last forward's, which every backward reads)
+        for (int i = 0; i < 2 + iters; i++) {
+            if (i == 2) CUDA_CHECK(cudaEventRecord(e0, st));
+            launch_attention_backward(st, dqkv, NULL, delta, NULL, dout, qkv, out, lse, dlo, dhi, B, T, NH, HD,
+                                      bwd_wg[k]);
+        }
+        CUDA_CHECK(cudaEventRecord(e1, st));
+        CUDA_CHECK(cudaEventSynchronize(e1));
+        CUDA_CHECK(cudaEventElapsedTime(&ms_bwd[k], e0, e1));
+        ms_bwd[k] /= iters;
     }
-    CUDA_CHECK(cudaEventRecord(e2, st));
-    // the wgmma candidate (attention_forward_wgmma, head sizes 64 and 128), timed the same way after its warm-up
-    for (int i = 0; i < 2; i++) {
-        launch_attention_forward_wgmma(st, out, lse, qkv, dlo, dhi, B, T, NH, HD);
-        if (HD == 64)
-            launch_attention_backward_wgmma(st, dqkv, NULL, delta, NULL, dout, qkv, out, lse, dlo, dhi, B, T, NH, HD);
-    }
-    CUDA_CHECK(cudaEventRecord(e3, st));
-    for (int i = 0; i < iters; i++) launch_attention_forward_wgmma(st, out, lse, qkv, dlo, dhi, B, T, NH, HD);
-    CUDA_CHECK(cudaEventRecord(e4, st));
-    // and at HD 64 forward + backward with the three candidates
-    for (int i = 0; HD == 64 && i < iters; i++) {
-        launch_attention_forward_wgmma(st, out, lse, qkv, dlo, dhi, B, T, NH, HD);
-        launch_attention_backward_wgmma(st, dqkv, NULL, delta, NULL, dout, qkv, out, lse, dlo, dhi, B, T, NH, HD);
-    }
-    CUDA_CHECK(cudaEventRecord(e5, st));
-    CUDA_CHECK(cudaEventSynchronize(e5));
     CUDA_CHECK(cudaGetLastError());
-    float ms_f, ms_fb, ms_w, ms_wb;
-    CUDA_CHECK(cudaEventElapsedTime(&ms_f, e0, e1));
-    CUDA_CHECK(cudaEventElapsedTime(&ms_fb, e1, e2));
-    CUDA_CHECK(cudaEventElapsedTime(&ms_w, e3, e4));
-    CUDA_CHECK(cudaEventElapsedTime(&ms_wb, e4, e5));
-    ms_f /= iters, ms_fb /= iters, ms_w /= iters, ms_wb /= iters;
     double fwd = 4.0 * B * NH * (double)T * T * HD, fwd_useful = 4.0 * NH * HD * pairs;
+    float ms_f = ms_fwd[0], ms_fb = ms_fwd[0] + ms_bwd[0];
     printf(
         "%-22s %3d %3d %4d %4d %-6s | forward %8.3f ms %8.2f TFLOP/s %8.2f useful | fwd+bwd %8.3f ms %8.2f "
         "TFLOP/s %8.2f useful\n",
         s->name, B, NH, T, HD, s->packed ? "packed" : "full", ms_f, fwd / ms_f / 1e9, fwd_useful / ms_f / 1e9, ms_fb,
         3.5 * fwd / ms_fb / 1e9, 3.5 * fwd_useful / ms_fb / 1e9);
-    printf("%47s | forward_wgmma %8.3f ms %8.2f TFLOP/s (%.2fx attention_forward's time)", "", ms_w, fwd / ms_w / 1e9,
-           ms_w / ms_f);
-    if (HD == 64)
-        printf(" | fwd+bwd_wgmma %8.3f ms %8.2f TFLOP/s (%.2fx)", ms_wb, 3.5 * fwd / ms_wb / 1e9, ms_wb / ms_fb);
+    // the candidates, kernel by kernel, and the fastest way to run the three
+    printf("%47s | forward_wgmma %.3f ms (%.2fx attention_forward's time)", "", ms_fwd[1], ms_fwd[1] / ms_f);
+    if (nb == 4)
+        printf(" | backward: mma.sync %.3f ms, dq_wgmma %.3f (%.2fx), dkdv_wgmma %.3f (%.2fx), both %.3f (%.2fx)",
+               ms_bwd[0], ms_bwd[1], ms_bwd[1] / ms_bwd[0], ms_bwd[2], ms_bwd[2] / ms_bwd[0], ms_bwd[3],
+               ms_bwd[3] / ms_bwd[0]);
     printf("\n");
+    int kb = 0;
+    for (int k = 1; k < nb; k++)
+        if (ms_bwd[k] < ms_bwd[kb]) kb = k;
+    int best = (ms_fwd[1] < ms_fwd[0] ? ATT_WG_FWD : 0) | bwd_wg[kb];
+    float ms_best = (ms_fwd[1] < ms_fwd[0] ? ms_fwd[1] : ms_fwd[0]) + ms_bwd[kb];
+    char flag[32] = "";
+    if (!best) snprintf(flag, sizeof flag, "mma");
+    if (best == ATT_WG_ALL) snprintf(flag, sizeof flag, "wgmma");
+    static const char* names[3] = {"fwd", "dq", "dkdv"};
+    for (int b = 0; b < 3 && best && best != ATT_WG_ALL; b++)
+        if (best >> b & 1)
+            snprintf(flag + strlen(flag), sizeof flag - strlen(flag), "%s%s", *flag ? "," : "", names[b]);
+    printf("%47s | fastest: --attention %s, fwd+bwd %.3f ms (%.2fx the mma.sync kernels' time)\n", "", flag, ms_best,
+           ms_best / ms_fb);
+    printf("bench-attention-result shape=%s rows=%s fwd_bwd_ms=%.4f best_ms=%.4f best=%s\n", s->name,
+           s->packed ? "packed" : "full", ms_fb, ms_best, flag);
     cudaFree(qkv), cudaFree(dqkv), cudaFree(out), cudaFree(dout), cudaFree(lse), cudaFree(delta);
     cudaFree(dlo), cudaFree(dhi);
-    cudaEventDestroy(e0), cudaEventDestroy(e1), cudaEventDestroy(e2), cudaEventDestroy(e3), cudaEventDestroy(e4);
-    cudaEventDestroy(e5);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
 }
 
 int main(int argc, char** argv) {

@@ -6,7 +6,8 @@
 //   cuBLASLt's.
 // N rows (tokens) x C (hidden) x I (intermediate) of the preset; each row is `iters` calls after 2 warm-up calls,
 // timed with CUDA events; ms, TFLOP/s (2 N C I per call) and the ratio cuBLASLt path / gemm_wgmma (above 1: ours is
-// faster). The last line is `bench-gemm-result preset=... forward_x=... backward_x=...`.
+// faster), then the faster way for each pass as the trainer's flag (fastest: --mlp fwd). The last line is
+// `bench-gemm-result preset=... forward_x=... backward_x=... best=FLAG` (tools/gpu_session.sh reads best).
 //
 //   build/gpu/bench_gemm [--preset bert-base] [--rows 300544] [--iters 20]
 //   build/bench_gemm --tiny         the CPU build's smoke test (the tiny preset, 512 rows, one iteration)
@@ -160,9 +161,18 @@ int main(int argc, char** argv) {
            ms[CUBLAS_FWD_GELU] / ms[OURS_FWD_GELU], ms[CUBLAS_FWD] / ms[OURS_FWD_PLAIN]);
     printf("  backward: cuBLASLt + gelu_backward / gemm_wgmma GELU' = %.3fx (the product alone: %.3fx)\n",
            ms[CUBLAS_BWD_GELU] / ms[OURS_BWD_GELU], ms[CUBLAS_BWD] / ms[OURS_BWD_PLAIN]);
-    printf("bench-gemm-result preset=%s rows=%d forward_x=%.3f backward_x=%.3f plain_fwd_x=%.3f plain_bwd_x=%.3f\n",
-           preset, N, ms[CUBLAS_FWD_GELU] / ms[OURS_FWD_GELU], ms[CUBLAS_BWD_GELU] / ms[OURS_BWD_GELU],
-           ms[CUBLAS_FWD] / ms[OURS_FWD_PLAIN], ms[CUBLAS_BWD] / ms[OURS_BWD_PLAIN]);
+    // the faster of the two ways for each pass, as the trainer's flag (--mlp fwd: gemm_wgmma for the forward only)
+    int fwd = ms[OURS_FWD_GELU] < ms[CUBLAS_FWD_GELU], bwd = ms[OURS_BWD_GELU] < ms[CUBLAS_BWD_GELU];
+    const char* best = fwd && bwd ? "wgmma" : fwd ? "fwd" : bwd ? "bwd" : "cublaslt";
+    printf("  fastest: --mlp %s (a layer's two passes %.3f ms, %.3fx cuBLASLt's and the GELU kernels' time)\n", best,
+           (fwd ? ms[OURS_FWD_GELU] : ms[CUBLAS_FWD_GELU]) + (bwd ? ms[OURS_BWD_GELU] : ms[CUBLAS_BWD_GELU]),
+           ((fwd ? ms[OURS_FWD_GELU] : ms[CUBLAS_FWD_GELU]) + (bwd ? ms[OURS_BWD_GELU] : ms[CUBLAS_BWD_GELU])) /
+               (ms[CUBLAS_FWD_GELU] + ms[CUBLAS_BWD_GELU]));
+    printf(
+        "bench-gemm-result preset=%s rows=%d forward_x=%.3f backward_x=%.3f plain_fwd_x=%.3f plain_bwd_x=%.3f "
+        "best=%s\n",
+        preset, N, ms[CUBLAS_FWD_GELU] / ms[OURS_FWD_GELU], ms[CUBLAS_BWD_GELU] / ms[OURS_BWD_GELU],
+        ms[CUBLAS_FWD] / ms[OURS_FWD_PLAIN], ms[CUBLAS_BWD] / ms[OURS_BWD_PLAIN], best);
     blas_free(&bl);
     return 0;
 }

@@ -26,7 +26,8 @@ static std::vector<floatX> get_x_raw(const floatX* d, size_t n) {
 static std::vector<int> shorts(int n, int len) { return std::vector<int>(n, len); }
 
 // attention: forward, lse and the three gradients against a double reference
-static void test_attention(int T, int HD, const std::vector<std::vector<int>>& rows, int NH = 2) {
+// (mixed: at HD 64 also the backward with one of its two kernels on wgmma, the other on mma.sync)
+static void test_attention(int T, int HD, const std::vector<std::vector<int>>& rows, int NH = 2, int mixed = 0) {
     int B = (int)rows.size(), C = NH * HD, N = B * T;
     std::vector<int> lo, hi;
     segments(B, T, rows, &lo, &hi);
@@ -42,11 +43,11 @@ static void test_attention(int T, int HD, const std::vector<std::vector<int>>& r
     vf first_db;                // and its dbias
     for (int rep = 0; rep < 2; rep++) {
         CUDA_CHECK(cudaMemset(d_dqkv, 0xff, (size_t)N * 3 * C * sizeof(floatX)));  // NaN: every element is written
-        launch_attention_forward((cudaStream_t)0, d_out, d_lse, d_qkv, d_lo, d_hi, B, T, NH, HD);
+        launch_attention_forward((cudaStream_t)0, d_out, d_lse, d_qkv, d_lo, d_hi, B, T, NH, HD, 0);
         CUDA_CHECK(cudaMemcpy(d_dbias, dbias0.data(), dbias0.size() * sizeof(float), cudaMemcpyHostToDevice));
         CUDA_CHECK(cudaMemset(d_part, 0xff, att_part_floats(B, T, C, HD) * sizeof(float)));  // NaN: all written
         launch_attention_backward((cudaStream_t)0, d_dqkv, d_dbias, d_delta, d_part, d_dout, d_qkv, d_out, d_lse, d_lo,
-                                  d_hi, B, T, NH, HD);
+                                  d_hi, B, T, NH, HD, 0);
         CUDA_CHECK(cudaGetLastError());
         CUDA_CHECK(cudaDeviceSynchronize());
         if (rep == 0) first = now_last(d_out, d_dqkv, N, C), first_db = get_f(d_dbias, (size_t)3 * C);
@@ -125,7 +126,7 @@ static void test_attention(int T, int HD, const std::vector<std::vector<int>>& r
         float* d_lse2 = dev_f((size_t)B * NH * T);
         std::vector<floatX> o1;
         for (int rep = 0; rep < 2; rep++) {
-            launch_attention_forward_wgmma((cudaStream_t)0, d_out2, d_lse2, d_qkv, d_lo, d_hi, B, T, NH, HD);
+            launch_attention_forward((cudaStream_t)0, d_out2, d_lse2, d_qkv, d_lo, d_hi, B, T, NH, HD, ATT_WG_FWD);
             CUDA_CHECK(cudaGetLastError());
             CUDA_CHECK(cudaDeviceSynchronize());
             std::vector<floatX> o((size_t)N * C);
@@ -155,30 +156,36 @@ static void test_attention(int T, int HD, const std::vector<std::vector<int>>& r
     snprintf(w, sizeof(w), "attention_backward dbias (dqkv's column sums) T=%d HD=%d", T, HD);
     close_scaled(w, get_f(d_dbias, (size_t)3 * C), dbias_ref, 1e-5f);
 #ifndef MLM_FP32
-    if (HD == 64) {  // the backward with the wgmma dQ and dK dV candidates: the same checks, and bitwise repeatable
+    // the backward with the wgmma dQ and dK dV candidates (and, mixed, each with the other's mma.sync kernel: they
+    // share delta and the bias partials' rows): the same checks, and bitwise repeatable
+    static const int masks[] = {ATT_WG_DQ | ATT_WG_DKDV, ATT_WG_DQ, ATT_WG_DKDV};
+    for (int mi = 0; HD == 64 && mi < (mixed ? 3 : 1); mi++) {
+        int wg = masks[mi];
+        const char* which = wg == ATT_WG_DQ ? "dq" : wg == ATT_WG_DKDV ? "dkdv" : "dq,dkdv";
         std::vector<floatX> d1;
         vf db1;
         for (int rep = 0; rep < 2; rep++) {
             CUDA_CHECK(cudaMemset(d_dqkv, 0xff, (size_t)N * 3 * C * sizeof(floatX)));
+            CUDA_CHECK(cudaMemset(d_delta, 0xff, (size_t)B * NH * T * sizeof(float)));
             CUDA_CHECK(cudaMemcpy(d_dbias, dbias0.data(), dbias0.size() * sizeof(float), cudaMemcpyHostToDevice));
             CUDA_CHECK(cudaMemset(d_part, 0xff, att_part_floats(B, T, C, HD) * sizeof(float)));
-            launch_attention_backward_wgmma((cudaStream_t)0, d_dqkv, d_dbias, d_delta, d_part, d_dout, d_qkv, d_out,
-                                            d_lse, d_lo, d_hi, B, T, NH, HD);
+            launch_attention_backward((cudaStream_t)0, d_dqkv, d_dbias, d_delta, d_part, d_dout, d_qkv, d_out, d_lse,
+                                      d_lo, d_hi, B, T, NH, HD, wg);
             CUDA_CHECK(cudaGetLastError());
             CUDA_CHECK(cudaDeviceSynchronize());
             if (rep == 0) d1 = get_x_raw(d_dqkv, (size_t)N * 3 * C), db1 = get_f(d_dbias, (size_t)3 * C);
         }
         CHECK(d1 == get_x_raw(d_dqkv, (size_t)N * 3 * C) && db1 == get_f(d_dbias, (size_t)3 * C),
-              "attention_backward_wgmma T=%d HD=%d: a second run differs bit for bit", T, HD);
+              "attention_backward on wgmma: %s T=%d HD=%d: a second run differs bit for bit", which, T, HD);
         vf dq2 = get_x(d_dqkv, (size_t)N * 3 * C);
-        snprintf(w, sizeof(w), "attention_backward_wgmma: delta (the dQ kernel's) T=%d HD=%d", T, HD);
+        snprintf(w, sizeof(w), "attention_backward on wgmma: %s: delta (the dQ kernel's) T=%d HD=%d", which, T, HD);
         close_scaled(w, get_f(d_delta, (size_t)B * NH * T), delta_ref, 1e-5f);
-        snprintf(w, sizeof(w), "attention_backward_wgmma dqkv T=%d HD=%d", T, HD);
+        snprintf(w, sizeof(w), "attention_backward on wgmma: %s dqkv T=%d HD=%d", which, T, HD);
         close_scaled(w, dq2, dqkv, 3e-2f);
         vd db_ref(dbias0.begin(), dbias0.end());
         for (int n = 0; n < N; n++)
             for (int j = 0; j < 3 * C; j++) db_ref[j] += dq2[(size_t)n * 3 * C + j];
-        snprintf(w, sizeof(w), "attention_backward_wgmma dbias T=%d HD=%d", T, HD);
+        snprintf(w, sizeof(w), "attention_backward on wgmma: %s dbias T=%d HD=%d", which, T, HD);
         close_scaled(w, get_f(d_dbias, (size_t)3 * C), db_ref, 1e-5f);
     }
 #endif
@@ -198,7 +205,7 @@ int main(void) {
     printf("test_attention (%s storage)\n", FLOATX_NAME);
     // T not a multiple of 64; a sample of length 1; packed rows; an all-padding row; several key tiles
     test_attention(77, 16, {{30, 1, 46}, {50}, {}});
-    test_attention(130, 64, {{1, 129}, {64, 3, 40}});
+    test_attention(130, 64, {{1, 129}, {64, 3, 40}}, 2, 1);
     test_attention(5, 32, {{5}, {1, 1, 1}});
     // head size 128: one sample fills a row (every tile unmasked); a warp (rows 0-15, one 16-token sample)
     // that sees one tile of the several its block visits; padding at the end of a row. Then rows where most

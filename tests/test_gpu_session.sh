@@ -6,6 +6,8 @@
 #   - a second call with the same --dir runs the build again and nothing that passed;
 #   - a stage is not started when its estimate does not fit the budget left;
 #   - a candidate's whole-step benchmark is skipped when its kernels' test did not pass on the machine;
+#   - the whole steps run the combination the kernels stage found fastest (--attention fwd,dkdv), or every candidate
+#     where that is the default;
 #   - a test binary that is missing fails the tests stage and the exit code;
 #   - bad arguments give one line and exit code 2.
 # Needs ./build.sh all (build/test_*, build/bench_*, ./trainer_cpu). Run by tests/run.sh; prints "N passed, N failed".
@@ -34,7 +36,11 @@ check 'grep -q "^bench-gemm-result preset=tiny" "$W/a/summary.txt" && grep -q "^
   "the summary lacks bench_gemm's or bench_matmul's result line"
 check '[ "$(grep -A 2 "^-- ab-mlp" "$W/a/summary.txt" | grep -c -E "^ *(tokens/s|step ms)")" = 2 ]' \
   "the summary lacks --mlp wgmma's tokens/s and step time against the default"
-check 'grep -q "with --attention wgmma" "$W/a/ab-attention.log"' "ab-attention did not run the candidate"
+# (the flags are the kernels stage's best=, or wgmma where that is the default path: on the CPU, timings at random)
+flag() { local f; f=$(grep -m 1 "^bench-$1-result" "$W/a/kernels.log" | sed 's/.* best=//'); [ "$f" = "$2" ] && f=wgmma; echo "$f"; }
+check 'grep -q "fastest: --attention" "$W/a/summary.txt" && grep -q "fastest: --mlp" "$W/a/summary.txt"' "the summary lacks the kernels' fastest flags"
+check 'grep -q "with --attention $(flag attention mma)$" "$W/a/ab-attention.log" && grep -q "with --mlp $(flag gemm cublaslt)$" "$W/a/ab-mlp.log"' \
+  "the ab stages did not run the kernels stage's fastest flags ($(flag attention mma), $(flag gemm cublaslt)): $(grep -h ' with ' "$W/a"/ab-*.log | head -n 2)"
 check '[ "$(ls "$W/a" | wc -l)" -le 8 ] && [ -z "$(find "$W/a" -mindepth 2)" ]' "more than 8 files, or folders, in --dir: $(ls "$W/a")"
 check '[ "$(tail -n +2 "$W/a.out" | grep -c "^== gpu_session summary")" = 1 ] && tail -n 1 "$W/a.out" | grep -q -v "^gpu_session: "' \
   "the summary is not printed last"
@@ -62,6 +68,19 @@ check '[ "$(state "$W/d" ab-attention)" = skipped ] && grep -q "^ab-attention: t
   "ab-attention ran though test_attention failed: $(cat "$W/d/summary.txt")"
 check '[ "$(state "$W/d" ab-mlp)" = skipped ] && [ ! -f "$W/d/ab-mlp.log" ] && [ -z "$(state "$W/d" kernels)" ]' \
   "ab-mlp ran without test_gemm's pass, or --only ran another stage"
+
+# 4b. the whole steps take the kernels stage's fastest flags; where that is the default, every candidate
+mkdir -p "$W/f"
+printf 'tests ok 1\nkernels ok 1\n--\n' >"$W/f/summary.txt"
+printf 'test_gemm: 47 passed, 0 failed (exit 0)\ntest_attention: 80 passed, 0 failed (exit 0)\n' >"$W/f/tests.log"
+printf 'bench-gemm-result preset=tiny rows=512 forward_x=1.1 backward_x=0.9 best=fwd\nbench-attention-result shape=tiny rows=full best=dq,dkdv\nbench-attention-result shape=tiny rows=packed best=fwd\n' >"$W/f/kernels.log"
+$GS --cpu --dir "$W/f" --only ab-attention,ab-mlp >"$W/f.out" 2>&1; rc=$?
+check '[ $rc -eq 0 ] && grep -q "with --attention dq,dkdv$" "$W/f/ab-attention.log" && grep -q "with --mlp fwd$" "$W/f/ab-mlp.log"' \
+  "the ab stages (exit $rc) did not take best=fwd and best=dq,dkdv: $(grep -h ' with ' "$W/f"/ab-*.log | head -n 2)"
+sed -i 's/best=fwd$/best=cublaslt/' "$W/f/kernels.log"
+printf 'tests ok 1\nkernels ok 1\n--\n' >"$W/f/summary.txt"
+$GS --cpu --dir "$W/f" --only ab-mlp >"$W/f2.out" 2>&1; rc=$?
+check '[ $rc -eq 0 ] && grep -q "with --mlp wgmma$" "$W/f/ab-mlp.log"' "best=cublaslt did not give the whole candidate (exit $rc)"
 
 # 5. a missing test binary fails the stage and the exit code
 GPU_SESSION_TESTS="test_runtime test_no_such" $GS --cpu --dir "$W/e" --only tests >"$W/e.out" 2>&1; rc=$?

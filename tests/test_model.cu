@@ -331,7 +331,7 @@ static void test_reference(void) {
     if (!FP32) {  // the MLP's fc1 and its input gradient on gemm_wgmma (--mlp wgmma: GELU in the matmul's epilogue):
         // the same loss and gradients up to reassociation, the tolerances of the chunked head's, and 2 of each layer's
         // 12 matmuls leave cuBLASLt
-        m.mlp_wgmma = 1;
+        m.mlp_wgmma = MLP_WG_ALL;
         for (int i = 0; i < m.blas.n; i++) m.blas.plan[i].calls = 0;
         std::vector<float> gw;
         model_grads(&m, &db.b, &gw);

@@ -51,7 +51,7 @@ MINI=(--data "$W/data/train_*.bin" --preset mini --seq 32 --batch 4 --lr 2e-3 --
 EMU_LAUNCH_STATS=2 ./trainer_cpu "${MINI[@]}" --out "$W/wg" --attention wgmma >"$W/wg.log" 2>&1; rc=$?
 ran=$(grep -cE "^emu: kernel void attention_(forward|backward_dq|backward_dkdv)_wgmma<64>" "$W/wg.log")
 old=$(grep -cE "^emu: kernel void attention_(forward|backward_dq|backward_dkdv)<" "$W/wg.log")
-check '[ $rc -eq 0 ] && grep -q "^attention: wgmma" "$W/wg.log" && [ "$ran" = 3 ] && [ "$old" = 0 ]' \
+check '[ $rc -eq 0 ] && grep -q "^attention: attention_forward_wgmma, attention_backward_dq_wgmma, attention_backward_dkdv_wgmma (--attention wgmma)" "$W/wg.log" && [ "$ran" = 3 ] && [ "$old" = 0 ]' \
   "--attention wgmma: exit $rc, $ran of the 3 wgmma kernels launched, $old mma.sync ones: $(tail -n 2 "$W/wg.log")"
 # losses_like_default WHAT LOG: steps 1 and 3 of LOG within 0.2% of the default kernels' run ($W/mma.log)
 losses_like_default() {
@@ -69,9 +69,18 @@ losses_like_default "--attention wgmma" "$W/wg.log"
 EMU_LAUNCH_STATS=2 ./trainer_cpu "${MINI[@]}" --out "$W/mlp" --mlp wgmma >"$W/mlp.log" 2>&1; rc=$?
 ran=$(grep -cE "^emu: kernel void gemm_wgmma<(1, 0|2, 1)>" "$W/mlp.log")
 old=$(grep -cE "^emu: kernel gelu_(forward|backward)\(" "$W/mlp.log")
-check '[ $rc -eq 0 ] && grep -q "^mlp: wgmma" "$W/mlp.log" && [ "$ran" = 2 ] && [ "$old" = 1 ]' \
+check '[ $rc -eq 0 ] && grep -q "^mlp: forward gemm_wgmma with GELU in its epilogue, backward gemm_wgmma with GELU. in its epilogue (--mlp wgmma)" "$W/mlp.log" && [ "$ran" = 2 ] && [ "$old" = 1 ]' \
   "--mlp wgmma: exit $rc, $ran of the 2 gemm_wgmma kernels launched, $old GELU kernels (want 1: the head's): $(tail -n 2 "$W/mlp.log")"
 losses_like_default "--mlp wgmma" "$W/mlp.log"
+
+# 1d. the candidates one kernel at a time (what bench_attention and bench_gemm may find fastest): --attention dkdv
+# and --mlp bwd run those kernels on wgmma and the others as by default, and train the same
+EMU_LAUNCH_STATS=2 ./trainer_cpu "${MINI[@]}" --out "$W/mix" --attention dkdv --mlp bwd >"$W/mix.log" 2>&1; rc=$?
+ran=$(grep -cE "^emu: kernel void (attention_backward_dkdv_wgmma<64>|attention_(forward|backward_dq)<64>|gemm_wgmma<2, 1>)" "$W/mix.log")
+old=$(grep -cE "^emu: kernel void (attention_(forward|backward_dq)_wgmma|attention_backward_dkdv<|gemm_wgmma<1, 0>)" "$W/mix.log")
+check '[ $rc -eq 0 ] && grep -q "^attention: attention_forward, attention_backward_dq, attention_backward_dkdv_wgmma (--attention dkdv)" "$W/mix.log" && grep -q "^mlp: forward cuBLASLt, then gelu_forward, backward gemm_wgmma" "$W/mix.log" && [ "$ran" = 4 ] && [ "$old" = 0 ]' \
+  "--attention dkdv --mlp bwd: exit $rc, $ran of the 4 kernels launched, $old of the others: $(grep -E "^(attention|mlp):" "$W/mix.log"; tail -n 2 "$W/mix.log")"
+losses_like_default "--attention dkdv --mlp bwd" "$W/mix.log"
 
 # 2. resume is exact (with several OS threads)
 ./trainer_cpu "${COMMON[@]}" --out "$W/b" --steps 20 --run-steps 10 >"$W/b1.log" 2>&1

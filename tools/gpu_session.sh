@@ -4,8 +4,8 @@
 #   build         ./build.sh gpu (incremental; run at every call, so a fresh machine rebuilds)
 #   tests         the GPU test binaries, the ones that check the candidates' layouts and kernels first
 #   kernels       build/gpu/bench_gemm (bert-base, bert-large) and build/gpu/bench_attention
-#   ab-mlp        whole steps, --mlp wgmma against the default path (tools/bench_ab.py, bert-base)
-#   ab-attention  whole steps, --attention wgmma against the default path
+#   ab-mlp        whole steps, --mlp BEST against the default path (tools/bench_ab.py, bert-base)
+#   ab-attention  whole steps, --attention BEST against the default path
 #   matmul        build/gpu/bench_matmul (bert-base): every matmul of a step against cuBLASLt's other algorithms
 #   peer          tools/bench_vs_peer.sh: mlm.c against PyTorch + transformers, bert-base and bert-large
 #
@@ -15,7 +15,8 @@
 # of what is left, so the script ends inside the call. A stage whose log says it passed is not run again: a second
 # call with the same --dir (default runs/gpu_session) goes on where the first stopped. A candidate's whole steps run
 # only if its kernels passed their tests on this machine (test_gemm for --mlp wgmma, test_attention for --attention
-# wgmma): timing a wrong kernel says nothing. Each stage writes DIR/STAGE.log; DIR/summary.txt (at most 8 files in
+# wgmma): timing a wrong kernel says nothing. BEST is the candidates' fastest combination by the kernels stage (its
+# "best=" at bert-base: --mlp fwd, --attention fwd,dkdv, ...), or all of them (wgmma) where that is the default. Each stage writes DIR/STAGE.log; DIR/summary.txt (at most 8 files in
 # all: what the device tool brings back from $OUT) holds each stage's state, time and result lines, and is printed
 # last. --cpu runs the same stages on the CPU runtime at tiny sizes (the CPU build's binaries; no peer): the
 # script's own test, tests/test_gpu_session.sh. GPU_SESSION_TESTS="test_a test_b" names the test binaries instead.
@@ -87,13 +88,20 @@ run_tests() {
 # passed TEST: whether the tests stage's log shows TEST passing on this machine
 passed() { grep -q -x "$1: [0-9]* passed, 0 failed (exit 0)" "$DIR/tests.log" 2>/dev/null; }
 
+# best_flag KIND DEFAULT: the kernels stage's fastest way for the trainer's flag (the first bench-KIND-result line,
+# bert-base's full rows: best=FLAG), or wgmma (every candidate) when it names none or the default
+best_flag() {
+  local f
+  f=$(grep -h -m 1 -E "^bench-$1-result .* best=[a-z,]+" "$DIR/kernels.log" 2>/dev/null | sed 's/.* best=\([a-z,]*\).*/\1/')
+  if [ -n "$f" ] && [ "$f" != "$2" ]; then echo "$f"; else echo wgmma; fi
+}
 command_of() {
   case "$1" in
     build) echo "$BUILD" ;;
     tests) echo run_tests ;;
     kernels) echo "$KERNELS" ;;
-    ab-mlp) echo "$AB --b-flags '--mlp wgmma' $AB_ARGS" ;;
-    ab-attention) echo "$AB --b-flags '--attention wgmma' $AB_ARGS" ;;
+    ab-mlp) echo "$AB --b-flags '--mlp $(best_flag gemm cublaslt)' $AB_ARGS" ;;
+    ab-attention) echo "$AB --b-flags '--attention $(best_flag attention mma)' $AB_ARGS" ;;
     matmul) echo "$MATMUL" ;;
     peer) echo "TRAINER=$TRAINER tools/bench_vs_peer.sh" ;;
   esac
@@ -120,7 +128,7 @@ write_summary() {
       echo "-- $s"
       case $s in
         tests) grep -h -E '^test_[a-z0-9_]+: ' "$DIR/$s.log" ;;
-        kernels) grep -h -E '^(bert-|head size|tiny)|_wgmma|bench-gemm-result' "$DIR/$s.log" ;;
+        kernels) grep -h -E '^(bert-|head size|tiny)|_wgmma|fastest|bench-(gemm|attention)-result' "$DIR/$s.log" ;;
         ab-*) grep -h -E '^ *(tokens/s|step ms|attention|matmuls|other kernels)' "$DIR/$s.log" ;;
         matmul) grep -h -E 'bench-matmul-result' "$DIR/$s.log" ;;
         peer) grep -h -E '^\| |^device' "$DIR/$s.log" ;;

@@ -231,8 +231,9 @@ def main():
     ap.add_argument("--preset", default="bert-base")
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--attention", default="mma", help="--all: the trainer's --attention (mma or wgmma)")
-    ap.add_argument("--mlp", default="cublaslt", help="--all: the trainer's --mlp (cublaslt or wgmma)")
+    ap.add_argument("--attention", default="mma",
+                    help="--all: the trainer's --attention (mma, wgmma or a list of fwd, dq, dkdv)")
+    ap.add_argument("--mlp", default="cublaslt", help="--all: the trainer's --mlp (cublaslt, wgmma, fwd or bwd)")
     a = ap.parse_args()
     nvcc = find_tool("nvcc")
     if not nvcc:
