@@ -417,6 +417,10 @@ static void test_tma(void) {
                 uint16_t want = 0, g;
                 if (in) memcpy(&want, &h[((size_t)c2 * T + t) * W + w], 2);
                 memcpy(&g, got + tma_sw_off(r, e), 2);
+                if (g != want && bad < 4)  // (each element is its index mod 251: where it came from, for a fix)
+                    printf("  tma_load_3d box (%d, %d, %d): row %d element %d (shared byte %d) holds %g, want %g\n", c0,
+                           c1, c2, r, e, tma_sw_off(r, e), __bfloat162float(*(__nv_bfloat16*)&g),
+                           __bfloat162float(*(__nv_bfloat16*)&want));
                 bad += g != want;
             }
         CHECK(bad == 0, "tma_load_3d: box at (%d, %d, %d), 128B swizzle, zeros outside the tensor: %d of 2048 wrong",
@@ -581,6 +585,83 @@ static void test_streams(void) {
     cudaStreamDestroy(s1), cudaStreamDestroy(s2);
     cudaFree(d), cudaFree(d2);
     cudaFreeHost(pinned), cudaFreeHost((void*)flag);
+}
+
+// The wgmma layout cases of wgmma_layouts, by number.
+static const char* wgmma_case_names[4] = {"N 64, A and B K-major, 128B swizzle",
+                                          "N 64, B MN-major (trans-b), 128B swizzle",
+                                          "N 128, A from registers, B K-major without swizzle",
+                                          "N 128, A K-major 64B swizzle, B MN-major 128B swizzle in two atoms"};
+// wgmma_case: D (64 x N) = A (64 x 64) Bm (64 x N) by wgmma_layouts case c (N: 64 for cases 0 and 1, else 128), from
+// and to host arrays.
+static void wgmma_case(int c, const __nv_bfloat16* hA, const __nv_bfloat16* hB, float* got) {
+    int n = c < 2 ? 64 : 128;
+    __nv_bfloat16 *dA, *dB;
+    float* dD;
+    CUDA_OK(cudaMalloc(&dA, 64 * 64 * sizeof(__nv_bfloat16)));
+    CUDA_OK(cudaMalloc(&dB, 64 * n * sizeof(__nv_bfloat16)));
+    CUDA_OK(cudaMalloc(&dD, 64 * n * sizeof(float)));
+    CUDA_OK(cudaMemcpy(dA, hA, 64 * 64 * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dB, hB, 64 * n * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemset(dD, 0, 64 * n * sizeof(float)));
+    int smem = 1024 + 8192 + 16384;
+#define WGMMA_CASE(C, N, TB)                                                                                         \
+    do {                                                                                                             \
+        CUDA_OK(cudaFuncSetAttribute(wgmma_layouts<C, N, TB>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));   \
+        launch(wgmma_layouts<C, N, TB>, dim3(1), dim3(128), (size_t)smem, (cudaStream_t)0, (const __nv_bfloat16*)dA, \
+               (const __nv_bfloat16*)dB, dD);                                                                        \
+    } while (0)
+    if (c == 0)
+        WGMMA_CASE(0, 64, 0);
+    else if (c == 1)
+        WGMMA_CASE(1, 64, 1);
+    else if (c == 2)
+        WGMMA_CASE(2, 128, 0);
+    else
+        WGMMA_CASE(3, 128, 1);
+#undef WGMMA_CASE
+    CUDA_OK(cudaGetLastError());
+    CUDA_OK(cudaMemcpy(got, dD, 64 * n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaFree(dA), cudaFree(dB), cudaFree(dD);
+}
+// wgmma_probe: where case c read its operands from, printed for whoever fixes the layout (in cpu/'s emulator or in
+// the kernels) without the GPU that found it wrong. With A the identity, D = Bm as read: its row from Bm[k][j] = k + 1,
+// its column from Bm[k][j] = j + 1; with Bm the identity (in its first 64 columns), D = A as read, likewise (which
+// says something once B is read right). Every value is an integer up to 128, exact in bf16 and in the sums. Returns
+// how many elements of A and B were read from elsewhere (0: each read where the layout says); prints the first
+// mismatches and the counts when there are any or when `verbose`.
+static int wgmma_probe(int c, int verbose) {
+    int n = c < 2 ? 64 : 128;
+    static __nv_bfloat16 A[64 * 64], B[64 * 128];
+    static float d1[64 * 128], d2[64 * 128];
+    int total = 0;
+    for (int side = 0; side < 2; side++) {  // 0: B as read, 1: A as read
+        for (int pass = 0; pass < 2; pass++) {
+            for (int r = 0; r < 64; r++)
+                for (int k = 0; k < 64; k++) {
+                    float one = (float)(r == k);
+                    A[r * 64 + k] = __float2bfloat16(side == 0 ? one : (float)(pass == 0 ? r + 1 : k + 1));
+                }
+            for (int k = 0; k < 64; k++)
+                for (int j = 0; j < n; j++)
+                    B[k * n + j] = __float2bfloat16(side == 1 ? (float)(k == j) : (float)(pass == 0 ? k + 1 : j + 1));
+            wgmma_case(c, A, B, pass == 0 ? d1 : d2);
+        }
+        int cols = side == 0 ? n : 64, wrong = 0;
+        for (int r = 0; r < 64; r++)
+            for (int j = 0; j < cols; j++) {
+                float x = d1[r * n + j], y = d2[r * n + j];
+                if (x == r + 1 && y == j + 1) continue;
+                if (wrong++ < 6 && verbose)
+                    printf("  wgmma_probe case %d: D[%d][%d] = %s[%g][%g] as read, want %s[%d][%d]\n", c, r, j,
+                           side == 0 ? "B" : "A", x - 1, y - 1, side == 0 ? "B" : "A", r, j);
+            }
+        if (verbose)
+            printf("  wgmma_probe case %d (%s): %d of %d elements of %s read from elsewhere\n", c, wgmma_case_names[c],
+                   wrong, 64 * cols, side == 0 ? "B" : "A");
+        total += wrong;
+    }
+    return total;
 }
 
 int main(void) {
@@ -906,49 +987,16 @@ int main(void) {
         CHECK(bad2 == 0, "cp.async: after wait_group 0 and a barrier, %d of 512 words are wrong", bad2);
         cudaFree(ds), cudaFree(d1), cudaFree(d2);
     }
-    // wgmma: the four operand layouts, small integers so that every sum is exact in fp32
+    // wgmma: the four operand layouts, small integers so that every sum is exact in fp32 (and where a case fails,
+    // wgmma_probe prints where the operands were read from)
     {
         static __nv_bfloat16 hA[64 * 64], hB[64 * 128];
         static float want[64 * 128], got[64 * 128];
         for (int i = 0; i < 64 * 64; i++) hA[i] = __float2bfloat16((float)((i * 7 + 3) % 11 - 5));
         for (int i = 0; i < 64 * 128; i++) hB[i] = __float2bfloat16((float)((i * 5 + 1) % 9 - 4));
-        __nv_bfloat16 *dA, *dB;
-        float* dD;
-        CUDA_OK(cudaMalloc(&dA, sizeof hA));
-        CUDA_OK(cudaMalloc(&dB, sizeof hB));
-        CUDA_OK(cudaMalloc(&dD, sizeof got));
-        CUDA_OK(cudaMemcpy(dA, hA, sizeof hA, cudaMemcpyHostToDevice));
-        const char* names[4] = {"N 64, A and B K-major, 128B swizzle", "N 64, B MN-major (trans-b), 128B swizzle",
-                                "N 128, A from registers, B K-major without swizzle",
-                                "N 128, A K-major 64B swizzle, B MN-major 128B swizzle in two atoms"};
-        size_t smem = 1024 + 8192 + 16384;
         for (int c = 0; c < 4; c++) {
             int n = c < 2 ? 64 : 128;
-            CUDA_OK(cudaMemcpy(dB, hB, 64 * n * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
-            CUDA_OK(cudaMemset(dD, 0, sizeof got));
-            if (c == 0) {
-                CUDA_OK(
-                    cudaFuncSetAttribute(wgmma_layouts<0, 64, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-                launch(wgmma_layouts<0, 64, 0>, dim3(1), dim3(128), smem, (cudaStream_t)0, (const __nv_bfloat16*)dA,
-                       (const __nv_bfloat16*)dB, dD);
-            } else if (c == 1) {
-                CUDA_OK(
-                    cudaFuncSetAttribute(wgmma_layouts<1, 64, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-                launch(wgmma_layouts<1, 64, 1>, dim3(1), dim3(128), smem, (cudaStream_t)0, (const __nv_bfloat16*)dA,
-                       (const __nv_bfloat16*)dB, dD);
-            } else if (c == 2) {
-                CUDA_OK(
-                    cudaFuncSetAttribute(wgmma_layouts<2, 128, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-                launch(wgmma_layouts<2, 128, 0>, dim3(1), dim3(128), smem, (cudaStream_t)0, (const __nv_bfloat16*)dA,
-                       (const __nv_bfloat16*)dB, dD);
-            } else {
-                CUDA_OK(
-                    cudaFuncSetAttribute(wgmma_layouts<3, 128, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-                launch(wgmma_layouts<3, 128, 1>, dim3(1), dim3(128), smem, (cudaStream_t)0, (const __nv_bfloat16*)dA,
-                       (const __nv_bfloat16*)dB, dD);
-            }
-            CUDA_OK(cudaGetLastError());
-            CUDA_OK(cudaMemcpy(got, dD, 64 * n * sizeof(float), cudaMemcpyDeviceToHost));
+            wgmma_case(c, hA, hB, got);
             for (int r = 0; r < 64; r++)
                 for (int j = 0; j < n; j++) {
                     float acc = 0;
@@ -957,10 +1005,13 @@ int main(void) {
                     want[r * n + j] = acc;
                 }
             char what[160];
-            snprintf(what, sizeof what, "wgmma.mma_async m64n%dk16 bf16 -> fp32, 4 steps: %s", n, names[c]);
-            check_close(what, got, want, 64 * n, 0, 0);
+            snprintf(what, sizeof what, "wgmma.mma_async m64n%dk16 bf16 -> fp32, 4 steps: %s", n, wgmma_case_names[c]);
+            int ok = check_close(what, got, want, 64 * n, 0, 0);
+            // and each operand element read where the layout says (A and B with the identity as the other)
+            int wrong = wgmma_probe(c, !ok || getenv("WGMMA_PROBE"));
+            CHECK(wrong == 0, "wgmma_probe case %d (%s): %d elements of A or B read from elsewhere", c,
+                  wgmma_case_names[c], wrong);
         }
-        cudaFree(dA), cudaFree(dB), cudaFree(dD);
     }
     test_streams();
     test_tma();
