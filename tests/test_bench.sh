@@ -146,12 +146,16 @@ case " $* " in
 esac
 EOF
 chmod +x "$W/fake_python"
-EMU_DEVICE_BYTES=1110000000 TRAINER=./trainer_cpu PYTHON="$W/fake_python" LOG_DIR="$W/vs" \
+#    TRAINER_FLAGS reach the trainer's --bench (here --batch 8: the step's micro-batch, not the planner's largest);
+#    the MFU column is n/a on the CPU runtime (no known peak).
+EMU_DEVICE_BYTES=1110000000 TRAINER=./trainer_cpu PYTHON="$W/fake_python" LOG_DIR="$W/vs" TRAINER_FLAGS="--batch 8" \
   tools/bench_vs_peer.sh --preset tiny --seq 32 --steps 1 >"$W/vs.log" 2>&1; rc=$?
 mt=$(result "$W/vs/mlmc.log" tokens_per_s); mb=$(result "$W/vs/mlmc.log" max_batch)
 want=$(awk -v mt="$mt" -v mb="$mb" 'BEGIN { printf "%.2fx %.2fx", mt / 1000, mb / 14 }')
-check '[ $rc -eq 0 ] && [ -n "$mt" ] && grep -qE "^tiny +[0-9]+ +$mb +1000 +14 \(16\) +${want% *} +${want#* }$" "$W/vs.log"' \
-  "bench_vs_peer.sh (exit $rc) did not print tiny | $mt | $mb | 1000 | 14 (16) | $want: $(tail -n 4 "$W/vs.log")"
+check '[ $rc -eq 0 ] && [ -n "$mt" ] && grep -qE "^tiny +[0-9]+ +$mb +n/a +1000 +14 \(16\) +${want% *} +${want#* }$" "$W/vs.log"' \
+  "bench_vs_peer.sh (exit $rc) did not print tiny | $mt | $mb | n/a | 1000 | 14 (16) | $want: $(tail -n 4 "$W/vs.log")"
+check '[ "$(result "$W/vs/mlmc.log" batch)" = 8 ] && grep -q "^mlm.c with --batch 8$" "$W/vs.log" && grep -q "^running: .* --batch 8$" "$W/vs.log"' \
+  "TRAINER_FLAGS=\"--batch 8\" did not reach the trainer or the table: batch $(result "$W/vs/mlmc.log" batch)"
 
 # tests/bench_matmul.cu on the CPU runtime: the step's plans read from the model (tiny: 2 layers, one head chunk:
 # 30 matmuls in 18 shapes), each timed, and the sums; a bad option refused with exit 2

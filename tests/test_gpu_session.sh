@@ -8,6 +8,8 @@
 #   - a candidate's whole-step benchmark is skipped when its kernels' test did not pass on the machine;
 #   - the whole steps run the combination the kernels stage found fastest (--attention fwd,dkdv), or every candidate
 #     where that is the default;
+#   - the peer stage runs with the flags of each candidate whose whole steps won (a stand-in for the peer's Python),
+#     and the summary holds its table;
 #   - a test binary that is missing fails the tests stage and the exit code;
 #   - bad arguments give one line and exit code 2.
 # Needs ./build.sh all (build/test_*, build/bench_*, ./trainer_cpu). Run by tests/run.sh; prints "N passed, N failed".
@@ -81,6 +83,26 @@ sed -i 's/best=fwd$/best=cublaslt/' "$W/f/kernels.log"
 printf 'tests ok 1\nkernels ok 1\n--\n' >"$W/f/summary.txt"
 $GS --cpu --dir "$W/f" --only ab-mlp >"$W/f2.out" 2>&1; rc=$?
 check '[ $rc -eq 0 ] && grep -q "with --mlp wgmma$" "$W/f/ab-mlp.log"' "best=cublaslt did not give the whole candidate (exit $rc)"
+
+# 4c. the peer runs with the candidates that won their whole steps (--mlp fwd here, not --attention dkdv), and the
+# summary keeps its table (the peer's Python a stand-in)
+mkdir -p "$W/g"
+printf 'tests ok 1\nkernels ok 1\nab-mlp ok 1\nab-attention ok 1\n--\n' >"$W/g/summary.txt"
+printf 'A: ./trainer_cpu\nB: ./trainer_cpu with --mlp fwd\nmini:\n  tokens/s (each round)   100 / 100   110 / 110   1.1000\n' >"$W/g/ab-mlp.log"
+printf 'A: ./trainer_cpu\nB: ./trainer_cpu with --attention dkdv\nmini:\n  tokens/s (each round)   100 / 100   90 / 90   0.9000\n' >"$W/g/ab-attention.log"
+cat >"$W/fake_python" <<'EOF2'
+#!/usr/bin/env bash
+case " $* " in
+  *" --check "*) echo "bench_peer.py: torch 0.0 (stand-in), transformers 0.0, no GPU" ;;
+  *) echo "peer: a stand-in"; echo 'peer-result preset=mini T=32 batch=16 max_batch=14 tokens_per_s=1000 step_ms=1 device="none"' ;;
+esac
+EOF2
+chmod +x "$W/fake_python"
+GPU_SESSION_PYTHON="$W/fake_python" $GS --cpu --dir "$W/g" --only peer >"$W/g.out" 2>&1; rc=$?
+check '[ $rc -eq 0 ] && [ "$(state "$W/g" peer)" = ok ] && grep -q "^running: ./trainer_cpu --bench .* --batch 4 --mlp fwd$" "$W/g/peer.log"' \
+  "the peer (exit $rc, $(state "$W/g" peer)) did not run with --mlp fwd alone: $(grep '^running: ./trainer' "$W/g/peer.log"; tail -n 3 "$W/g.out")"
+check 'grep -q "^mlm.c with --batch 4 --mlp fwd$" "$W/g/summary.txt" && grep -qE "^mini +[0-9]+ +[0-9]+ +n/a +1000 " "$W/g/summary.txt"' \
+  "the summary lacks the peer's table: $(sed -n '/^-- peer/,$p' "$W/g/summary.txt")"
 
 # 5. a missing test binary fails the stage and the exit code
 GPU_SESSION_TESTS="test_runtime test_no_such" $GS --cpu --dir "$W/e" --only tests >"$W/e.out" 2>&1; rc=$?

@@ -9,7 +9,8 @@
 #   tools/bench_vs_peer.sh --preset bert-base --seq 128 --steps 20
 #
 # Both logs are kept in a directory it names (LOG_DIR=... to choose it). TRAINER=path picks the mlm.c
-# binary (default ./trainer), PYTHON the interpreter with torch and transformers (default python3).
+# binary (default ./trainer), TRAINER_FLAGS more flags for its --bench (a candidate: "--mlp fwd"), PYTHON the
+# interpreter with torch and transformers (default python3).
 # Without a GPU, the trainer, torch or transformers it stops with a one-line error and exit code 2.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +22,7 @@ while [ $# -gt 0 ]; do
     --preset) [ $# -ge 2 ] || die "--preset needs a value"; PRESETS=$2; shift 2 ;;
     --seq) [ $# -ge 2 ] || die "--seq needs a value"; T=$2; shift 2 ;;
     --steps) [ $# -ge 2 ] || die "--steps needs a value"; STEPS=$2; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "$1: unknown argument (--preset A,B --seq T --steps N)" ;;
   esac
 done
@@ -29,6 +30,7 @@ done
 [[ "$STEPS" =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 1 ] || die "--steps $STEPS: expected a positive integer"
 TRAINER=${TRAINER:-./trainer}
 PYTHON=${PYTHON:-python3}
+read -ra TFLAGS <<<"${TRAINER_FLAGS:-}"
 
 [ -x "$TRAINER" ] || die "$TRAINER is not built (./build.sh gpu makes it)"
 info=$("$TRAINER" --info 2>&1) || die "no usable GPU: $TRAINER --info says: $(echo "$info" | grep -v '^$' | head -n 1)"
@@ -38,8 +40,8 @@ LOG_DIR=${LOG_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/bench_vs_peer_XXXXXX")}
 mkdir -p "$LOG_DIR" || die "cannot create the log directory $LOG_DIR"
 echo "device: $(echo "$info" | head -n 1)"
 echo "peer: $(echo "$check" | sed 's/^bench_peer.py: //'); logs in $LOG_DIR"
-echo "running: $TRAINER --bench --preset $PRESETS --seq $T --bench-steps $STEPS"
-"$TRAINER" --bench --preset "$PRESETS" --seq "$T" --bench-steps "$STEPS" >"$LOG_DIR/mlmc.log" 2>&1 ||
+echo "running: $TRAINER --bench --preset $PRESETS --seq $T --bench-steps $STEPS${TFLAGS[*]:+ ${TFLAGS[*]}}"
+"$TRAINER" --bench --preset "$PRESETS" --seq "$T" --bench-steps "$STEPS" "${TFLAGS[@]}" >"$LOG_DIR/mlmc.log" 2>&1 ||
   die "$TRAINER --bench failed (exit $?): $(tail -n 1 "$LOG_DIR/mlmc.log")"
 echo "running: $PYTHON tools/bench_peer.py --preset $PRESETS --seq $T --steps $STEPS"
 "$PYTHON" tools/bench_peer.py --preset "$PRESETS" --seq "$T" --steps "$STEPS" >"$LOG_DIR/peer.log" 2>&1 ||
@@ -50,15 +52,18 @@ field() { grep -E "^$2 preset=$3 " "$1" | tail -n 1 | tr ' ' '\n' | sed -n "s/^$
 
 echo
 echo "mlm.c vs the PyTorch peer, T=$T (tokens/s: real tokens; mlm.c at the planner's largest micro-batch, the peer at its best)"
+[ ${#TFLAGS[@]} -eq 0 ] || echo "mlm.c with ${TFLAGS[*]}"
 echo "peer: $(grep -m1 '^peer: ' "$LOG_DIR/peer.log" | sed 's/^peer: //')"
-printf '%-12s %14s %10s %14s %10s %12s %12s\n' preset "mlm.c tok/s" "mlm.c B" "peer tok/s" "peer B" "tok/s ratio" "max B ratio"
+printf '%-12s %14s %10s %8s %14s %10s %12s %12s\n' preset "mlm.c tok/s" "mlm.c B" "MFU" "peer tok/s" "peer B" "tok/s ratio" "max B ratio"
 IFS=, read -ra LIST <<<"$PRESETS"
 for p in "${LIST[@]}"; do
   mt=$(field "$LOG_DIR/mlmc.log" bench-result "$p" tokens_per_s); mb=$(field "$LOG_DIR/mlmc.log" bench-result "$p" max_batch)
+  mfu=$(field "$LOG_DIR/mlmc.log" bench-result "$p" mfu)
   pt=$(field "$LOG_DIR/peer.log" peer-result "$p" tokens_per_s); pb=$(field "$LOG_DIR/peer.log" peer-result "$p" max_batch)
   pbest=$(field "$LOG_DIR/peer.log" peer-result "$p" batch)
   [ -n "$mt" ] && [ -n "$pt" ] || die "$p: no result line in $LOG_DIR/mlmc.log or $LOG_DIR/peer.log"
-  awk -v p="$p" -v mt="$mt" -v mb="$mb" -v pt="$pt" -v pb="$pb" -v pbest="$pbest" 'BEGIN {
-    printf "%-12s %14.0f %10d %14.0f %10s %11.2fx %11.2fx\n", p, mt, mb, pt, pb " (" pbest ")", mt / pt, mb / pb }'
+  awk -v p="$p" -v mt="$mt" -v mb="$mb" -v mfu="${mfu:-na}" -v pt="$pt" -v pb="$pb" -v pbest="$pbest" 'BEGIN {
+    m = mfu == "na" ? "n/a" : sprintf("%.1f%%", 100 * mfu)
+    printf "%-12s %14.0f %10d %8s %14.0f %10s %11.2fx %11.2fx\n", p, mt, mb, m, pt, pb " (" pbest ")", mt / pt, mb / pb }'
 done
 echo "(peer B: its largest micro-batch, and in brackets the one it was fastest at)"

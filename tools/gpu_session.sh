@@ -7,20 +7,23 @@
 #   ab-mlp        whole steps, --mlp BEST against the default path (tools/bench_ab.py, bert-base)
 #   ab-attention  whole steps, --attention BEST against the default path
 #   matmul        build/gpu/bench_matmul (bert-base): every matmul of a step against cuBLASLt's other algorithms
-#   peer          tools/bench_vs_peer.sh: mlm.c against PyTorch + transformers, bert-base and bert-large
+#   peer          tools/bench_vs_peer.sh: mlm.c against PyTorch + transformers, bert-base and bert-large, with the
+#                 flags of each candidate whose whole steps beat the default path in its ab stage (issue 16's targets
+#                 are measured this way: the fastest this commit can run)
 #
 #   tools/gpu_session.sh [--budget SECONDS] [--dir DIR] [--only STAGE,STAGE] [--cpu]
 #
 # A stage starts only while its estimate fits the time left of --budget (default 540 s), and runs under a timeout
 # of what is left, so the script ends inside the call. A stage whose log says it passed is not run again: a second
 # call with the same --dir (default runs/gpu_session) goes on where the first stopped. A candidate's whole steps run
-# only if its kernels passed their tests on this machine (test_gemm for --mlp wgmma, test_attention for --attention
-# wgmma): timing a wrong kernel says nothing. BEST is the candidates' fastest combination by the kernels stage (its
-# "best=" at bert-base: --mlp fwd, --attention fwd,dkdv, ...), or all of them (wgmma) where that is the default. Each stage writes DIR/STAGE.log; DIR/summary.txt (at most 8 files in
-# all: what the device tool brings back from $OUT) holds each stage's state, time and result lines, and is printed
-# last. --cpu runs the same stages on the CPU runtime at tiny sizes (the CPU build's binaries; no peer): the
-# script's own test, tests/test_gpu_session.sh. GPU_SESSION_TESTS="test_a test_b" names the test binaries instead.
-# Exit code 0 when no stage that ran failed, 1 when one did, 2 for a bad argument.
+# only if its kernels passed their tests on this machine (test_gemm for --mlp, test_attention for --attention):
+# timing a wrong kernel says nothing. BEST is the candidates' fastest combination by the kernels stage (its "best="
+# at bert-base: --mlp fwd, --attention fwd,dkdv, ...), or all of them (wgmma) where that is the default. Each stage
+# writes DIR/STAGE.log; DIR/summary.txt (at most 8 files in all: what the device tool brings back from $OUT) holds
+# each stage's state, time and result lines, and is printed last. --cpu runs the same stages on the CPU runtime at
+# tiny sizes (the CPU build's binaries): the script's own test, tests/test_gpu_session.sh. GPU_SESSION_TESTS="test_a
+# test_b" names the test binaries instead; GPU_SESSION_PYTHON the peer's Python (with --cpu, a stand-in, without
+# which the peer is skipped there). Exit code 0 when no stage that ran failed, 1 when one did, 2 for a bad argument.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "gpu_session.sh: $*" >&2; exit 2; }
@@ -33,7 +36,7 @@ while [ $# -gt 0 ]; do
     --dir) [ $# -ge 2 ] || die "--dir needs a value"; DIR=$2; shift 2 ;;
     --only) [ $# -ge 2 ] || die "--only needs a value"; ONLY=$2; shift 2 ;;
     --cpu) CPU=1; shift ;;
-    -h | --help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "$1: unknown argument (--budget SECONDS --dir DIR --only STAGE,STAGE --cpu)" ;;
   esac
 done
@@ -53,6 +56,8 @@ if [ $CPU = 1 ]; then
   AB="python3 tools/bench_ab.py --cpu --rounds 1 $TRAINER $TRAINER"
   AB_ARGS="-- --preset mini --seq 32 --batch 4 --bench-steps 1 --bench-warmup 1"
   MATMUL="build/bench_matmul --tiny"
+  PEER="EMU_DEVICE_BYTES=1110000000 PYTHON=${GPU_SESSION_PYTHON:-python3} tools/bench_vs_peer.sh --preset mini --seq 32 --steps 1"
+  PEER_FLAGS="--batch 4 "
   declare -A EST=([build]=5 [tests]=20 [kernels]=30 [ab-mlp]=60 [ab-attention]=60 [matmul]=30 [peer]=5)
 else
   BIN=build/gpu TRAINER=./trainer
@@ -63,6 +68,8 @@ else
   AB="python3 tools/bench_ab.py --rounds 2 $TRAINER $TRAINER"
   AB_ARGS="-- --preset bert-base"
   MATMUL="build/gpu/bench_matmul --preset bert-base"
+  PEER="PYTHON=${GPU_SESSION_PYTHON:-python3} tools/bench_vs_peer.sh"
+  PEER_FLAGS=""
   declare -A EST=([build]=300 [tests]=240 [kernels]=90 [ab-mlp]=200 [ab-attention]=200 [matmul]=120 [peer]=360)
 fi
 
@@ -95,6 +102,13 @@ best_flag() {
   f=$(grep -h -m 1 -E "^bench-$1-result .* best=[a-z,]+" "$DIR/kernels.log" 2>/dev/null | sed 's/.* best=\([a-z,]*\).*/\1/')
   if [ -n "$f" ] && [ "$f" != "$2" ]; then echo "$f"; else echo wgmma; fi
 }
+# ab_winner STAGE: the candidate's flags of STAGE's whole steps (bench_ab's "B: ... with FLAGS") if they beat the
+# default path there (the median tokens/s, B / A, above 1), else nothing
+ab_winner() {
+  local r
+  r=$(grep -m 1 "tokens/s (each round)" "$DIR/$1.log" 2>/dev/null | awk '{ print $NF }')
+  awk -v r="${r:-0}" 'BEGIN { exit !(r > 1) }' && sed -n 's/^B: .* with //p' "$DIR/$1.log" | head -n 1
+}
 command_of() {
   case "$1" in
     build) echo "$BUILD" ;;
@@ -103,7 +117,7 @@ command_of() {
     ab-mlp) echo "$AB --b-flags '--mlp $(best_flag gemm cublaslt)' $AB_ARGS" ;;
     ab-attention) echo "$AB --b-flags '--attention $(best_flag attention mma)' $AB_ARGS" ;;
     matmul) echo "$MATMUL" ;;
-    peer) echo "TRAINER=$TRAINER tools/bench_vs_peer.sh" ;;
+    peer) echo "TRAINER=$TRAINER TRAINER_FLAGS='$PEER_FLAGS$(ab_winner ab-mlp) $(ab_winner ab-attention)' $PEER" ;;
   esac
 }
 # why_not STAGE: why the stage cannot run now (empty: it can)
@@ -111,7 +125,7 @@ why_not() {
   case "$1" in
     ab-mlp) passed test_gemm || { echo "test_gemm has not passed on this machine"; return; } ;;
     ab-attention) passed test_attention || { echo "test_attention has not passed on this machine"; return; } ;;
-    peer) [ $CPU = 0 ] || { echo "needs a GPU"; return; } ;;
+    peer) [ $CPU = 0 ] || [ -n "${GPU_SESSION_PYTHON:-}" ] || { echo "needs a GPU"; return; } ;;
   esac
   [ "$1" = build ] || [ "${STATE[build]}" = ok ] || { echo "the build did not pass"; return; }
   [ "$(left)" -ge "${EST[$1]}" ] || echo "needs about ${EST[$1]} s, $(left) s left"
@@ -131,7 +145,7 @@ write_summary() {
         kernels) grep -h -E '^(bert-|head size|tiny)|_wgmma|fastest|bench-(gemm|attention)-result' "$DIR/$s.log" ;;
         ab-*) grep -h -E '^ *(tokens/s|step ms|attention|matmuls|other kernels)' "$DIR/$s.log" ;;
         matmul) grep -h -E 'bench-matmul-result' "$DIR/$s.log" ;;
-        peer) grep -h -E '^\| |^device' "$DIR/$s.log" ;;
+        peer) grep -h -E '^(device|running): ' "$DIR/$s.log"; sed -n '/^mlm.c vs the PyTorch peer/,$p' "$DIR/$s.log" ;;
       esac
     done
   } > "$DIR/summary.txt.tmp" && mv "$DIR/summary.txt.tmp" "$DIR/summary.txt"
