@@ -27,22 +27,24 @@ state() { awk -v s="$2" '$1 == "--" { exit } $1 == s { print $2 }' "$1/summary.t
 # 1. every stage, on the CPU runtime
 $GS --cpu --dir "$W/a" >"$W/a.out" 2>&1; rc=$?
 check '[ $rc -eq 0 ]' "--cpu exited $rc: $(tail -n 5 "$W/a.out")"
-for s in build tests kernels ab-mlp ab-attention matmul; do
+for s in build tests kernels ab-mlp ab-attention matmul tests-rest; do
   check '[ "$(state "$W/a" $s)" = ok ]' "stage $s: $(state "$W/a" $s), expected ok"
 done
 check '[ "$(state "$W/a" peer)" = skipped ] && grep -q "^peer: needs a GPU" "$W/a/summary.txt"' "the peer is not skipped as needing a GPU"
-for t in test_runtime test_gemm test_attention; do
+for t in test_runtime test_gemm test_attention test_kernels; do  # (test_kernels: the tests-rest stage's, after)
   check 'grep -q -E "^$t: [0-9]+ passed, 0 failed \(exit 0\)$" "$W/a/summary.txt"' "the summary has no passing line for $t"
 done
 check 'grep -q "^bench-gemm-result preset=tiny" "$W/a/summary.txt" && grep -q "^bench-matmul-result preset=tiny" "$W/a/summary.txt"' \
   "the summary lacks bench_gemm's or bench_matmul's result line"
-check '[ "$(grep -A 2 "^-- ab-mlp" "$W/a/summary.txt" | grep -c -E "^ *(tokens/s|step ms)")" = 2 ]' \
+check '[ "$(grep -A 3 "^-- ab-mlp" "$W/a/summary.txt" | grep -c -E "^ *(tokens/s|step ms)")" = 2 ]' \
   "the summary lacks --mlp wgmma's tokens/s and step time against the default"
 # (the flags are the kernels stage's best=, or wgmma where that is the default path: on the CPU, timings at random)
 flag() { local f; f=$(grep -m 1 "^bench-$1-result" "$W/a/kernels.log" | sed 's/.* best=//'); [ "$f" = "$2" ] && f=wgmma; echo "$f"; }
 check 'grep -q "fastest: --attention" "$W/a/summary.txt" && grep -q "fastest: --mlp" "$W/a/summary.txt"' "the summary lacks the kernels' fastest flags"
 check 'grep -q "with --attention $(flag attention mma)$" "$W/a/ab-attention.log" && grep -q "with --mlp $(flag gemm cublaslt)$" "$W/a/ab-mlp.log"' \
   "the ab stages did not run the kernels stage's fastest flags ($(flag attention mma), $(flag gemm cublaslt)): $(grep -h ' with ' "$W/a"/ab-*.log | head -n 2)"
+check '[ "$(grep -n -m 1 "^test_kernels: " "$W/a/tests.log" | cut -d: -f1)" -gt "$(grep -n -m 1 "^test_attention: " "$W/a/tests.log" | cut -d: -f1)" ] && sed -n "1,/^-- /p" "$W/a/summary.txt" | grep -A 3 "^ab-attention " | grep -q "^peer .*" ' \
+  "the stages did not run in the order tests, ..., ab-attention, peer, matmul, tests-rest: $(head -n 9 "$W/a/summary.txt")"
 check '[ "$(ls "$W/a" | wc -l)" -le 8 ] && [ -z "$(find "$W/a" -mindepth 2)" ]' "more than 8 files, or folders, in --dir: $(ls "$W/a")"
 check '[ "$(tail -n +2 "$W/a.out" | grep -c "^== gpu_session summary")" = 1 ] && tail -n 1 "$W/a.out" | grep -q -v "^gpu_session: "' \
   "the summary is not printed last"

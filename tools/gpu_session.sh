@@ -2,14 +2,16 @@
 # gpu_session.sh: what a session with a lent GPU runs, as one script that fits the device's calls (at most 10
 # minutes each). Stages, in this order:
 #   build         ./build.sh gpu (incremental; run at every call, so a fresh machine rebuilds)
-#   tests         the GPU test binaries, the ones that check the candidates' layouts and kernels first
+#   tests         the GPU tests of what the benchmarks run: the emulator's reading of the PTX ISA (TMA, wgmma
+#                 layouts: test_runtime), the candidates' kernels, the default path's kernels and the model
 #   kernels       build/gpu/bench_gemm (bert-base, bert-large) and build/gpu/bench_attention
 #   ab-mlp        whole steps, --mlp BEST against the default path (tools/bench_ab.py, bert-base)
 #   ab-attention  whole steps, --attention BEST against the default path
-#   matmul        build/gpu/bench_matmul (bert-base): every matmul of a step against cuBLASLt's other algorithms
 #   peer          tools/bench_vs_peer.sh: mlm.c against PyTorch + transformers, bert-base and bert-large, with the
 #                 flags of each candidate whose whole steps beat the default path in its ab stage (issue 16's targets
 #                 are measured this way: the fastest this commit can run)
+#   matmul        build/gpu/bench_matmul (bert-base): every matmul of a step against cuBLASLt's other algorithms
+#   tests-rest    every other GPU test binary (its lines go into tests.log too)
 #
 #   tools/gpu_session.sh [--budget SECONDS] [--dir DIR] [--only STAGE,STAGE] [--cpu]
 #
@@ -29,7 +31,7 @@ cd "$(dirname "$0")/.."
 die() { echo "gpu_session.sh: $*" >&2; exit 2; }
 
 BUDGET=540 DIR=runs/gpu_session ONLY="" CPU=0
-STAGES="build tests kernels ab-mlp ab-attention matmul peer"
+STAGES="build tests kernels ab-mlp ab-attention peer matmul tests-rest"
 while [ $# -gt 0 ]; do
   case "$1" in
     --budget) [ $# -ge 2 ] || die "--budget needs a value"; BUDGET=$2; shift 2 ;;
@@ -51,26 +53,29 @@ limit() { local l; l=$(left); echo $((l > 1 ? l : 1)); }  # a timeout of what is
 if [ $CPU = 1 ]; then
   BIN=build TRAINER=./trainer_cpu
   BUILD="./build.sh cpu"
-  TESTS=${GPU_SESSION_TESTS:-test_runtime test_gemm test_attention}  # (ALL in the list: every other test built)
+  TESTS=${GPU_SESSION_TESTS:-test_runtime test_gemm test_attention}
+  REST=test_kernels  # (on the CPU: one, not every test)
   KERNELS="build/bench_gemm --tiny && build/bench_attention --tiny"
   AB="python3 tools/bench_ab.py --cpu --rounds 1 $TRAINER $TRAINER"
   AB_ARGS="-- --preset mini --seq 32 --batch 4 --bench-steps 1 --bench-warmup 1"
   MATMUL="build/bench_matmul --tiny"
   PEER="EMU_DEVICE_BYTES=1110000000 PYTHON=${GPU_SESSION_PYTHON:-python3} tools/bench_vs_peer.sh --preset mini --seq 32 --steps 1"
   PEER_FLAGS="--batch 4 "
-  declare -A EST=([build]=5 [tests]=20 [kernels]=30 [ab-mlp]=60 [ab-attention]=60 [matmul]=30 [peer]=5)
+  declare -A EST=([build]=5 [tests]=20 [kernels]=30 [ab-mlp]=60 [ab-attention]=60 [peer]=5 [matmul]=30 [tests-rest]=10)
 else
   BIN=build/gpu TRAINER=./trainer
   BUILD="./build.sh gpu"
-  # the emulator's reading of the PTX ISA (TMA, wgmma layouts) first, then the candidates, then the model and the rest
-  TESTS=${GPU_SESSION_TESTS:-test_runtime test_gemm test_attention test_model ALL}  # ALL: the rest, once built
+  # the emulator's reading of the PTX ISA (TMA, wgmma layouts) first, then the candidates, the kernels, the model
+  TESTS=${GPU_SESSION_TESTS:-test_runtime test_gemm test_attention test_kernels test_model}
+  REST=ALL  # every other test binary built
   KERNELS="build/gpu/bench_gemm && build/gpu/bench_gemm --preset bert-large && build/gpu/bench_attention"
   AB="python3 tools/bench_ab.py --rounds 2 $TRAINER $TRAINER"
   AB_ARGS="-- --preset bert-base"
   MATMUL="build/gpu/bench_matmul --preset bert-base"
   PEER="PYTHON=${GPU_SESSION_PYTHON:-python3} tools/bench_vs_peer.sh"
   PEER_FLAGS=""
-  declare -A EST=([build]=300 [tests]=240 [kernels]=90 [ab-mlp]=200 [ab-attention]=200 [matmul]=120 [peer]=360)
+  declare -A EST=([build]=300 [tests]=90 [kernels]=90 [ab-mlp]=200 [ab-attention]=200 [peer]=360 [matmul]=120
+    [tests-rest]=180)
 fi
 
 # state: DIR/summary.txt, one line a stage: "STAGE STATE SECONDS", STATE ok, failed, timed-out or skipped
@@ -79,11 +84,10 @@ declare -A STATE SECS WHY
 for s in $STAGES; do STATE[$s]=$(state_of "$s"); SECS[$s]=""; WHY[$s]=""; done
 STATE[build]=""  # always again: the build is incremental, and a fresh machine has none
 
-# the tests stage: each binary in turn, one line "NAME: N passed, N failed" (or why not) a binary
+# run_tests LIST: the tests stages, each binary in turn, one line "NAME: N passed, N failed" (or why not) a binary
 run_tests() {
-  local t out last rc rest
-  rest=$(cd "$BIN" 2>/dev/null && ls test_* 2>/dev/null | grep -v '\.d$' | grep -v -x $(printf -- '-e %s ' $TESTS) | tr '\n' ' ')
-  for t in ${TESTS/ALL/$rest}; do
+  local t out last rc
+  for t in $1; do
     [ -x "$BIN/$t" ] || { echo "$t: not built"; continue; }
     out=$(timeout "$(limit)" "$BIN/$t" 2>&1); rc=$?
     last=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 1)
@@ -92,7 +96,12 @@ run_tests() {
     [ "$(left)" -gt 0 ] || { echo "out of time after $t"; return 124; }
   done
 }
-# passed TEST: whether the tests stage's log shows TEST passing on this machine
+# rest_of_tests: REST's binaries (ALL: every test built that TESTS does not name)
+rest_of_tests() {
+  [ "$REST" = ALL ] || { echo "$REST"; return; }
+  (cd "$BIN" 2>/dev/null && ls test_* 2>/dev/null | grep -v '\.d$' | grep -v -x $(printf -- '-e %s ' $TESTS) | tr '\n' ' ')
+}
+# passed TEST: whether the tests stages' log shows TEST passing on this machine
 passed() { grep -q -x "$1: [0-9]* passed, 0 failed (exit 0)" "$DIR/tests.log" 2>/dev/null; }
 
 # best_flag KIND DEFAULT: the kernels stage's fastest way for the trainer's flag (the first bench-KIND-result line,
@@ -112,7 +121,8 @@ ab_winner() {
 command_of() {
   case "$1" in
     build) echo "$BUILD" ;;
-    tests) echo run_tests ;;
+    tests) echo "run_tests '$TESTS'" ;;
+    tests-rest) echo "run_tests '$(rest_of_tests)'" ;;
     kernels) echo "$KERNELS" ;;
     ab-mlp) echo "$AB --b-flags '--mlp $(best_flag gemm cublaslt)' $AB_ARGS" ;;
     ab-attention) echo "$AB --b-flags '--attention $(best_flag attention mma)' $AB_ARGS" ;;
@@ -143,7 +153,7 @@ write_summary() {
       case $s in
         tests) grep -h -E '^test_[a-z0-9_]+: ' "$DIR/$s.log" ;;
         kernels) grep -h -E '^(bert-|head size|tiny)|_wgmma|fastest|bench-(gemm|attention)-result' "$DIR/$s.log" ;;
-        ab-*) grep -h -E '^ *(tokens/s|step ms|attention|matmuls|other kernels)' "$DIR/$s.log" ;;
+        ab-*) grep -h -E '^B: |^ *(tokens/s|step ms|attention|matmuls|other kernels)' "$DIR/$s.log" ;;
         matmul) grep -h -E 'bench-matmul-result' "$DIR/$s.log" ;;
         peer) grep -h -E '^(device|running): ' "$DIR/$s.log"; sed -n '/^mlm.c vs the PyTorch peer/,$p' "$DIR/$s.log" ;;
       esac
@@ -164,17 +174,21 @@ for s in $STAGES; do
   fi
   echo "gpu_session: $s ($(left) s left): $(command_of "$s")"
   t0=$(date +%s)
-  if [ "$s" = tests ]; then
-    run_tests > "$DIR/tests.log" 2>&1; rc=$?
-    grep -q -v -E '^test_[a-z0-9_]+: [0-9]+ passed, 0 failed \(exit 0\)$' "$DIR/tests.log" && [ $rc = 0 ] && rc=1
+  log=$DIR/$s.log
+  if [ "$s" = tests ] || [ "$s" = tests-rest ]; then  # (both into tests.log: at most 8 files)
+    log=$DIR/tests.log
+    [ "$s" = tests ] && list=$TESTS || list=$(rest_of_tests)
+    out=$(run_tests "$list" 2>&1); rc=$?
+    echo "$out" | grep -q -v -E '^test_[a-z0-9_]+: [0-9]+ passed, 0 failed \(exit 0\)$' && [ $rc = 0 ] && rc=1
+    if [ "$s" = tests ]; then echo "$out" > "$log"; else echo "$out" >> "$log"; fi
   else
-    timeout "$(limit)" bash -c "$(command_of "$s")" > "$DIR/$s.log" 2>&1; rc=$?
+    timeout "$(limit)" bash -c "$(command_of "$s")" > "$log" 2>&1; rc=$?
   fi
   SECS[$s]=$(($(date +%s) - t0))
   case $rc in
     0) STATE[$s]=ok ;;
     124 | 137) STATE[$s]=timed-out WHY[$s]="stopped at the budget's end" failed=1 ;;
-    *) STATE[$s]=failed WHY[$s]="exit $rc: $(grep -v '^$' "$DIR/$s.log" | tail -n 1 | cut -c1-200)" failed=1 ;;
+    *) STATE[$s]=failed WHY[$s]="exit $rc: $(grep -v '^$' "$log" | tail -n 1 | cut -c1-200)" failed=1 ;;
   esac
   echo "gpu_session: $s ${STATE[$s]} in ${SECS[$s]} s"
   write_summary
