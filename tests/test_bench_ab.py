@@ -117,7 +117,7 @@ def test_real_runs():
     clean(work)
     rc, out, err, work = tool(trainer, trainer, "--rounds", "1", "--b-flags", "--mlp wgmma", *flags)
     alog, blog = (read_log(work, f"{k}_round1.log") for k in "ab")
-    check(rc == 0 and "with --mlp wgmma" in out and "mlp: wgmma" in blog and "mlp: wgmma" not in alog,
+    check(rc == 0 and "with --mlp wgmma" in out and "(--mlp wgmma)" in blog and "--mlp wgmma" not in alog,
           f"--b-flags: B alone runs --mlp wgmma: exit {rc}\n{out}{err}")
     clean(work)
     rc, out, err, work = tool(trainer, trainer, "--rounds", "1", "--a-flags", "--mlp cutlass", *flags)

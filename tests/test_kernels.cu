@@ -327,6 +327,40 @@ static void test_column_sums(int N, int C) {
     for (void* q : {(void*)d_x, (void*)d_db, (void*)d_db2, (void*)d_part}) cudaFree(q);
 }
 
+// gelu_points: per point of x (n), GELU and GELU' (gelu_erf_and_grad), and whether gelu_erf and gelu_erf_grad give
+// the same bits (gelu_forward's GELU is what gelu_backward and gemm_wgmma's epilogues recompute; the MLM head's
+// LayerNorm backward applies gelu_erf_grad).
+__global__ void gelu_points(float* out, const float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = x[i], y, dy;
+    gelu_erf_and_grad(v, &y, &dy);
+    out[3 * i] = y, out[3 * i + 1] = dy, out[3 * i + 2] = gelu_erf(v) == y && gelu_erf_grad(v) == dy;
+}
+// test_gelu_accuracy: on x = -13, -12.999, .., 13 against double: GELU within 5e-7 max(1, |x|) and GELU' within 1e-6
+// (erff and expf are within 2 ulp on a GPU; the CPU's libm is nearer), and the three functions agree to the bit.
+static void test_gelu_accuracy(void) {
+    const int n = 26001;
+    std::vector<float> x(n), out(3 * n);
+    for (int i = 0; i < n; i++) x[i] = -13.0f + 0.001f * i;
+    float *dx = dev_f(n), *dout = dev_f(3 * n);
+    CUDA_CHECK(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    launch(gelu_points, dim3(ceil_div(n, 256)), dim3(256), 0, (cudaStream_t)0, dout, (const float*)dx, n);
+    CUDA_CHECK(cudaMemcpy(out.data(), dout, 3 * n * sizeof(float), cudaMemcpyDeviceToHost));
+    double worst_y = 0, worst_dy = 0;  // GELU's error over max(1, |x|), GELU''s
+    int same = 0;
+    for (int i = 0; i < n; i++) {
+        double v = x[i], cdf = 0.5 * erfc(-v / sqrt(2.0)), d = cdf + v * exp(-0.5 * v * v) / sqrt(2 * M_PI);
+        worst_y = fmax(worst_y, fabs(out[3 * i] - v * cdf) / fmax(1.0, fabs(v)));
+        worst_dy = fmax(worst_dy, fabs(out[3 * i + 1] - d));
+        same += out[3 * i + 2] == 1.f;
+    }
+    printf("GELU on [-13, 13]: within %.2e max(1, |x|); GELU' within %.2e\n", worst_y, worst_dy);
+    CHECK(worst_y <= 5e-7 && worst_dy <= 1e-6, "GELU off by %.3g max(1, |x|), GELU' by %.3g", worst_y, worst_dy);
+    CHECK(same == n, "gelu_erf / gelu_erf_grad differ from gelu_erf_and_grad's bits at %d of %d points", n - same, n);
+    cudaFree(dx), cudaFree(dout);
+}
+
 // gelu_forward, and gelu_backward on (N, I), pre = x + b (the bias b (I) added in the kernels): GELU recomputed
 // with gelu_forward's bits, d * GELU'(pre) in place, and the bias gradient (accumulated onto 0.5) = the column sums
 // of the new d as stored; two runs give the same bits. gelu_forward without a bias (the MLM head's) is GELU(x).
@@ -602,10 +636,11 @@ int main(void) {
     test_ln_block_sizes();
     test_ln_backward_agree(37, 40);  // 5 chunks per row, fewer than a warp
     test_ln_backward_agree(9, 264);  // two warps per row
-    test_gelu(37, 272);              // two column tiles (in bf16), the second partial; fewer row groups than the grid
-    test_gelu(300, 8200);            // more row groups than the grid: each thread strides over rows
-    test_column_sums(37, 272);       // the MLM decoder's bias gradient: a partial column tile, few rows
-    test_column_sums(600, 4104);     // more row groups than the grid (and a row count not a multiple of 8)
+    test_gelu_accuracy();
+    test_gelu(37, 272);           // two column tiles (in bf16), the second partial; fewer row groups than the grid
+    test_gelu(300, 8200);         // more row groups than the grid: each thread strides over rows
+    test_column_sums(37, 272);    // the MLM decoder's bias gradient: a partial column tile, few rows
+    test_column_sums(600, 4104);  // more row groups than the grid (and a row count not a multiple of 8)
     test_add_gather();
     test_cross_entropy();
     test_argmax_hits();
