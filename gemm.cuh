@@ -205,9 +205,17 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
         __syncwarp();
 #pragma unroll  // (acc's indices must be constants: registers)
         for (int k = 0; k < 4; k++) {
-            float sum[4][2];  // GEMM_DGELU: per block c of the group, the column sums of the lane's rows
+            float sum[4][2];    // GEMM_DGELU: per block c of the group, the column sums of the lane's rows
+            float bias2[4][2];  // the bias of the lane's two columns in each block c of the group (rows share it)
 #pragma unroll
-            for (int c = 0; c < 4; c++) sum[c][0] = sum[c][1] = 0.f;
+            for (int c = 0; c < 4; c++) {
+                int col = n0 + 8 * (4 * k + c) + 2 * q;
+                sum[c][0] = sum[c][1] = bias2[c][0] = bias2[c][1] = 0.f;
+                if (EPI != GEMM_PLAIN && col < N) {
+                    __nv_bfloat162 bb = *(const __nv_bfloat162*)(bias + col);
+                    bias2[c][0] = tof(bb.x), bias2[c][1] = tof(bb.y);
+                }
+            }
 #pragma unroll
             for (int h = 0; h < 2; h++)
 #pragma unroll
@@ -217,12 +225,8 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
                     uint32_t w1[4], w2[4];  // D's and D2's pairs of blocks 4 k + c, then (transposed) of 4 k + q
 #pragma unroll
                     for (int c = 0; c < 4; c++) {
-                        int j = 4 * k + c, col = n0 + 8 * j + 2 * q;
-                        float b0 = 0.f, b1 = 0.f;  // (read again for each row: from L1, fewer live registers)
-                        if (EPI != GEMM_PLAIN && col < N) {
-                            __nv_bfloat162 bb = *(const __nv_bfloat162*)(bias + col);
-                            b0 = tof(bb.x), b1 = tof(bb.y);
-                        }
+                        int j = 4 * k + c;
+                        float b0 = bias2[c][0], b1 = bias2[c][1];
                         floatX d0 = fromf(acc[h][4 * j + 2 * r]), d1 = fromf(acc[h][4 * j + 2 * r + 1]);
                         if (EPI == GEMM_PLAIN) {
                             w1[c] = gemm_pack2(d0, d1);
