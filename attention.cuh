@@ -1223,8 +1223,8 @@ static inline void launch_attention_backward_dkdv_wgmma(cudaStream_t s, floatX* 
                                                         const floatX* dout, const floatX* qkv, const float* lse,
                                                         const int* seg_lo, const int* seg_hi, int B, int T, int NH);
 // launch_attention_backward_hd: the dQ kernel, then the dK dV kernel, each the mma.sync one or (wg's ATT_WG_DQ,
-// ATT_WG_DKDV bits, HD 64 only) the wgmma candidate: the two write the same layouts (delta (B, NH, T), the
-// bias partials' rows of 128 queries or keys), so either of one can follow either of the other.
+// ATT_WG_DKDV bits, HD 64 only) the wgmma candidate: both kinds write the same layouts (delta (B, NH, T), the
+// bias partials' rows of 128 queries or keys), so either dQ kernel can run with either dK dV kernel.
 template <int HD>
 static inline void launch_attention_backward_hd(cudaStream_t s, floatX* dqkv, float* part, float* delta,
                                                 const floatX* dout, const floatX* qkv, const floatX* out,
