@@ -164,10 +164,9 @@ int main(int argc, char** argv) {
     // the faster of the two ways for each pass, as the trainer's flag (--mlp fwd: gemm_wgmma for the forward only)
     int fwd = ms[OURS_FWD_GELU] < ms[CUBLAS_FWD_GELU], bwd = ms[OURS_BWD_GELU] < ms[CUBLAS_BWD_GELU];
     const char* best = fwd && bwd ? "wgmma" : fwd ? "fwd" : bwd ? "bwd" : "cublaslt";
+    float two = ms[fwd ? OURS_FWD_GELU : CUBLAS_FWD_GELU] + ms[bwd ? OURS_BWD_GELU : CUBLAS_BWD_GELU];
     printf("  fastest: --mlp %s (a layer's two passes %.3f ms, %.3fx cuBLASLt's and the GELU kernels' time)\n", best,
-           (fwd ? ms[OURS_FWD_GELU] : ms[CUBLAS_FWD_GELU]) + (bwd ? ms[OURS_BWD_GELU] : ms[CUBLAS_BWD_GELU]),
-           ((fwd ? ms[OURS_FWD_GELU] : ms[CUBLAS_FWD_GELU]) + (bwd ? ms[OURS_BWD_GELU] : ms[CUBLAS_BWD_GELU])) /
-               (ms[CUBLAS_FWD_GELU] + ms[CUBLAS_BWD_GELU]));
+           two, two / (ms[CUBLAS_FWD_GELU] + ms[CUBLAS_BWD_GELU]));
     printf(
         "bench-gemm-result preset=%s rows=%d forward_x=%.3f backward_x=%.3f plain_fwd_x=%.3f plain_bwd_x=%.3f "
         "best=%s\n",
