@@ -241,8 +241,8 @@ __global__ void __launch_bounds__(GEMM_THREADS, 1)
                             floatX g0 = fromf(tof(d0) * dy0), g1 = fromf(tof(d1) * dy1);
                             w1[c] = gemm_pack2(g0, g1);
                             w2[c] = gemm_pack2(fromf(y0), fromf(y1));
-                            sum[c][0] += in ? tof(g0) : 0.f;  // (a row past M adds an exact +0: nothing)
-                            sum[c][1] += in ? tof(g1) : 0.f;
+                            sum[c][0] += tof(g0);  // (a row past M: A and X came as zeros, so g is +-0: adds nothing)
+                            sum[c][1] += tof(g1);
                         }
                     }
                     gemm_quad_transpose(w1, q);
