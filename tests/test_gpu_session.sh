@@ -10,6 +10,8 @@
 #     where that is the default;
 #   - the peer stage runs with the flags of each candidate whose whole steps won (a stand-in for the peer's Python),
 #     and the summary holds its table;
+#   - the profile stage runs ncu (a stand-in) on both kernel benchmarks and the summary has a line per kernel; a
+#     profiler that profiled nothing fails the stage; a passing build leaves no log;
 #   - a test binary that is missing fails the tests stage and the exit code;
 #   - bad arguments give one line and exit code 2.
 # Needs ./build.sh all (build/test_*, build/bench_*, ./trainer_cpu). Run by tests/run.sh; prints "N passed, N failed".
@@ -31,6 +33,8 @@ for s in build tests kernels ab-mlp ab-attention matmul tests-rest; do
   check '[ "$(state "$W/a" $s)" = ok ]' "stage $s: $(state "$W/a" $s), expected ok"
 done
 check '[ "$(state "$W/a" peer)" = skipped ] && grep -q "^peer: needs a GPU" "$W/a/summary.txt"' "the peer is not skipped as needing a GPU"
+check '[ "$(state "$W/a" profile)" = skipped ] && grep -q "^profile: needs a GPU" "$W/a/summary.txt"' "the profile is not skipped as needing a GPU"
+check '[ ! -f "$W/a/build.log" ]' "a passing build left its log"
 for t in test_runtime test_gemm test_attention test_kernels; do  # (test_kernels: the tests-rest stage's, after)
   check 'grep -q -E "^$t: [0-9]+ passed, 0 failed \(exit 0\)$" "$W/a/summary.txt"' "the summary has no passing line for $t"
 done
@@ -105,6 +109,41 @@ check '[ $rc -eq 0 ] && [ "$(state "$W/g" peer)" = ok ] && grep -q "^running: ./
   "the peer (exit $rc, $(state "$W/g" peer)) did not run with --mlp fwd alone: $(grep '^running: ./trainer' "$W/g/peer.log"; tail -n 3 "$W/g.out")"
 check 'grep -q "^mlm.c with --batch 4 --mlp fwd$" "$W/g/summary.txt" && grep -qE "^mini +[0-9]+ +[0-9]+ +n/a +1000 " "$W/g/summary.txt"' \
   "the summary lacks the peer's table: $(sed -n '/^-- peer/,$p' "$W/g/summary.txt")"
+
+# 4d. the profile: ncu (a stand-in that runs the program and prints one kernel's report in ncu's layout) on both
+# benchmarks, a summary line per kernel; a profiler that profiles nothing fails the stage
+cat >"$W/fake_ncu" <<'EOF2'
+#!/usr/bin/env bash
+while [ $# -gt 0 ] && [[ "$1" == --* ]]; do shift 2; done  # (every option of the stage's takes a value)
+"$@" >/dev/null || exit $?
+[ -n "${NCU_NOTHING:-}" ] && { echo "==WARNING== No kernels were profiled."; exit 0; }
+cat <<EOF3
+==PROF== Connected to process 1 ($1)
+  void $(basename "$1")_kernel<64>(__nv_bfloat16 *, const float *, int) (8, 12, 64)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    Section: GPU Speed Of Light Throughput
+    ----------------------- ----------- ------------
+    Metric Name             Metric Unit Metric Value
+    ----------------------- ----------- ------------
+    Memory Throughput                 %        46.43
+    Duration                         us       102.43
+    Compute (SM) Throughput           %        75.33
+    ----------------------- ----------- ------------
+    OPT   This kernel is limited by a stand-in.
+EOF3
+EOF2
+chmod +x "$W/fake_ncu"
+mkdir -p "$W/h"
+GPU_SESSION_NCU="$W/fake_ncu" $GS --cpu --dir "$W/h" --only profile >"$W/h.out" 2>&1; rc=$?
+check '[ $rc -eq 0 ] && [ "$(state "$W/h" profile)" = ok ] && grep -q "^gpu_session: profile (.*): $W/fake_ncu .*--kernel-id .* build/bench_attention --tiny && " "$W/h.out"' \
+  "the profile (exit $rc, $(state "$W/h" profile)) did not run ncu on bench_attention: $(tail -n 3 "$W/h.out")"
+for b in bench_attention bench_gemm; do
+  check 'grep -q -x "${b}_kernel<64> (8, 12, 64)x(128, 1, 1): Memory Throughput 46.43 %; Duration 102.43 us; Compute (SM) Throughput 75.33 %;" "$W/h/summary.txt"' \
+    "the summary lacks $b's kernel line: $(sed -n '/^-- profile/,$p' "$W/h/summary.txt")"
+done
+mkdir -p "$W/i"
+NCU_NOTHING=1 GPU_SESSION_NCU="$W/fake_ncu" $GS --cpu --dir "$W/i" --only profile >"$W/i.out" 2>&1; rc=$?
+check '[ $rc -eq 1 ] && [ "$(state "$W/i" profile)" = failed ] && grep -q "^profile: exit 1: no kernel profiled" "$W/i/summary.txt"' \
+  "a profile of nothing (exit $rc, $(state "$W/i" profile)) did not fail: $(cat "$W/i/summary.txt")"
 
 # 5. a missing test binary fails the stage and the exit code
 GPU_SESSION_TESTS="test_runtime test_no_such" $GS --cpu --dir "$W/e" --only tests >"$W/e.out" 2>&1; rc=$?

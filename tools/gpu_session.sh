@@ -10,6 +10,8 @@
 #   peer          tools/bench_vs_peer.sh: mlm.c against PyTorch + transformers, bert-base and bert-large, with the
 #                 flags of each candidate whose whole steps beat the default path in its ab stage (issue 16's targets
 #                 are measured this way: the fastest this commit can run)
+#   profile       Nsight Compute (ncu) on each kernel of bench_attention and bench_gemm at bert-base, once: time,
+#                 throughputs, occupancy, stalls and ncu's own advice, so that a session without a GPU can tune from it
 #   matmul        build/gpu/bench_matmul (bert-base): every matmul of a step against cuBLASLt's other algorithms
 #   tests-rest    every other GPU test binary (its lines go into tests.log too)
 #
@@ -25,20 +27,21 @@
 # each stage's state, time and result lines, and is printed last. --cpu runs the same stages on the CPU runtime at
 # tiny sizes (the CPU build's binaries): the script's own test, tests/test_gpu_session.sh. GPU_SESSION_TESTS="test_a
 # test_b" names the test binaries instead; GPU_SESSION_PYTHON the peer's Python (with --cpu, a stand-in, without
-# which the peer is skipped there). Exit code 0 when no stage that ran failed, 1 when one did, 2 for a bad argument.
+# which the peer is skipped there); GPU_SESSION_NCU the profiler (likewise). The build's log is kept only when it
+# fails (it runs at every call). Exit code 0 when no stage that ran failed, 1 when one did, 2 for a bad argument.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "gpu_session.sh: $*" >&2; exit 2; }
 
 BUDGET=540 DIR=runs/gpu_session ONLY="" CPU=0
-STAGES="build tests kernels ab-mlp ab-attention peer matmul tests-rest"
+STAGES="build tests kernels ab-mlp ab-attention peer profile matmul tests-rest"
 while [ $# -gt 0 ]; do
   case "$1" in
     --budget) [ $# -ge 2 ] || die "--budget needs a value"; BUDGET=$2; shift 2 ;;
     --dir) [ $# -ge 2 ] || die "--dir needs a value"; DIR=$2; shift 2 ;;
     --only) [ $# -ge 2 ] || die "--only needs a value"; ONLY=$2; shift 2 ;;
     --cpu) CPU=1; shift ;;
-    -h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) die "$1: unknown argument (--budget SECONDS --dir DIR --only STAGE,STAGE --cpu)" ;;
   esac
 done
@@ -61,7 +64,9 @@ if [ $CPU = 1 ]; then
   MATMUL="build/bench_matmul --tiny"
   PEER="EMU_DEVICE_BYTES=1110000000 PYTHON=${GPU_SESSION_PYTHON:-python3} tools/bench_vs_peer.sh --preset mini --seq 32 --steps 1"
   PEER_FLAGS="--batch 4 "
-  declare -A EST=([build]=5 [tests]=20 [kernels]=30 [ab-mlp]=60 [ab-attention]=60 [peer]=5 [matmul]=30 [tests-rest]=10)
+  PROFILE_ARGS="--tiny"
+  declare -A EST=([build]=5 [tests]=20 [kernels]=30 [ab-mlp]=60 [ab-attention]=60 [peer]=5 [profile]=20 [matmul]=30
+    [tests-rest]=10)
 else
   BIN=build/gpu TRAINER=./trainer
   BUILD="./build.sh gpu"
@@ -74,8 +79,9 @@ else
   MATMUL="build/gpu/bench_matmul --preset bert-base"
   PEER="PYTHON=${GPU_SESSION_PYTHON:-python3} tools/bench_vs_peer.sh"
   PEER_FLAGS=""
-  declare -A EST=([build]=300 [tests]=90 [kernels]=90 [ab-mlp]=200 [ab-attention]=200 [peer]=360 [matmul]=120
-    [tests-rest]=180)
+  PROFILE_ARGS="--iters 1"
+  declare -A EST=([build]=300 [tests]=90 [kernels]=90 [ab-mlp]=200 [ab-attention]=200 [peer]=360 [profile]=150
+    [matmul]=120 [tests-rest]=180)
 fi
 
 # state: DIR/summary.txt, one line a stage: "STAGE STATE SECONDS", STATE ok, failed, timed-out or skipped
@@ -118,6 +124,11 @@ ab_winner() {
   r=$(grep -m 1 "tokens/s (each round)" "$DIR/$1.log" 2>/dev/null | awk '{ print $NF }')
   awk -v r="${r:-0}" 'BEGIN { exit !(r > 1) }' && sed -n 's/^B: .* with //p' "$DIR/$1.log" | head -n 1
 }
+# The profile: ncu on the second call of each kernel whose name holds one of these (the first of the benchmarks' two
+# warm-up calls comes before it, and both benchmarks start with bert-base's full rows), with the sections that say
+# where a kernel's time goes; --clock-control none leaves the clocks as the benchmarks ran them.
+NCU=${GPU_SESSION_NCU:-ncu}
+NCU_ARGS="--clock-control none --kernel-id '::regex:attention|gemm|gelu|nvjet:2' --section SpeedOfLight --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats"
 command_of() {
   case "$1" in
     build) echo "$BUILD" ;;
@@ -127,6 +138,7 @@ command_of() {
     ab-mlp) echo "$AB --b-flags '--mlp $(best_flag gemm cublaslt)' $AB_ARGS" ;;
     ab-attention) echo "$AB --b-flags '--attention $(best_flag attention mma)' $AB_ARGS" ;;
     matmul) echo "$MATMUL" ;;
+    profile) echo "$NCU $NCU_ARGS $BIN/bench_attention $PROFILE_ARGS && $NCU $NCU_ARGS $BIN/bench_gemm $PROFILE_ARGS" ;;
     peer) echo "TRAINER=$TRAINER TRAINER_FLAGS='$PEER_FLAGS$(ab_winner ab-mlp) $(ab_winner ab-attention)' $PEER" ;;
   esac
 }
@@ -136,11 +148,24 @@ why_not() {
     ab-mlp) passed test_gemm || { echo "test_gemm has not passed on this machine"; return; } ;;
     ab-attention) passed test_attention || { echo "test_attention has not passed on this machine"; return; } ;;
     peer) [ $CPU = 0 ] || [ -n "${GPU_SESSION_PYTHON:-}" ] || { echo "needs a GPU"; return; } ;;
+    profile)
+      [ $CPU = 0 ] || [ -n "${GPU_SESSION_NCU:-}" ] || { echo "needs a GPU"; return; }
+      command -v "$NCU" >/dev/null || { echo "$NCU: not found"; return; } ;;
   esac
   [ "$1" = build ] || [ "${STATE[build]}" = ok ] || { echo "the build did not pass"; return; }
   [ "$(left)" -ge "${EST[$1]}" ] || echo "needs about ${EST[$1]} s, $(left) s left"
 }
 
+# profile_table LOG: a line per kernel ncu profiled: its name and grid, then the figures that say what bounds it
+profile_table() {
+  awk '/, Context [0-9]+, Stream [0-9]+, Device [0-9]+/ {
+         if (k != "") print k ":" v
+         k = $0; sub(/^ +/, "", k); sub(/^void /, "", k); g = k
+         sub(/\(.*/, "", k); sub(/.*\) \(/, "(", g); sub(/, Context.*/, "", g); k = k " " g; v = ""; next }
+       k != "" && /^ +(Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per Thread|Warp Cycles Per Issued Instruction) / {
+         n = $0; sub(/^ +/, "", n); sub(/  +.*/, "", n); v = v " " n " " $NF " " $(NF - 1) ";" }
+       END { if (k != "") print k ":" v }' "$1"
+}
 write_summary() {
   local s
   {
@@ -156,6 +181,7 @@ write_summary() {
         ab-*) grep -h -E '^B: |^ *(tokens/s|step ms|attention|matmuls|other kernels)' "$DIR/$s.log" ;;
         matmul) grep -h -E 'bench-matmul-result' "$DIR/$s.log" ;;
         peer) grep -h -E '^(device|running): ' "$DIR/$s.log"; sed -n '/^mlm.c vs the PyTorch peer/,$p' "$DIR/$s.log" ;;
+        profile) profile_table "$DIR/$s.log" ;;
       esac
     done
   } > "$DIR/summary.txt.tmp" && mv "$DIR/summary.txt.tmp" "$DIR/summary.txt"
@@ -184,6 +210,8 @@ for s in $STAGES; do
   else
     timeout "$(limit)" bash -c "$(command_of "$s")" > "$log" 2>&1; rc=$?
   fi
+  # ncu that could not read the counters (or profiled nothing) still runs the program: no profile is a failure
+  [ "$s" = profile ] && [ $rc = 0 ] && [ -z "$(profile_table "$log")" ] && { echo "no kernel profiled" >>"$log"; rc=1; }
   SECS[$s]=$(($(date +%s) - t0))
   case $rc in
     0) STATE[$s]=ok ;;
@@ -191,6 +219,7 @@ for s in $STAGES; do
     *) STATE[$s]=failed WHY[$s]="exit $rc: $(grep -v '^$' "$log" | tail -n 1 | cut -c1-200)" failed=1 ;;
   esac
   echo "gpu_session: $s ${STATE[$s]} in ${SECS[$s]} s"
+  [ "$s" = build ] && [ $rc = 0 ] && rm -f "$log"  # (a passing build's log says nothing: 8 files at most)
   write_summary
 done
 write_summary
