@@ -645,6 +645,25 @@ __device__ inline void att_wg_pb(float* acc, const FragA* pa, uint32_t b0) {
 #pragma unroll
     for (int ks = 0; ks < K / 16; ks++) wgmma_m64k16_bf16_rs<HD, 1>(acc, pa[ks].x, sw128_desc_mnmajor(b0, 8192, ks), 1);
 }
+// att_wg_load_a: a warp's wgmma A operands for its 16 rows from row0 of a swizzled HD-wide tile (sw128_off, boxes of
+// 64 rows), all HD columns (HD / 16 fragments): load_a's ldmatrix, each lane's 16 bytes found through the swizzle (it
+// moves whole 16-byte chunks).
+template <int HD>
+__device__ inline void att_wg_load_a(FragA* a, const unsigned char* tile, int row0) {
+    int l = threadIdx.x % 32;
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ks++)
+        ldmatrix_x4(a[ks].x, (const floatX*)(tile + sw128_off(8192, row0 + l % 16, 16 * ks + 8 * (l / 16))));
+}
+// att_wg_rbt: issues acc (64 x N, fp32) = A B^T for the warpgroup, A (64 x HD) from registers (a: HD / 16 fragments,
+// att_wg_load_a's) and B (N rows of a swizzled HD-wide tile at b0) read K-major: HD / 16 wgmma m64nNk16 (the first
+// overwrites acc). No commit.
+template <int N, int HD>
+__device__ inline void att_wg_rbt(float* acc, const FragA* a, uint32_t b0) {
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ks++)
+        wgmma_m64k16_bf16_rs<N, 0>(acc, a[ks].x, sw128_desc_kmajor(b0, 8192, ks), ks > 0);
+}
 template <int HD>
 __global__ void __launch_bounds__(128, att_wg_min_blocks(HD))
     attention_forward_wgmma(floatX* out, float* lse, const __grid_constant__ CUtensorMap tm_qkv, const floatX* qkv,
@@ -1053,13 +1072,17 @@ __global__ void __launch_bounds__(256, 2)  // (2 blocks of 8 warps: at most 128 
 // two warpgroups, 64 keys each (warp w the 16 from row0 + 16 w): both read the same query tiles.
 // Data movement: the block's K and V (128 rows) and the query tiles' Q and dO (64 rows, in three buffers filled two
 // tiles ahead, with their lse and delta) in shared memory, swizzled for wgmma (sw128_off), copied by TMA as in
-// attention_backward_dq_wgmma (full[b]: phase parity (j / 3) % 2 for query tile j; kv for K and V). Per query tile
-// a warpgroup computes S^T = K Q^T and dP^T = V dO^T (64 x 64 each, 32 fp32 registers per lane) by 2 x HD / 16 wgmma
-// m64n64k16 from shared memory, forms P^T and dS^T = P^T (dP^T - delta) in registers, and adds P^T dO to dV and dS^T Q
-// to dK (64 x HD each, HD / 2 registers per lane) by 2 x 4 wgmma m64nHDk16 with P^T and dS^T as register A operands and
-// dO, Q read MN-major; the next tile's S^T and dP^T are issued before those two products, so P^T and dS^T of one tile
-// are formed while the tensor cores finish the tile before (three buffers: tile j + 2 is copied while tiles j and
-// j + 1 are still to be read). dK and dV are staged in plain rows of their own and stored.
+// attention_backward_dq_wgmma (full[b]: phase parity (j / 3) % 2 for query tile j; kv for K and V). Each warp then
+// loads its 16 rows of K and V once into registers (ldmatrix: wgmma's A layout, HD / 4 registers a lane each), so
+// that the products read only the query tile from shared memory: 32 KB a tile and warpgroup, where K and V read
+// through descriptors made it 48 KB. At the tensor cores' peak (4,096 FLOP a clock an SM) the tile's 16 products
+// take 512 clocks, so they now ask 64 of shared memory's 128 B a clock, not 96. Per query tile a warpgroup computes S^T
+// = K Q^T and dP^T = V dO^T (64 x 64 each, 32 fp32 registers per lane) by 2 x HD / 16 wgmma m64n64k16 with K, V as
+// register A operands, forms P^T and dS^T = P^T (dP^T - delta) in registers, and adds P^T dO to dV and dS^T Q to dK (64
+// x HD each, HD / 2 registers per lane) by 2 x 4 wgmma m64nHDk16 with P^T and dS^T as register A operands and dO, Q
+// read MN-major; the next tile's S^T and dP^T are issued before those two products, so P^T and dS^T of one tile are
+// formed while the tensor cores finish the tile before (three buffers: tile j + 2 is copied while tiles j and j + 1 are
+// still to be read). dK and dV are staged in plain rows of their own and stored.
 __host__ __device__ constexpr size_t att_wg_dkdv_smem(int HD) {  // align, K, V, 3 x (Q, dO), 3 x (lse, delta), stage
     return 1024 + (size_t)(2 * 128 + 6 * 64) * HD * sizeof(floatX) + 6 * 64 * sizeof(float) +
            2 * att_tile_bytes(HD, 128);
@@ -1113,10 +1136,12 @@ __global__ void __launch_bounds__(256, 1)
     const float sl2 = 1.44269504088896341f / sqrtf((float)HD);
     float dk[DT][4] = {}, dv[DT][4] = {}, s[NT][4], dp[NT][4];
     FragA pa[QW / 16], da[QW / 16];  // P^T and dS^T as A operands: alive from the packing to the wait after their use
-    uint32_t k0 = smem_addr(Ks) + wg * 8 * (HD / 64) * 1024, v0 = smem_addr(Vs) + wg * 8 * (HD / 64) * 1024;
+    FragA ka[HD / 16], va[HD / 16];  // the warp's 16 rows of K and V as A operands, for every tile
+    att_wg_load_a<HD>(ka, Ks, 16 * blk.w);
+    att_wg_load_a<HD>(va, Vs, 16 * blk.w);
     wgmma_fence();  // tile 0's S^T = K Q^T and dP^T = V dO^T
-    att_wg_abt<QW, HD>(&s[0][0], k0, smem_addr(Qs));
-    att_wg_abt<QW, HD>(&dp[0][0], v0, smem_addr(dOs));
+    att_wg_rbt<QW, HD>(&s[0][0], ka, smem_addr(Qs));
+    att_wg_rbt<QW, HD>(&dp[0][0], va, smem_addr(dOs));
     wgmma_commit_group();
     wgmma_wait_group<0>();
     wgmma_fence_operand(&s[0][0], QW / 2);
@@ -1160,8 +1185,8 @@ __global__ void __launch_bounds__(256, 1)
         int b1 = (it + 1) % 3;
         mbar_wait(&full[b1], (it + 1) / 3 % 2);  // tile it + 1 is here
         wgmma_fence();                           // s, dp were read, pa, da written
-        att_wg_abt<QW, HD>(&s[0][0], k0, smem_addr(Qs + b1 * QB));
-        att_wg_abt<QW, HD>(&dp[0][0], v0, smem_addr(dOs + b1 * QB));
+        att_wg_rbt<QW, HD>(&s[0][0], ka, smem_addr(Qs + b1 * QB));
+        att_wg_rbt<QW, HD>(&dp[0][0], va, smem_addr(dOs + b1 * QB));
         wgmma_commit_group();
         att_wg_pb<QW, HD>(&dv[0][0], pa, smem_addr(dOs + b * QB));  // dV += P^T dO
         att_wg_pb<QW, HD>(&dk[0][0], da, smem_addr(Qs + b * QB));   // dK += dS^T Q
@@ -1169,6 +1194,8 @@ __global__ void __launch_bounds__(256, 1)
         wgmma_wait_group<1>();  // tile it + 1's S^T and dP^T are done; dV and dK may still be computed
         wgmma_fence_operand(&s[0][0], QW / 2);
         wgmma_fence_operand(&dp[0][0], QW / 2);
+        wgmma_fence_fragment(&ka[0].x[0], 4 * (HD / 16));  // (read until that wait: kept in their registers)
+        wgmma_fence_fragment(&va[0].x[0], 4 * (HD / 16));
     }
     int bl = (n - 1) % 3;  // the last tile's products
     wgmma_fence();
