@@ -240,7 +240,8 @@ printf '  %-11s %s\n' checkpoint "$OUT/checkpoint.bin (./train.sh ... --out $OUT
 if [ -f "$OUT/model.safetensors" ]; then
   tok=""; for f in byte_tokenizer.json tokenizer.json; do [ -f "$OUT/$f" ] && tok+=", $f"; done
   printf '  %-11s %s\n' export "$OUT/ (config.json, model.safetensors$tok: Hugging Face BertForMaskedLM)"
-  printf '  %-11s %s\n' "try it" "python3 tools/fill_mask.py $OUT --file /bin/ls --offset 4096 --length 64 --mask-every 8"
+  len=$((SEQ - 2 < 64 ? SEQ - 2 : 64))  # with [CLS] and [SEP], within the positions the run trained
+  printf '  %-11s %s\n' "try it" "python3 tools/fill_mask.py $OUT --file /bin/ls --offset 4096 --length $len --mask-every 8"
   printf '  %-11s %s\n' "" "(needs torch and transformers: python3 -m pip install torch transformers)"
 fi
 [ -z "$FAILED" ] || die "these steps failed:$FAILED (see above)"

@@ -41,6 +41,10 @@ check 'grep -qE "^eval: loss [0-9.]+ \| accuracy [0-9.]+%? \| [0-9]+ masked toke
   "no evaluation result (needs the trainer's --eval): $(grep -m 2 -iE 'eval|unknown flag' "$W/a.log" | tail -n 1)"
 check '[ -s "$W/a/metrics.jsonl" ] && grep -q "\"kind\": *\"eval\"" "$W/a/metrics.jsonl"' \
   "no metrics.jsonl with the evaluation in --out (needs the trainer's metrics log)"
+# the "try it" line fits the run's --seq 32 (30 bytes with [CLS] and [SEP]) and runs (its inputs only: no torch needed)
+try=$(sed -n 's/^  try it *//p' "$W/a.log")
+out=$($try --inputs-only 2>&1); rc=$?
+check '[[ "$try" == *" --length 30 "* ]] && [ $rc = 0 ]' "the \"try it\" command ($try) does not fit --seq 32 or fails: $out"
 python3 -c '
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1])]
