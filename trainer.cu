@@ -3676,8 +3676,8 @@ static int finish_run(Run* r) {
     CUDA_CHECK(cudaMemGetInfo(&free_after, &r->total_bytes));
     if (r->main_rank) printf("device memory allocated after the last step: %zu bytes\n", r->free_bytes - free_after);
     if (r->main_rank && m->step < o->steps)
-        printf("stopped after step %d (%s); --resume continues\n", m->step,
-               stop_requested ? "on a signal" : "--run-steps");
+        printf("stopped after step %d (%s); --resume continues from its checkpoint, %s/checkpoint.bin\n", m->step,
+               stop_requested ? "on a signal" : "--run-steps", o->out);
     // test hook (tests/test_data_parallel.sh): MLM_TEST_WEIGHTS_CRC=1 makes every rank print checksums of the
     // weights it holds, which must be the same on all ranks
     int crc = getenv("MLM_TEST_WEIGHTS_CRC") != NULL;

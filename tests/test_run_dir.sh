@@ -103,7 +103,7 @@ expect_error "trainer: --out $W/r: another run is using it: $W/r/lock is held by
   "$TRAINER" "${COMMON[@]}" --out "$W/r" --steps 100000 --resume
 kill -INT $first
 wait_gone $first 30
-check '[ "$rc" = 0 ] && grep -q "stopped after step [0-9]* (on a signal); --resume continues" "$W/r.log" && [ "$(ckpt_step "$W/r/checkpoint.bin")" -ge 2 ]' \
+check '[ "$rc" = 0 ] && grep -q "stopped after step [0-9]* (on a signal); --resume continues from its checkpoint, $W/r/checkpoint.bin$" "$W/r.log" && [ "$(ckpt_step "$W/r/checkpoint.bin")" -ge 2 ]' \
   "SIGINT: exit $rc after ${secs}s: $(tail -n 2 "$W/r.log")"
 # two hand launches of 2 ranks at once into one --out: one run forms, the others are refused, none hangs
 two=()
