@@ -12,6 +12,8 @@
 #     and the summary holds its table;
 #   - the profile stage runs ncu (a stand-in) on both kernel benchmarks and the summary has a line per kernel; a
 #     profiler that profiled nothing fails the stage; a passing build leaves no log;
+#   - the sanitize stage runs each of compute-sanitizer's checks (a stand-in) on the test, its lines in tests.log and
+#     the summary; a hazard fails the stage;
 #   - a test binary that is missing fails the tests stage and the exit code;
 #   - bad arguments give one line and exit code 2.
 # Needs ./build.sh all (build/test_*, build/bench_*, ./trainer_cpu). Run by tests/run.sh; prints "N passed, N failed".
@@ -34,6 +36,7 @@ for s in build tests kernels ab-mlp ab-attention matmul tests-rest; do
 done
 check '[ "$(state "$W/a" peer)" = skipped ] && grep -q "^peer: needs a GPU" "$W/a/summary.txt"' "the peer is not skipped as needing a GPU"
 check '[ "$(state "$W/a" profile)" = skipped ] && grep -q "^profile: needs a GPU" "$W/a/summary.txt"' "the profile is not skipped as needing a GPU"
+check '[ "$(state "$W/a" sanitize)" = skipped ] && grep -q "^sanitize: needs a GPU" "$W/a/summary.txt"' "the sanitize stage is not skipped as needing a GPU"
 check '[ ! -f "$W/a/build.log" ]' "a passing build left its log"
 for t in test_runtime test_gemm test_attention test_kernels; do  # (test_kernels: the tests-rest stage's, after)
   check 'grep -q -E "^$t: [0-9]+ passed, 0 failed \(exit 0\)$" "$W/a/summary.txt"' "the summary has no passing line for $t"
@@ -144,6 +147,30 @@ mkdir -p "$W/i"
 NCU_NOTHING=1 GPU_SESSION_NCU="$W/fake_ncu" $GS --cpu --dir "$W/i" --only profile >"$W/i.out" 2>&1; rc=$?
 check '[ $rc -eq 1 ] && [ "$(state "$W/i" profile)" = failed ] && grep -q "^profile: exit 1: no kernel profiled" "$W/i/summary.txt"' \
   "a profile of nothing (exit $rc, $(state "$W/i" profile)) did not fail: $(cat "$W/i/summary.txt")"
+
+# 4e. compute-sanitizer (a stand-in that runs the test and prints a summary in compute-sanitizer's layout; a hazard
+# in racecheck when SAN_HAZARD=1)
+cat >"$W/fake_sanitizer" <<'EOF2'
+#!/usr/bin/env bash
+tool=$2; shift 4  # --tool TOOL --error-exitcode N PROGRAM
+"$@" >/dev/null; rc=$?
+if [ -n "${SAN_HAZARD:-}" ] && [ "$tool" = racecheck ]; then
+  echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"; exit 99
+fi
+echo "========= ERROR SUMMARY: 0 errors"; exit $rc
+EOF2
+chmod +x "$W/fake_sanitizer"
+mkdir -p "$W/j"
+printf 'test_runtime: 55 passed, 0 failed (exit 0)\n' >"$W/j/tests.log"
+GPU_SESSION_SANITIZER="$W/fake_sanitizer" $GS --cpu --dir "$W/j" --only sanitize >"$W/j.out" 2>&1; rc=$?
+check '[ $rc -eq 0 ] && [ "$(state "$W/j" sanitize)" = ok ] && [ "$(grep -c -E "^sanitize (memcheck|racecheck|synccheck) test_runtime: ERROR SUMMARY: 0 errors \(exit 0\)$" "$W/j/summary.txt")" = 3 ]' \
+  "the sanitize stage (exit $rc, $(state "$W/j" sanitize)) lacks its three passing lines: $(cat "$W/j/summary.txt")"
+check 'grep -q "^test_runtime: 55 passed" "$W/j/tests.log" && [ "$(grep -c "^sanitize " "$W/j/tests.log")" = 3 ]' \
+  "the sanitize lines did not join tests.log: $(cat "$W/j/tests.log")"
+mkdir -p "$W/k"
+SAN_HAZARD=1 GPU_SESSION_SANITIZER="$W/fake_sanitizer" $GS --cpu --dir "$W/k" --only sanitize >"$W/k.out" 2>&1; rc=$?
+check '[ $rc -eq 1 ] && [ "$(state "$W/k" sanitize)" = failed ] && grep -q "^sanitize racecheck test_runtime: RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings) (exit 99)$" "$W/k/summary.txt"' \
+  "a racecheck hazard (exit $rc, $(state "$W/k" sanitize)) did not fail the stage: $(cat "$W/k/summary.txt")"
 
 # 5. a missing test binary fails the stage and the exit code
 GPU_SESSION_TESTS="test_runtime test_no_such" $GS --cpu --dir "$W/e" --only tests >"$W/e.out" 2>&1; rc=$?

@@ -12,6 +12,8 @@
 #                 are measured this way: the fastest this commit can run)
 #   profile       Nsight Compute (ncu) on each kernel of bench_attention and bench_gemm at bert-base, once: time,
 #                 throughputs, occupancy, stalls and ncu's own advice, so that a session without a GPU can tune from it
+#   sanitize      compute-sanitizer's memcheck, racecheck and synccheck on the tests of the candidates' kernels and of
+#                 the emulator's layouts (test_runtime, test_gemm, test_attention); its lines go into tests.log
 #   matmul        build/gpu/bench_matmul (bert-base): every matmul of a step against cuBLASLt's other algorithms
 #   tests-rest    every other GPU test binary (its lines go into tests.log too)
 #
@@ -27,14 +29,15 @@
 # each stage's state, time and result lines, and is printed last. --cpu runs the same stages on the CPU runtime at
 # tiny sizes (the CPU build's binaries): the script's own test, tests/test_gpu_session.sh. GPU_SESSION_TESTS="test_a
 # test_b" names the test binaries instead; GPU_SESSION_PYTHON the peer's Python (with --cpu, a stand-in, without
-# which the peer is skipped there); GPU_SESSION_NCU the profiler (likewise). The build's log is kept only when it
+# which the peer is skipped there); GPU_SESSION_NCU the profiler and GPU_SESSION_SANITIZER compute-sanitizer
+# (likewise). The build's log is kept only when it
 # fails (it runs at every call). Exit code 0 when no stage that ran failed, 1 when one did, 2 for a bad argument.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "gpu_session.sh: $*" >&2; exit 2; }
 
 BUDGET=540 DIR=runs/gpu_session ONLY="" CPU=0
-STAGES="build tests kernels ab-mlp ab-attention peer profile matmul tests-rest"
+STAGES="build tests kernels ab-mlp ab-attention peer profile sanitize matmul tests-rest"
 while [ $# -gt 0 ]; do
   case "$1" in
     --budget) [ $# -ge 2 ] || die "--budget needs a value"; BUDGET=$2; shift 2 ;;
@@ -65,8 +68,9 @@ if [ $CPU = 1 ]; then
   PEER="EMU_DEVICE_BYTES=1110000000 PYTHON=${GPU_SESSION_PYTHON:-python3} tools/bench_vs_peer.sh --preset mini --seq 32 --steps 1"
   PEER_FLAGS="--batch 4 "
   PROFILE_ARGS="--tiny"
-  declare -A EST=([build]=5 [tests]=20 [kernels]=30 [ab-mlp]=60 [ab-attention]=60 [peer]=5 [profile]=20 [matmul]=30
-    [tests-rest]=10)
+  SANITIZE_TESTS=test_runtime  # (on the CPU: one)
+  declare -A EST=([build]=5 [tests]=20 [kernels]=30 [ab-mlp]=60 [ab-attention]=60 [peer]=5 [profile]=20 [sanitize]=30
+    [matmul]=30 [tests-rest]=10)
 else
   BIN=build/gpu TRAINER=./trainer
   BUILD="./build.sh gpu"
@@ -80,8 +84,9 @@ else
   PEER="PYTHON=${GPU_SESSION_PYTHON:-python3} tools/bench_vs_peer.sh"
   PEER_FLAGS=""
   PROFILE_ARGS="--iters 1"
+  SANITIZE_TESTS="test_runtime test_gemm test_attention"
   declare -A EST=([build]=300 [tests]=90 [kernels]=90 [ab-mlp]=200 [ab-attention]=200 [peer]=360 [profile]=150
-    [matmul]=120 [tests-rest]=180)
+    [sanitize]=150 [matmul]=120 [tests-rest]=180)
 fi
 
 # state: DIR/summary.txt, one line a stage: "STAGE STATE SECONDS", STATE ok, failed, timed-out or skipped
@@ -100,6 +105,21 @@ run_tests() {
     [[ "$last" == *" 0 failed" && $rc = 0 ]] || echo "$out" | grep -v -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 30
     echo "$t: ${last:-no summary line} (exit $rc)"
     [ "$(left)" -gt 0 ] || { echo "out of time after $t"; return 124; }
+  done
+}
+# run_sanitize LIST: each of compute-sanitizer's checks on each test binary of LIST, one line a run: "sanitize TOOL
+# TEST: its summary (exit N)"; a hazard or error (--error-exitcode 99) or a failing test is a nonzero exit
+SANITIZER=${GPU_SESSION_SANITIZER:-compute-sanitizer}
+run_sanitize() {
+  local t tool out rc
+  for t in $1; do
+    for tool in memcheck racecheck synccheck; do
+      [ -x "$BIN/$t" ] || { echo "sanitize $tool $t: not built"; continue; }  # (no "exit 0": a failure)
+      out=$(timeout "$(limit)" $SANITIZER --tool $tool --error-exitcode 99 "$BIN/$t" 2>&1); rc=$?
+      [ $rc = 0 ] || echo "$out" | grep -v -E '^[0-9]+ passed, [0-9]+ failed' | tail -n 30
+      echo "sanitize $tool $t: $(echo "$out" | grep -E '^=+ [A-Z ]*SUMMARY' | tail -n 1 | sed 's/^=* //') (exit $rc)"
+      [ "$(left)" -gt 0 ] || { echo "out of time after $tool $t"; return 124; }
+    done
   done
 }
 # rest_of_tests: REST's binaries (ALL: every test built that TESTS does not name)
@@ -134,6 +154,7 @@ command_of() {
     build) echo "$BUILD" ;;
     tests) echo "run_tests '$TESTS'" ;;
     tests-rest) echo "run_tests '$(rest_of_tests)'" ;;
+    sanitize) echo "run_sanitize '$SANITIZE_TESTS'" ;;
     kernels) echo "$KERNELS" ;;
     ab-mlp) echo "$AB --b-flags '--mlp $(best_flag gemm cublaslt)' $AB_ARGS" ;;
     ab-attention) echo "$AB --b-flags '--attention $(best_flag attention mma)' $AB_ARGS" ;;
@@ -151,6 +172,9 @@ why_not() {
     profile)
       [ $CPU = 0 ] || [ -n "${GPU_SESSION_NCU:-}" ] || { echo "needs a GPU"; return; }
       command -v "$NCU" >/dev/null || { echo "$NCU: not found"; return; } ;;
+    sanitize)
+      [ $CPU = 0 ] || [ -n "${GPU_SESSION_SANITIZER:-}" ] || { echo "needs a GPU"; return; }
+      command -v "$SANITIZER" >/dev/null || { echo "$SANITIZER: not found"; return; } ;;
   esac
   [ "$1" = build ] || [ "${STATE[build]}" = ok ] || { echo "the build did not pass"; return; }
   [ "$(left)" -ge "${EST[$1]}" ] || echo "needs about ${EST[$1]} s, $(left) s left"
@@ -176,7 +200,7 @@ write_summary() {
       [ -f "$DIR/$s.log" ] && [ "$s" != build ] || continue
       echo "-- $s"
       case $s in
-        tests) grep -h -E '^test_[a-z0-9_]+: ' "$DIR/$s.log" ;;
+        tests) grep -h -E '^(sanitize [a-z]+ )?test_[a-z0-9_]+: ' "$DIR/$s.log" ;;
         kernels) grep -h -E '^(bert-|head size|tiny)|_wgmma|fastest|bench-(gemm|attention)-result' "$DIR/$s.log" ;;
         ab-*) grep -h -E '^B: |^ *(tokens/s|step ms|attention|matmuls|other kernels)' "$DIR/$s.log" ;;
         matmul) grep -h -E 'bench-matmul-result' "$DIR/$s.log" ;;
@@ -201,12 +225,17 @@ for s in $STAGES; do
   echo "gpu_session: $s ($(left) s left): $(command_of "$s")"
   t0=$(date +%s)
   log=$DIR/$s.log
-  if [ "$s" = tests ] || [ "$s" = tests-rest ]; then  # (both into tests.log: at most 8 files)
+  if [ "$s" = tests ] || [ "$s" = tests-rest ]; then  # (all three into tests.log: at most 8 files)
     log=$DIR/tests.log
     [ "$s" = tests ] && list=$TESTS || list=$(rest_of_tests)
     out=$(run_tests "$list" 2>&1); rc=$?
     echo "$out" | grep -q -v -E '^test_[a-z0-9_]+: [0-9]+ passed, 0 failed \(exit 0\)$' && [ $rc = 0 ] && rc=1
     if [ "$s" = tests ]; then echo "$out" > "$log"; else echo "$out" >> "$log"; fi
+  elif [ "$s" = sanitize ]; then
+    log=$DIR/tests.log
+    out=$(run_sanitize "$SANITIZE_TESTS" 2>&1); rc=$?
+    echo "$out" | grep -E '^sanitize [a-z]+ test_[a-z0-9_]+: ' | grep -q -v '(exit 0)$' && [ $rc = 0 ] && rc=1
+    echo "$out" >> "$log"
   else
     timeout "$(limit)" bash -c "$(command_of "$s")" > "$log" 2>&1; rc=$?
   fi
