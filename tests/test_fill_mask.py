@@ -159,7 +159,7 @@ def test_errors_one_line():
             ([bexp, "--text", "a[MASK]", "--mask-every", "2"], "has [MASK] already"),
             ([bexp, "--text", "abc", "--mask-every", "0"], "--mask-every 0: expected >= 1"),
             ([bexp, "--text", "a[MASK]", "--top", "0"], "--top 0: expected >= 1"),
-            ([bexp, "--text", "x" * 39 + "[MASK]"], "more than the model's 40 positions"),
+            ([bexp, "--text", "x" * 39 + "[MASK]"], "more than the model's 40 positions (at most 38 tokens"),
             ([bexp, "--file", f, "--length", "60", "--mask-every", "4"], "is 50 tokens; with [CLS] and [SEP]"),
             ([bexp, "--file", f, "--offset", "50", "--mask-every", "4"], "no bytes at --offset 50 (the file has 50)"),
             ([bexp, "--file", f, "--offset", "-1", "--mask-every", "4"], "--offset -1: expected >= 0"),

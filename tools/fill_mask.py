@@ -112,7 +112,8 @@ def masked_sample(content, cls_id, sep_id, mask_id, positions, max_positions):
     itself had [MASK])."""
     if len(content) + 2 > max_positions:
         raise FillMaskError(f"the input is {len(content)} tokens; with [CLS] and [SEP] that is more than the "
-                            f"model's {max_positions} positions (use a shorter --length or --text)")
+                            f"model's {max_positions} positions (at most {max_positions - 2} tokens: a shorter "
+                            f"--length or --text)")
     ids = [cls_id] + list(content) + [sep_id]
     where, was = [], []
     for p in positions:
