@@ -2985,6 +2985,11 @@ static void resolve_run_length(Options* o, const Comm* comm, int B, double epoch
         rows, o->T, comm->world, o->grad_accum, B, per_step, epoch_tokens, epoch_tokens / per_step);
     if (o->tokens) printf("--tokens %lld: %d steps\n", o->tokens, o->steps);
     if (o->epochs > 0) printf("--epochs %g: %d steps\n", o->epochs, o->steps);
+    if (o->warmup >= o->steps)
+        printf(
+            "note: --warmup %d is not below --steps %d: the learning rate only rises (linear warm-up to --lr at step "
+            "%d) and never decays\n",
+            o->warmup, o->steps, o->warmup);
 }
 
 // byte_token_char: the character that stands for byte b in a byte tokenizer.json, as in GPT-2's byte-level

@@ -136,6 +136,8 @@ check 'grep -qE "^step +4/4" "$W/g0.log" && awk -v n="$norms" "BEGIN { k = split
 # 4. starting from a Hugging Face export (run 1's), from node-local copies of the shards
 ./trainer_cpu "${COMMON[@]}" --out "$W/f" --steps 2 --init-from "$W/a" --stage-dir "$W/local" >"$W/f.log" 2>&1
 lf=$(loss_at 1 "$W/f.log")
+check 'grep -q "^note: --warmup 2 is not below --steps 2: the learning rate only rises" "$W/f.log" && ! grep -q "^note: --warmup" "$W/a.log"' \
+  "--warmup 2 of --steps 2 was not noted (or --steps 20 was): $(grep -h '^note: --warmup' "$W/f.log" "$W/a.log")"
 echo "  (loss: step 1 $l1, step 20 $l20; from the export, step 1 $lf)"
 # (compared with the untrained start: the step-20 loss is one batch's, and batches differ by more than 0.3)
 check 'awk -v a="$lf" -v b="$l1" "BEGIN { exit !(a != \"\" && a < b - 0.4) }"' \
