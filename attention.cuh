@@ -1109,7 +1109,7 @@ __global__ void __launch_bounds__(256, 1)
     WarpRange wr = warp_range<1>(blk.lo, blk.hi, blk.wrow, T);  // the keys' ranges: the queries that see them
     // at least one tile, so that no wgmma sits in a branch (see attention_forward_wgmma): keys that no query sees
     // take tile 0 fully masked (P = 0: dK = dV = 0)
-    int t = threadIdx.x % 4, wg = threadIdx.x / 128, n = max(blk.ntiles, 1), start = blk.ntiles ? blk.start : 0;
+    int t = threadIdx.x % 4, n = max(blk.ntiles, 1), start = blk.ntiles ? blk.start : 0;
     int qcol = blk.h * HD;  // the head's first column in qkv's Q third and in dout
     const float *lse_r = lse + ((size_t)blk.b * NH + blk.h) * T, *delta_r = delta + ((size_t)blk.b * NH + blk.h) * T;
     if (threadIdx.x == 0) {

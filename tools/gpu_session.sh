@@ -30,8 +30,8 @@
 # tiny sizes (the CPU build's binaries): the script's own test, tests/test_gpu_session.sh. GPU_SESSION_TESTS="test_a
 # test_b" names the test binaries instead; GPU_SESSION_PYTHON the peer's Python (with --cpu, a stand-in, without
 # which the peer is skipped there); GPU_SESSION_NCU the profiler and GPU_SESSION_SANITIZER compute-sanitizer
-# (likewise). The build's log is kept only when it
-# fails (it runs at every call). Exit code 0 when no stage that ran failed, 1 when one did, 2 for a bad argument.
+# (likewise). The build's log is kept only when it fails (it runs at every call). Exit code 0 when no stage that ran
+# failed, 1 when one did, 2 for a bad argument.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "gpu_session.sh: $*" >&2; exit 2; }
@@ -225,7 +225,7 @@ for s in $STAGES; do
   echo "gpu_session: $s ($(left) s left): $(command_of "$s")"
   t0=$(date +%s)
   log=$DIR/$s.log
-  if [ "$s" = tests ] || [ "$s" = tests-rest ]; then  # (all three into tests.log: at most 8 files)
+  if [ "$s" = tests ] || [ "$s" = tests-rest ]; then  # (these two and sanitize write tests.log: at most 8 files)
     log=$DIR/tests.log
     [ "$s" = tests ] && list=$TESTS || list=$(rest_of_tests)
     out=$(run_tests "$list" 2>&1); rc=$?
