@@ -20,10 +20,13 @@ static inline void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_
                            // function from the runtime)
 #include <cublasLt.h>      // matmuls (on the CPU build: cpu/cublas.cpp implements the same API)
 #include <mma.h>           // WMMA tensor-core fragments (on the CPU build: cpu/include/mma.h)
+#include <errno.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <math.h>
+#include <string.h>
+#include <unistd.h>  // fsync (blas_table_write)
 
 // ---------------------------------------------------------------------------------------------
 // Storage type. Weights the kernels read and all activations are floatX: bf16 by default, fp32 when
@@ -1104,8 +1107,33 @@ typedef struct {
     cublasLtMatrixLayout_t la, lb, ld;
     cublasLtMatmulAlgo_t algo;
     int has_algo;
+    int table_line;              // the line of the algorithm table (--matmul-algos) that chose algo; 0: the heuristic
     long long calls, acc_calls;  // how many times blas_matmul ran it, and of those with C (beta != 0)
 } MatmulPlan;
+
+// An algorithm table (./trainer --matmul-algos FILE; written by training runs and by tests/bench_matmul.cu --tune):
+// for some shapes, the algorithm to run instead of the heuristic's first. An algorithm is named by its
+// configuration, as cublasLtMatmulAlgoConfigGetAttribute gives it (BLAS_ALGO_FIELDS numbers, in the order of
+// blas_algo_fields), and blas_plan takes the heuristic's offer with that configuration: the table never makes up
+// an algorithm, and one measured with another GPU or library is refused, not run. The file format: blas_table_read.
+#define BLAS_ALGO_FIELDS 9
+typedef struct {
+    int ta, tb, m, n, k, lda, ldb, ldd, epi, acc;  // the plan's shape (acc: the step adds to C)
+    int ab, cd;                                    // cudaDataType of A, B and of C, D
+    int algo[BLAS_ALGO_FIELDS];
+    long long calls;  // per step, where it was recorded (bench_matmul --tune weighs the shapes by it)
+    double ms;        // the time bench_matmul measured for it (0: not measured)
+    int line;         // in the file it was read from
+} BlasTableEntry;
+#define BLAS_TABLE_MAX 512
+typedef struct {
+    char path[1024];    // the file it was read from ("" if none)
+    char device[256];   // the GPU (cudaDeviceProp.name) and cuBLASLt version it was recorded with
+    long long version;  //
+    int n;
+    BlasTableEntry e[BLAS_TABLE_MAX];
+} BlasTable;
+
 #define BLAS_MAX_PLANS 64
 typedef struct {
     cublasLtHandle_t lt;
@@ -1113,6 +1141,7 @@ typedef struct {
     size_t workspace_size;
     int n;
     MatmulPlan plan[BLAS_MAX_PLANS];
+    const BlasTable* table;  // NULL: the heuristic's first algorithm for every shape (set after blas_init)
 } Blas;
 
 static inline void blas_init(Blas* bl, size_t workspace_size) {
@@ -1157,6 +1186,56 @@ static inline int blas_heuristic(const Blas* bl, const MatmulPlan* p, int n, cub
         found = 0;
     cublasLtMatmulPreferenceDestroy(pref);
     return found;
+}
+// blas_algo_config: the configuration that names algorithm a (BLAS_ALGO_FIELDS numbers, see BlasTable)
+static const char* const blas_algo_fields[BLAS_ALGO_FIELDS] = {"id",        "tile",    "stages", "splitk", "reduction",
+                                                               "swizzle",   "custom",  "inner",  "cluster"};
+static inline void blas_algo_config(const cublasLtMatmulAlgo_t* a, int cfg[BLAS_ALGO_FIELDS]) {
+    const cublasLtMatmulAlgoConfigAttributes_t attr[BLAS_ALGO_FIELDS] = {
+        CUBLASLT_ALGO_CONFIG_ID,           CUBLASLT_ALGO_CONFIG_TILE_ID,          CUBLASLT_ALGO_CONFIG_STAGES_ID,
+        CUBLASLT_ALGO_CONFIG_SPLITK_NUM,   CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
+        CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
+    for (int i = 0; i < BLAS_ALGO_FIELDS; i++) {
+        size_t size = 0;  // (4 bytes, the inner and cluster shapes 2: cublasLt.h)
+        CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(a, attr[i], NULL, 0, &size));
+        uint32_t v32 = 0;
+        uint16_t v16 = 0;
+        CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(a, attr[i], size == 2 ? (void*)&v16 : (void*)&v32, size,
+                                                          &size));
+        cfg[i] = size == 2 ? (int)v16 : (int)v32;
+    }
+}
+// blas_table_find: t's entry for plan p's shape, or NULL
+static inline const BlasTableEntry* blas_table_find(const BlasTable* t, const MatmulPlan* p) {
+    for (int i = 0; t && i < t->n; i++) {
+        const BlasTableEntry* e = &t->e[i];
+        if (e->ta == p->ta && e->tb == p->tb && e->m == p->m && e->n == p->n && e->k == p->k && e->lda == p->lda &&
+            e->ldb == p->ldb && e->ldd == p->ldd && e->epi == p->epi && e->ab == (int)p->ab && e->cd == (int)p->cd)
+            return e;
+    }
+    return NULL;
+}
+#define BLAS_TABLE_OFFERS 32  // how many of the heuristic's offers a table's algorithm is looked for among
+// blas_table_algo: plan p takes the heuristic's offer whose configuration is entry e's; where none is (the table
+// was recorded with another GPU or cuBLASLt, or another workspace), the run stops with a message naming the line.
+static inline void blas_table_algo(const Blas* bl, MatmulPlan* p, const BlasTableEntry* e) {
+    cublasLtMatmulHeuristicResult_t res[BLAS_TABLE_OFFERS];
+    int found = blas_heuristic(bl, p, BLAS_TABLE_OFFERS, res);
+    for (int i = 0; i < found; i++) {
+        int cfg[BLAS_ALGO_FIELDS];
+        if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > bl->workspace_size) continue;
+        blas_algo_config(&res[i].algo, cfg);
+        if (!memcmp(cfg, e->algo, sizeof cfg)) {
+            p->algo = res[i].algo, p->has_algo = 1, p->table_line = e->line;
+            return;
+        }
+    }
+    fprintf(stderr,
+            "matmul algorithm table %s line %d: cuBLASLt offers no algorithm with that configuration for this matmul (m %d n %d k %d) "
+            "here, among its %d offers (the table was recorded with %s, cuBLASLt %lld): record the table on this "
+            "machine again (README, Matmuls), or leave --matmul-algos out\n",
+            bl->table->path, e->line, p->m, p->n, p->k, found, bl->table->device, bl->table->version);
+    exit(1);
 }
 static inline MatmulPlan* blas_plan(Blas* bl, int ta, int tb, int m, int n, int k, int lda, int ldb, int ldd,
                                     cudaDataType ab, cudaDataType cd, int epi) {
@@ -1209,7 +1288,10 @@ static inline MatmulPlan* blas_plan(Blas* bl, int ta, int tb, int m, int n, int 
                                                     sizeof(placeholder)));
     }
     cublasLtMatmulHeuristicResult_t res;
-    if (blas_heuristic(bl, p, 1, &res) > 0) {
+    const BlasTableEntry* entry = blas_table_find(bl->table, p);
+    if (entry) {
+        blas_table_algo(bl, p, entry);
+    } else if (blas_heuristic(bl, p, 1, &res) > 0) {
         p->algo = res.algo;
         p->has_algo = 1;
     }
@@ -1250,6 +1332,168 @@ static inline void matmul_backward_weight(Blas* bl, cudaStream_t s, float* dW, f
                                           int ldd, const floatX* inp, int N, int IC, int OC) {
     blas_matmul(bl, s, 0, 1, IC, OC, N, inp, IC, dout, ldd, dW, IC, CUDA_R_32F, dW, 1.f,
                 dbias ? BLAS_EPI_BGRADB : BLAS_EPI_NONE, dbias);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matmul algorithm tables on disk. A training run writes DIR/matmul_algos.txt, the algorithm of each matmul shape
+// of its step (the heuristic's or --matmul-algos's); tests/bench_matmul.cu --tune times the heuristic's other offers
+// for those shapes and writes a table with the fastest; ./trainer --matmul-algos TABLE runs with it. Every rank of a
+// run reads the same table (the ranks agree on its entries, trainer.cu agree), and a run repeats to the bit with it.
+// The format, one line each (# starts a comment):
+//   device NAME                      the GPU it was recorded on (cudaDeviceProp.name)
+//   cublaslt VERSION                 cublasLtGetVersion() there
+//   matmul ta=0|1 tb=0|1 m=M n=N k=K lda=L ldb=L ldd=L ab=bf16|fp32 cd=bf16|fp32 epi=none|bias|bgradb acc=0|1
+//          algo id=I tile=I stages=I splitk=I reduction=I swizzle=I custom=I inner=I cluster=I calls=N ms=X
+// (one line; the shape as blas_matmul's cuBLASLt column-major view, acc 1 where the step adds to C; the algorithm's
+// configuration; the calls per step and bench_matmul's time per call, 0 where not measured).
+static const char* blas_type_name(int t) { return t == CUDA_R_16BF ? "bf16" : t == CUDA_R_32F ? "fp32" : "?"; }
+static const char* const blas_epi_names[] = {"none", "bias", "bgradb"};
+
+// blas_table_read: t from the file at path. 1, or 0 after a message (who: its start, the program and flag) naming
+// the file, the line and what was expected.
+static inline int blas_table_read(const char* who, const char* path, BlasTable* t) {
+    memset(t, 0, sizeof *t);
+    snprintf(t->path, sizeof t->path, "%s", path);
+    FILE* f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "%s %s: cannot open the matmul algorithm table: %s\n", who, path, strerror(errno));
+        return 0;
+    }
+    char line[1024];
+    int ln = 0, ok = 1, has_version = 0;
+    while (ok && fgets(line, sizeof line, f)) {
+        ln++;
+        char* c = strchr(line, '#');
+        if (c) *c = 0;
+        size_t len = strlen(line);
+        while (len && (line[len - 1] == '\n' || line[len - 1] == ' ' || line[len - 1] == '\t' || line[len - 1] == '\r'))
+            line[--len] = 0;
+        const char* l = line + strspn(line, " \t");
+        if (!*l) continue;
+        if (!strncmp(l, "device ", 7)) {
+            snprintf(t->device, sizeof t->device, "%s", l + 7);
+            continue;
+        }
+        if (sscanf(l, "cublaslt %lld", &t->version) == 1) {
+            has_version = 1;
+            continue;
+        }
+        BlasTableEntry e;
+        memset(&e, 0, sizeof e);
+        char ab[8] = "", cd[8] = "", epi[8] = "";
+        int* a = e.algo;
+        int end = -1;
+        sscanf(l,
+               "matmul ta=%d tb=%d m=%d n=%d k=%d lda=%d ldb=%d ldd=%d ab=%7s cd=%7s epi=%7s acc=%d algo id=%d "
+               "tile=%d stages=%d splitk=%d reduction=%d swizzle=%d custom=%d inner=%d cluster=%d calls=%lld ms=%lf%n",
+               &e.ta, &e.tb, &e.m, &e.n, &e.k, &e.lda, &e.ldb, &e.ldd, ab, cd, epi, &e.acc, &a[0], &a[1], &a[2], &a[3],
+               &a[4], &a[5], &a[6], &a[7], &a[8], &e.calls, &e.ms, &end);
+        e.ab = !strcmp(ab, "bf16") ? CUDA_R_16BF : !strcmp(ab, "fp32") ? CUDA_R_32F : -1;
+        e.cd = !strcmp(cd, "bf16") ? CUDA_R_16BF : !strcmp(cd, "fp32") ? CUDA_R_32F : -1;
+        e.epi = -1;
+        for (int i = 0; i < 3; i++)
+            if (end >= 0 && !strcmp(epi, blas_epi_names[i])) e.epi = i;
+        e.line = ln;
+        if (end < 0 || l[end] != 0) {
+            fprintf(stderr,
+                    "%s %s line %d: expected \"device NAME\", \"cublaslt VERSION\" or \"matmul ta=0|1 tb=0|1 m= n= k= "
+                    "lda= ldb= ldd= ab=bf16|fp32 cd=bf16|fp32 epi=none|bias|bgradb acc=0|1 algo id= tile= stages= "
+                    "splitk= reduction= swizzle= custom= inner= cluster= calls= ms=\" (README, Matmuls), not: %.200s\n",
+                    who, path, ln, l);
+            ok = 0;
+        } else if (e.ab < 0 || e.cd < 0 || e.epi < 0 || (e.ta | e.tb | e.acc) & ~1 || e.m < 1 || e.n < 1 ||
+                   e.k < 1 || e.lda < 1 || e.ldb < 1 || e.ldd < 1 || e.calls < 0 || !(e.ms >= 0)) {
+            fprintf(stderr,
+                    "%s %s line %d: a value out of range (ta, tb, acc 0 or 1; m n k lda ldb ldd >= 1; ab, cd bf16 or fp32; "
+                    "epi none, bias or bgradb; calls, ms >= 0)\n",
+                    who, path, ln);
+            ok = 0;
+        } else if (t->n == BLAS_TABLE_MAX) {
+            fprintf(stderr, "%s %s line %d: more than %d matmul shapes\n", who, path, ln, BLAS_TABLE_MAX);
+            ok = 0;
+        } else {
+            MatmulPlan key;
+            memset(&key, 0, sizeof key);
+            key.ta = e.ta, key.tb = e.tb, key.m = e.m, key.n = e.n, key.k = e.k, key.lda = e.lda, key.ldb = e.ldb;
+            key.ldd = e.ldd, key.epi = e.epi, key.ab = (cudaDataType)e.ab, key.cd = (cudaDataType)e.cd;
+            const BlasTableEntry* dup = blas_table_find(t, &key);
+            if (dup) {
+                fprintf(stderr, "%s %s line %d: the same matmul shape as line %d\n", who, path, ln, dup->line);
+                ok = 0;
+            } else {
+                t->e[t->n++] = e;
+            }
+        }
+    }
+    if (ok && ferror(f)) fprintf(stderr, "%s %s: read error: %s\n", who, path, strerror(errno)), ok = 0;
+    fclose(f);
+    if (ok && (!t->device[0] || !has_version)) {
+        fprintf(stderr, "%s %s: no \"device NAME\" or no \"cublaslt VERSION\" line (README, Matmuls)\n", who, path);
+        ok = 0;
+    }
+    return ok;
+}
+
+// blas_table_add: every plan of bl that holds an algorithm, with its calls per step (bl ran `steps` steps), into t
+// (replacing t's entry for the same shape)
+static inline void blas_table_add(BlasTable* t, const Blas* bl, int steps) {
+    for (int i = 0; i < bl->n; i++) {
+        const MatmulPlan* p = &bl->plan[i];
+        if (!p->has_algo) continue;
+        BlasTableEntry* e = (BlasTableEntry*)blas_table_find(t, p);
+        if (!e) {
+            if (t->n == BLAS_TABLE_MAX) return;
+            e = &t->e[t->n++];
+        }
+        memset(e, 0, sizeof *e);
+        e->ta = p->ta, e->tb = p->tb, e->m = p->m, e->n = p->n, e->k = p->k, e->lda = p->lda, e->ldb = p->ldb;
+        e->ldd = p->ldd, e->epi = p->epi, e->acc = p->acc_calls > 0, e->ab = p->ab, e->cd = p->cd;
+        e->calls = p->calls / (steps > 0 ? steps : 1);
+        blas_algo_config(&p->algo, e->algo);
+    }
+}
+
+// blas_table_write: t to path, atomically (path.tmp written, flushed to disk, renamed). 1, or 0 after a message.
+static inline int blas_table_write(const BlasTable* t, const char* path) {
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE* f = fopen(tmp, "w");
+    if (!f) {
+        fprintf(stderr, "%s: cannot write the matmul algorithm table: %s\n", tmp, strerror(errno));
+        return 0;
+    }
+    fprintf(f,
+            "# mlm.c matmul algorithms: ./trainer --matmul-algos FILE runs each shape below with its algorithm, the\n"
+            "# others with cuBLASLt's heuristic's first (README, Matmuls). Shapes: cuBLASLt's column-major m n k.\n"
+            "device %s\ncublaslt %lld\n",
+            t->device, t->version);
+    for (int i = 0; i < t->n; i++) {
+        const BlasTableEntry* e = &t->e[i];
+        const int* a = e->algo;
+        fprintf(f,
+                "matmul ta=%d tb=%d m=%d n=%d k=%d lda=%d ldb=%d ldd=%d ab=%s cd=%s epi=%s acc=%d algo id=%d tile=%d "
+                "stages=%d splitk=%d reduction=%d swizzle=%d custom=%d inner=%d cluster=%d calls=%lld ms=%.4f\n",
+                e->ta, e->tb, e->m, e->n, e->k, e->lda, e->ldb, e->ldd, blas_type_name(e->ab), blas_type_name(e->cd),
+                blas_epi_names[e->epi], e->acc, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], e->calls, e->ms);
+    }
+    int ok = !ferror(f) && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = fclose(f) == 0 && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        fprintf(stderr, "%s: cannot write the matmul algorithm table: %s\n", path, strerror(errno));
+        remove(tmp);
+        return 0;
+    }
+    return 1;
+}
+
+// blas_table_uses: how many of bl's plans took their algorithm from its table, and (unused) how many of the
+// table's entries no plan matched
+static inline int blas_table_uses(const Blas* bl, int* unused) {
+    int used = 0;
+    *unused = bl->table ? bl->table->n : 0;
+    for (int i = 0; i < bl->n; i++) used += bl->plan[i].table_line > 0;
+    *unused -= used;
+    return used;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -66,6 +66,8 @@ typedef struct {
     const char* attention;             // --attention mma | wgmma | LIST: the attention kernels (use_attention)
     const char* mlp;                   // --mlp cublaslt | wgmma | LIST: the MLP's first matmul and GELU (use_mlp)
     int att_wg, mlp_wg;                // the kernels they put on wgmma: ATT_WG_* and MLP_WG_* masks (kernel_set)
+    const char* matmul_algos;          // --matmul-algos FILE: cuBLASLt algorithms for the shapes it lists
+    const BlasTable* matmul_table;     // its entries (load_matmul_algos), or NULL
     int optimizer;                     // OPT_ADAMW or OPT_LAMB (from optimizer_name)
     long long tokens;                  // --tokens N: about N real tokens, as steps (resolve_run_length)
     double epochs;                     // --epochs E: E passes over the training shards, as steps
@@ -143,6 +145,10 @@ static const Flag flags[] = {
      "the MLP's first matmul (and its input gradient): cuBLASLt, then a GELU kernel; or\n"
      "wgmma, our Hopper matmul with GELU in its epilogue (not yet timed on a GPU: README;\n"
      "bf16, an sm_90 GPU), for both or for one of fwd, bwd (the other on cuBLASLt)"},
+    {"--matmul-algos", "FILE", F_STR, AT(matmul_algos), 0, 0, NULL,
+     "run each matmul shape FILE lists with its cuBLASLt algorithm, the others with the\n"
+     "heuristic's first: a table tests/bench_matmul --tune wrote from a run's\n"
+     "DIR/matmul_algos.txt (README, Matmuls); recorded on this GPU and cuBLASLt"},
     {"--loader-threads", "N", F_INT_AUTO, AT(loader_threads), 1, 256, "auto",
      "threads preparing batches; auto: as many as the step needs, from one thread's measured\n"
      "rate and the predicted micro-batch time (printed with the reason)"},
@@ -1505,7 +1511,8 @@ static const char* const run_files[] = {"checkpoint.bin",        "checkpoint.bin
                                         "config.json",           "tokenizer.json",
                                         "tokenizer_config.json", "special_tokens_map.json",
                                         "byte_tokenizer.json",   "run.json",
-                                        "run.json.tmp",          "lock"};
+                                        "run.json.tmp",          "matmul_algos.txt",
+                                        "matmul_algos.txt.tmp",  "lock"};
 #define RUN_NUM_FILES ((int)(sizeof run_files / sizeof run_files[0]))
 // A run's results: a new run is refused where any is (or a checkpoint-STEP.bin). A metrics.jsonl alone (a run
 // that never made a checkpoint: a requeued job starts again without --resume) is kept as metrics.jsonl.prev.
@@ -2109,6 +2116,24 @@ static int use_mlp(BertModel* m, const Options* o, const cudaDeviceProp* prop, i
     return 1;
 }
 
+// bench_record_matmuls: --bench --out DIR writes DIR/matmul_algos.txt, the algorithms of every matmul shape of the
+// presets benchmarked so far (one table for all of them; see record_matmuls). 1, or 0 when it could not be written.
+static int bench_record_matmuls(const Options* o, const BertModel* m, const cudaDeviceProp* prop) {
+    static BlasTable rec;  // (static: kept from one preset to the next)
+    snprintf(rec.device, sizeof rec.device, "%s", prop->name);
+    rec.version = (long long)cublasLtGetVersion();
+    blas_table_add(&rec, &m->blas, o->bench_warmup + 2 * o->bench_steps);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/matmul_algos.txt", o->out);
+    if (mkdir(o->out, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "trainer: --out %s: cannot create the directory: %s\n", o->out, strerror(errno));
+        return 0;
+    }
+    if (!blas_table_write(&rec, path)) return 0;
+    printf("bench: the matmuls' algorithms written to %s (tune them: tests/bench_matmul --tune %s)\n", path, path);
+    return 1;
+}
+
 // bench_run: bench_preset with the gradient buckets made.
 static int bench_run(const Options* o, const char* preset, GradReduce* gr, const cudaDeviceProp* prop,
                      double peak_tflops, BenchResult* res) {
@@ -2143,6 +2168,7 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     if (!bert_alloc_sharded(&model, &cfg, B, T, plan.M, stream, gr->zero ? gr->state_numel : 0, gr->slack) ||
         !use_attention(&model, o, prop, main_rank) || !use_mlp(&model, o, prop, main_rank))
         return 1;
+    model.blas.table = o->matmul_table;
     grad_reduce_start(gr);
     BatchMaker bm;
     float* scratch = batch_maker_alloc(&bm, &plan, 0);
@@ -2186,6 +2212,7 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     }
 
     if (main_rank) bench_print(o, preset, res, &largest, free_bytes, comm->world, flops_token, peak_tflops, prop->name);
+    if (main_rank && o->out && !bench_record_matmuls(o, &model, prop)) return 1;
     dataloader_free(&train);
     cudaFree(bm.seg_lo);
     cudaFreeHost(bm.host);
@@ -2659,6 +2686,15 @@ static uint64_t fingerprint(uint64_t h, const void* p, size_t n) {  // FNV-1a ov
     return h;
 }
 
+// matmul_table_fingerprint: --matmul-algos's shapes and algorithms (not its comments, times or line numbers); 0: none
+static uint64_t matmul_table_fingerprint(const Options* o) {
+    uint64_t h = 0;
+    for (int i = 0; o->matmul_table && i < o->matmul_table->n; i++)  // (the entry's ints up to its algorithm's last)
+        h = fingerprint(h ? h : 0xcbf29ce484222325ull, &o->matmul_table->e[i],
+                        offsetof(BlasTableEntry, algo) + sizeof o->matmul_table->e[i].algo);
+    return h;
+}
+
 // data_fingerprint: the shards_fingerprint of a glob's shards (headers only); the first shard's header (the
 // vocabulary and its special ids: all shards agree, data.h checks) and the real tokens in all of them.
 static uint64_t data_fingerprint(const char* flag, const char* pattern, ShardHeader* h, double* tokens) {
@@ -2700,6 +2736,7 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
         comm_flag_int("--seed", o->seed),
         comm_flag_int("--attention (the kernels on wgmma: 1 fwd, 2 dq, 4 dkdv)", o->att_wg),
         comm_flag_int("--mlp (the passes on wgmma: 1 fwd, 2 bwd)", o->mlp_wg),
+        comm_flag_fingerprint("--matmul-algos (the table's shapes and algorithms)", matmul_table_fingerprint(o)),
         comm_flag_int("--resume (1: given)", o->resume),
         comm_flag_int("--run-steps", o->run_steps),
         comm_flag_int("--val-every", o->val_every),
@@ -3293,6 +3330,7 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
     if (!bert_alloc(&model, &cfg, plan.B, plan.T, plan.M, stream) || !use_attention(&model, o, prop, main_rank) ||
         !use_mlp(&model, o, prop, main_rank))
         return 1;
+    model.blas.table = o->matmul_table;
     BatchMaker bm;
     batch_maker_alloc(&bm, &plan, vh.pad_id);
     Validation v;
@@ -3549,6 +3587,7 @@ static int allocate_run(Run* r) {
                             r->gr.slack) ||
         !use_attention(&r->model, o, &r->prop, r->main_rank) || !use_mlp(&r->model, o, &r->prop, r->main_rank))
         return 0;
+    r->model.blas.table = o->matmul_table;
     grad_reduce_start(&r->gr);
     if (o->onebit) onebit_setup(r);
     r->scratch = batch_maker_alloc(&r->bm, &r->plan, r->data_h.pad_id);  // the step's sums: see S_LOSS
@@ -3603,6 +3642,54 @@ static int load_weights(Run* r) {
     return 1;
 }
 
+// load_matmul_algos: --matmul-algos's table, read once (every rank reads the same file; agree compares them), for
+// this GPU and cuBLASLt only. 1, or 0 after a message.
+static int load_matmul_algos(Options* o, const cudaDeviceProp* prop, int main_rank) {
+    static BlasTable table;  // (static: 512 entries)
+    if (!o->matmul_algos) return 1;
+    if (!blas_table_read("trainer: --matmul-algos", o->matmul_algos, &table)) return 0;
+    long long version = (long long)cublasLtGetVersion();
+    if (strcmp(table.device, prop->name) || table.version != version) {
+        fprintf(stderr,
+                "trainer: --matmul-algos %s: recorded on %s with cuBLASLt %lld, but this is %s with cuBLASLt %lld: "
+                "an algorithm is only known to the GPU and library that offered it; record the table here (README, "
+                "Matmuls)\n",
+                o->matmul_algos, table.device, table.version, prop->name, version);
+        return 0;
+    }
+    o->matmul_table = &table;
+    if (main_rank)
+        printf("matmul algorithms: %d shapes from %s; the others from cuBLASLt's heuristic\n", table.n,
+               o->matmul_algos);
+    return 1;
+}
+
+// record_matmuls: after the first step, which made every matmul's plan, says how many took their algorithm from
+// --matmul-algos, and writes DIR/matmul_algos.txt (rank 0): the algorithm of each shape of this run's step, to
+// repeat it, or to tune with tests/bench_matmul --tune. 1, or 0 when the file could not be written.
+static int record_matmuls(const Options* o, const BertModel* m, int main_rank) {
+    if (!main_rank) return 1;
+    if (o->matmul_table) {
+        int unused, used = blas_table_uses(&m->blas, &unused);
+        printf("matmul algorithms: %d of the step's %d shapes from %s", used, m->blas.n, o->matmul_algos);
+        if (unused)
+            printf("; %d of its shapes are not in this run (recorded at another micro-batch, --seq or model?)", unused);
+        printf("\n");
+    }
+    static BlasTable rec;
+    memset(&rec, 0, sizeof rec);
+    cudaDeviceProp prop;
+    int dev;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+    snprintf(rec.device, sizeof rec.device, "%s", prop.name);
+    rec.version = (long long)cublasLtGetVersion();
+    blas_table_add(&rec, &m->blas, 1);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/matmul_algos.txt", o->out);
+    return blas_table_write(&rec, path);
+}
+
 // start_log: the progress log and DIR/metrics.jsonl (rank 0), for steps up to last_step; a new run in --out
 // with --overwrite clears the earlier run's files first.
 static int start_log(Run* r, int last_step) {
@@ -3651,6 +3738,7 @@ static int train(Run* r) {
         }
         if (s.stop) last_step = step;  // some rank got a signal: every rank stops after this step
         bad_steps = s.skipped ? bad_steps + 1 : 0;
+        if (step == r->lg.first_step && !record_matmuls(o, m, main_rank)) return 1;  // DIR/matmul_algos.txt
         r->ck.tokens = r->lg.tokens += s.all_tokens;
         if (main_rank)
             log_step(o, &s, step, bad_steps, now_s() - t0, r->comm.world, flops_token, peak_tflops, &r->bm, &r->lg);
@@ -3724,6 +3812,7 @@ int main(int argc, char** argv) {
     use_device(&r->comm, &r->prop, &r->free_bytes, &r->total_bytes);
     if (!strcmp(argv[1], "--info")) return print_info(r);
     r->o = parse_options(argc, argv);
+    if (!load_matmul_algos(&r->o, &r->prop, r->comm.rank == 0)) return 1;  // --matmul-algos
     r->comm.timeout_s = r->o.nccl_timeout;
     stall_hook_init(&r->comm, &r->o);
     if (r->o.bench) return run_bench(&r->o, &r->comm, &r->prop, r->started);

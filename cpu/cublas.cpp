@@ -13,6 +13,7 @@
 //             cublasSgemm, cublasSgemmStridedBatched, cublasGetStatusString/Name.
 //   cuBLASLt  cublasLtCreate/Destroy, matmul descriptors, matrix layouts, preferences
 //             (Create/Init/Destroy/Set/GetAttribute), cublasLtMatmulAlgoGetHeuristic,
+//             cublasLtMatmulAlgoConfigGetAttribute,
 //             cublasLtMatmul with the epilogues DEFAULT, RELU, BIAS, RELU_BIAS, GELU, GELU_AUX,
 //             GELU_BIAS, GELU_AUX_BIAS, DGELU, DGELU_BGRAD, BGRADA, BGRADB,
 //             cublasLtGetStatusString/Name, cublasLtGetVersion.
@@ -26,6 +27,10 @@
 //   - every dot product is accumulated in fp32, in order p = 0, 1, ..., k-1, so results do not
 //     depend on the thread count; the GPU accumulates in fp32 too but in another order (and a
 //     TF32 compute type rounds inputs to 10 mantissa bits there), so compare with tolerances;
+//   - except with a split-K algorithm (the heuristic's 2nd and 3rd offers, see
+//     cublasLtMatmulAlgoGetHeuristic): k is cut into S equal parts, each accumulated in fp32 in
+//     order, and the parts added in order (the COMPUTE_TYPE reduction). As on the GPU, where
+//     algorithms differ in tiles and in split-K, another algorithm can give other bits;
 //   - the epilogue runs in fp32: t = alpha*acc + beta*C (+ bias), then the activation;
 //   - a bf16 output is rounded to nearest, ties to even, as the GPU's cvt.rn.bf16.f32 does
 //     (NaN becomes the canonical bf16 NaN 0x7FFF);
@@ -186,6 +191,7 @@ typedef struct {
     void* aux;  // output for aux_out, input for dgelu
     int64_t aux_ld;
     int aux_type;
+    int splitk;  // k in this many equal parts, each summed alone, then the parts added in order (1: none)
 } Gemm;
 
 // Register tile: a micro-kernel computes MR x NR sums at once, kept in registers over all of k.
@@ -228,18 +234,24 @@ static void pack_b(const Gemm* g, int j0, int cols, float* dst) {
     }
 }
 
-// tile[r][u] = sum_p a[p][r] * b[p][u] over a packed A panel (k x MR) and B panel (k x NR).
+// tile[r][u] = sum_p a[p][r] * b[p][u] over a packed A panel (k x MR) and B panel (k x NR), with k cut into
+// splitk parts [k s / splitk, k (s + 1) / splitk): each part summed from 0, the parts added in order.
 // The fixed-size inner loops let the compiler keep the 32 sums in vector registers.
-static void micro_kernel(int k, const float* __restrict__ a, const float* __restrict__ b, float tile[MR][NR]) {
-    float acc[MR][NR] = {};
-    for (int p = 0; p < k; p++) {
-        const float* ap = a + p * MR;
-        const float* bp = b + p * NR;
-        for (int r = 0; r < MR; r++)
-            for (int u = 0; u < NR; u++) acc[r][u] += ap[r] * bp[u];
-    }
+static void micro_kernel(int k, int splitk, const float* __restrict__ a, const float* __restrict__ b,
+                         float tile[MR][NR]) {
     for (int r = 0; r < MR; r++)
-        for (int u = 0; u < NR; u++) tile[r][u] = acc[r][u];
+        for (int u = 0; u < NR; u++) tile[r][u] = 0.0f;
+    for (int s = 0; s < splitk; s++) {
+        float acc[MR][NR] = {};
+        for (int p = (int)((int64_t)k * s / splitk); p < (int)((int64_t)k * (s + 1) / splitk); p++) {
+            const float* ap = a + p * MR;
+            const float* bp = b + p * NR;
+            for (int r = 0; r < MR; r++)
+                for (int u = 0; u < NR; u++) acc[r][u] += ap[r] * bp[u];
+        }
+        for (int r = 0; r < MR; r++)
+            for (int u = 0; u < NR; u++) tile[r][u] = s == 0 ? acc[r][u] : tile[r][u] + acc[r][u];
+    }
 }
 
 // Apply the epilogue to a finished tile (rows i0.., columns j0..) and store it into D.
@@ -299,7 +311,7 @@ static void gemm_rows(const Gemm* g, int i_begin, int i_end) {
             for (int ip = 0; ip < rows; ip += MR) {
                 for (int jp = 0; jp < cols; jp += NR) {
                     float tile[MR][NR];
-                    micro_kernel(k, abuf + (size_t)ip * kk, bbuf + (size_t)jp * kk, tile);
+                    micro_kernel(k, g->splitk > 1 ? g->splitk : 1, abuf + (size_t)ip * kk, bbuf + (size_t)jp * kk, tile);
                     int tr = rows - ip < MR ? rows - ip : MR;
                     int tc = cols - jp < NR ? cols - jp : NR;
                     store_tile(g, ib + ip, jb + jp, tr, tc, tile, rowsum + ip);
@@ -609,7 +621,7 @@ static cublasStatus_t classic_gemm(const char* func, cublasHandle_t handle, cubl
     for (int bi = 0; bi < batch; bi++) {
         Gemm g;
         memset(&g, 0, sizeof g);
-        g.m = m, g.n = n, g.k = k;
+        g.m = m, g.n = n, g.k = k, g.splitk = 1;
         g.a = A ? (const char*)A + (int64_t)bi * stride_a * (int64_t)type_size(atype) : NULL;
         g.a_type = atype;
         op_steps(ta, lda, &g.a_row_step, &g.a_col_step);
@@ -713,10 +725,14 @@ typedef struct {
 } MatmulPref;
 
 // What the heuristic hands back inside cublasLtMatmulAlgo_t: the alignment (bytes) the chosen
-// "kernel" needs for the A, B, C, D pointers (see lt_required_alignment).
+// "kernel" needs for the A, B, C, D pointers (see lt_required_alignment), and its split-K: k cut into
+// splitk parts whose fp32 sums are added in the workspace (reduction CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+// splitk 1: CUBLASLT_REDUCTION_SCHEME_NONE), needing `workspace` bytes.
 typedef struct {
     uint32_t magic;
     uint32_t alignment[4];
+    uint32_t splitk, reduction;
+    uint64_t workspace;
 } AlgoInfo;
 
 static_assert(sizeof(MatmulDesc) <= sizeof(cublasLtMatmulDescOpaque_t), "MatmulDesc does not fit");
@@ -1341,8 +1357,12 @@ static cublasStatus_t lt_check(const MatmulDesc* d, const MatrixLayout* A, const
     return CUBLAS_STATUS_SUCCESS;
 }
 
-// One result when the problem can run (it needs no workspace); none, with NOT_SUPPORTED or the
-// refusal's status, when it cannot.
+// The algorithms offered, best first, as the real heuristic's list: the plain product (splitk 1, no workspace),
+// then, where k is deep (at least 256 per part), the preference's reduction mask allows COMPUTE_TYPE and its
+// workspace holds the parts' fp32 sums (splitk x m x n x batch x 4 bytes), split-K into 2 and into 4 parts (the
+// GPU offers such algorithms for deep k and small m n: the weight gradients). None, with NOT_SUPPORTED or the
+// refusal's status, when the problem cannot run.
+#define CPU_LT_ALGO_ID 1  // CUBLASLT_ALGO_CONFIG_ID of this file's one kernel (the real library has many)
 cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t operationDesc,
                                               cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
                                               cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
@@ -1365,17 +1385,73 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     cublasStatus_t st = lt_check(desc_of(operationDesc), layout_of(Adesc), layout_of(Bdesc), layout_of(Cdesc),
                                  layout_of(Ddesc), pref, &p);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
-    cublasLtMatmulHeuristicResult_t* r = &heuristicResultsArray[0];
-    memset(r, 0, sizeof *r);
+    const uint32_t splits[3] = {1, 2, 4};
+    int count = 0;
+    for (int i = 0; i < 3 && count < requestedAlgoCount; i++) {
+        uint64_t ws = splits[i] == 1 ? 0 : (uint64_t)splits[i] * p.m * p.n * p.batch * sizeof(float);
+        if (splits[i] > 1 && ((int64_t)p.k < 256 * (int64_t)splits[i] || ws > pref->max_workspace ||
+                              !(pref->reduction_mask & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE)))
+            continue;
+        cublasLtMatmulHeuristicResult_t* r = &heuristicResultsArray[count++];
+        memset(r, 0, sizeof *r);
+        AlgoInfo info;
+        memset(&info, 0, sizeof info);
+        info.magic = ALGO_MAGIC;
+        memcpy(info.alignment, p.alignment, sizeof info.alignment);
+        info.splitk = splits[i];
+        info.reduction = splits[i] == 1 ? CUBLASLT_REDUCTION_SCHEME_NONE : CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+        info.workspace = ws;
+        memcpy(&r->algo, &info, sizeof info);
+        r->workspaceSize = ws;
+        r->state = CUBLAS_STATUS_SUCCESS;
+        r->wavesCount = 1.0f;
+    }
+    *returnAlgoCount = count;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+// The configuration of an algorithm the heuristic gave (sizes as cublasLt.h documents them): its id (this file's
+// one kernel), split-K and reduction scheme; the tile, stages, swizzle, custom option, inner and cluster shapes are
+// 0 (undefined: the CPU has none of them). INVALID_VALUE for another size, a NULL buffer, an unknown attribute or
+// an algo the heuristic did not make.
+cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t* algo,
+                                                    cublasLtMatmulAlgoConfigAttributes_t attr, void* buf,
+                                                    size_t sizeInBytes, size_t* sizeWritten) {
+    const char* fn = "cublasLtMatmulAlgoConfigGetAttribute";
     AlgoInfo info;
-    memset(&info, 0, sizeof info);
-    info.magic = ALGO_MAGIC;
-    memcpy(info.alignment, p.alignment, sizeof info.alignment);
-    memcpy(&r->algo, &info, sizeof info);
-    r->workspaceSize = 0;
-    r->state = CUBLAS_STATUS_SUCCESS;
-    r->wavesCount = 1.0f;
-    *returnAlgoCount = 1;
+    if (!algo) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&info, algo, sizeof info);
+    if (info.magic != ALGO_MAGIC) {
+        blas_log(fn, "algo was not produced by cublasLtMatmulAlgoGetHeuristic");
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    uint32_t v32 = 0;
+    uint16_t v16 = 0;
+    const void* src = &v32;
+    size_t size = 4;
+    switch (attr) {
+        case CUBLASLT_ALGO_CONFIG_ID: v32 = CPU_LT_ALGO_ID; break;
+        case CUBLASLT_ALGO_CONFIG_SPLITK_NUM: v32 = info.splitk; break;
+        case CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME: v32 = info.reduction; break;
+        case CUBLASLT_ALGO_CONFIG_TILE_ID:
+        case CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING:
+        case CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION:
+        case CUBLASLT_ALGO_CONFIG_STAGES_ID: break;
+        case CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID:
+        case CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID: src = &v16, size = 2; break;
+        default: blas_log(fn, "unknown attribute %d", (int)attr); return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    if (sizeInBytes == 0) {
+        if (!sizeWritten) return CUBLAS_STATUS_INVALID_VALUE;
+        *sizeWritten = size;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (!buf || sizeInBytes != size) {
+        blas_log(fn, "attribute %d: buffer %p of %zu bytes (it takes %zu)", (int)attr, buf, sizeInBytes, size);
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    memcpy(buf, src, size);
+    if (sizeWritten) *sizeWritten = size;
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -1393,6 +1469,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t comp
     LtProblem p;
     cublasStatus_t st = lt_check(d, la, lb, lc, ld, NULL, &p);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
+    int splitk = 1;  // algo NULL: the heuristic's first (no split)
     if (algo) {  // the kernel the heuristic chose, with its alignment needs
         AlgoInfo info;
         memcpy(&info, algo, sizeof info);
@@ -1401,6 +1478,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t comp
             return CUBLAS_STATUS_INVALID_VALUE;
         }
         memcpy(p.alignment, info.alignment, sizeof p.alignment);
+        if (info.workspace > 0 && (!workspace || workspaceSizeInBytes < info.workspace)) {
+            blas_log(fn, "its algorithm needs %llu bytes of workspace; given %zu at %p",
+                     (unsigned long long)info.workspace, workspaceSizeInBytes, workspace);
+            return CUBLAS_STATUS_INVALID_VALUE;
+        }
+        splitk = (int)info.splitk;
     }
     if (!alpha || !beta) {
         blas_log(fn, "alpha or beta is NULL");
@@ -1432,7 +1515,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t comp
             return CUBLAS_STATUS_NOT_SUPPORTED;
         }
     }
-    (void)workspace, (void)workspaceSizeInBytes;  // no workspace needed
+    // (the parts' sums of a split-K algorithm are not kept in the workspace: the CPU adds them in registers)
     emu_count_matmul();                           // accepted: it will run (EMU_LAUNCH_STATS)
 
     // The products are described now (the descriptors may change after the call) and run in stream order.
@@ -1441,7 +1524,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t comp
     for (int bi = 0; bi < p.batch; bi++) {
         Gemm g;
         memset(&g, 0, sizeof g);
-        g.m = p.m, g.n = p.n, g.k = p.k;
+        g.m = p.m, g.n = p.n, g.k = p.k, g.splitk = splitk;
         g.a = A ? (const char*)A + bi * la->batch_stride * es_ab : NULL;
         g.a_type = p.ab_type;
         op_steps(p.ta, la->ld, &g.a_row_step, &g.a_col_step);
