@@ -1187,21 +1187,28 @@ static inline int blas_heuristic(const Blas* bl, const MatmulPlan* p, int n, cub
     cublasLtMatmulPreferenceDestroy(pref);
     return found;
 }
-// blas_algo_config: the configuration that names algorithm a (BLAS_ALGO_FIELDS numbers, see BlasTable)
-static const char* const blas_algo_fields[BLAS_ALGO_FIELDS] = {"id",        "tile",    "stages", "splitk", "reduction",
-                                                               "swizzle",   "custom",  "inner",  "cluster"};
+// blas_algo_config: the configuration that names algorithm a (BLAS_ALGO_FIELDS numbers, see BlasTable): the
+// attributes blas_algo_attrs, named blas_algo_fields in a table's lines
+static const char* const blas_algo_fields[BLAS_ALGO_FIELDS] = {"id",      "tile",   "stages", "splitk", "reduction",
+                                                               "swizzle", "custom", "inner",  "cluster"};
+static const cublasLtMatmulAlgoConfigAttributes_t blas_algo_attrs[BLAS_ALGO_FIELDS] = {
+    CUBLASLT_ALGO_CONFIG_ID,
+    CUBLASLT_ALGO_CONFIG_TILE_ID,
+    CUBLASLT_ALGO_CONFIG_STAGES_ID,
+    CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+    CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+    CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
+    CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION,
+    CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID,
+    CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
 static inline void blas_algo_config(const cublasLtMatmulAlgo_t* a, int cfg[BLAS_ALGO_FIELDS]) {
-    const cublasLtMatmulAlgoConfigAttributes_t attr[BLAS_ALGO_FIELDS] = {
-        CUBLASLT_ALGO_CONFIG_ID,           CUBLASLT_ALGO_CONFIG_TILE_ID,          CUBLASLT_ALGO_CONFIG_STAGES_ID,
-        CUBLASLT_ALGO_CONFIG_SPLITK_NUM,   CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
-        CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
     for (int i = 0; i < BLAS_ALGO_FIELDS; i++) {
         size_t size = 0;  // (4 bytes, the inner and cluster shapes 2: cublasLt.h)
-        CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(a, attr[i], NULL, 0, &size));
+        CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(a, blas_algo_attrs[i], NULL, 0, &size));
         uint32_t v32 = 0;
         uint16_t v16 = 0;
-        CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(a, attr[i], size == 2 ? (void*)&v16 : (void*)&v32, size,
-                                                          &size));
+        CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(a, blas_algo_attrs[i], size == 2 ? (void*)&v16 : (void*)&v32,
+                                                          size, &size));
         cfg[i] = size == 2 ? (int)v16 : (int)v32;
     }
 }
@@ -1231,7 +1238,8 @@ static inline void blas_table_algo(const Blas* bl, MatmulPlan* p, const BlasTabl
         }
     }
     fprintf(stderr,
-            "matmul algorithm table %s line %d: cuBLASLt offers no algorithm with that configuration for this matmul (m %d n %d k %d) "
+            "matmul algorithm table %s line %d: cuBLASLt offers no algorithm with that configuration for this matmul "
+            "(m %d n %d k %d) "
             "here, among its %d offers (the table was recorded with %s, cuBLASLt %lld): record the table on this "
             "machine again (README, Matmuls), or leave --matmul-algos out\n",
             bl->table->path, e->line, p->m, p->n, p->k, found, bl->table->device, bl->table->version);
@@ -1401,12 +1409,13 @@ static inline int blas_table_read(const char* who, const char* path, BlasTable* 
                     "splitk= reduction= swizzle= custom= inner= cluster= calls= ms=\" (README, Matmuls), not: %.200s\n",
                     who, path, ln, l);
             ok = 0;
-        } else if (e.ab < 0 || e.cd < 0 || e.epi < 0 || (e.ta | e.tb | e.acc) & ~1 || e.m < 1 || e.n < 1 ||
-                   e.k < 1 || e.lda < 1 || e.ldb < 1 || e.ldd < 1 || e.calls < 0 || !(e.ms >= 0)) {
-            fprintf(stderr,
-                    "%s %s line %d: a value out of range (ta, tb, acc 0 or 1; m n k lda ldb ldd >= 1; ab, cd bf16 or fp32; "
-                    "epi none, bias or bgradb; calls, ms >= 0)\n",
-                    who, path, ln);
+        } else if (e.ab < 0 || e.cd < 0 || e.epi < 0 || (e.ta | e.tb | e.acc) & ~1 || e.m < 1 || e.n < 1 || e.k < 1 ||
+                   e.lda < 1 || e.ldb < 1 || e.ldd < 1 || e.calls < 0 || !(e.ms >= 0)) {
+            fprintf(
+                stderr,
+                "%s %s line %d: a value out of range (ta, tb, acc 0 or 1; m n k lda ldb ldd >= 1; ab, cd bf16 or fp32; "
+                "epi none, bias or bgradb; calls, ms >= 0)\n",
+                who, path, ln);
             ok = 0;
         } else if (t->n == BLAS_TABLE_MAX) {
             fprintf(stderr, "%s %s line %d: more than %d matmul shapes\n", who, path, ln, BLAS_TABLE_MAX);
@@ -1455,8 +1464,11 @@ static inline void blas_table_add(BlasTable* t, const Blas* bl, int steps) {
 
 // blas_table_write: t to path, atomically (path.tmp written, flushed to disk, renamed). 1, or 0 after a message.
 static inline int blas_table_write(const BlasTable* t, const char* path) {
-    char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    char tmp[4400];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
+        fprintf(stderr, "%.200s...: the path is too long for the matmul algorithm table\n", path);
+        return 0;
+    }
     FILE* f = fopen(tmp, "w");
     if (!f) {
         fprintf(stderr, "%s: cannot write the matmul algorithm table: %s\n", tmp, strerror(errno));

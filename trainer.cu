@@ -147,7 +147,7 @@ static const Flag flags[] = {
      "bf16, an sm_90 GPU), for both or for one of fwd, bwd (the other on cuBLASLt)"},
     {"--matmul-algos", "FILE", F_STR, AT(matmul_algos), 0, 0, NULL,
      "run each matmul shape FILE lists with its cuBLASLt algorithm, the others with the\n"
-     "heuristic's first: a table tests/bench_matmul --tune wrote from a run's\n"
+     "heuristic's first: a table build/gpu/bench_matmul --tune wrote from a run's\n"
      "DIR/matmul_algos.txt (README, Matmuls); recorded on this GPU and cuBLASLt"},
     {"--loader-threads", "N", F_INT_AUTO, AT(loader_threads), 1, 256, "auto",
      "threads preparing batches; auto: as many as the step needs, from one thread's measured\n"
@@ -1505,14 +1505,11 @@ static int make_out_dir(const char* dir) {
 //   the start, not after training.
 // - DIR/run.json records the run's schedule; a resume that changes it says so in one line (run_schedule).
 #define EXPORT_STAGING ".export.tmp"  // the export is written here whole, then renamed into --out (export_run)
-static const char* const run_files[] = {"checkpoint.bin",        "checkpoint.bin.tmp",
-                                        "metrics.jsonl",         "metrics.jsonl.tmp",
-                                        "metrics.jsonl.prev",    "model.safetensors",
-                                        "config.json",           "tokenizer.json",
-                                        "tokenizer_config.json", "special_tokens_map.json",
-                                        "byte_tokenizer.json",   "run.json",
-                                        "run.json.tmp",          "matmul_algos.txt",
-                                        "matmul_algos.txt.tmp",  "lock"};
+static const char* const run_files[] = {
+    "checkpoint.bin",        "checkpoint.bin.tmp",      "metrics.jsonl",        "metrics.jsonl.tmp",
+    "metrics.jsonl.prev",    "model.safetensors",       "config.json",          "tokenizer.json",
+    "tokenizer_config.json", "special_tokens_map.json", "byte_tokenizer.json",  "run.json",
+    "run.json.tmp",          "matmul_algos.txt",        "matmul_algos.txt.tmp", "lock"};
 #define RUN_NUM_FILES ((int)(sizeof run_files / sizeof run_files[0]))
 // A run's results: a new run is refused where any is (or a checkpoint-STEP.bin). A metrics.jsonl alone (a run
 // that never made a checkpoint: a requeued job starts again without --resume) is kept as metrics.jsonl.prev.
@@ -2116,6 +2113,17 @@ static int use_mlp(BertModel* m, const Options* o, const cudaDeviceProp* prop, i
     return 1;
 }
 
+// say_matmul_uses: with --matmul-algos, how many of the step's matmul shapes (bl's plans) took their algorithm
+// from the table, and how many of the table's shapes the step has not
+static void say_matmul_uses(const Options* o, const Blas* bl) {
+    if (!o->matmul_table) return;
+    int unused, used = blas_table_uses(bl, &unused);
+    printf("matmul algorithms: %d of the step's %d shapes from %s", used, bl->n, o->matmul_algos);
+    if (unused)
+        printf("; %d of its shapes are not in this run (recorded at another micro-batch, --seq or model?)", unused);
+    printf("\n");
+}
+
 // bench_record_matmuls: --bench --out DIR writes DIR/matmul_algos.txt, the algorithms of every matmul shape of the
 // presets benchmarked so far (one table for all of them; see record_matmuls). 1, or 0 when it could not be written.
 static int bench_record_matmuls(const Options* o, const BertModel* m, const cudaDeviceProp* prop) {
@@ -2130,7 +2138,7 @@ static int bench_record_matmuls(const Options* o, const BertModel* m, const cuda
         return 0;
     }
     if (!blas_table_write(&rec, path)) return 0;
-    printf("bench: the matmuls' algorithms written to %s (tune them: tests/bench_matmul --tune %s)\n", path, path);
+    printf("bench: the matmuls' algorithms written to %s (tune them: build/gpu/bench_matmul --tune %s)\n", path, path);
     return 1;
 }
 
@@ -2212,6 +2220,7 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     }
 
     if (main_rank) bench_print(o, preset, res, &largest, free_bytes, comm->world, flops_token, peak_tflops, prop->name);
+    if (main_rank) say_matmul_uses(o, &model.blas);
     if (main_rank && o->out && !bench_record_matmuls(o, &model, prop)) return 1;
     dataloader_free(&train);
     cudaFree(bm.seg_lo);
@@ -3666,16 +3675,10 @@ static int load_matmul_algos(Options* o, const cudaDeviceProp* prop, int main_ra
 
 // record_matmuls: after the first step, which made every matmul's plan, says how many took their algorithm from
 // --matmul-algos, and writes DIR/matmul_algos.txt (rank 0): the algorithm of each shape of this run's step, to
-// repeat it, or to tune with tests/bench_matmul --tune. 1, or 0 when the file could not be written.
+// repeat it, or to tune with build/gpu/bench_matmul --tune. 1, or 0 when the file could not be written.
 static int record_matmuls(const Options* o, const BertModel* m, int main_rank) {
     if (!main_rank) return 1;
-    if (o->matmul_table) {
-        int unused, used = blas_table_uses(&m->blas, &unused);
-        printf("matmul algorithms: %d of the step's %d shapes from %s", used, m->blas.n, o->matmul_algos);
-        if (unused)
-            printf("; %d of its shapes are not in this run (recorded at another micro-batch, --seq or model?)", unused);
-        printf("\n");
-    }
+    say_matmul_uses(o, &m->blas);
     static BlasTable rec;
     memset(&rec, 0, sizeof rec);
     cudaDeviceProp prop;

@@ -311,7 +311,8 @@ static void gemm_rows(const Gemm* g, int i_begin, int i_end) {
             for (int ip = 0; ip < rows; ip += MR) {
                 for (int jp = 0; jp < cols; jp += NR) {
                     float tile[MR][NR];
-                    micro_kernel(k, g->splitk > 1 ? g->splitk : 1, abuf + (size_t)ip * kk, bbuf + (size_t)jp * kk, tile);
+                    micro_kernel(k, g->splitk > 1 ? g->splitk : 1, abuf + (size_t)ip * kk, bbuf + (size_t)jp * kk,
+                                 tile);
                     int tr = rows - ip < MR ? rows - ip : MR;
                     int tc = cols - jp < NR ? cols - jp : NR;
                     store_tile(g, ib + ip, jb + jp, tr, tc, tile, rowsum + ip);
@@ -1430,16 +1431,27 @@ cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(const cublasLtMatmulAlgo_t* 
     const void* src = &v32;
     size_t size = 4;
     switch (attr) {
-        case CUBLASLT_ALGO_CONFIG_ID: v32 = CPU_LT_ALGO_ID; break;
-        case CUBLASLT_ALGO_CONFIG_SPLITK_NUM: v32 = info.splitk; break;
-        case CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME: v32 = info.reduction; break;
+        case CUBLASLT_ALGO_CONFIG_ID:
+            v32 = CPU_LT_ALGO_ID;
+            break;
+        case CUBLASLT_ALGO_CONFIG_SPLITK_NUM:
+            v32 = info.splitk;
+            break;
+        case CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME:
+            v32 = info.reduction;
+            break;
         case CUBLASLT_ALGO_CONFIG_TILE_ID:
         case CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING:
         case CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION:
-        case CUBLASLT_ALGO_CONFIG_STAGES_ID: break;
+        case CUBLASLT_ALGO_CONFIG_STAGES_ID:
+            break;
         case CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID:
-        case CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID: src = &v16, size = 2; break;
-        default: blas_log(fn, "unknown attribute %d", (int)attr); return CUBLAS_STATUS_INVALID_VALUE;
+        case CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID:
+            src = &v16, size = 2;
+            break;
+        default:
+            blas_log(fn, "unknown attribute %d", (int)attr);
+            return CUBLAS_STATUS_INVALID_VALUE;
     }
     if (sizeInBytes == 0) {
         if (!sizeWritten) return CUBLAS_STATUS_INVALID_VALUE;
@@ -1470,7 +1482,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t comp
     cublasStatus_t st = lt_check(d, la, lb, lc, ld, NULL, &p);
     if (st != CUBLAS_STATUS_SUCCESS) return st;
     int splitk = 1;  // algo NULL: the heuristic's first (no split)
-    if (algo) {  // the kernel the heuristic chose, with its alignment needs
+    if (algo) {      // the kernel the heuristic chose, with its alignment needs
         AlgoInfo info;
         memcpy(&info, algo, sizeof info);
         if (info.magic != ALGO_MAGIC) {
@@ -1516,7 +1528,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t comp
         }
     }
     // (the parts' sums of a split-K algorithm are not kept in the workspace: the CPU adds them in registers)
-    emu_count_matmul();                           // accepted: it will run (EMU_LAUNCH_STATS)
+    emu_count_matmul();  // accepted: it will run (EMU_LAUNCH_STATS)
 
     // The products are described now (the descriptors may change after the call) and run in stream order.
     std::vector<Gemm> gemms;

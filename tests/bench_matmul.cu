@@ -179,8 +179,9 @@ int main(int argc, char** argv) {
     if (tune) {  // 1. the shapes (and their algorithms) of a run's table
         if (!blas_table_read("bench_matmul: --tune", tune, &in)) return 2;
         if (strcmp(in.device, prop.name) || in.version != (long long)cublasLtGetVersion()) {
-            fprintf(stderr, "bench_matmul: --tune %s: recorded on %s with cuBLASLt %lld; this is %s with cuBLASLt %lld\n",
-                    tune, in.device, in.version, prop.name, (long long)cublasLtGetVersion());
+            fprintf(stderr,
+                    "bench_matmul: --tune %s: recorded on %s with cuBLASLt %lld; this is %s with cuBLASLt %lld\n", tune,
+                    in.device, in.version, prop.name, (long long)cublasLtGetVersion());
             return 2;
         }
         for (int i = 0; i < in.n; i++) {
@@ -238,8 +239,8 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaEventCreate(&e1));
 
     // 3. every plan: the trainer's algorithm, then each one the heuristic offers
-    printf("bench_matmul: %s, %s storage, %s, up to %d algorithms each, %d timed calls\n", prop.name, FLOATX_NAME,
-           what, n_algos, iters);
+    printf("bench_matmul: %s, %s storage, %s, up to %d algorithms each, %d timed calls\n", prop.name, FLOATX_NAME, what,
+           n_algos, iters);
     printf("%2s %-9s %-6s %6s %7s %6s %5s | %9s %8s %6s | %5s %4s %9s %8s %6s | %10s %10s\n", "#", "kind", "epi", "m",
            "n", "k", "calls", "ms", "TFLOP/s", "%peak", "algos", "best", "best ms", "TFLOP/s", "gain", "step ms",
            "best step");

@@ -232,6 +232,74 @@ __global__ void setmaxnreg_use(int bad) {
     }
 }
 
+// The CPU cuBLASLt's algorithms (cpu/cublas.cpp, cublasLtMatmulAlgoGetHeuristic): for a deep k (512 x 8 here)
+// with workspace for the parts it offers split-K 1, 2 and 4 in that order; without that workspace, or with a
+// reduction mask that leaves out COMPUTE_TYPE, only the plain product; a split-K algorithm is refused without its
+// workspace; and split-K 2 adds in another order than the plain product, so that bits change with the algorithm as
+// on the GPU (the trainer's test of --matmul-algos rests on it: tests/test_matmul_algos.sh).
+static void test_cpu_heuristic(void) {
+    const int m = 8, n = 4, k = 4096;
+    cublasLtHandle_t lt;
+    cublasLtCreate(&lt);
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, m, k, m);
+    cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, k, n, k);
+    cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, m);
+    int splits[3][4], found[3];
+    for (int c = 0; c < 3; c++) {  // c 0: workspace for the parts; 1: none; 2: a mask without COMPUTE_TYPE
+        cublasLtMatmulPreference_t pref;
+        cublasLtMatmulPreferenceCreate(&pref);
+        uint64_t ws = c == 1 ? 0 : 1 << 20;
+        uint32_t mask = c == 2 ? CUBLASLT_REDUCTION_SCHEME_INPLACE : CUBLASLT_REDUCTION_SCHEME_MASK;
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask);
+        cublasLtMatmulHeuristicResult_t h[4];
+        found[c] = 0;
+        cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 4, h, &found[c]);
+        for (int i = 0; i < found[c]; i++) {
+            int cfg[BLAS_ALGO_FIELDS];
+            blas_algo_config(&h[i].algo, cfg);
+            splits[c][i] = cfg[3];
+        }
+        if (c == 0 && found[0] == 3) {  // the plain product against split-K 2, and split-K 2 without workspace
+            float *A, *B, *D, *W, a[m * k], b[k * n], d1[m * n], d2[m * n], alpha = 1, beta = 0;
+            for (int i = 0; i < m * k; i++) a[i] = (float)((i * 7919) % 1000) / 1000.f - 0.5f;
+            for (int i = 0; i < k * n; i++) b[i] = (float)((i * 104729) % 997) / 997.f - 0.5f;
+            CUDA_OK(cudaMalloc(&A, sizeof a));
+            CUDA_OK(cudaMalloc(&B, sizeof b));
+            CUDA_OK(cudaMalloc(&D, sizeof d1));
+            CUDA_OK(cudaMalloc(&W, ws));
+            CUDA_OK(cudaMemcpy(A, a, sizeof a, cudaMemcpyHostToDevice));
+            CUDA_OK(cudaMemcpy(B, b, sizeof b, cudaMemcpyHostToDevice));
+            cublasLtMatmul(lt, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &h[0].algo, W, ws, 0);
+            CUDA_OK(cudaMemcpy(d1, D, sizeof d1, cudaMemcpyDeviceToHost));
+            cublasLtMatmul(lt, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &h[1].algo, W, ws, 0);
+            CUDA_OK(cudaMemcpy(d2, D, sizeof d2, cudaMemcpyDeviceToHost));
+            int differ = 0;
+            double worst = 0;
+            for (int i = 0; i < m * n; i++) differ += d1[i] != d2[i], worst = fmax(worst, fabs(d1[i] - d2[i]));
+            CHECK(differ > 0 && worst < 1e-3, "split-K 2 against the plain product: %d of %d differ, by at most %g",
+                  differ, m * n, worst);
+            cublasStatus_t st = cublasLtMatmul(lt, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &h[1].algo, W,
+                                               h[1].workspaceSize - 1, 0);
+            CHECK(st == CUBLAS_STATUS_INVALID_VALUE,
+                  "split-K 2 with a byte too little workspace: %s, want INVALID_VALUE", cublasGetStatusName(st));
+            cudaFree(A), cudaFree(B), cudaFree(D), cudaFree(W);
+        }
+        cublasLtMatmulPreferenceDestroy(pref);
+    }
+    CHECK(found[0] == 3 && splits[0][0] == 1 && splits[0][1] == 2 && splits[0][2] == 4,
+          "with workspace: %d offers (want split-K 1, 2, 4)", found[0]);
+    CHECK(found[1] == 1 && splits[1][0] == 1, "without workspace: %d offers (want split-K 1 alone)", found[1]);
+    CHECK(found[2] == 1 && splits[2][0] == 1, "with reduction mask INPLACE: %d offers (want split-K 1 alone)",
+          found[2]);
+    cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(lt);
+}
+
 int main(void) {
     float x[64], want[64], got[64], *dx, *dout;
     for (int i = 0; i < 64; i++) x[i] = (float)i;
@@ -512,5 +580,6 @@ int main(void) {
                   what[bad], cudaGetErrorName(e), bad ? "a reported misuse" : "success");
         }
     }
+    test_cpu_heuristic();
     return test_summary();
 }

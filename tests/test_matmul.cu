@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "../kernels.cuh"  // blas_algo_config: the configuration that names an algorithm in a table
 #include "testing.h"
 
 static const double U32 = 1.0 / 16777216.0;  // 2^-24
@@ -929,6 +930,80 @@ static void test_bias_pointer_refused(void) {
     cudaFree(dA), cudaFree(dB), cudaFree(dD), cudaFree(dX), cudaFree(dbias);
 }
 
+// The heuristic's offers for a weight gradient's shape (deep k, small m n: where the GPU offers split-K), as the
+// trainer asks (kernels.cuh, blas_heuristic: our workspace): each offer's configuration reads back with the sizes
+// cublasLt.h documents (blas_algo_config, the names of an algorithm table), gives the product within the tolerance
+// of fp32 accumulation, and gives the same bits when run again (what --matmul-algos's repeatable runs rest on).
+static void test_algorithm_offers(void) {
+    const int m = 64, n = 48, k = 4096;  // D (m x n, fp32) = A (m x k) . B^T, B (n x k): the NT of a weight gradient
+    float* a = host_random((size_t)m * k, CUDA_R_16BF, -1.f, 1.f);
+    float* b = host_random((size_t)n * k, CUDA_R_16BF, -1.f, 1.f);
+    void* dA = upload(a, (size_t)m * k, CUDA_R_16BF);
+    void* dB = upload(b, (size_t)n * k, CUDA_R_16BF);
+    float* zeros = host_alloc((size_t)m * n);
+    void* dD = upload(zeros, (size_t)m * n, CUDA_R_32F);
+    float *want = host_alloc((size_t)m * n), *got = host_alloc((size_t)m * n), *again = host_alloc((size_t)m * n);
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            double acc = 0;
+            for (int p = 0; p < k; p++) acc += (double)a[i + (size_t)p * m] * b[j + (size_t)p * n];
+            want[i + (size_t)j * m] = (float)acc;
+        }
+    cublasLtMatmulDesc_t desc;
+    STATUS_IS(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+    cublasOperation_t opn = CUBLAS_OP_N, opt = CUBLAS_OP_T;
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opn, sizeof opn);
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opt, sizeof opt);
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, m, k, m);
+    cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, n, k, n);
+    cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, m);
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulPreferenceCreate(&pref);
+    uint64_t ws = WORKSPACE_BYTES;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    cublasLtMatmulHeuristicResult_t heur[16];
+    int found = 0;
+    STATUS_IS(cublasLtMatmulAlgoGetHeuristic(g_lt, desc, la, lb, ld, ld, pref, 16, heur, &found),
+              CUBLAS_STATUS_SUCCESS);
+    CHECK(found >= 1 && found <= 16, "the heuristic offered %d algorithms for %d x %d x %d", found, m, n, k);
+    int split_offers = 0;
+    for (int o = 0; o < found; o++) {
+        for (int f = 0; f < BLAS_ALGO_FIELDS; f++) {  // 4 bytes each, the inner and cluster shapes 2 (cublasLt.h)
+            size_t size = 0, want_size = f >= 7 ? 2 : 4;
+            STATUS_IS(cublasLtMatmulAlgoConfigGetAttribute(&heur[o].algo, blas_algo_attrs[f], NULL, 0, &size),
+                      CUBLAS_STATUS_SUCCESS);
+            CHECK(size == want_size, "offer %d: attribute %s takes %zu bytes, cublasLt.h says %zu", o,
+                  blas_algo_fields[f], size, want_size);
+        }
+        int cfg[BLAS_ALGO_FIELDS];
+        blas_algo_config(&heur[o].algo, cfg);
+        CHECK(cfg[3] >= 1, "offer %d: split-K %d", o, cfg[3]);
+        split_offers += cfg[3] > 1;
+        CHECK(heur[o].workspaceSize <= WORKSPACE_BYTES, "offer %d needs %zu bytes of workspace", o,
+              heur[o].workspaceSize);
+        float alpha = 1.f, beta = 0.f;
+        for (int run = 0; run < 2; run++) {
+            STATUS_IS(cublasLtMatmul(g_lt, desc, &alpha, dA, la, dB, lb, &beta, dD, ld, dD, ld, &heur[o].algo,
+                                     g_workspace, WORKSPACE_BYTES, 0),
+                      CUBLAS_STATUS_SUCCESS);
+            CUDA_OK(cudaDeviceSynchronize());
+            download(dD, (size_t)m * n, CUDA_R_32F, run ? again : got);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "offer %d (split-K %d, reduction %d)", o, cfg[3], cfg[4]);
+        check_close(what, got, want, (size_t)m * n, 2e-3f, 1e-4f);
+        CHECK(!memcmp(got, again, (size_t)m * n * sizeof(float)), "%s: another result when run again", what);
+    }
+    printf("algorithm offers for %d x %d x %d (NT, bf16 to fp32): %d, %d of them split-K\n", m, n, k, found,
+           split_offers);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la), cublasLtMatrixLayoutDestroy(lb), cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(desc);
+    cudaFree(dA), cudaFree(dB), cudaFree(dD);
+    free(a), free(b), free(zeros), free(want), free(got), free(again);
+}
+
 static void test_refusals(void) {
     // A valid base problem: 17 x 5 x 33, fp32, COL order, DEFAULT epilogue.
     BadCase base = {17, 5, 33, 17, CUBLASLT_ORDER_COL, 1, CUBLASLT_EPILOGUE_DEFAULT, 0};
@@ -1219,6 +1294,7 @@ int main(void) {
 
     test_refusals();
     test_bias_pointer_refused();
+    test_algorithm_offers();
 
     STATUS_IS(cublasDestroy(g_blas), CUBLAS_STATUS_SUCCESS);
     STATUS_IS(cublasLtDestroy(g_lt), CUBLAS_STATUS_SUCCESS);
