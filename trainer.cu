@@ -3675,9 +3675,10 @@ static int load_matmul_algos(Options* o, const cudaDeviceProp* prop, int main_ra
 
 // record_matmuls: after the first step, which made every matmul's plan, says how many took their algorithm from
 // --matmul-algos, and writes DIR/matmul_algos.txt (rank 0): the algorithm of each shape of this run's step, to
-// repeat it, or to tune with build/gpu/bench_matmul --tune. 1, or 0 when the file could not be written.
-static int record_matmuls(const Options* o, const BertModel* m, int main_rank) {
-    if (!main_rank) return 1;
+// repeat it, or to tune with build/gpu/bench_matmul --tune. A record that cannot be written (a full disk) is said,
+// and training goes on: nothing of the run is in it (as with metrics.jsonl, and the other ranks are not waiting).
+static void record_matmuls(const Options* o, const BertModel* m, int main_rank) {
+    if (!main_rank) return;
     say_matmul_uses(o, &m->blas);
     static BlasTable rec;
     memset(&rec, 0, sizeof rec);
@@ -3690,7 +3691,8 @@ static int record_matmuls(const Options* o, const BertModel* m, int main_rank) {
     blas_table_add(&rec, &m->blas, 1);
     char path[4200];
     snprintf(path, sizeof path, "%s/matmul_algos.txt", o->out);
-    return blas_table_write(&rec, path);
+    if (!blas_table_write(&rec, path))
+        fprintf(stderr, "trainer: warning: %s was not written; training goes on\n", path);
 }
 
 // start_log: the progress log and DIR/metrics.jsonl (rank 0), for steps up to last_step; a new run in --out
@@ -3741,7 +3743,7 @@ static int train(Run* r) {
         }
         if (s.stop) last_step = step;  // some rank got a signal: every rank stops after this step
         bad_steps = s.skipped ? bad_steps + 1 : 0;
-        if (step == r->lg.first_step && !record_matmuls(o, m, main_rank)) return 1;  // DIR/matmul_algos.txt
+        if (step == r->lg.first_step) record_matmuls(o, m, main_rank);  // DIR/matmul_algos.txt
         r->ck.tokens = r->lg.tokens += s.all_tokens;
         if (main_rank)
             log_step(o, &s, step, bad_steps, now_s() - t0, r->comm.world, flops_token, peak_tflops, &r->bm, &r->lg);

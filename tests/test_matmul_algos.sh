@@ -12,7 +12,8 @@
 #      says so after its steps);
 #   6. bad tables stop the run, each with a message naming the flag, the file and the line: a missing file, a line
 #      in no known form, an unknown epilogue, a shape listed twice, another GPU, an algorithm cuBLASLt does not offer;
-#   7. two ranks with different tables both stop, naming --matmul-algos.
+#   7. two ranks with different tables both stop, naming --matmul-algos;
+#   8. a run whose table cannot be written (a file size limit) says so and trains on.
 cd "$(dirname "$0")/.."
 pass=0; fail=0
 ok()  { pass=$((pass + 1)); }
@@ -111,6 +112,12 @@ done
 wait
 check 'grep -q "the ranks disagree on --matmul-algos (the table.s shapes and algorithms)" "$W/rank0.log" && grep -q "the ranks disagree on --matmul-algos" "$W/rank1.log"' \
   "two ranks with different tables did not both stop naming --matmul-algos: $(tail -n 1 "$W/rank0.log" "$W/rank1.log")"
+
+# 8. a record that cannot be written (files over 2 KB refused: EFBIG) is said, and training goes on past step 1 (the
+#    checkpoint, larger, then stops the run); no half-written table or .tmp is left
+(trap '' XFSZ; ulimit -f 2; exec env EMU_THREADS=2 ./trainer_cpu "${RUN[@]}" --out "$W/full") >"$W/full.log" 2>&1
+check 'grep -q "^trainer: warning: $W/full/matmul_algos.txt was not written; training goes on$" "$W/full.log" && grep -q "^step *2/2 " "$W/full.log" && [ ! -e "$W/full/matmul_algos.txt" ] && [ ! -e "$W/full/matmul_algos.txt.tmp" ]' \
+  "a table that could not be written: $(grep -E "matmul|^step|trainer" "$W/full.log" | head -n 4)"
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
