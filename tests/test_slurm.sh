@@ -151,13 +151,21 @@ wait $kill_srun 2>/dev/null
 section "7. sbatch: scancel --signal=USR1 (what --signal=USR1@"
 # wait_job ID: until the job has ended (at most 120 s); prints "STATE EXITCODE". A job that requeued itself
 # is released at once (Slurm holds a requeued job about two minutes before it may start again).
+# (A requeued job waits: Slurm delays its start while the last instance's credential and cleanup end. The test
+# starts it 2 s after it is seen pending, not at once: an earlier start, once in a CI run, ended FAILED 1:0 before
+# the script's first line.)
 wait_job() {
-  local st re ex
+  local st re ex pending_since=""
   for _ in $(seq 1200); do
     read -r st re ex < <(scontrol show job "$1" 2>/dev/null | tr ' ' '\n' |
       sed -n -E 's/^(JobState|Restarts|ExitCode)=//p' | tr '\n' ' ')
     case "$st" in
-      PENDING) [ "${re:-0}" -gt 0 ] && scontrol update JobId="$1" StartTime=now >/dev/null 2>&1; sleep 0.1 ;;
+      PENDING)
+        if [ "${re:-0}" -gt 0 ]; then
+          pending_since=${pending_since:-$(date +%s)}
+          [ $(($(date +%s) - pending_since)) -ge 2 ] && scontrol update JobId="$1" StartTime=now >/dev/null 2>&1
+        fi
+        sleep 0.1 ;;
       RUNNING | COMPLETING | CONFIGURING | REQUEUE* | "") sleep 0.1 ;;
       *) echo "$st $ex "; return ;;
     esac
@@ -222,7 +230,7 @@ job=$(timeout 30 sbatch --parsable -o "$W/paper.out" "$W/paper.sbatch")
 st=$(wait_job "$job")
 restarts=$(scontrol show job "$job" 2>/dev/null | tr ' ' '\n' | sed -n 's/^Restarts=//p')
 check '[ "$st" = "COMPLETED 0:0 " ] && [ "$restarts" = 1 ] && grep -q "requeued" "$W/paper.out" && grep -q "resumed from .* at step 3" "$W/paper.out" && [ -f "$W/paper/model.safetensors" ] && cmp -s "$W/stage/train_00000.bin" "$W/data/train_00000.bin"' \
-  "examples/slurm/paper_cluster.sbatch: job '$st', $restarts restart(s): $(tail_of "$W/paper.out")"
+  "examples/slurm/paper_cluster.sbatch: job '$st', $restarts restart(s): $(tail_of "$W/paper.out") | Slurm's log: $(grep -h -E "JobId=$job( |$)|job $job\b|StepId=$job\.|credential" "$HARNESS_DIR"/log/slurm*.log 2>/dev/null | tail -n 12 | tr '\n' ' ')"
 
 echo "  (test_slurm: $(($(date +%s) - T0)) s)"
 echo "$pass passed, $fail failed"
