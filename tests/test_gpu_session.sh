@@ -188,6 +188,7 @@ check '[ "$(state "$W/l" ab-matmul)" = skipped ] && grep -q "^ab-matmul: no tune
 # 4g. --pack and --prebuilt. The GPU build's pack (nvcc is here; ./build.sh all made its binaries): ./trainer,
 # build/gpu/ and the stamp; --prebuilt takes it (the build stage needs no GPU). Then the CPU build's, taken, and
 # tampered with (another stamp, a stand-in trainer_cpu): not taken. Each says which in the summary.
+export XZ_OPT="-T0 -0"  # (the fastest xz: this tests the packing, not its ratio)
 if [ -x trainer ] && [ -f build/gpu/trainer.d ]; then
   $GS --pack "$W/gpu.tar.xz" >"$W/pg.out" 2>&1; rc=$?
   check '[ $rc -eq 0 ] && grep -q "^gpu_session: packed [0-9]* files of this tree (stamp [0-9a-f]\{16\}) into $W/gpu.tar.xz" "$W/pg.out" && tar -tJf "$W/gpu.tar.xz" | grep -q -x -e trainer && tar -tJf "$W/gpu.tar.xz" | grep -q -x build/gpu/prebuilt.stamp' \
