@@ -3677,16 +3677,12 @@ static int load_matmul_algos(Options* o, const cudaDeviceProp* prop, int main_ra
 // --matmul-algos, and writes DIR/matmul_algos.txt (rank 0): the algorithm of each shape of this run's step, to
 // repeat it, or to tune with build/gpu/bench_matmul --tune. A record that cannot be written (a full disk) is said,
 // and training goes on: nothing of the run is in it (as with metrics.jsonl, and the other ranks are not waiting).
-static void record_matmuls(const Options* o, const BertModel* m, int main_rank) {
+static void record_matmuls(const Options* o, const BertModel* m, const cudaDeviceProp* prop, int main_rank) {
     if (!main_rank) return;
     say_matmul_uses(o, &m->blas);
     static BlasTable rec;
     memset(&rec, 0, sizeof rec);
-    cudaDeviceProp prop;
-    int dev;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
-    snprintf(rec.device, sizeof rec.device, "%s", prop.name);
+    snprintf(rec.device, sizeof rec.device, "%s", prop->name);
     rec.version = (long long)cublasLtGetVersion();
     blas_table_add(&rec, &m->blas, 1);
     char path[4200];
@@ -3743,7 +3739,7 @@ static int train(Run* r) {
         }
         if (s.stop) last_step = step;  // some rank got a signal: every rank stops after this step
         bad_steps = s.skipped ? bad_steps + 1 : 0;
-        if (step == r->lg.first_step) record_matmuls(o, m, main_rank);  // DIR/matmul_algos.txt
+        if (step == r->lg.first_step) record_matmuls(o, m, &r->prop, main_rank);  // DIR/matmul_algos.txt
         r->ck.tokens = r->lg.tokens += s.all_tokens;
         if (main_rank)
             log_step(o, &s, step, bad_steps, now_s() - t0, r->comm.world, flops_token, peak_tflops, &r->bm, &r->lg);
