@@ -130,7 +130,8 @@ __device__ inline void mma(float d[4], const FragA& a, const FragB& b) {
 // registers.
 #define ATT_FP32 (sizeof(floatX) == 4)
 enum { ATT_FWD, ATT_DQ, ATT_DKDV };  // the three kernels
-// which of them run as the Hopper candidates (the trainer's --attention; 0: the mma.sync kernels everywhere)
+// which of them run on wgmma (the trainer's choose_attention: all three on a compute capability 9.0 device at head
+// size 64; 0: the mma.sync kernels, which run on any GPU)
 enum { ATT_WG_FWD = 1, ATT_WG_DQ = 2, ATT_WG_DKDV = 4, ATT_WG_ALL = 7 };
 __host__ __device__ constexpr int att_ld(int HD) { return HD + 8; }
 __host__ __device__ constexpr size_t att_tile_bytes(int HD, int rows) {
@@ -562,9 +563,9 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_FWD))
 #ifndef MLM_FP32
 // ---------------------------------------------------------------------------------------------
 // attention_forward_wgmma: attention_forward's results with Hopper's warpgroup MMA (wgmma, sm_90a; bf16 storage,
-// HD 64 or 128). A candidate: tests/test_attention checks it against the same double reference, and
-// tests/bench_attention times it against attention_forward. The trainer runs it with --attention wgmma; its
-// default stays attention_forward until a GPU shows this faster.
+// HD 64 or 128). tests/test_attention checks it against the same double reference, and tests/bench_attention times
+// it against attention_forward (an H200: 0.158 ms against cuDNN's 0.13 at bert-base's shape). The trainer runs it
+// wherever it can (choose_attention).
 // Grid (ceil(T / 64), NH, B): block 128 = one warpgroup owns 64 query rows, warp w the 16 from row0 + 16 w (the
 // rows of wgmma's m64 accumulator each warp holds).
 // Data movement: the Q tile (64 x HD) and the K and V tiles (KW keys x HD, double-buffered; KW = 128 at HD 64,
@@ -588,7 +589,7 @@ __host__ __device__ constexpr int att_wg_keys(int HD) { return HD == 64 ? 128 : 
 // registers are capped to match (at most 168 and 255 a thread)
 __host__ __device__ constexpr int att_wg_min_blocks(int HD) { return HD == 64 ? 3 : 2; }
 // sw128_off: the byte of element (r, c) of a shared tile of bf16 rows in wgmma's 128-byte swizzle, as TMA writes it
-// (the wgmma attention kernels' tiles, and gemm_wgmma's): boxes of 64 columns (rows of 128 bytes, one after another),
+// (the wgmma attention kernels' tiles): boxes of 64 columns (rows of 128 bytes, one after another),
 // the column blocks box_bytes apart (the attention tiles' boxes are 64 rows: 8 KB), each box 8-row groups of 8 x 128
 // bytes (1 KB) in which row r % 8 has its 16-byte chunks permuted: chunk (c % 64) / 8 sits at position
 // ((c % 64) / 8) ^ (r % 8). The same bytes serve as a K-major operand (rows are M or N: Q, K) and as an MN-major one
@@ -953,7 +954,7 @@ __global__ void __launch_bounds__(128, att_min_blocks(HD, ATT_DKDV))
 #ifndef MLM_FP32
 // ---------------------------------------------------------------------------------------------
 // attention_backward_dq_wgmma: attention_backward_dq's results (dQ, delta, the Q bias partials) with wgmma, at
-// HD 64 (bf16): a candidate, like attention_backward_dkdv_wgmma, whose grid it shares (and the dQ kernel's).
+// HD 64 (bf16), like attention_backward_dkdv_wgmma, whose grid it shares (and the dQ kernel's).
 // Grid (ceil(T / 128), NH, B); block 256 = two warpgroups, 64 query rows each (warp w the 16 from row0 + 16 w).
 // It opens with delta = rowsum(dO * O) of its rows (att_delta_rows, 8 warps).
 // Data movement: the block's Q and dO (128 rows) and the key tiles' K and V (64 rows, double-buffered) in shared
@@ -1066,8 +1067,8 @@ __global__ void __launch_bounds__(256, 2)  // (2 blocks of 8 warps: at most 128 
 
 // ---------------------------------------------------------------------------------------------
 // attention_backward_dkdv_wgmma: attention_backward_dkdv's results (dK, dV and their bias partials) with wgmma, at
-// HD 64 (bf16): a candidate, like attention_forward_wgmma (tests/test_attention checks it, tests/bench_attention
-// times it, the trainer runs it with --attention wgmma).
+// HD 64 (bf16), like attention_forward_wgmma (tests/test_attention checks it, tests/bench_attention times it, the
+// trainer runs it wherever it can).
 // Grid (ceil(T / 128), NH, B), the dQ kernel's, so the bias partials keep their rows (att_part_floats). Block 256 =
 // two warpgroups, 64 keys each (warp w the 16 from row0 + 16 w): both read the same query tiles.
 // Data movement: the block's K and V (128 rows) and the query tiles' Q and dO (64 rows, in three buffers filled two
@@ -1241,7 +1242,7 @@ static inline void launch_attention_forward_hd(cudaStream_t s, floatX* out, floa
     launch(attention_forward<HD>, dim3(ceil_div(T, att_rows(HD, ATT_FWD)), NH, B), dim3(128), bytes, s, out, lse, qkv,
            seg_lo, seg_hi, B, T, NH);
 }
-// the wgmma candidates' launchers (below; HD 64, bf16)
+// the wgmma kernels' launchers (below; HD 64, bf16)
 static inline void launch_attention_backward_dq_wgmma(cudaStream_t s, floatX* dqkv, float* part, float* delta,
                                                       const floatX* dout, const floatX* qkv, const floatX* out,
                                                       const float* lse, const int* seg_lo, const int* seg_hi, int B,
@@ -1250,7 +1251,7 @@ static inline void launch_attention_backward_dkdv_wgmma(cudaStream_t s, floatX* 
                                                         const floatX* dout, const floatX* qkv, const float* lse,
                                                         const int* seg_lo, const int* seg_hi, int B, int T, int NH);
 // launch_attention_backward_hd: the dQ kernel, then the dK dV kernel, each the mma.sync one or (wg's ATT_WG_DQ,
-// ATT_WG_DKDV bits, HD 64 only) the wgmma candidate: both kinds write the same layouts (delta (B, NH, T), the
+// ATT_WG_DKDV bits, HD 64 only) the wgmma one: both kinds write the same layouts (delta (B, NH, T), the
 // bias partials' rows of 128 queries or keys), so either dQ kernel can run with either dK dV kernel.
 template <int HD>
 static inline void launch_attention_backward_hd(cudaStream_t s, floatX* dqkv, float* part, float* delta,
@@ -1300,7 +1301,7 @@ static inline void launch_attention_forward_wgmma(cudaStream_t s, floatX* out, f
     }
 }
 // launch_attention_backward_dq_wgmma, launch_attention_backward_dkdv_wgmma: the backward's two kernels as the wgmma
-// candidates (HD 64), on the grid of the mma.sync ones (128 rows a block), so the bias partials keep their rows
+// kernels (HD 64), on the grid of the mma.sync ones (128 rows a block), so the bias partials keep their rows
 static_assert(att_rows(64, ATT_DQ) == 128 && att_rows(64, ATT_DKDV) == 128, "the wgmma grids: 128 rows a block");
 static inline void launch_attention_backward_dq_wgmma(cudaStream_t s, floatX* dqkv, float* part, float* delta,
                                                       const floatX* dout, const floatX* qkv, const floatX* out,
@@ -1325,7 +1326,7 @@ static inline void launch_attention_backward_dkdv_wgmma(cudaStream_t s, floatX* 
     launch(attention_backward_dkdv_wgmma<64>, dim3(ceil_div(T, 128), NH, B), dim3(256), att_wg_dkdv_smem(64), s, dqkv,
            part, tm_qkv, tm_dout, qkv, lse, delta, seg_lo, seg_hi, B, T, NH);
 }
-#else  // fp32 storage: the wgmma kernels take bf16 (the trainer refuses --attention wgmma first: use_attention)
+#else  // fp32 storage: the wgmma kernels take bf16 (the trainer never asks for them: choose_attention)
 static inline void att_wgmma_needs_bf16(void) {
     fprintf(stderr, "attention: the wgmma kernels need bf16 storage (this is the fp32 build)\n");
     exit(1);
@@ -1346,7 +1347,7 @@ static inline void launch_attention_backward_dkdv_wgmma(cudaStream_t, floatX*, f
 }
 #endif
 // launch_attention_forward: out (B, T, C), lse (B, NH, T) from qkv (B, T, 3C) and the key ranges (B, T); with wg's
-// ATT_WG_FWD bit by the wgmma candidate (HD 64 or 128, bf16).
+// ATT_WG_FWD bit by the wgmma kernel (HD 64 or 128, bf16).
 static inline void launch_attention_forward(cudaStream_t s, floatX* out, float* lse, const floatX* qkv,
                                             const int* seg_lo, const int* seg_hi, int B, int T, int NH, int HD,
                                             int wg) {
@@ -1372,7 +1373,7 @@ static inline size_t att_part_floats(int B, int T, int C, int HD) {
 // launch_attention_backward: dqkv (B, T, 3C) from dout (B, T, C); with dbias != NULL also dbias (3C) += the column
 // sums of dqkv, the qkv bias gradient (each dQ and dK dV block sums its rows' columns into part, att_part_floats;
 // partials_sum adds the blocks' rows in a fixed order). delta (B, NH, T) fp32 scratch: the dQ kernel writes it, the
-// dK dV kernel reads it. wg's ATT_WG_DQ and ATT_WG_DKDV bits run those kernels as the wgmma candidates (HD 64, bf16).
+// dK dV kernel reads it. wg's ATT_WG_DQ and ATT_WG_DKDV bits run those kernels on wgmma (HD 64, bf16).
 static inline void launch_attention_backward(cudaStream_t s, floatX* dqkv, float* dbias, float* delta, float* part,
                                              const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
                                              const int* seg_lo, const int* seg_hi, int B, int T, int NH, int HD,

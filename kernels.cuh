@@ -26,7 +26,6 @@ static inline void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>  // fsync (blas_table_write)
 
 // ---------------------------------------------------------------------------------------------
 // Storage type. Weights the kernels read and all activations are floatX: bf16 by default, fp32 when
@@ -85,16 +84,14 @@ __device__ inline float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
-__device__ inline float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
-__device__ inline float gelu_erf_grad(float x) {  // d/dx [x Phi(x)] = Phi(x) + x phi(x)
-    return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * 0.39894228040143268f * expf(-0.5f * x * x);
-}
-// gelu_erf_and_grad: y = GELU(x) (as gelu_erf) and dy = GELU'(x) (as gelu_erf_grad) from one erf: gelu_backward's
-// arithmetic, shared with gemm_wgmma's epilogue so that the two write the same bits.
-__device__ inline void gelu_erf_and_grad(float x, float* y, float* dy) {
-    float e = erff(x * 0.70710678118654752f);
-    *y = 0.5f * x * (1.0f + e);
-    *dy = 0.5f * (1.0f + e) + x * 0.39894228040143268f * expf(-0.5f * x * x);
+// GELU, the tanh form (Hendrycks and Gimpel; "gelu_new" / "gelu_pytorch_tanh" in Hugging Face), as cuBLASLt's GELU
+// epilogues compute it, which run the MLP's and the MLM head's GELU (matmul_forward_gelu, matmul_backward_input_gelu):
+//   GELU(x)  = 0.5 x (1 + tanh(u)),  u = sqrt(2/pi) (x + 0.044715 x^3)
+//   GELU'(x) = 0.5 (1 + tanh(u)) + 0.5 x (1 - tanh(u)^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
+// gelu_tanh_grad is the second, for the head's LayerNorm backward, which applies it in the same pass.
+__device__ inline float gelu_tanh_grad(float x) {
+    float t = tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x));
+    return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * 0.7978845608028654f * (1.f + 0.134145f * x * x);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -348,7 +345,7 @@ __global__ void layernorm_backward(floatX* dinp, float* part, const floatX* dout
         if (ok) {
             Pack128 o, pre = gelu_pre ? load128(gelu_pre + (size_t)n * C + col) : Pack128{};
             for (int k = 0; k < X128; k++) {
-                o.v[k] = fromf(gelu_pre ? v[k] * gelu_erf_grad(tof(pre.v[k])) : v[k]);
+                o.v[k] = fromf(gelu_pre ? v[k] * gelu_tanh_grad(tof(pre.v[k])) : v[k]);
                 dz[k] += tof(o.v[k]);
             }
             store128(dinp + (size_t)n * C + col, o);
@@ -580,26 +577,13 @@ __global__ void embedding_table_carries(float* dwte, float* dwpe, float* dwtt, c
 }
 
 // ---------------------------------------------------------------------------------------------
-// GELU (exact, erf). cuBLASLt's GELU epilogues are the tanh approximation, so the matmuls fuse nothing here:
-// the MLP's first matmul stores fc1 = x W^T without its bias, and these kernels add the bias b (fp32) as they
-// read fc1 (pre = fc1 + b, never stored), in the same pass that applies GELU. Sizes are multiples of X128.
+// Column sums: a bias gradient, db = sum over rows of d, where no matmul epilogue gives it (the MLP's first bias,
+// from dLoss/dpre, and the MLM decoder's, from a chunk of dLoss/dlogits).
 
-// gelu_forward: out (N, I) = GELU(inp + bias) elementwise, GELU(x) = x Phi(x); bias (I) or NULL (none: the MLM
-// head's dense layer, whose bias its matmul adds). Layout: thread c computes the 128-bit chunk c of the N I elements
-// (chunks = N I / X128 of them, row_chunks = I / X128 a row; 32-bit indices, so the column is a 32-bit remainder).
-// Data movement: inp read once, out written once (128-bit); the chunk's X128 bias values (128-bit) from L1/L2.
-__global__ void gelu_forward(floatX* out, const floatX* inp, const floatX* bias, unsigned chunks, unsigned row_chunks) {
-    unsigned c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= chunks) return;
-    size_t i = (size_t)c * X128;
-    Pack128 x = load128(inp + i), b = bias ? load128(bias + (c % row_chunks) * X128) : Pack128{}, o;
-    for (int k = 0; k < X128; k++) o.v[k] = fromf(gelu_erf(tof(x.v[k]) + (bias ? tof(b.v[k]) : 0.f)));
-    store128(out + i, o);
-}
 // column_partials: the end of a block of (32, 8) threads in which thread (x, y) holds sum[X128], its sums of the
 // 128-bit column chunk col (of I columns) over its rows: the 8 row slices are added in shared memory in the order
 // y = 0, 1, ... (a fixed order) and the block's column sums written to part[blockIdx.y] (I floats), for
-// partials_sum. (The tail of gelu_backward and column_sums.)
+// partials_sum. (The tail of column_sums.)
 __device__ inline void column_partials(float* part, const float* sum, int col, int I) {
     __shared__ float sm[8][32 * 8];
     for (int k = 0; k < X128; k++) sm[threadIdx.y][threadIdx.x * X128 + k] = sum[k];
@@ -611,44 +595,9 @@ __device__ inline void column_partials(float* part, const float* sum, int col, i
             part[(size_t)blockIdx.y * I + col + k] = t;
         }
 }
-
-// gelu_backward: the backward of y = GELU(pre), pre = fc1 + b (N, I), fc1 the output of a matmul (x W^T) and
-// b (I) its bias, when y itself is needed again (the weight gradient of the matmul that reads it):
-//   out = GELU(pre), recomputed bit for bit as gelu_forward did,
-//   d = d * GELU'(pre) in place, both from one erf per element,
-//   part[blockIdx.y] (I floats) = the block's column sums of the new d (as stored, rounded) over its rows, which
-//   partials_sum adds to the bias gradient db = sum_n d[n]: no pass over d of its own.
-// Layout: block (32, 8), grid (ceil(I / (32 X128)), gy): thread (x, y) owns the 128-bit column chunk
-// c = (blockIdx.x * 32 + x) X128 of rows blockIdx.y * 8 + y, then + gy * 8, ...; it keeps its X128 bias values and
-// column sums in registers, and at the end the 8 row slices are summed in shared memory in order y = 0.. (a fixed
-// order). Data movement: fc1 and d read once, out and d written once (128-bit); 32 X128 floats of partials a block.
-__global__ void gelu_backward(floatX* out, floatX* d, float* part, const floatX* fc1, const floatX* bias, int N,
-                              int I) {
-    int col = (blockIdx.x * 32 + threadIdx.x) * X128, on = col < I;
-    float sum[16 / sizeof(floatX)] = {}, b[16 / sizeof(floatX)] = {};
-    if (on) {
-        Pack128 bp = load128(bias + col);
-        for (int k = 0; k < X128; k++) b[k] = tof(bp.v[k]);
-    }
-    for (int n = blockIdx.y * 8 + threadIdx.y; on && n < N; n += gridDim.y * 8) {
-        size_t i = (size_t)n * I + col;
-        Pack128 x = load128(fc1 + i), g = load128(d + i), o;
-        for (int k = 0; k < X128; k++) {
-            float y, dy;
-            gelu_erf_and_grad(tof(x.v[k]) + b[k], &y, &dy);
-            o.v[k] = fromf(y);
-            g.v[k] = fromf(tof(g.v[k]) * dy);
-            sum[k] += tof(g.v[k]);
-        }
-        store128(out + i, o);
-        store128(d + i, g);
-    }
-    column_partials(part, sum, col, I);
-}
-
 // column_sums: part[blockIdx.y] (C floats) = the column sums of x (N, C) over the block's rows, which partials_sum
 // adds to a bias gradient (the MLM decoder's, from a chunk of dLoss/dlogits, instead of cuBLASLt's BGRADB epilogue).
-// Layout: gelu_backward's: block (32, 8), grid (ceil(C / (32 X128)), gy); thread (x, y) sums the 128-bit column
+// Layout: block (32, 8), grid (ceil(C / (32 X128)), gy); thread (x, y) sums the 128-bit column
 // chunk (blockIdx.x * 32 + x) X128 of rows blockIdx.y * 8 + y, then + gy * 8, ... in registers (4 loads in flight),
 // and column_partials adds the 8 row slices in a fixed order. Data movement: x read once (128-bit); C floats of
 // partials per row of blocks.
@@ -1093,12 +1042,15 @@ __global__ void copy_to_floatX(floatX* dst, const float* src, size_t n) {
 // as torch.nn.Linear. cuBLASLt is column-major, where a row-major (R, K) matrix is a (K x R) one; so the
 // forward is D = out^T (OC x N) = op(A) B with A = W seen as (IC x OC), transposed, and B = inp as (IC x N). A plan
 // (operation descriptor, three layouts and the heuristic's algorithm) is built once per distinct shape and kept; a call
-// only sets the bias pointer. The bias is fused as the BIAS epilogue where a matmul has one; GELU is not (cuBLASLt's
-// GELU epilogue is the tanh approximation; this model uses exact erf GELU, see gelu_forward). The weight gradient also
-// gives the bias gradient, through the BGRADB epilogue (bias[j] = sum over k of op(B)[k][j]; on this layout, NT with an
-// fp32 D and an fp32 bias, the real cuBLASLt 13.0 sums exactly:
-// ../shared/gpu/2026-11-23/cublaslt_bgrad_on_trainer_layout.txt).
-enum { BLAS_EPI_NONE, BLAS_EPI_BIAS, BLAS_EPI_BGRADB };
+// only sets the bias and aux pointers. cuBLASLt's epilogues do the elementwise work where the data passes anyway:
+//   BIAS           D = AB + bias (bias: OC, floatX)
+//   GELU_AUX_BIAS  the MLP's first layer: aux = pre = AB + bias, D = GELU(pre), GELU's tanh form (gelu_tanh); pre is
+//                  rounded to floatX in aux, GELU is taken of the fp32 pre (the H200 measured 2.84 ms at bert-base's fc1
+//                  against 3.76 for the plain matmul and a GELU kernel)
+//   DGELU          its backward: D = (AB) * GELU'(aux), aux the forward's pre (2.59 ms against 4.65)
+//   BGRADB         the weight gradient's bias gradient, bias[j] = sum over k of op(B)[k][j] (fp32; on this layout, NT
+//                  with an fp32 D, the real cuBLASLt 13.0 sums exactly)
+enum { BLAS_EPI_NONE, BLAS_EPI_BIAS, BLAS_EPI_BGRADB, BLAS_EPI_GELU_AUX_BIAS, BLAS_EPI_DGELU };
 
 typedef struct {
     int ta, tb, m, n, k, lda, ldb, ldd, epi;
@@ -1107,32 +1059,7 @@ typedef struct {
     cublasLtMatrixLayout_t la, lb, ld;
     cublasLtMatmulAlgo_t algo;
     int has_algo;
-    int table_line;              // the line of the algorithm table (--matmul-algos) that chose algo; 0: the heuristic
-    long long calls, acc_calls;  // how many times blas_matmul ran it, and of those with C (beta != 0)
 } MatmulPlan;
-
-// An algorithm table (./trainer --matmul-algos FILE; written by training runs and by tests/bench_matmul.cu --tune):
-// for some shapes, the algorithm to run instead of the heuristic's first. An algorithm is named by its
-// configuration, as cublasLtMatmulAlgoConfigGetAttribute gives it (BLAS_ALGO_FIELDS numbers, in the order of
-// blas_algo_fields), and blas_plan takes the heuristic's offer with that configuration: the table never makes up
-// an algorithm, and one measured with another GPU or library is refused, not run. The file format: blas_table_read.
-#define BLAS_ALGO_FIELDS 9
-typedef struct {
-    int ta, tb, m, n, k, lda, ldb, ldd, epi, acc;  // the plan's shape (acc: the step adds to C)
-    int ab, cd;                                    // cudaDataType of A, B and of C, D
-    int algo[BLAS_ALGO_FIELDS];
-    long long calls;  // per step, where it was recorded (bench_matmul --tune weighs the shapes by it)
-    double ms;        // the time bench_matmul measured for it (0: not measured)
-    int line;         // in the file it was read from
-} BlasTableEntry;
-#define BLAS_TABLE_MAX 512
-typedef struct {
-    char path[1024];    // the file it was read from ("" if none)
-    char device[256];   // the GPU (cudaDeviceProp.name) and cuBLASLt version it was recorded with
-    long long version;  //
-    int n;
-    BlasTableEntry e[BLAS_TABLE_MAX];
-} BlasTable;
 
 #define BLAS_MAX_PLANS 64
 typedef struct {
@@ -1141,7 +1068,6 @@ typedef struct {
     size_t workspace_size;
     int n;
     MatmulPlan plan[BLAS_MAX_PLANS];
-    const BlasTable* table;  // NULL: the heuristic's first algorithm for every shape (set after blas_init)
 } Blas;
 
 static inline void blas_init(Blas* bl, size_t workspace_size) {
@@ -1161,10 +1087,9 @@ static inline void blas_free(Blas* bl) {
     cublasLtDestroy(bl->lt);
     memset(bl, 0, sizeof(*bl));
 }
-// blas_heuristic: up to n of the algorithms cuBLASLt's heuristic proposes for plan p's descriptors, best first,
-// within our workspace and for 16-byte aligned pointers; returns how many it wrote to res. blas_plan takes the
-// first; tests/bench_matmul.cu times the others.
-static inline int blas_heuristic(const Blas* bl, const MatmulPlan* p, int n, cublasLtMatmulHeuristicResult_t* res) {
+// blas_heuristic: the first algorithm cuBLASLt's heuristic proposes for plan p's descriptors, within our workspace
+// and for 16-byte aligned pointers, into p (has_algo 0 when it proposes none: cublasLtMatmul then picks).
+static inline void blas_heuristic(const Blas* bl, MatmulPlan* p) {
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -1172,78 +1097,20 @@ static inline int blas_heuristic(const Blas* bl, const MatmulPlan* p, int n, cub
     // The heuristic never sees our pointers and assumes 256-byte alignment unless told; the slab only
     // guarantees 16 bytes per tensor (numel rounded to 8), so ask for kernels that need no more.
     uint32_t align = 16;
-    CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align, sizeof(align)));
-    CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align, sizeof(align)));
-    CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align, sizeof(align)));
-    CUBLAS_CHECK(
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align, sizeof(align)));
+    const cublasLtMatmulPreferenceAttributes_t aligns[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; i++) CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align, sizeof(align)));
+    cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    if (cublasLtMatmulAlgoGetHeuristic(bl->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, n, res, &found) !=
-        CUBLAS_STATUS_SUCCESS)
-        found = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(bl->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &res, &found) ==
+            CUBLAS_STATUS_SUCCESS &&
+        found > 0)
+        p->algo = res.algo, p->has_algo = 1;
     cublasLtMatmulPreferenceDestroy(pref);
-    return found;
 }
-// blas_algo_config: the configuration that names algorithm a (BLAS_ALGO_FIELDS numbers, see BlasTable): the
-// attributes blas_algo_attrs, named blas_algo_fields in a table's lines
-static const char* const blas_algo_fields[BLAS_ALGO_FIELDS] = {"id",      "tile",   "stages", "splitk", "reduction",
-                                                               "swizzle", "custom", "inner",  "cluster"};
-static const cublasLtMatmulAlgoConfigAttributes_t blas_algo_attrs[BLAS_ALGO_FIELDS] = {
-    CUBLASLT_ALGO_CONFIG_ID,
-    CUBLASLT_ALGO_CONFIG_TILE_ID,
-    CUBLASLT_ALGO_CONFIG_STAGES_ID,
-    CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-    CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-    CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
-    CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION,
-    CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID,
-    CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
-static inline void blas_algo_config(const cublasLtMatmulAlgo_t* a, int cfg[BLAS_ALGO_FIELDS]) {
-    for (int i = 0; i < BLAS_ALGO_FIELDS; i++) {
-        size_t size = 0;  // (4 bytes, the inner and cluster shapes 2: cublasLt.h)
-        CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(a, blas_algo_attrs[i], NULL, 0, &size));
-        uint32_t v32 = 0;
-        uint16_t v16 = 0;
-        CUBLAS_CHECK(cublasLtMatmulAlgoConfigGetAttribute(a, blas_algo_attrs[i], size == 2 ? (void*)&v16 : (void*)&v32,
-                                                          size, &size));
-        cfg[i] = size == 2 ? (int)v16 : (int)v32;
-    }
-}
-// blas_table_find: t's entry for plan p's shape, or NULL
-static inline const BlasTableEntry* blas_table_find(const BlasTable* t, const MatmulPlan* p) {
-    for (int i = 0; t && i < t->n; i++) {
-        const BlasTableEntry* e = &t->e[i];
-        if (e->ta == p->ta && e->tb == p->tb && e->m == p->m && e->n == p->n && e->k == p->k && e->lda == p->lda &&
-            e->ldb == p->ldb && e->ldd == p->ldd && e->epi == p->epi && e->ab == (int)p->ab && e->cd == (int)p->cd)
-            return e;
-    }
-    return NULL;
-}
-#define BLAS_TABLE_OFFERS 32  // how many of the heuristic's offers a table's algorithm is looked for among
-// blas_table_algo: plan p takes the heuristic's offer whose configuration is entry e's; where none is (the table
-// was recorded with another GPU or cuBLASLt, or another workspace), the run stops with a message naming the line.
-static inline void blas_table_algo(const Blas* bl, MatmulPlan* p, const BlasTableEntry* e) {
-    cublasLtMatmulHeuristicResult_t res[BLAS_TABLE_OFFERS];
-    int found = blas_heuristic(bl, p, BLAS_TABLE_OFFERS, res);
-    for (int i = 0; i < found; i++) {
-        int cfg[BLAS_ALGO_FIELDS];
-        if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > bl->workspace_size) continue;
-        blas_algo_config(&res[i].algo, cfg);
-        if (!memcmp(cfg, e->algo, sizeof cfg)) {
-            p->algo = res[i].algo, p->has_algo = 1, p->table_line = e->line;
-            return;
-        }
-    }
-    fprintf(stderr,
-            "matmul algorithm table %s line %d: cuBLASLt offers no algorithm with that configuration for this matmul "
-            "(m %d n %d k %d) "
-            "here, among its %d offers (the table was recorded with %s, cuBLASLt %lld): record the table on this "
-            "machine again (README, Matmuls), or leave --matmul-algos out\n",
-            bl->table->path, e->line, p->m, p->n, p->k, found, bl->table->device, bl->table->version);
-    exit(1);
+static inline void blas_set_pointer(MatmulPlan* p, cublasLtMatmulDescAttributes_t attr, const void* ptr) {
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, attr, &ptr, sizeof(ptr)));
 }
 static inline MatmulPlan* blas_plan(Blas* bl, int ta, int tb, int m, int n, int k, int lda, int ldb, int ldd,
                                     cudaDataType ab, cudaDataType cd, int epi) {
@@ -1259,63 +1126,49 @@ static inline MatmulPlan* blas_plan(Blas* bl, int ta, int tb, int m, int n, int 
     }
     MatmulPlan* p = &bl->plan[bl->n++];
     memset(p, 0, sizeof(*p));
-    p->ta = ta;
-    p->tb = tb;
-    p->m = m;
-    p->n = n;
-    p->k = k;
-    p->lda = lda;
-    p->ldb = ldb;
-    p->ldd = ldd;
-    p->ab = ab;
-    p->cd = cd;
-    p->epi = epi;
+    p->ta = ta, p->tb = tb, p->m = m, p->n = n, p->k = k, p->lda = lda, p->ldb = ldb, p->ldd = ldd;
+    p->ab = ab, p->cd = cd, p->epi = epi;
     // fp32 mode computes in true fp32 (CUBLAS_COMPUTE_32F, no TF32), bf16 mode accumulates in fp32
     CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)));
-    cublasLtEpilogue_t e = epi == BLAS_EPI_BIAS     ? CUBLASLT_EPILOGUE_BIAS
-                           : epi == BLAS_EPI_BGRADB ? CUBLASLT_EPILOGUE_BGRADB
-                                                    : CUBLASLT_EPILOGUE_DEFAULT;
-    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e)));
-    if (epi != BLAS_EPI_NONE) {
+    static const cublasLtEpilogue_t epilogues[] = {CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS,
+                                                   CUBLASLT_EPILOGUE_BGRADB, CUBLASLT_EPILOGUE_GELU_AUX_BIAS,
+                                                   CUBLASLT_EPILOGUE_DGELU};
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogues[epi],
+                                                sizeof(epilogues[epi])));
+    // An epilogue's bias and aux pointers must be set before the heuristic will answer (cpu/cublas.cpp refuses
+    // without them); blas_matmul sets the real ones at each call. The placeholder is 16-byte aligned and no more, as
+    // every bias and activation in the slabs is, so the kernel chosen for it accepts them all; it is never read.
+    const void* placeholder = (const char*)bl->workspace + 16;
+    if (epi == BLAS_EPI_BIAS || epi == BLAS_EPI_BGRADB || epi == BLAS_EPI_GELU_AUX_BIAS) {
         // the bias is a floatX parameter; a bias gradient has D's type (fp32: the real library refuses mixed types)
-        cudaDataType bt = epi == BLAS_EPI_BIAS ? ab : cd;
+        cudaDataType bt = epi == BLAS_EPI_BGRADB ? cd : ab;
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+        blas_set_pointer(p, CUBLASLT_MATMUL_DESC_BIAS_POINTER, placeholder);
+    }
+    if (epi == BLAS_EPI_GELU_AUX_BIAS || epi == BLAS_EPI_DGELU) {  // aux: D's type and layout
+        int64_t aux_ld = ldd;
+        CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld)));
+        blas_set_pointer(p, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, placeholder);
     }
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->la, ab, ta ? k : m, ta ? m : k, lda));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->lb, ab, tb ? n : k, tb ? k : n, ldb));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->ld, cd, m, n, ldd));
-    if (epi != BLAS_EPI_NONE) {
-        // An epilogue with a bias needs a bias pointer before the heuristic will answer (cpu/cublas.cpp refuses
-        // without one); blas_matmul sets the real one at each call. The placeholder is 16-byte aligned and no
-        // more, as every bias in the slab is, so the kernel chosen for it accepts them all; it is never read.
-        const void* placeholder = (const char*)bl->workspace + 16;
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &placeholder,
-                                                    sizeof(placeholder)));
-    }
-    cublasLtMatmulHeuristicResult_t res;
-    const BlasTableEntry* entry = blas_table_find(bl->table, p);
-    if (entry) {
-        blas_table_algo(bl, p, entry);
-    } else if (blas_heuristic(bl, p, 1, &res) > 0) {
-        p->algo = res.algo;
-        p->has_algo = 1;
-    }
+    blas_heuristic(bl, p);
     return p;
 }
-// blas_matmul: D (m x n, column-major, ld ldd, type cd) = op(A) op(B) [+ beta C], A and B floatX, and with
-// epi BLAS_EPI_BIAS: + bias (m, floatX); with BLAS_EPI_BGRADB: bias (n, type cd) = the sums over k of op(B)'s
-// columns, written (not accumulated). C, when given, has D's layout (it may be another buffer than D).
+// blas_matmul: D (m x n, column-major, ld ldd, type cd) = op(A) op(B) [+ beta C], A and B floatX, then epilogue epi
+// (see BLAS_EPI_*) with its bias (BIAS, GELU_AUX_BIAS: m floatX; BGRADB: n of type cd, written, not accumulated) and
+// aux (GELU_AUX_BIAS, DGELU: D's type and layout). C, when given, has D's layout (it may be another buffer than D).
 static inline void blas_matmul(Blas* bl, cudaStream_t s, int ta, int tb, int m, int n, int k, const void* A, int lda,
                                const void* B, int ldb, void* D, int ldd, cudaDataType cd, const void* C, float beta,
-                               int epi, const void* bias) {
+                               int epi, const void* bias, const void* aux) {
     MatmulPlan* p = blas_plan(bl, ta, tb, m, n, k, lda, ldb, ldd, FLOATX_CUDA, cd, epi);
-    p->calls++;
-    p->acc_calls += C != NULL;
-    if (epi != BLAS_EPI_NONE)
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    if (bias) blas_set_pointer(p, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    if (aux) blas_set_pointer(p, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
     float alpha = 1.f;
     CUBLAS_CHECK(cublasLtMatmul(bl->lt, p->desc, &alpha, A, p->la, B, p->lb, &beta, C ? C : D, p->ld, D, p->ld,
                                 p->has_algo ? &p->algo : NULL, bl->workspace, bl->workspace_size, s));
@@ -1325,13 +1178,26 @@ static inline void blas_matmul(Blas* bl, cudaStream_t s, int ta, int tb, int m, 
 static inline void matmul_forward(Blas* bl, cudaStream_t s, floatX* out, int ldo, const floatX* inp, const floatX* W,
                                   const floatX* bias, int N, int IC, int OC) {
     blas_matmul(bl, s, 1, 0, OC, N, IC, W, IC, inp, IC, out, ldo, FLOATX_CUDA, NULL, 0.f,
-                bias ? BLAS_EPI_BIAS : BLAS_EPI_NONE, bias);
+                bias ? BLAS_EPI_BIAS : BLAS_EPI_NONE, bias, NULL);
+}
+// matmul_forward_gelu: pre (N, OC) = inp (N, IC) . W^T + bias and out (N, OC) = GELU(pre) (gelu_tanh, of the fp32
+// pre; pre is stored rounded), from one matmul (the GELU_AUX_BIAS epilogue).
+static inline void matmul_forward_gelu(Blas* bl, cudaStream_t s, floatX* out, floatX* pre, const floatX* inp,
+                                       const floatX* W, const floatX* bias, int N, int IC, int OC) {
+    blas_matmul(bl, s, 1, 0, OC, N, IC, W, IC, inp, IC, out, OC, FLOATX_CUDA, NULL, 0.f, BLAS_EPI_GELU_AUX_BIAS, bias,
+                pre);
 }
 // matmul_backward_input: dinp (N, IC) = dout (N, OC; row stride ldd) . W [+ acc (N, IC)]
 static inline void matmul_backward_input(Blas* bl, cudaStream_t s, floatX* dinp, const floatX* dout, int ldd,
                                          const floatX* W, const floatX* acc, int N, int IC, int OC) {
     blas_matmul(bl, s, 0, 0, IC, N, OC, W, IC, dout, ldd, dinp, IC, FLOATX_CUDA, acc, acc ? 1.f : 0.f, BLAS_EPI_NONE,
-                NULL);
+                NULL, NULL);
+}
+// matmul_backward_input_gelu: the input gradient through a GELU, dpre (N, IC) = (dout (N, OC) . W) * GELU'(pre),
+// pre (N, IC) what matmul_forward_gelu stored (the DGELU epilogue).
+static inline void matmul_backward_input_gelu(Blas* bl, cudaStream_t s, floatX* dpre, const floatX* dout,
+                                              const floatX* W, const floatX* pre, int N, int IC, int OC) {
+    blas_matmul(bl, s, 0, 0, IC, N, OC, W, IC, dout, OC, dpre, IC, FLOATX_CUDA, NULL, 0.f, BLAS_EPI_DGELU, NULL, pre);
 }
 // matmul_backward_weight: dW (OC, IC, fp32) += dout (N, OC; row stride ldd)^T . inp (N, IC), and when dbias is
 // given, dbias (OC, fp32) = sum_n dout[n] (the BGRADB epilogue: written, not accumulated; the caller adds it to
@@ -1339,173 +1205,7 @@ static inline void matmul_backward_input(Blas* bl, cudaStream_t s, floatX* dinp,
 static inline void matmul_backward_weight(Blas* bl, cudaStream_t s, float* dW, float* dbias, const floatX* dout,
                                           int ldd, const floatX* inp, int N, int IC, int OC) {
     blas_matmul(bl, s, 0, 1, IC, OC, N, inp, IC, dout, ldd, dW, IC, CUDA_R_32F, dW, 1.f,
-                dbias ? BLAS_EPI_BGRADB : BLAS_EPI_NONE, dbias);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Matmul algorithm tables on disk. A training run writes DIR/matmul_algos.txt, the algorithm of each matmul shape
-// of its step (the heuristic's or --matmul-algos's); tests/bench_matmul.cu --tune times the heuristic's other offers
-// for those shapes and writes a table with the fastest; ./trainer --matmul-algos TABLE runs with it. Every rank of a
-// run reads the same table (the ranks agree on its entries, trainer.cu agree), and a run repeats to the bit with it.
-// The format, one line each (# starts a comment):
-//   device NAME                      the GPU it was recorded on (cudaDeviceProp.name)
-//   cublaslt VERSION                 cublasLtGetVersion() there
-//   matmul ta=0|1 tb=0|1 m=M n=N k=K lda=L ldb=L ldd=L ab=bf16|fp32 cd=bf16|fp32 epi=none|bias|bgradb acc=0|1
-//          algo id=I tile=I stages=I splitk=I reduction=I swizzle=I custom=I inner=I cluster=I calls=N ms=X
-// (one line; the shape as blas_matmul's cuBLASLt column-major view, acc 1 where the step adds to C; the algorithm's
-// configuration; the calls per step and bench_matmul's time per call, 0 where not measured).
-static const char* blas_type_name(int t) { return t == CUDA_R_16BF ? "bf16" : t == CUDA_R_32F ? "fp32" : "?"; }
-static const char* const blas_epi_names[] = {"none", "bias", "bgradb"};
-
-// blas_table_read: t from the file at path. 1, or 0 after a message (who: its start, the program and flag) naming
-// the file, the line and what was expected.
-static inline int blas_table_read(const char* who, const char* path, BlasTable* t) {
-    memset(t, 0, sizeof *t);
-    snprintf(t->path, sizeof t->path, "%s", path);
-    FILE* f = fopen(path, "r");
-    if (!f) {
-        fprintf(stderr, "%s %s: cannot open the matmul algorithm table: %s\n", who, path, strerror(errno));
-        return 0;
-    }
-    char line[1024];
-    int ln = 0, ok = 1, has_version = 0;
-    while (ok && fgets(line, sizeof line, f)) {
-        ln++;
-        char* c = strchr(line, '#');
-        if (c) *c = 0;
-        size_t len = strlen(line);
-        while (len && (line[len - 1] == '\n' || line[len - 1] == ' ' || line[len - 1] == '\t' || line[len - 1] == '\r'))
-            line[--len] = 0;
-        const char* l = line + strspn(line, " \t");
-        if (!*l) continue;
-        if (!strncmp(l, "device ", 7)) {
-            snprintf(t->device, sizeof t->device, "%s", l + 7);
-            continue;
-        }
-        if (sscanf(l, "cublaslt %lld", &t->version) == 1) {
-            has_version = 1;
-            continue;
-        }
-        BlasTableEntry e;
-        memset(&e, 0, sizeof e);
-        char ab[8] = "", cd[8] = "", epi[8] = "";
-        int* a = e.algo;
-        int end = -1;
-        sscanf(l,
-               "matmul ta=%d tb=%d m=%d n=%d k=%d lda=%d ldb=%d ldd=%d ab=%7s cd=%7s epi=%7s acc=%d algo id=%d "
-               "tile=%d stages=%d splitk=%d reduction=%d swizzle=%d custom=%d inner=%d cluster=%d calls=%lld ms=%lf%n",
-               &e.ta, &e.tb, &e.m, &e.n, &e.k, &e.lda, &e.ldb, &e.ldd, ab, cd, epi, &e.acc, &a[0], &a[1], &a[2], &a[3],
-               &a[4], &a[5], &a[6], &a[7], &a[8], &e.calls, &e.ms, &end);
-        e.ab = !strcmp(ab, "bf16") ? CUDA_R_16BF : !strcmp(ab, "fp32") ? CUDA_R_32F : -1;
-        e.cd = !strcmp(cd, "bf16") ? CUDA_R_16BF : !strcmp(cd, "fp32") ? CUDA_R_32F : -1;
-        e.epi = -1;
-        for (int i = 0; i < 3; i++)
-            if (end >= 0 && !strcmp(epi, blas_epi_names[i])) e.epi = i;
-        e.line = ln;
-        if (end < 0 || l[end] != 0) {
-            fprintf(stderr,
-                    "%s %s line %d: expected \"device NAME\", \"cublaslt VERSION\" or \"matmul ta=0|1 tb=0|1 m= n= k= "
-                    "lda= ldb= ldd= ab=bf16|fp32 cd=bf16|fp32 epi=none|bias|bgradb acc=0|1 algo id= tile= stages= "
-                    "splitk= reduction= swizzle= custom= inner= cluster= calls= ms=\" (README, Matmuls), not: %.200s\n",
-                    who, path, ln, l);
-            ok = 0;
-        } else if (e.ab < 0 || e.cd < 0 || e.epi < 0 || (e.ta | e.tb | e.acc) & ~1 || e.m < 1 || e.n < 1 || e.k < 1 ||
-                   e.lda < 1 || e.ldb < 1 || e.ldd < 1 || e.calls < 0 || !(e.ms >= 0)) {
-            fprintf(
-                stderr,
-                "%s %s line %d: a value out of range (ta, tb, acc 0 or 1; m n k lda ldb ldd >= 1; ab, cd bf16 or fp32; "
-                "epi none, bias or bgradb; calls, ms >= 0)\n",
-                who, path, ln);
-            ok = 0;
-        } else if (t->n == BLAS_TABLE_MAX) {
-            fprintf(stderr, "%s %s line %d: more than %d matmul shapes\n", who, path, ln, BLAS_TABLE_MAX);
-            ok = 0;
-        } else {
-            MatmulPlan key;
-            memset(&key, 0, sizeof key);
-            key.ta = e.ta, key.tb = e.tb, key.m = e.m, key.n = e.n, key.k = e.k, key.lda = e.lda, key.ldb = e.ldb;
-            key.ldd = e.ldd, key.epi = e.epi, key.ab = (cudaDataType)e.ab, key.cd = (cudaDataType)e.cd;
-            const BlasTableEntry* dup = blas_table_find(t, &key);
-            if (dup) {
-                fprintf(stderr, "%s %s line %d: the same matmul shape as line %d\n", who, path, ln, dup->line);
-                ok = 0;
-            } else {
-                t->e[t->n++] = e;
-            }
-        }
-    }
-    if (ok && ferror(f)) fprintf(stderr, "%s %s: read error: %s\n", who, path, strerror(errno)), ok = 0;
-    fclose(f);
-    if (ok && (!t->device[0] || !has_version)) {
-        fprintf(stderr, "%s %s: no \"device NAME\" or no \"cublaslt VERSION\" line (README, Matmuls)\n", who, path);
-        ok = 0;
-    }
-    return ok;
-}
-
-// blas_table_add: every plan of bl that holds an algorithm, with its calls per step (bl ran `steps` steps), into t
-// (replacing t's entry for the same shape)
-static inline void blas_table_add(BlasTable* t, const Blas* bl, int steps) {
-    for (int i = 0; i < bl->n; i++) {
-        const MatmulPlan* p = &bl->plan[i];
-        if (!p->has_algo) continue;
-        BlasTableEntry* e = (BlasTableEntry*)blas_table_find(t, p);
-        if (!e) {
-            if (t->n == BLAS_TABLE_MAX) return;
-            e = &t->e[t->n++];
-        }
-        memset(e, 0, sizeof *e);
-        e->ta = p->ta, e->tb = p->tb, e->m = p->m, e->n = p->n, e->k = p->k, e->lda = p->lda, e->ldb = p->ldb;
-        e->ldd = p->ldd, e->epi = p->epi, e->acc = p->acc_calls > 0, e->ab = p->ab, e->cd = p->cd;
-        e->calls = p->calls / (steps > 0 ? steps : 1);
-        blas_algo_config(&p->algo, e->algo);
-    }
-}
-
-// blas_table_write: t to path, atomically (path.tmp written, flushed to disk, renamed). 1, or 0 after a message.
-static inline int blas_table_write(const BlasTable* t, const char* path) {
-    char tmp[4400];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) {
-        fprintf(stderr, "%.200s...: the path is too long for the matmul algorithm table\n", path);
-        return 0;
-    }
-    FILE* f = fopen(tmp, "w");
-    if (!f) {
-        fprintf(stderr, "%s: cannot write the matmul algorithm table: %s\n", tmp, strerror(errno));
-        return 0;
-    }
-    fprintf(f,
-            "# mlm.c matmul algorithms: ./trainer --matmul-algos FILE runs each shape below with its algorithm, the\n"
-            "# others with cuBLASLt's heuristic's first (README, Matmuls). Shapes: cuBLASLt's column-major m n k.\n"
-            "device %s\ncublaslt %lld\n",
-            t->device, t->version);
-    for (int i = 0; i < t->n; i++) {
-        const BlasTableEntry* e = &t->e[i];
-        const int* a = e->algo;
-        fprintf(f,
-                "matmul ta=%d tb=%d m=%d n=%d k=%d lda=%d ldb=%d ldd=%d ab=%s cd=%s epi=%s acc=%d algo id=%d tile=%d "
-                "stages=%d splitk=%d reduction=%d swizzle=%d custom=%d inner=%d cluster=%d calls=%lld ms=%.4f\n",
-                e->ta, e->tb, e->m, e->n, e->k, e->lda, e->ldb, e->ldd, blas_type_name(e->ab), blas_type_name(e->cd),
-                blas_epi_names[e->epi], e->acc, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], e->calls, e->ms);
-    }
-    int ok = !ferror(f) && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok = fclose(f) == 0 && ok;
-    if (!ok || rename(tmp, path) != 0) {
-        fprintf(stderr, "%s: cannot write the matmul algorithm table: %s\n", path, strerror(errno));
-        remove(tmp);
-        return 0;
-    }
-    return 1;
-}
-
-// blas_table_uses: how many of bl's plans took their algorithm from its table, and (unused) how many of the
-// table's entries no plan matched
-static inline int blas_table_uses(const Blas* bl, int* unused) {
-    int used = 0;
-    *unused = bl->table ? bl->table->n : 0;
-    for (int i = 0; i < bl->n; i++) used += bl->plan[i].table_line > 0;
-    *unused -= used;
-    return used;
+                dbias ? BLAS_EPI_BGRADB : BLAS_EPI_NONE, dbias, NULL);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1657,36 +1357,14 @@ static inline void launch_embedding_backward(cudaStream_t s, float* dwte, float*
            (const uint64_t*)keys, (int)E, K, C, V, P);
 }
 
-// launch_gelu_forward: out (N, I) = GELU(inp + bias) (bias NULL: GELU(inp)).
-static inline void launch_gelu_forward(cudaStream_t s, floatX* out, const floatX* inp, const floatX* bias, int N,
-                                       int I) {
-    size_t chunks = (size_t)N * I / X128;
-    if (chunks > 0xffffffffu) {  // (32-bit chunk indices: 64 G elements, far beyond any activation that fits)
-        fprintf(stderr, "gelu_forward: %d x %d elements, expected at most 2^32 128-bit chunks\n", N, I);
-        exit(1);
-    }
-    launch(gelu_forward, dim3(ceil_div((long long)chunks, 256)), dim3(256), 0, s, out, inp, bias, (unsigned)chunks,
-           (unsigned)(I / X128));
-}
-// colsum_grid_y: the rows of blocks of gelu_backward and column_sums over I columns: about launch_grid_cap() blocks
-// in all, one wave (gelu_backward: 64 registers, 4 blocks of 256 threads per SM); colsum_part_floats: their
+// colsum_grid_y: the rows of blocks of column_sums over I columns: about launch_grid_cap() blocks in all, one wave
+// (4 blocks of 256 threads per SM); colsum_part_floats: their
 // partials' scratch.
 static inline int colsum_grid_y(int I) {
     int gx = ceil_div(I / X128, 32), gy = launch_grid_cap() / gx;
     return gy > 0 ? gy : 1;
 }
 static inline size_t colsum_part_floats(int I) { return (size_t)colsum_grid_y(I) * I; }
-// launch_gelu_backward: with pre = fc1 + bias (N, I): out = GELU(pre), d *= GELU'(pre), and dbias (I) += the column
-// sums of the new d; part (colsum_part_floats(I)) is scratch.
-static inline void launch_gelu_backward(cudaStream_t s, floatX* out, floatX* d, float* dbias, float* part,
-                                        const floatX* fc1, const floatX* bias, int N, int I) {
-    if (N <= 0) return;
-    int gx = ceil_div(I / X128, 32), gy = colsum_grid_y(I);
-    if (gy > ceil_div(N, 8)) gy = ceil_div(N, 8);
-    launch(gelu_backward, dim3(gx, gy), dim3(32, 8), 0, s, out, d, part, fc1, bias, N, I);
-    launch(partials_sum, dim3(ceil_div(I, 32)), dim3(32, 8), 0, s, dbias, (float*)NULL, (float*)NULL,
-           (const float*)part, gy, I, 1);
-}
 // launch_column_sums: dbias (C) += the column sums of x (N, C); part (colsum_part_floats(C)) is scratch.
 static inline void launch_column_sums(cudaStream_t s, float* dbias, float* part, const floatX* x, int N, int C) {
     if (N <= 0) return;
@@ -1703,4 +1381,3 @@ static inline void launch_add_and_clear(cudaStream_t s, float* dst, float* src, 
 }
 
 #include "attention.cuh"  // the attention kernels and their launchers
-#include "gemm.cuh"       // our own Hopper matmul, with the MLP's GELU in its epilogue

@@ -282,14 +282,15 @@ typedef struct {
     size_t res1;       // (B, T, C) floatX          x + attn_out (the LayerNorm input)
     size_t ln1;        // (B, T, C) floatX          LayerNorm(res1)
     size_t ln1_stats;  // (B, T, 2) fp32
-    size_t fc1;        // (B, T, I) floatX          ln1 W1^T, without b1 (GELU(fc1 + b1) is recomputed in backward)
+    size_t fc1;        // (B, T, I) floatX          pre = ln1 W1^T + b1, GELU's input (the GELU_AUX_BIAS epilogue's aux)
+    size_t gelu;       // (B, T, I) floatX          GELU(pre): the MLP's second matmul's input
     size_t res2;       // (B, T, C) floatX          ln1 + mlp_out
     size_t ln2;        // (B, T, C) floatX          LayerNorm(res2): the layer's output
     size_t ln2_stats;  // (B, T, 2) fp32
     size_t layer_stride;
     // saved, MLM head on the M masked rows
     size_t h_in;     // (M, C) floatX             gathered final hidden rows
-    size_t h_pre;    // (M, C) floatX             dense + bias, before GELU
+    size_t h_pre;    // (M, C) floatX             dense + bias, before GELU (the GELU_AUX_BIAS epilogue's aux)
     size_t h_act;    // (M, C) floatX             GELU(h_pre)
     size_t h_ln;     // (M, C) floatX             LayerNorm(h_act)
     size_t h_stats;  // (M, 2) fp32
@@ -298,13 +299,12 @@ typedef struct {
     size_t losses;   // (M) fp32                  per-row cross-entropy
     size_t loss;     // (4) fp32                  [0] mean loss of the micro-batch
     // scratch, shared by all layers
-    size_t gelu;  // (B, T, I) floatX          GELU(fc1 + b1) in forward, recomputed in backward
     size_t proj;  // (B, T, C) floatX          a projection output before its residual LayerNorm
     // backward scratch
     size_t d_x;      // (B, T, C) floatX          dLoss/d(layer output), flows down the stack
     size_t d_res;    // (B, T, C) floatX          dLoss/d(residual sum)
     size_t d_ln1;    // (B, T, C) floatX
-    size_t d_fc1;    // (B, T, I) floatX
+    size_t d_fc1;    // (B, T, I) floatX          dLoss/dpre
     size_t d_qkv;    // (B, T, 3C) floatX
     size_t d_atty;   // (B, T, C) floatX
     size_t d_delta;  // (B, NH, T) fp32           rowsum(dO * O) for attention backward
@@ -312,8 +312,7 @@ typedef struct {
     size_t d_h2;     // (M, C) floatX
     // backward scratch of the deterministic reductions (no floating-point atomics; see kernels.cuh)
     size_t ln_part;    // max of (launch_grid_cap(), 3C) fp32: LayerNorm backward's blocks' dgamma, dbeta, dbias
-                       //   partials, (colsum_grid_y(I), I) fp32: gelu_backward's blocks' bias partials,
-                       //   (ceil(BT / 128), I) fp32: gemm_wgmma's (--mlp wgmma),
+                       //   partials, (colsum_grid_y(I), I) fp32: the MLP's first bias's (column_sums),
                        //   (colsum_grid_y(Vp), Vp) fp32: the decoder bias's (column_sums, in the forward), and
                        //   att_part_floats: the attention backward blocks' qkv bias partials
     size_t emb_keys;   // (sort_pow2(3BT)) u64        embedding backward: (table row << 32 | token) sort keys
@@ -363,6 +362,7 @@ static inline size_t bert_act_layout(BertActLayout* a, const BertConfig* c, int 
     ACT(ln1, BT * C * xsize);
     ACT(ln1_stats, BT * 2 * 4);
     ACT(fc1, BT * I * xsize);
+    ACT(gelu, BT * I * xsize);
     ACT(res2, BT * C * xsize);
     ACT(ln2, BT * C * xsize);
     ACT(ln2_stats, BT * 2 * 4);
@@ -376,7 +376,6 @@ static inline size_t bert_act_layout(BertActLayout* a, const BertConfig* c, int 
     ACT(logits, (size_t)a->R * Vp * xsize);
     ACT(losses, (size_t)M * 4);
     ACT(loss, 4 * 4);
-    ACT(gelu, BT * I * xsize);
     ACT(proj, BT * C * xsize);
     ACT(d_x, BT * C * xsize);
     ACT(d_res, BT * C * xsize);
@@ -387,12 +386,11 @@ static inline size_t bert_act_layout(BertActLayout* a, const BertConfig* c, int 
     ACT(d_delta, BT * NH * 4);
     ACT(d_h, (size_t)M * C * xsize);
     ACT(d_h2, (size_t)M * C * xsize);
-    // LayerNorm's, GELU's (gelu_backward's or gemm_wgmma's), the decoder bias's or the attention backward's
-    // partials (one at a time)
+    // LayerNorm's, the column sums' (the MLP's first bias, the decoder bias) or the attention backward's partials
+    // (one at a time)
     size_t part = ln_part_floats((int)C), gpart = colsum_part_floats((int)I), vpart = colsum_part_floats(Vp);
-    size_t apart = att_part_floats(B, T, (int)C, (int)(C / NH)), mpart = gemm_part_floats((long long)BT, (int)I);
+    size_t apart = att_part_floats(B, T, (int)C, (int)(C / NH));
     part = part > gpart ? part : gpart;
-    part = part > mpart ? part : mpart;
     part = part > vpart ? part : vpart;
     ACT(ln_part, (part > apart ? part : apart) * 4);
     ACT(emb_keys, emb_keys_count((long long)BT) * 8);
@@ -681,7 +679,7 @@ static inline int bert_save_hf(const char* dir, const BertParams* p, const float
         snprintf(cfg, sizeof(cfg),
                  "{\n  \"architectures\": [\"BertForMaskedLM\"],\n  \"model_type\": \"bert\",\n"
                  "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"num_hidden_layers\": %d,\n"
-                 "  \"num_attention_heads\": %d,\n  \"intermediate_size\": %d,\n  \"hidden_act\": \"gelu\",\n"
+                 "  \"num_attention_heads\": %d,\n  \"intermediate_size\": %d,\n  \"hidden_act\": \"gelu_pytorch_tanh\",\n"
                  "  \"hidden_dropout_prob\": 0.0,\n  \"attention_probs_dropout_prob\": 0.0,\n"
                  "  \"max_position_embeddings\": %d,\n  \"type_vocab_size\": %d,\n  \"initializer_range\": 0.02,\n"
                  "  \"layer_norm_eps\": %.9g,\n  \"pad_token_id\": %d,\n  \"position_embedding_type\": \"absolute\",\n"
@@ -826,11 +824,20 @@ static inline int bert_read_config(const char* path, BertConfig* c) {
                 ok = 0;
             }
             c->ln_eps = (float)v;
-        } else if (!strcmp(key, "hidden_act") || !strcmp(key, "position_embedding_type")) {
+        } else if (!strcmp(key, "hidden_act")) {  // GELU: mlm.c computes its tanh form (kernels.cuh, gelu_tanh_grad)
             bj_string(&j, str, sizeof(str));
-            if (strcmp(str, "gelu") && strcmp(str, "absolute")) {
-                fprintf(stderr, "model: %s: %s \"%s\" is not supported (exact gelu, absolute positions)\n", path, key,
-                        str);
+            if (!strcmp(str, "gelu")) {
+                printf("model: %s: hidden_act \"gelu\" is the exact (erf) GELU; this model computes the tanh form, "
+                       "within 5e-4 of it, and exports \"gelu_pytorch_tanh\"\n", path);
+            } else if (strcmp(str, "gelu_pytorch_tanh") && strcmp(str, "gelu_new")) {
+                fprintf(stderr, "model: %s: hidden_act \"%s\" is not supported (gelu_pytorch_tanh, gelu_new or gelu)\n",
+                        path, str);
+                ok = 0;
+            }
+        } else if (!strcmp(key, "position_embedding_type")) {
+            bj_string(&j, str, sizeof(str));
+            if (strcmp(str, "absolute")) {
+                fprintf(stderr, "model: %s: position_embedding_type \"%s\" is not supported (absolute)\n", path, str);
                 ok = 0;
             }
         } else
@@ -1233,9 +1240,8 @@ typedef struct {
     // prediction is its label (validation's accuracy; see bert_head_decoder)
     float* hits;
     // the Hopper candidates (bf16, sm_90a) this model runs, as masks; 0: the default kernels everywhere
-    int att_wgmma;  // ATT_WG_FWD, _DQ, _DKDV: those attention kernels by the wgmma ones (attention.cuh; head size 64)
-    int mlp_wgmma;  // MLP_WG_FWD: fc1 and GELU by gemm_wgmma with GELU in its epilogue, MLP_WG_BWD: fc1's input
-                    // gradient and GELU' likewise (gemm.cuh), where the default is cuBLASLt, then a GELU kernel
+    int att_wgmma;  // ATT_WG_FWD, _DQ, _DKDV: those attention kernels by the wgmma ones (attention.cuh; the trainer's
+                    // choose_attention sets them where the device runs them)
 } BertModel;
 
 // bert_grad_ready_lo: after bert_backward records grad_ready[k], the gradients [lo, n_decay) of the slab's
@@ -1503,16 +1509,10 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
                ACT_FL(m, ln1_stats, l), x, (const floatX*)proj, bert_lw(m, l, BL_AOB), bert_lw(m, l, BL_ALNW),
                bert_lw(m, l, BL_ALNB), N, C, c->ln_eps);
         bert_phase(m, PHASE_MATMUL);
-        if (m->mlp_wgmma & MLP_WG_FWD) {  // fc1 = ln1 W1^T and GELU(fc1 + b1), from one kernel
-            launch_gemm_wgmma(s, GEMM_GELU, 0, ACT_XL(m, fc1, l), ACT_X(m, gelu), NULL, NULL, ACT_XL(m, ln1, l),
-                              bert_lw(m, l, BL_IW), NULL, bert_lw(m, l, BL_IB), N, I, C, 0);
-        } else {
-            matmul_forward(bl, s, ACT_XL(m, fc1, l), I, ACT_XL(m, ln1, l), bert_lw(m, l, BL_IW), NULL, N, C, I);
-            bert_phase(m, PHASE_OTHER);
-            launch_gelu_forward(s, ACT_X(m, gelu), ACT_XL(m, fc1, l), bert_lw(m, l, BL_IB), N, I);  // GELU(fc1 + b1)
-            bert_phase(m, PHASE_MATMUL);
-        }
-        matmul_forward(bl, s, proj, C, ACT_X(m, gelu), bert_lw(m, l, BL_OW), NULL, N, I, C);  // (bias: LayerNorm)
+        // the MLP: fc1 = ln1 W1^T + b1 and gelu = GELU(fc1) from one matmul, then proj = gelu W2^T
+        matmul_forward_gelu(bl, s, ACT_XL(m, gelu, l), ACT_XL(m, fc1, l), ACT_XL(m, ln1, l), bert_lw(m, l, BL_IW),
+                            bert_lw(m, l, BL_IB), N, C, I);
+        matmul_forward(bl, s, proj, C, ACT_XL(m, gelu, l), bert_lw(m, l, BL_OW), NULL, N, I, C);  // (bias: LayerNorm)
         bert_phase(m, PHASE_OTHER);
         launch(residual_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, s, ACT_XL(m, res2, l), ACT_XL(m, ln2, l),
                ACT_FL(m, ln2_stats, l), (const floatX*)ACT_XL(m, ln1, l), (const floatX*)proj, bert_lw(m, l, BL_OB),
@@ -1524,9 +1524,9 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
         launch(gather_rows, dim3(ceil_div((long long)M * C / X128, 256)), dim3(256), 0, s, ACT_X(m, h_in),
                (const floatX*)ACT_XL(m, ln2, c->layers - 1), bt->mlm_pos, M, C);
         bert_phase(m, PHASE_MATMUL);
-        matmul_forward(bl, s, ACT_X(m, h_pre), C, ACT_X(m, h_in), bert_w(m, p->head_w), bert_w(m, p->head_b), M, C, C);
+        matmul_forward_gelu(bl, s, ACT_X(m, h_act), ACT_X(m, h_pre), ACT_X(m, h_in), bert_w(m, p->head_w),
+                            bert_w(m, p->head_b), M, C, C);
         bert_phase(m, PHASE_OTHER);
-        launch_gelu_forward(s, ACT_X(m, h_act), ACT_X(m, h_pre), NULL, M, C);  // (its bias: in the matmul)
         launch(layernorm_forward, dim3(ceil_div(M, 4)), dim3(128), 0, s, ACT_X(m, h_ln), ACT_F(m, h_stats),
                (const floatX*)ACT_X(m, h_act), bert_w(m, p->head_ln_w), bert_w(m, p->head_ln_b), M, C, c->ln_eps);
         bert_head_decoder(m, bt->mlm_labels, M, dlogit_scale);
@@ -1546,8 +1546,8 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
     int N = B * T;
     const BertParams* p = &m->p;
     floatX *d_x = ACT_X(m, d_x), *d_res = ACT_X(m, d_res), *d_ln1 = ACT_X(m, d_ln1), *d_fc1 = ACT_X(m, d_fc1);
-    floatX *d_qkv = ACT_X(m, d_qkv), *d_atty = ACT_X(m, d_atty), *gelu = ACT_X(m, gelu);
-    float* part = ACT_F(m, ln_part);  // the LayerNorm and GELU backward kernels' partial sums
+    floatX *d_qkv = ACT_X(m, d_qkv), *d_atty = ACT_X(m, d_atty);
+    float* part = ACT_F(m, ln_part);  // the LayerNorm backward's and the column sums' partial sums
     bert_phase(m, PHASE_OTHER);
     CUDA_CHECK(cudaMemsetAsync(d_x, 0, (size_t)N * C * sizeof(floatX), s));
     if (M > 0) {
@@ -1569,26 +1569,21 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
     if (m->grad_ready) CUDA_CHECK(cudaEventRecord(m->grad_ready[0], s));  // the head's dense matrix
     for (int l = c->layers - 1; l >= 0; l--) {
         const floatX* x = l == 0 ? ACT_X(m, emb_out) : ACT_XL(m, ln2, l - 1);
-        const floatX *ln1 = ACT_XL(m, ln1, l), *fc1 = ACT_XL(m, fc1, l);
+        const floatX *ln1 = ACT_XL(m, ln1, l), *fc1 = ACT_XL(m, fc1, l), *gelu = ACT_XL(m, gelu, l);
         // output LayerNorm: ln2 = LN(ln1 + fc2); d_res is the gradient of both ln1 (residual) and fc2
         bert_phase(m, PHASE_OTHER);
         // (and b2's gradient, the column sums of d_res, from the same kernel)
         launch_layernorm_backward(s, d_res, bert_lg(m, l, BL_OLNW), bert_lg(m, l, BL_OLNB), bert_lg(m, l, BL_OB), part,
                                   d_x, ACT_XL(m, res2, l), ACT_FL(m, ln2_stats, l), bert_lw(m, l, BL_OLNW), NULL, N, C);
-        // fc2 = GELU(fc1 + b1) W2^T + b2: d_fc1 = d_res W2 first, then one pass recomputes GELU(fc1 + b1) (for W2's
-        // gradient), applies GELU' to d_fc1 and sums its columns (b1's gradient)
+        // fc2 = GELU(fc1) W2^T + b2, fc1 = ln1 W1^T + b1: d_fc1 = (d_res W2) * GELU'(fc1) from one matmul (the
+        // DGELU epilogue), then b1's gradient, the column sums of d_fc1
         bert_phase(m, PHASE_MATMUL);
-        if (m->mlp_wgmma & MLP_WG_BWD) {  // (gemm_wgmma: the same pass in the matmul's epilogue)
-            launch_gemm_wgmma(s, GEMM_DGELU, 1, d_fc1, gelu, bert_lg(m, l, BL_IB), part, d_res, bert_lw(m, l, BL_OW),
-                              fc1, bert_lw(m, l, BL_IB), N, I, C, 0);
-        } else {
-            matmul_backward_input(bl, s, d_fc1, d_res, C, bert_lw(m, l, BL_OW), NULL, N, I, C);
-            bert_phase(m, PHASE_OTHER);
-            launch_gelu_backward(s, gelu, d_fc1, bert_lg(m, l, BL_IB), part, fc1, bert_lw(m, l, BL_IB), N, I);
-            bert_phase(m, PHASE_MATMUL);
-        }
+        matmul_backward_input_gelu(bl, s, d_fc1, d_res, bert_lw(m, l, BL_OW), fc1, N, I, C);
         matmul_backward_weight(bl, s, bert_lg(m, l, BL_OW), NULL, d_res, C, gelu, N, I, C);
-        // fc1 = ln1 W1^T (b1 is added by the GELU kernels); d_ln1 = d_fc1 W1 + d_res (the residual branch)
+        bert_phase(m, PHASE_OTHER);
+        launch_column_sums(s, bert_lg(m, l, BL_IB), part, d_fc1, N, I);
+        // d_ln1 = d_fc1 W1 + d_res (the residual branch)
+        bert_phase(m, PHASE_MATMUL);
         matmul_backward_weight(bl, s, bert_lg(m, l, BL_IW), NULL, d_fc1, I, ln1, N, C, I);
         matmul_backward_input(bl, s, d_ln1, d_fc1, I, bert_lw(m, l, BL_IW), d_res, N, C, I);
         // attention LayerNorm: ln1 = LN(x + proj)

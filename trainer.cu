@@ -63,11 +63,6 @@ typedef struct {
     int onebit_overlap;                // --comm onebit-overlap: the parts exchanged during the backward
     int comm_refresh;                  // --comm-refresh K: an fp32 step updates v every K steps (0: never)
     const char* optimizer_name;        // --optimizer adamw | lamb
-    const char* attention;             // --attention mma | wgmma | LIST: the attention kernels (use_attention)
-    const char* mlp;                   // --mlp cublaslt | wgmma | LIST: the MLP's first matmul and GELU (use_mlp)
-    int att_wg, mlp_wg;                // the kernels they put on wgmma: ATT_WG_* and MLP_WG_* masks (kernel_set)
-    const char* matmul_algos;          // --matmul-algos FILE: cuBLASLt algorithms for the shapes it lists
-    const BlasTable* matmul_table;     // its entries (load_matmul_algos), or NULL
     int optimizer;                     // OPT_ADAMW or OPT_LAMB (from optimizer_name)
     long long tokens;                  // --tokens N: about N real tokens, as steps (resolve_run_length)
     double epochs;                     // --epochs E: E passes over the training shards, as steps
@@ -137,18 +132,6 @@ static const Flag flags[] = {
      "adamw, or lamb: AdamW's moments and decay, each tensor's step scaled by its trust\n"
      "ratio |w| / |update| (for large global batches; not with --zero 1)"},
     {"--seed", "N", F_LL, AT(seed), 0, (double)(1LL << 62), "1337", "data order, masking and initialisation"},
-    {"--attention", "mma|wgmma|LIST", F_STR, AT(attention), 0, 0, "mma",
-     "the attention kernels: mma (mma.sync, any GPU), or wgmma, Hopper's warpgroup MMA\n"
-     "(candidates not yet timed on a GPU: README; bf16, head size 64, an sm_90 GPU), for\n"
-     "all three or for those of a comma list of fwd, dq, dkdv (the others on mma)"},
-    {"--mlp", "cublaslt|wgmma|LIST", F_STR, AT(mlp), 0, 0, "cublaslt",
-     "the MLP's first matmul (and its input gradient): cuBLASLt, then a GELU kernel; or\n"
-     "wgmma, our Hopper matmul with GELU in its epilogue (not yet timed on a GPU: README;\n"
-     "bf16, an sm_90 GPU), for both or for one of fwd, bwd (the other on cuBLASLt)"},
-    {"--matmul-algos", "FILE", F_STR, AT(matmul_algos), 0, 0, NULL,
-     "run each matmul shape FILE lists with its cuBLASLt algorithm, the others with the\n"
-     "heuristic's first: a table build/gpu/bench_matmul --tune wrote from a run's\n"
-     "DIR/matmul_algos.txt (README, Matmuls); recorded on this GPU and cuBLASLt"},
     {"--loader-threads", "N", F_INT_AUTO, AT(loader_threads), 1, 256, "auto",
      "threads preparing batches; auto: as many as the step needs, from one thread's measured\n"
      "rate and the predicted micro-batch time (printed with the reason)"},
@@ -531,31 +514,6 @@ static const char* choice(const Flag* f, const char* v) {
     exit(1);
 }
 
-// kernel_set: --attention's or --mlp's value v as a mask: none (0), all (every bit), or a comma list of names
-// (bit i for names[i], each at most once); else exit 1 naming the flag, the value and what was expected.
-static int kernel_set(const char* flag, const char* v, const char* none, const char* all, const char* const* names,
-                      int n) {
-    if (!strcmp(v, none)) return 0;
-    if (!strcmp(v, all)) return (1 << n) - 1;
-    int mask = 0;
-    for (const char* p = v;;) {
-        const char* e = strchr(p, ',');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        int i = 0;
-        while (i < n && !(strlen(names[i]) == len && !strncmp(p, names[i], len))) i++;
-        if (i == n || (mask >> i & 1)) {
-            fprintf(stderr, "trainer: %s %s: expected %s, %s, or a comma list of ", flag, v, none, all);
-            for (int k = 0; k < n; k++) fprintf(stderr, "%s%s", names[k], k + 1 < n ? ", " : "");
-            fprintf(stderr, ", each at most once (those to run on wgmma)\n");
-            exit(1);
-        }
-        mask |= 1 << i;
-        if (!e) break;
-        p = e + 1;
-    }
-    return mask;
-}
-
 // read_flag: flag f's value v (NULL for a switch) into its field of o, or exit 1 with a line naming the flag,
 // the value and what was expected.
 static void read_flag(Options* o, const Flag* f, const char* v) {
@@ -628,12 +586,6 @@ static Options parse_options(int argc, char** argv) {
     o.grad_reduce_bf16 = !strcmp(o.comm, "bf16"), o.onebit_overlap = !strcmp(o.comm, "onebit-overlap");
     o.onebit = o.onebit_overlap || !strcmp(o.comm, "onebit");
     o.optimizer = !strcmp(o.optimizer_name, "lamb") ? OPT_LAMB : OPT_ADAMW;
-    static const char* const att_names[] = {"fwd", "dq", "dkdv"};  // (bit i: ATT_WG_FWD, _DQ, _DKDV)
-    static const char* const mlp_names[] = {"fwd", "bwd"};         // (MLP_WG_FWD, _BWD)
-    static_assert(ATT_WG_FWD == 1 && ATT_WG_DQ == 2 && ATT_WG_DKDV == 4 && MLP_WG_FWD == 1 && MLP_WG_BWD == 2,
-                  "kernel_set's bits");
-    o.att_wg = kernel_set("--attention", o.attention, "mma", "wgmma", att_names, 3);
-    o.mlp_wg = kernel_set("--mlp", o.mlp, "cublaslt", "wgmma", mlp_names, 2);
     if (!o.preset) o.preset = o.bench ? "bert-base,bert-large" : "bert-base";
     check_options(&o);
     if (o.comm_refresh < 0) o.comm_refresh = o.onebit ? ONEBIT_REFRESH_DEFAULT : 0;
@@ -1509,7 +1461,7 @@ static const char* const run_files[] = {
     "checkpoint.bin",        "checkpoint.bin.tmp",      "metrics.jsonl",        "metrics.jsonl.tmp",
     "metrics.jsonl.prev",    "model.safetensors",       "config.json",          "tokenizer.json",
     "tokenizer_config.json", "special_tokens_map.json", "byte_tokenizer.json",  "run.json",
-    "run.json.tmp",          "matmul_algos.txt",        "matmul_algos.txt.tmp", "lock"};
+    "run.json.tmp",          "lock"};
 #define RUN_NUM_FILES ((int)(sizeof run_files / sizeof run_files[0]))
 // A run's results: a new run is refused where any is (or a checkpoint-STEP.bin). A metrics.jsonl alone (a run
 // that never made a checkpoint: a requeued job starts again without --resume) is kept as metrics.jsonl.prev.
@@ -2069,77 +2021,20 @@ static void bench_print(const Options* o, const char* preset, const BenchResult*
     fflush(stdout);
 }
 
-// use_attention: --attention wgmma (or a list of fwd, dq, dkdv) switches those attention kernels to the Hopper
-// candidates (attention.cuh), which need bf16 storage, compute capability 9.0 (sm_90a code) and head size 64 (the
-// forward alone: 64 or 128).
-static int use_attention(BertModel* m, const Options* o, const cudaDeviceProp* prop, int main_rank) {
-    int wg = o->att_wg, hd = m->cfg.hidden / m->cfg.heads;
-    if (!wg) return 1;
-    if (sizeof(floatX) != 2 || !(hd == 64 || (hd == 128 && wg == ATT_WG_FWD)) || prop->major != 9 || prop->minor != 0) {
-        fprintf(stderr,
-                "trainer: --attention %s needs bf16 storage, head size 64 (the forward alone: 64 or 128) and a compute "
-                "capability 9.0 GPU (here: %s storage, head size %d, %s %d.%d); --attention mma runs everywhere\n",
-                o->attention, FLOATX_NAME, hd, prop->name, prop->major, prop->minor);
-        return 0;
-    }
-    m->att_wgmma = wg;
+// choose_attention: the attention kernels this device runs. The wgmma ones (attention.cuh: Hopper's warpgroup MMA,
+// at cuDNN's speed on an H200, 1.46x the mma.sync ones forward + backward) where they can: bf16 storage, compute
+// capability 9.0 and head size 64 (the forward alone also at 128); the mma.sync ones, which run on any GPU,
+// elsewhere. (The CPU runtime reports compute capability 8.0 unless EMU_COMPUTE_CAPABILITY says 9.0: there the
+// mma.sync kernels are the faster, emulated.)
+static void choose_attention(BertModel* m, const cudaDeviceProp* prop, int main_rank) {
+    int hd = m->cfg.hidden / m->cfg.heads, hopper = sizeof(floatX) == 2 && prop->major == 9 && prop->minor == 0;
+    m->att_wgmma = !hopper ? 0 : hd == 64 ? ATT_WG_ALL : hd == 128 ? ATT_WG_FWD : 0;
     if (main_rank)
-        printf("attention: %s, %s, %s (--attention %s)\n",
-               wg & ATT_WG_FWD ? "attention_forward_wgmma" : "attention_forward",
-               wg & ATT_WG_DQ ? "attention_backward_dq_wgmma" : "attention_backward_dq",
-               wg & ATT_WG_DKDV ? "attention_backward_dkdv_wgmma" : "attention_backward_dkdv", o->attention);
-    return 1;
-}
-
-// use_mlp: --mlp wgmma (or fwd, or bwd) runs the MLP's fc1 and GELU, and fc1's input gradient and GELU', on
-// gemm_wgmma (gemm.cuh) with GELU and GELU' in its epilogue, which needs bf16 storage, compute capability 9.0
-// (sm_90a code) and sizes that are multiples of 8.
-static int use_mlp(BertModel* m, const Options* o, const cudaDeviceProp* prop, int main_rank) {
-    int wg = o->mlp_wg;
-    if (!wg) return 1;
-    if (sizeof(floatX) != 2 || prop->major != 9 || prop->minor != 0 || m->cfg.hidden % 8 || m->cfg.intermediate % 8) {
-        fprintf(stderr,
-                "trainer: --mlp %s needs bf16 storage, a hidden and an intermediate size that are multiples of 8 "
-                "and a compute capability 9.0 GPU (here: %s storage, hidden %d, intermediate %d, %s %d.%d); --mlp "
-                "cublaslt runs everywhere\n",
-                o->mlp, FLOATX_NAME, m->cfg.hidden, m->cfg.intermediate, prop->name, prop->major, prop->minor);
-        return 0;
-    }
-    m->mlp_wgmma = wg;
-    if (main_rank)
-        printf("mlp: forward %s, backward %s (--mlp %s)\n",
-               wg & MLP_WG_FWD ? "gemm_wgmma with GELU in its epilogue" : "cuBLASLt, then gelu_forward",
-               wg & MLP_WG_BWD ? "gemm_wgmma with GELU' in its epilogue" : "cuBLASLt, then gelu_backward", o->mlp);
-    return 1;
-}
-
-// say_matmul_uses: with --matmul-algos, how many of the step's matmul shapes (bl's plans) took their algorithm
-// from the table, and how many of the table's shapes the step has not
-static void say_matmul_uses(const Options* o, const Blas* bl) {
-    if (!o->matmul_table) return;
-    int unused, used = blas_table_uses(bl, &unused);
-    printf("matmul algorithms: %d of the step's %d shapes from %s", used, bl->n, o->matmul_algos);
-    if (unused)
-        printf("; %d of its shapes are not in this run (recorded at another micro-batch, --seq or model?)", unused);
-    printf("\n");
-}
-
-// bench_record_matmuls: --bench --out DIR writes DIR/matmul_algos.txt, the algorithms of every matmul shape of the
-// presets benchmarked so far (one table for all of them; see record_matmuls). 1, or 0 when it could not be written.
-static int bench_record_matmuls(const Options* o, const BertModel* m, const cudaDeviceProp* prop) {
-    static BlasTable rec;  // (static: kept from one preset to the next)
-    snprintf(rec.device, sizeof rec.device, "%s", prop->name);
-    rec.version = (long long)cublasLtGetVersion();
-    blas_table_add(&rec, &m->blas, o->bench_warmup + 2 * o->bench_steps);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/matmul_algos.txt", o->out);
-    if (mkdir(o->out, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "trainer: --out %s: cannot create the directory: %s\n", o->out, strerror(errno));
-        return 0;
-    }
-    if (!blas_table_write(&rec, path)) return 0;
-    printf("bench: the matmuls' algorithms written to %s (tune them: build/gpu/bench_matmul --tune %s)\n", path, path);
-    return 1;
+        printf("attention: %s, %s (%s, head size %d)\n",
+               m->att_wgmma & ATT_WG_FWD ? "attention_forward_wgmma" : "attention_forward",
+               m->att_wgmma & ATT_WG_DQ ? "attention_backward_dq_wgmma, attention_backward_dkdv_wgmma"
+                                        : "attention_backward_dq, attention_backward_dkdv",
+               prop->name, hd);
 }
 
 // bench_run: bench_preset with the gradient buckets made.
@@ -2173,10 +2068,8 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
     BertModel model;
-    if (!bert_alloc_sharded(&model, &cfg, B, T, plan.M, stream, gr->zero ? gr->state_numel : 0, gr->slack) ||
-        !use_attention(&model, o, prop, main_rank) || !use_mlp(&model, o, prop, main_rank))
-        return 1;
-    model.blas.table = o->matmul_table;
+    if (!bert_alloc_sharded(&model, &cfg, B, T, plan.M, stream, gr->zero ? gr->state_numel : 0, gr->slack)) return 1;
+    choose_attention(&model, prop, main_rank);
     grad_reduce_start(gr);
     BatchMaker bm;
     float* scratch = batch_maker_alloc(&bm, &plan, 0);
@@ -2220,8 +2113,6 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     }
 
     if (main_rank) bench_print(o, preset, res, &largest, free_bytes, comm->world, flops_token, peak_tflops, prop->name);
-    if (main_rank) say_matmul_uses(o, &model.blas);
-    if (main_rank && o->out && !bench_record_matmuls(o, &model, prop)) return 1;
     dataloader_free(&train);
     cudaFree(bm.seg_lo);
     cudaFreeHost(bm.host);
@@ -2695,15 +2586,6 @@ static uint64_t fingerprint(uint64_t h, const void* p, size_t n) {  // FNV-1a ov
     return h;
 }
 
-// matmul_table_fingerprint: --matmul-algos's shapes and algorithms (not its comments, times or line numbers); 0: none
-static uint64_t matmul_table_fingerprint(const Options* o) {
-    uint64_t h = 0;
-    for (int i = 0; o->matmul_table && i < o->matmul_table->n; i++)  // (the entry's ints up to its algorithm's last)
-        h = fingerprint(h ? h : 0xcbf29ce484222325ull, &o->matmul_table->e[i],
-                        offsetof(BlasTableEntry, algo) + sizeof o->matmul_table->e[i].algo);
-    return h;
-}
-
 // data_fingerprint: the shards_fingerprint of a glob's shards (headers only); the first shard's header (the
 // vocabulary and its special ids: all shards agree, data.h checks) and the real tokens in all of them.
 static uint64_t data_fingerprint(const char* flag, const char* pattern, ShardHeader* h, double* tokens) {
@@ -2743,9 +2625,6 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
         comm_flag_real("--eps", o->eps),
         comm_flag_real("--clip", o->clip),
         comm_flag_int("--seed", o->seed),
-        comm_flag_int("--attention (the kernels on wgmma: 1 fwd, 2 dq, 4 dkdv)", o->att_wg),
-        comm_flag_int("--mlp (the passes on wgmma: 1 fwd, 2 bwd)", o->mlp_wg),
-        comm_flag_fingerprint("--matmul-algos (the table's shapes and algorithms)", matmul_table_fingerprint(o)),
         comm_flag_int("--resume (1: given)", o->resume),
         comm_flag_int("--run-steps", o->run_steps),
         comm_flag_int("--val-every", o->val_every),
@@ -3336,10 +3215,8 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
     BertModel model;
-    if (!bert_alloc(&model, &cfg, plan.B, plan.T, plan.M, stream) || !use_attention(&model, o, prop, main_rank) ||
-        !use_mlp(&model, o, prop, main_rank))
-        return 1;
-    model.blas.table = o->matmul_table;
+    if (!bert_alloc(&model, &cfg, plan.B, plan.T, plan.M, stream)) return 1;
+    choose_attention(&model, prop, main_rank);
     BatchMaker bm;
     batch_maker_alloc(&bm, &plan, vh.pad_id);
     Validation v;
@@ -3593,10 +3470,9 @@ static int allocate_run(Run* r) {
     int B = r->plan.B, T = o->T;
     CUDA_CHECK(cudaStreamCreate(&r->stream));
     if (!bert_alloc_sharded(&r->model, &r->cfg, B, T, r->plan.M, r->stream, r->gr.zero ? r->gr.state_numel : 0,
-                            r->gr.slack) ||
-        !use_attention(&r->model, o, &r->prop, r->main_rank) || !use_mlp(&r->model, o, &r->prop, r->main_rank))
+                            r->gr.slack))
         return 0;
-    r->model.blas.table = o->matmul_table;
+    choose_attention(&r->model, &r->prop, r->main_rank);
     grad_reduce_start(&r->gr);
     if (o->onebit) onebit_setup(r);
     r->scratch = batch_maker_alloc(&r->bm, &r->plan, r->data_h.pad_id);  // the step's sums: see S_LOSS
@@ -3651,46 +3527,6 @@ static int load_weights(Run* r) {
     return 1;
 }
 
-// load_matmul_algos: --matmul-algos's table, read once (every rank reads the same file; agree compares them), for
-// this GPU and cuBLASLt only. 1, or 0 after a message.
-static int load_matmul_algos(Options* o, const cudaDeviceProp* prop, int main_rank) {
-    static BlasTable table;  // (static: 512 entries)
-    if (!o->matmul_algos) return 1;
-    if (!blas_table_read("trainer: --matmul-algos", o->matmul_algos, &table)) return 0;
-    long long version = (long long)cublasLtGetVersion();
-    if (strcmp(table.device, prop->name) || table.version != version) {
-        fprintf(stderr,
-                "trainer: --matmul-algos %s: recorded on %s with cuBLASLt %lld, but this is %s with cuBLASLt %lld: "
-                "an algorithm is only known to the GPU and library that offered it; record the table here (README, "
-                "Matmuls)\n",
-                o->matmul_algos, table.device, table.version, prop->name, version);
-        return 0;
-    }
-    o->matmul_table = &table;
-    if (main_rank)
-        printf("matmul algorithms: %d shapes from %s; the others from cuBLASLt's heuristic\n", table.n,
-               o->matmul_algos);
-    return 1;
-}
-
-// record_matmuls: after the first step, which made every matmul's plan, says how many took their algorithm from
-// --matmul-algos, and writes DIR/matmul_algos.txt (rank 0): the algorithm of each shape of this run's step, to
-// repeat it, or to tune with build/gpu/bench_matmul --tune. A record that cannot be written (a full disk) is said,
-// and training goes on: nothing of the run is in it (as with metrics.jsonl, and the other ranks are not waiting).
-static void record_matmuls(const Options* o, const BertModel* m, const cudaDeviceProp* prop, int main_rank) {
-    if (!main_rank) return;
-    say_matmul_uses(o, &m->blas);
-    static BlasTable rec;
-    memset(&rec, 0, sizeof rec);
-    snprintf(rec.device, sizeof rec.device, "%s", prop->name);
-    rec.version = (long long)cublasLtGetVersion();
-    blas_table_add(&rec, &m->blas, 1);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/matmul_algos.txt", o->out);
-    if (!blas_table_write(&rec, path))
-        fprintf(stderr, "trainer: warning: %s was not written; training goes on\n", path);
-}
-
 // start_log: the progress log and DIR/metrics.jsonl (rank 0), for steps up to last_step; a new run in --out
 // with --overwrite clears the earlier run's files first.
 static int start_log(Run* r, int last_step) {
@@ -3739,7 +3575,6 @@ static int train(Run* r) {
         }
         if (s.stop) last_step = step;  // some rank got a signal: every rank stops after this step
         bad_steps = s.skipped ? bad_steps + 1 : 0;
-        if (step == r->lg.first_step) record_matmuls(o, m, &r->prop, main_rank);  // DIR/matmul_algos.txt
         r->ck.tokens = r->lg.tokens += s.all_tokens;
         if (main_rank)
             log_step(o, &s, step, bad_steps, now_s() - t0, r->comm.world, flops_token, peak_tflops, &r->bm, &r->lg);
@@ -3813,7 +3648,6 @@ int main(int argc, char** argv) {
     use_device(&r->comm, &r->prop, &r->free_bytes, &r->total_bytes);
     if (!strcmp(argv[1], "--info")) return print_info(r);
     r->o = parse_options(argc, argv);
-    if (!load_matmul_algos(&r->o, &r->prop, r->comm.rank == 0)) return 1;  // --matmul-algos
     r->comm.timeout_s = r->o.nccl_timeout;
     stall_hook_init(&r->comm, &r->o);
     if (r->o.bench) return run_bench(&r->o, &r->comm, &r->prop, r->started);

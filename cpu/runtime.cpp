@@ -372,10 +372,25 @@ cudaError_t cudaDriverGetVersion(int* v) {
     *v = CUDART_VERSION;
     return cudaSuccess;
 }
+// emu_compute_capability: the compute capability the device reports, EMU_COMPUTE_CAPABILITY "8.0" (the default) or
+// "9.0". Every PTX instruction this runtime emulates runs either way (wgmma and TMA too: tests call those kernels
+// directly); what changes is what a program that asks the device chooses: the trainer runs the wgmma attention
+// kernels on 9.0 (the fastest on a real H100 and H200) and the mma.sync ones on 8.0, which are the faster emulated.
+static void emu_compute_capability(int* major, int* minor) {
+    const char* s = getenv("EMU_COMPUTE_CAPABILITY");
+    *major = 8, *minor = 0;
+    if (!s || !*s || !strcmp(s, "8.0")) return;
+    if (!strcmp(s, "9.0")) {
+        *major = 9;
+        return;
+    }
+    fprintf(stderr, "cpu runtime: EMU_COMPUTE_CAPABILITY=%s: expected 8.0 or 9.0\n", s);
+    exit(1);
+}
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
     if (device != 0) return fail(cudaErrorInvalidDevice, "cudaGetDeviceProperties(%d): only device 0 exists", device);
     memset(p, 0, sizeof(*p));
-    snprintf(p->name, sizeof(p->name), "CPU runtime (H100 NVL limits)");
+    snprintf(p->name, sizeof(p->name), "CPU runtime (H100 NVL memory and limits)");
     p->totalGlobalMem = (size_t)device_bytes();
     p->sharedMemPerBlock = DEFAULT_DYNAMIC_SMEM;
     p->sharedMemPerBlockOptin = MAX_DYNAMIC_SMEM;
@@ -391,8 +406,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
     p->maxGridSize[1] = MAX_GRID_Y;
     p->maxGridSize[2] = MAX_GRID_Z;
     p->totalConstMem = 65536;
-    p->major = 9;
-    p->minor = 0;
+    emu_compute_capability(&p->major, &p->minor);
     p->multiProcessorCount = 132;
     p->maxThreadsPerMultiProcessor = 2048;
     p->maxBlocksPerMultiProcessor = 32;

@@ -1,13 +1,12 @@
 // bench_attention.cu: times the attention kernels (attention.cuh) with CUDA events and prints ms and
-// TFLOP/s, against the figures PyTorch's attention reached on an H100 SXM (../shared/gpu/2026-11-23).
+// TFLOP/s, against the figures PyTorch's attention reached on an H100 SXM (2026-11-23).
 //
 //   build/gpu/bench_attention          on a GPU: bert-base (B=64, H=12) and bert-large (B=32, H=16) shapes,
 //                                      T=512, D=64, full-length rows and packed rows of short samples
 //   build/bench_attention --tiny       the same program on a tiny shape (the CPU build's smoke test)
 // Each shape also times the Hopper (wgmma) candidates, kernel by kernel, on a line of its own: attention_forward_wgmma,
 // and at D=64 the backward with attention_backward_dq_wgmma, attention_backward_dkdv_wgmma or both in place of the
-// mma.sync ones; a third line names the fastest way to run the three as the trainer's flag (--attention fwd,dkdv)
-// and its time, and one line `bench-attention-result ... best=FLAG` is for scripts (tools/gpu_session.sh).
+// mma.sync ones; a third line names the fastest way to run the three (which of them on wgmma) and its time, and one line `bench-attention-result ... best=FLAG` is for scripts (tools/gpu_session.sh).
 //   options: --iters N (timed repetitions, default 20), --seed S (sample lengths of the packed rows),
 //            --smem (print each kernel's dynamic shared memory and exit)
 //
@@ -139,7 +138,7 @@ static void bench(const BenchShape* s, int iters, uint64_t seed) {
     for (int b = 0; b < 3 && best && best != ATT_WG_ALL; b++)
         if (best >> b & 1)
             snprintf(flag + strlen(flag), sizeof flag - strlen(flag), "%s%s", *flag ? "," : "", names[b]);
-    printf("%47s | fastest: --attention %s, fwd+bwd %.3f ms (%.2fx the mma.sync kernels' time)\n", "", flag, ms_best,
+    printf("%47s | fastest: %s on wgmma, fwd+bwd %.3f ms (%.2fx the mma.sync kernels' time)\n", "", flag, ms_best,
            ms_best / ms_fb);
     printf("bench-attention-result shape=%s rows=%s fwd_bwd_ms=%.4f best_ms=%.4f best=%s\n", s->name,
            s->packed ? "packed" : "full", ms_fb, ms_best, flag);

@@ -52,12 +52,10 @@ unknown flag|$TRAINER ${T[*]} --out $W/o --bogus 1
 --ckpt-minutes -1: expected a number|$TRAINER ${T[*]} --out $W/o --ckpt-minutes -1
 --ckpt-every x: expected an integer|$TRAINER ${T[*]} --out $W/o --ckpt-every x
 --ring 1: expected an integer|$TRAINER ${T[*]} --out $W/o --ring 1
---attention flash: expected mma, wgmma, or a comma list of fwd, dq, dkdv|$TRAINER ${T[*]} --out $W/o --attention flash
---attention fwd,fwd: expected mma, wgmma, or a comma list of fwd, dq, dkdv, each at most once|$TRAINER ${T[*]} --out $W/o --attention fwd,fwd
---attention dq,: expected mma|$TRAINER ${T[*]} --out $W/o --attention dq,
---attention wgmma needs bf16 storage, head size 64 .*head size 16|$TRAINER ${T[*]} --out $W/o --attention wgmma
---attention dkdv needs bf16 storage, head size 64 .*head size 16|$TRAINER ${T[*]} --out $W/o --attention dkdv
---mlp cutlass: expected cublaslt, wgmma, or a comma list of fwd, bwd|$TRAINER ${T[*]} --out $W/o --mlp cutlass
+--attention: unknown flag|$TRAINER ${T[*]} --out $W/o --attention wgmma
+--mlp: unknown flag|$TRAINER ${T[*]} --out $W/o --mlp wgmma
+--matmul-algos: unknown flag|$TRAINER ${T[*]} --out $W/o --matmul-algos x.txt
+EMU_COMPUTE_CAPABILITY=7: expected 8.0 or 9.0|EMU_COMPUTE_CAPABILITY=7 $TRAINER ${T[*]} --out $W/o
 missing its value|$TRAINER ${T[*]} --out
 MLM_TEST_INF_GRAD=abc: expected FIRST\[:COUNT\]|MLM_TEST_INF_GRAD=abc $TRAINER ${T[*]} --out $W/o
 MLM_TEST_INF_LOSS=0: expected FIRST\[:COUNT\]|MLM_TEST_INF_LOSS=0 $TRAINER ${T[*]} --out $W/o

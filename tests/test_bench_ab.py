@@ -6,7 +6,7 @@
 The parser and the table on a hand-made --bench output (two presets); bad input (a ref that is no commit,
 a file that is not executable, --rounds 0, a trainer that fails) gives exit 2 and one line naming it; then
 real runs on the CPU runtime: ./trainer_cpu against itself as binaries (also with --b-flags: one side only runs
---mlp wgmma; and a bad --a-flags), and HEAD against HEAD (one build, the same tree) and HEAD against the working
+--grad-accum 2; and a bad --a-flags), and HEAD against HEAD (one build, the same tree) and HEAD against the working
 tree, each exported and built by ./build.sh.
 """
 import os
@@ -115,13 +115,13 @@ def test_real_runs():
           f"two binaries: exit {rc}\n{out}{err}")
     check(work is not None and os.path.isfile(os.path.join(work, "b_round2.log")), f"two binaries: the logs in {work}")
     clean(work)
-    rc, out, err, work = tool(trainer, trainer, "--rounds", "1", "--b-flags", "--mlp wgmma", *flags)
+    rc, out, err, work = tool(trainer, trainer, "--rounds", "1", "--b-flags", "--grad-accum 2", *flags)
     alog, blog = (read_log(work, f"{k}_round1.log") for k in "ab")
-    check(rc == 0 and "with --mlp wgmma" in out and "(--mlp wgmma)" in blog and "--mlp wgmma" not in alog,
-          f"--b-flags: B alone runs --mlp wgmma: exit {rc}\n{out}{err}")
+    check(rc == 0 and "with --grad-accum 2" in out and "x 2 micro-batch(es)" in blog and "x 2 micro" not in alog,
+          f"--b-flags: B alone runs --grad-accum 2: exit {rc}\n{out}{err}")
     clean(work)
-    rc, out, err, work = tool(trainer, trainer, "--rounds", "1", "--a-flags", "--mlp cutlass", *flags)
-    check(rc == 2 and "--mlp cutlass" in err, f"--a-flags with a bad flag: the trainer's refusal named: {rc} {err!r}")
+    rc, out, err, work = tool(trainer, trainer, "--rounds", "1", "--a-flags", "--comm cutlass", *flags)
+    check(rc == 2 and "--comm cutlass" in err, f"--a-flags with a bad flag: the trainer's refusal named: {rc} {err!r}")
     clean(work)
     with tempfile.TemporaryDirectory() as d:
         rc, out, err, work = tool("--cpu", "--keep", d, "HEAD", "HEAD", "--rounds", "1", *flags)

@@ -236,7 +236,7 @@ __global__ void setmaxnreg_use(int bad) {
 // with workspace for the parts it offers split-K 1, 2 and 4 in that order; without that workspace, or with a
 // reduction mask that leaves out COMPUTE_TYPE, only the plain product; a split-K algorithm is refused without its
 // workspace; and split-K 2 adds in another order than the plain product, so that bits change with the algorithm as
-// on the GPU (the trainer's test of --matmul-algos rests on it: tests/test_matmul_algos.sh).
+// on the GPU.
 static void test_cpu_heuristic(void) {
     const int m = 8, n = 4, k = 4096;
     cublasLtHandle_t lt;
@@ -259,9 +259,10 @@ static void test_cpu_heuristic(void) {
         found[c] = 0;
         cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 4, h, &found[c]);
         for (int i = 0; i < found[c]; i++) {
-            int cfg[BLAS_ALGO_FIELDS];
-            blas_algo_config(&h[i].algo, cfg);
-            splits[c][i] = cfg[3];
+            uint32_t split = 0;
+            size_t size = 0;
+            cublasLtMatmulAlgoConfigGetAttribute(&h[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split, &size);
+            splits[c][i] = (int)split;
         }
         if (c == 0 && found[0] == 3) {  // the plain product against split-K 2, and split-K 2 without workspace
             float *A, *B, *D, *W, a[m * k], b[k * n], d1[m * n], d2[m * n], alpha = 1, beta = 0;
@@ -407,8 +408,21 @@ int main(void) {
     CHECK(cudaGetLastError() == cudaErrorInvalidValue, "more than the opted-in size is rejected");
     cudaDeviceProp p;
     CUDA_OK(cudaGetDeviceProperties(&p, 0));
-    CHECK(p.maxThreadsPerBlock == 1024 && p.sharedMemPerBlockOptin == 227 * 1024 && p.major == 9 && p.warpSize == 32,
+    CHECK(p.maxThreadsPerBlock == 1024 && p.sharedMemPerBlockOptin == 227 * 1024 && p.warpSize == 32,
           "device properties report H100 limits");
+    {  // the compute capability: 8.0 unless EMU_COMPUTE_CAPABILITY says 9.0 (what the trainer's choice of kernels reads)
+        const char* saved = getenv("EMU_COMPUTE_CAPABILITY");
+        unsetenv("EMU_COMPUTE_CAPABILITY");
+        cudaDeviceProp q;
+        CUDA_OK(cudaGetDeviceProperties(&q, 0));
+        setenv("EMU_COMPUTE_CAPABILITY", "9.0", 1);
+        cudaDeviceProp h;
+        CUDA_OK(cudaGetDeviceProperties(&h, 0));
+        if (saved) setenv("EMU_COMPUTE_CAPABILITY", saved, 1); else unsetenv("EMU_COMPUTE_CAPABILITY");
+        CHECK(q.major == 8 && q.minor == 0 && h.major == 9 && h.minor == 0,
+              "compute capability %d.%d by default (want 8.0), %d.%d with EMU_COMPUTE_CAPABILITY=9.0", q.major, q.minor,
+              h.major, h.minor);
+    }
 
     // 4b. Launch counts (EMU_LAUNCH_STATS): the accepted kernel launches and cuBLASLt matmuls, not the refused.
     {

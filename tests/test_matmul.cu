@@ -38,8 +38,26 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "../kernels.cuh"  // blas_algo_config: the configuration that names an algorithm in a table
 #include "testing.h"
+
+// blas_algo_config: the configuration that names algorithm a: the BLAS_ALGO_FIELDS attributes blas_algo_attrs
+#define BLAS_ALGO_FIELDS 9
+static const char* const blas_algo_fields[BLAS_ALGO_FIELDS] = {"id",      "tile",   "stages", "splitk", "reduction",
+                                                               "swizzle", "custom", "inner",  "cluster"};
+static const cublasLtMatmulAlgoConfigAttributes_t blas_algo_attrs[BLAS_ALGO_FIELDS] = {
+    CUBLASLT_ALGO_CONFIG_ID,           CUBLASLT_ALGO_CONFIG_TILE_ID,          CUBLASLT_ALGO_CONFIG_STAGES_ID,
+    CUBLASLT_ALGO_CONFIG_SPLITK_NUM,   CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
+    CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
+static void blas_algo_config(const cublasLtMatmulAlgo_t* a, int cfg[BLAS_ALGO_FIELDS]) {
+    for (int i = 0; i < BLAS_ALGO_FIELDS; i++) {
+        size_t size = 0;  // (4 bytes, the inner and cluster shapes 2: cublasLt.h)
+        uint32_t v32 = 0;
+        uint16_t v16 = 0;
+        cublasLtMatmulAlgoConfigGetAttribute(a, blas_algo_attrs[i], NULL, 0, &size);
+        cublasLtMatmulAlgoConfigGetAttribute(a, blas_algo_attrs[i], size == 2 ? (void*)&v16 : (void*)&v32, size, &size);
+        cfg[i] = size == 2 ? (int)v16 : (int)v32;
+    }
+}
 
 static const double U32 = 1.0 / 16777216.0;  // 2^-24
 static const float SENTINEL = 7.0f;          // fills output padding; it must survive every product
@@ -932,8 +950,8 @@ static void test_bias_pointer_refused(void) {
 
 // The heuristic's offers for a weight gradient's shape (deep k, small m n: where the GPU offers split-K), as the
 // trainer asks (kernels.cuh, blas_heuristic: our workspace): each offer's configuration reads back with the sizes
-// cublasLt.h documents (blas_algo_config, the names of an algorithm table), gives the product within the tolerance
-// of fp32 accumulation, and gives the same bits when run again (what --matmul-algos's repeatable runs rest on).
+// cublasLt.h documents (blas_algo_config), gives the product within the tolerance of fp32 accumulation, and gives
+// the same bits when run again.
 static void test_algorithm_offers(void) {
     const int m = 64, n = 48, k = 4096;  // D (m x n, fp32) = A (m x k) . B^T, B (n x k): the NT of a weight gradient
     float* a = host_random((size_t)m * k, CUDA_R_16BF, -1.f, 1.f);

@@ -292,20 +292,12 @@ static void test_reference(void) {
     float loss2;
     CUDA_CHECK(cudaMemcpy(&loss2, ACT_F(&m, loss), sizeof(float), cudaMemcpyDeviceToHost));
     CHECK(loss == loss2, "the training forward gives the same loss (%.9g vs %.9g)", loss, loss2);
-    {  // the matmul plans of one training step: the calls counted per plan (tests/bench_matmul.cu reads them) add up
-       // to the step's matmuls (12 a layer, the head's dense layer 3, the decoder 3 per chunk: here one), and every
-       // plan holds the heuristic's algorithm, those with a bias epilogue too
-        for (int i = 0; i < m.blas.n; i++) m.blas.plan[i].calls = m.blas.plan[i].acc_calls = 0;
-        model_grads(&m, &db.b, &g);
-        long long calls = 0, acc = 0;
+    {  // the matmul plans of one training step: every plan holds the heuristic's algorithm, those with an epilogue
+        // (bias, GELU with its aux, GELU') too
         int no_algo = 0;
-        for (int i = 0; i < m.blas.n; i++)
-            calls += m.blas.plan[i].calls, acc += m.blas.plan[i].acc_calls, no_algo += !m.blas.plan[i].has_algo;
-        long long want = 12LL * r.cfg.layers + 3 + 3;
-        CHECK(calls == want && acc == 6LL * r.cfg.layers + 2 && no_algo == 0,
-              "a training step's matmuls: %lld calls (want %lld), %lld with C (want %d), %d of %d plans without an "
-              "algorithm",
-              calls, want, acc, 6 * r.cfg.layers + 2, no_algo, m.blas.n);
+        for (int i = 0; i < m.blas.n; i++) no_algo += !m.blas.plan[i].has_algo;
+        CHECK(m.blas.n > 0 && no_algo == 0, "a training step's matmuls: %d of %d plans without an algorithm", no_algo,
+              m.blas.n);
     }
     {  // the head's decoder in chunks of 4 of the 9 rows (4, 4, 1): the same loss and gradients up to reassociation.
         // On the CPU runtime every product sums in one order, so the two agree to the bit; a GPU picks another
@@ -327,24 +319,6 @@ static void test_reference(void) {
               "head in chunks of 4 (R was %d): loss %.9g vs %.9g", R, loss4, loss);
         printf("[%s] head in chunks of 4 rows of 9: loss %.9g (one chunk: %.9g)\n", FLOATX_NAME, loss4, loss);
         same_up_to_reassociation(&r, g4, g, "head in chunks of 4");
-    }
-    if (!FP32) {  // the MLP's fc1 and its input gradient on gemm_wgmma (--mlp wgmma: GELU in the matmul's epilogue):
-        // the same loss and gradients up to reassociation, the tolerances of the chunked head's, and 2 of each layer's
-        // 12 matmuls leave cuBLASLt
-        m.mlp_wgmma = MLP_WG_ALL;
-        for (int i = 0; i < m.blas.n; i++) m.blas.plan[i].calls = 0;
-        std::vector<float> gw;
-        model_grads(&m, &db.b, &gw);
-        float lossw;
-        CUDA_CHECK(cudaMemcpy(&lossw, ACT_F(&m, loss), sizeof(float), cudaMemcpyDeviceToHost));
-        long long calls = 0;
-        for (int i = 0; i < m.blas.n; i++) calls += m.blas.plan[i].calls;
-        m.mlp_wgmma = 0;
-        model_grads(&m, &db.b, &g);
-        CHECK(calls == 10LL * r.cfg.layers + 6 && fabs(lossw - loss) <= fabs(loss) / 256,
-              "--mlp wgmma: %lld cuBLASLt calls a step (want %lld), loss %.9g vs %.9g", calls, 10LL * r.cfg.layers + 6,
-              lossw, loss);
-        same_up_to_reassociation(&r, gw, g, "--mlp wgmma");
     }
     int V = r.cfg.vocab_size;
     double lmax = maxabs(r.logits.data(), r.logits.size());

@@ -6,7 +6,7 @@
 #   - a signal (SIGUSR1, SIGTERM) stops the run after the current step with a checkpoint;
 #   - data parallel: 2 processes (NCCL over shared memory) match 1 process with --grad-accum 2;
 #   - --init-from a Hugging Face export continues from its weights; --stage-dir trains from local copies;
-#   - --attention wgmma (the mini model) trains as the default kernels do;
+#   - the attention kernels follow the device's compute capability; the wgmma ones train as the mma.sync ones do;
 #   - the memory planner picks a larger micro-batch when the device has more memory;
 #   - bad input: each gives one clear error and a non-zero exit.
 # Run by tests/run.sh; needs tools/requirements.txt (python3 tools/prepare.py).
@@ -44,15 +44,20 @@ check '[ -n "$before" ] && [ "${before% *}" = "${before#* }" ] && [ "$after" = "
 check 'cmp -s "$W/a/checkpoint.bin" "$W/a2/checkpoint.bin" && cmp -s "$W/a/model.safetensors" "$W/a2/model.safetensors"' \
   "two identical runs (EMU_THREADS=$EMU_THREADS) gave different checkpoints: $(cmp "$W/a/checkpoint.bin" "$W/a2/checkpoint.bin" 2>&1 | head -n 1)"
 
-# 1b. --attention wgmma: the mini model (head size 64) on the Hopper candidates (attention.cuh) trains like the
-# mma.sync kernels: the same losses to 0.2% over 3 steps, and the log says which kernels ran
+# 1b. the attention kernels follow the device: the mma.sync ones by default (the CPU runtime reports compute
+# capability 8.0), the wgmma ones (attention.cuh) on a compute capability 9.0 device (EMU_COMPUTE_CAPABILITY=9.0),
+# where the mini model (head size 64) trains like the mma.sync kernels: the same losses to 0.2% over 3 steps, and the
+# log says which kernels ran
 MINI=(--data "$W/data/train_*.bin" --preset mini --seq 32 --batch 4 --lr 2e-3 --warmup 1 --seed 7 --steps 3)
-./trainer_cpu "${MINI[@]}" --out "$W/mma" >"$W/mma.log" 2>&1
-EMU_LAUNCH_STATS=2 ./trainer_cpu "${MINI[@]}" --out "$W/wg" --attention wgmma >"$W/wg.log" 2>&1; rc=$?
+EMU_LAUNCH_STATS=2 ./trainer_cpu "${MINI[@]}" --out "$W/mma" >"$W/mma.log" 2>&1; rc=$?
+ran=$(grep -cE "^emu: kernel void attention_(forward|backward_dq|backward_dkdv)<64>" "$W/mma.log")
+check '[ $rc -eq 0 ] && grep -q "^attention: attention_forward, attention_backward_dq, attention_backward_dkdv (CPU runtime .*, head size 64)" "$W/mma.log" && [ "$ran" = 3 ]' \
+  "compute capability 8.0: exit $rc, $ran of the 3 mma.sync kernels launched: $(grep "^attention:" "$W/mma.log"; tail -n 2 "$W/mma.log")"
+EMU_COMPUTE_CAPABILITY=9.0 EMU_LAUNCH_STATS=2 ./trainer_cpu "${MINI[@]}" --out "$W/wg" >"$W/wg.log" 2>&1; rc=$?
 ran=$(grep -cE "^emu: kernel void attention_(forward|backward_dq|backward_dkdv)_wgmma<64>" "$W/wg.log")
 old=$(grep -cE "^emu: kernel void attention_(forward|backward_dq|backward_dkdv)<" "$W/wg.log")
-check '[ $rc -eq 0 ] && grep -q "^attention: attention_forward_wgmma, attention_backward_dq_wgmma, attention_backward_dkdv_wgmma (--attention wgmma)" "$W/wg.log" && [ "$ran" = 3 ] && [ "$old" = 0 ]' \
-  "--attention wgmma: exit $rc, $ran of the 3 wgmma kernels launched, $old mma.sync ones: $(tail -n 2 "$W/wg.log")"
+check '[ $rc -eq 0 ] && grep -q "^attention: attention_forward_wgmma, attention_backward_dq_wgmma, attention_backward_dkdv_wgmma (" "$W/wg.log" && [ "$ran" = 3 ] && [ "$old" = 0 ]' \
+  "compute capability 9.0: exit $rc, $ran of the 3 wgmma kernels launched, $old mma.sync ones: $(tail -n 2 "$W/wg.log")"
 # losses_like_default WHAT LOG: steps 1 and 3 of LOG within 0.2% of the default kernels' run ($W/mma.log)
 losses_like_default() {
   local st a b
@@ -62,25 +67,11 @@ losses_like_default() {
       "$1: step $st loss $b, the default kernels' $a (want within 0.2%)"
   done
 }
-losses_like_default "--attention wgmma" "$W/wg.log"
-
-# 1c. --mlp wgmma: the MLP's fc1 and its input gradient on gemm_wgmma (GELU in its epilogue) train like cuBLASLt and
-# the GELU kernels: the same losses to 0.2% over 3 steps, the log says so, and the GELU kernels no longer run
-EMU_LAUNCH_STATS=2 ./trainer_cpu "${MINI[@]}" --out "$W/mlp" --mlp wgmma >"$W/mlp.log" 2>&1; rc=$?
-ran=$(grep -cE "^emu: kernel void gemm_wgmma<(1, 0|2, 1)>" "$W/mlp.log")
-old=$(grep -cE "^emu: kernel gelu_(forward|backward)\(" "$W/mlp.log")
-check '[ $rc -eq 0 ] && grep -q "^mlp: forward gemm_wgmma with GELU in its epilogue, backward gemm_wgmma with GELU. in its epilogue (--mlp wgmma)" "$W/mlp.log" && [ "$ran" = 2 ] && [ "$old" = 1 ]' \
-  "--mlp wgmma: exit $rc, $ran of the 2 gemm_wgmma kernels launched, $old GELU kernels (want 1: the head's): $(tail -n 2 "$W/mlp.log")"
-losses_like_default "--mlp wgmma" "$W/mlp.log"
-
-# 1d. the candidates one kernel at a time (what bench_attention and bench_gemm may find fastest): --attention dkdv
-# and --mlp bwd run those kernels on wgmma and the others as by default, and train the same
-EMU_LAUNCH_STATS=2 ./trainer_cpu "${MINI[@]}" --out "$W/mix" --attention dkdv --mlp bwd >"$W/mix.log" 2>&1; rc=$?
-ran=$(grep -cE "^emu: kernel void (attention_backward_dkdv_wgmma<64>|attention_(forward|backward_dq)<64>|gemm_wgmma<2, 1>)" "$W/mix.log")
-old=$(grep -cE "^emu: kernel void (attention_(forward|backward_dq)_wgmma|attention_backward_dkdv<|gemm_wgmma<1, 0>)" "$W/mix.log")
-check '[ $rc -eq 0 ] && grep -q "^attention: attention_forward, attention_backward_dq, attention_backward_dkdv_wgmma (--attention dkdv)" "$W/mix.log" && grep -q "^mlp: forward cuBLASLt, then gelu_forward, backward gemm_wgmma" "$W/mix.log" && [ "$ran" = 4 ] && [ "$old" = 0 ]' \
-  "--attention dkdv --mlp bwd: exit $rc, $ran of the 4 kernels launched, $old of the others: $(grep -E "^(attention|mlp):" "$W/mix.log"; tail -n 2 "$W/mix.log")"
-losses_like_default "--attention dkdv --mlp bwd" "$W/mix.log"
+losses_like_default "the wgmma attention kernels" "$W/wg.log"
+# the tiny model's head size 16 runs the mma.sync kernels on 9.0 too
+EMU_COMPUTE_CAPABILITY=9.0 ./trainer_cpu "${COMMON[@]}" --out "$W/t9" --steps 1 >"$W/t9.log" 2>&1; rc=$?
+check '[ $rc -eq 0 ] && grep -q "^attention: attention_forward, attention_backward_dq, attention_backward_dkdv (.*head size 16)" "$W/t9.log"' \
+  "compute capability 9.0, head size 16: exit $rc: $(grep "^attention:" "$W/t9.log"; tail -n 2 "$W/t9.log")"
 
 # 2. resume is exact (with several OS threads)
 ./trainer_cpu "${COMMON[@]}" --out "$W/b" --steps 20 --run-steps 10 >"$W/b1.log" 2>&1

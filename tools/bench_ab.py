@@ -18,7 +18,7 @@ same commit, built once.
     tools/bench_ab.py main . -- --preset bert-base      # the working tree against main
     tools/bench_ab.py /tmp/trainer_old ./trainer --rounds 3 -- --preset bert-large
     tools/bench_ab.py --cpu HEAD . -- --preset tiny --seq 32 --batch 16   # without a GPU: ./trainer_cpu
-    tools/bench_ab.py HEAD HEAD --b-flags "--mlp wgmma" -- --preset bert-base   # a candidate against the default
+    tools/bench_ab.py HEAD HEAD --b-flags "--comm bf16" -- --preset bert-base   # a flag against the default
 
 A run's micro-batch comes from each side's planner unless FLAGS give --batch; a table says when the two
 differ. Exit code 0, or 2 with one line naming what was wrong (a ref that is no commit, a build that

@@ -22,7 +22,7 @@ block sizes and shared memory follow the preset's hidden and head sizes, launch 
   python3 tools/kernel_report.py            (after ./build.sh; needs nvcc, and cuobjdump + nvdisasm:
                                              the CUDA toolkit's, or `pip install nvidia-cuda-cuobjdump
                                              nvidia-cuda-nvdisasm`)
-  python3 tools/kernel_report.py --all [--preset bert-base] [--seq 64] [--batch 1] [--attention wgmma] [--mlp wgmma]
+  python3 tools/kernel_report.py --all [--preset bert-base] [--seq 64] [--batch 1] [--hopper]
 """
 import argparse
 import os, re, shutil, subprocess, sys, tempfile
@@ -168,10 +168,11 @@ LAUNCH_RE = re.compile(r"^emu: kernel (.*): (\d+) launches, block \((\d+),(\d+),
 def cpu_launches(trainer, a, steps):
     """the per-kernel lines of EMU_LAUNCH_STATS=2 for ./trainer_cpu --bench with `steps` timed steps"""
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, EMU_LAUNCH_STATS="2", TMPDIR=tmp)
+        env = dict(os.environ, EMU_LAUNCH_STATS="2", TMPDIR=tmp,
+                   EMU_COMPUTE_CAPABILITY="9.0" if a.hopper else "8.0")
         r = subprocess.run([trainer, "--bench", "--preset", a.preset, "--seq", str(a.seq), "--batch", str(a.batch),
-                            "--bench-warmup", "0", "--bench-steps", str(steps), "--attention", a.attention, "--mlp",
-                            a.mlp], capture_output=True, text=True, env=env)
+                            "--bench-warmup", "0", "--bench-steps", str(steps)], capture_output=True, text=True,
+                           env=env)
     if r.returncode:
         die(f"{trainer} --bench failed (exit {r.returncode}):\n" + (r.stdout + r.stderr)[-2000:])
     out = {}
@@ -196,7 +197,8 @@ def all_report(nvcc, a):
         sass = sass_counts(cubin)
     names = demangle(list(info))
     by_name = {names[k]: k for k in info}
-    print(f"kernels of a training step: {a.preset}, T={a.seq}, B={a.batch}, --attention {a.attention}, --mlp {a.mlp} "
+    print(f"kernels of a training step: {a.preset}, T={a.seq}, B={a.batch}, compute capability "
+          f"{'9.0' if a.hopper else '8.0'} "
           f"(launches from ./trainer_cpu --bench, "
           f"EMU_LAUNCH_STATS=2; registers and spills from ptxas, sm_90a; blocks per SM on an H100)")
     print(f"{'kernel':34} {'launch/step':>11} {'threads':>7} {'regs':>4} {'spill':>5} {'smem B':>7} {'blk/SM':>6} "
@@ -231,9 +233,8 @@ def main():
     ap.add_argument("--preset", default="bert-base")
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--attention", default="mma",
-                    help="--all: the trainer's --attention (mma, wgmma or a list of fwd, dq, dkdv)")
-    ap.add_argument("--mlp", default="cublaslt", help="--all: the trainer's --mlp (cublaslt, wgmma, fwd or bwd)")
+    ap.add_argument("--hopper", action="store_true",
+                    help="--all: the step a compute capability 9.0 device runs (the wgmma attention kernels)")
     a = ap.parse_args()
     nvcc = find_tool("nvcc")
     if not nvcc:

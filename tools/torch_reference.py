@@ -2,9 +2,9 @@
 """torch_reference.py: the independent reference for tests/test_model.cu.
 
 Builds the `tiny` BERT masked-language model (model.h's preset) in plain PyTorch, written out layer
-by layer from the BERT paper and Hugging Face's BertForMaskedLM (post-LayerNorm, exact erf GELU,
-decoder tied to the word embeddings with its own bias), on one fixed batch with packed rows and
-padding, and computes in float64 with autograd:
+by layer from the BERT paper and Hugging Face's BertForMaskedLM (post-LayerNorm, GELU's tanh form as
+cuBLASLt's epilogues compute it, decoder tied to the word embeddings with its own bias), on one fixed
+batch with packed rows and padding, and computes in float64 with autograd:
   the loss (mean cross-entropy over the masked positions), the logits of the masked rows, and the
   gradient of the loss with respect to every parameter.
 Writes tests/data/tiny_reference.safetensors (float32 / int32 tensors):
@@ -97,8 +97,8 @@ def layernorm(x, w, b):
     return (x - mu) / torch.sqrt(var + EPS) * w + b
 
 
-def gelu(x):
-    return 0.5 * x * (1.0 + torch.erf(x / 2 ** 0.5))
+def gelu(x):  # the tanh form (Hugging Face's "gelu_pytorch_tanh"), as model.h computes it
+    return 0.5 * x * (1.0 + torch.tanh((2 / torch.pi) ** 0.5 * (x + 0.044715 * x ** 3)))
 
 
 class RoundBF16(torch.autograd.Function):
