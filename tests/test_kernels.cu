@@ -361,8 +361,9 @@ static void test_gelu_accuracy(void) {
 // pre = x W^T + b and y = GELU(pre) (the tanh form, of the unrounded pre), matmul_backward_input_gelu gives
 // dpre = (dy W) * GELU'(pre as stored); and column_sums of dpre is the bias gradient. Two runs, the same bits.
 static void test_matmul_gelu(int N, int IC, int OC) {
-    vf x, W, bias, dy;
+    vf x, W, W2, bias, dy;
     floatX *d_x = dev_rand(&x, (size_t)N * IC, -1, 1), *d_W = dev_rand(&W, (size_t)OC * IC, -1, 1),
+           *d_W2 = dev_rand(&W2, (size_t)IC * OC, -1, 1),
            *d_b = dev_rand(&bias, OC, -1, 1), *d_dy = dev_rand(&dy, (size_t)N * IC, -1, 1);
     floatX *d_pre = dev_x((size_t)N * OC), *d_y = dev_x((size_t)N * OC), *d_dpre = dev_x((size_t)N * OC),
            *d_dpre2 = dev_x((size_t)N * OC);
@@ -370,9 +371,9 @@ static void test_matmul_gelu(int N, int IC, int OC) {
     Blas bl;
     blas_init(&bl, 1 << 20);
     matmul_forward_gelu(&bl, 0, d_y, d_pre, d_x, d_W, d_b, N, IC, OC);
-    // the backward of the layer that reads y: dy (N, IC) through its weights, here W^T seen as (IC, OC)
-    matmul_backward_input_gelu(&bl, 0, d_dpre, d_dy, d_W, d_pre, N, OC, IC);
-    matmul_backward_input_gelu(&bl, 0, d_dpre2, d_dy, d_W, d_pre, N, OC, IC);
+    // the backward of the layer that reads y, W2 (IC, OC): dpre = (dy W2) * GELU'(pre), dy (N, IC)
+    matmul_backward_input_gelu(&bl, 0, d_dpre, d_dy, d_W2, d_pre, N, OC, IC);
+    matmul_backward_input_gelu(&bl, 0, d_dpre2, d_dy, d_W2, d_pre, N, OC, IC);
     launch_column_sums(0, d_db, d_part, d_dpre, N, OC);
     CUDA_CHECK(cudaDeviceSynchronize());
     CHECK(bl.n == 2, "two matmul plans (%d)", bl.n);
@@ -382,7 +383,7 @@ static void test_matmul_gelu(int N, int IC, int OC) {
         for (int o = 0; o < OC; o++) {
             double s = bias[o], g = 0;
             for (int i = 0; i < IC; i++) s += (double)x[(size_t)n * IC + i] * W[(size_t)o * IC + i];
-            for (int i = 0; i < IC; i++) g += (double)dy[(size_t)n * IC + i] * W[(size_t)o * IC + i];
+            for (int i = 0; i < IC; i++) g += (double)dy[(size_t)n * IC + i] * W2[(size_t)i * OC + o];
             size_t k = (size_t)n * OC + o;
             pre[k] = s;
             y[k] = gelu_ref(s);
@@ -400,7 +401,7 @@ static void test_matmul_gelu(int N, int IC, int OC) {
     snprintf(w, sizeof w, "column_sums N=%d C=%d: the bias gradient of dpre, accumulated", N, OC);
     close_scaled(w, get_f(d_db, OC), db, 1e-5f);
     blas_free(&bl);
-    for (void* q : {(void*)d_x, (void*)d_W, (void*)d_b, (void*)d_dy, (void*)d_pre, (void*)d_y, (void*)d_dpre,
+    for (void* q : {(void*)d_x, (void*)d_W, (void*)d_W2, (void*)d_b, (void*)d_dy, (void*)d_pre, (void*)d_y, (void*)d_dpre,
                     (void*)d_dpre2, (void*)d_db, (void*)d_part})
         cudaFree(q);
 }
