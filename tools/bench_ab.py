@@ -11,14 +11,14 @@ A, B, A, B, ... (default 2), alternating so that a GPU's clocks and temperature 
 each preset it prints one table: tokens/s and the step's wall-clock time per round, and the median of each
 phase of --bench's table (data wait, embedding, attention, matmuls, other kernels, optimizer, all-reduce),
 for A and B and as B / A. The logs stay in the directory it names (--keep DIR to choose it). --a-flags and
---b-flags add flags to one side only (after FLAGS; split at spaces): a candidate against the default path of the
-same commit, built once.
+--b-flags add flags to one side only (after FLAGS; split at spaces): one flag's effect on the same commit, built
+once.
 
     tools/bench_ab.py HEAD~1 HEAD                       # bert-base and bert-large (--bench's default)
     tools/bench_ab.py main . -- --preset bert-base      # the working tree against main
     tools/bench_ab.py /tmp/trainer_old ./trainer --rounds 3 -- --preset bert-large
     tools/bench_ab.py --cpu HEAD . -- --preset tiny --seq 32 --batch 16   # without a GPU: ./trainer_cpu
-    tools/bench_ab.py HEAD HEAD --b-flags "--comm bf16" -- --preset bert-base   # a flag against the default
+    tools/bench_ab.py HEAD HEAD --b-flags "--batch 256" -- --preset bert-base   # one flag against the default
 
 A run's micro-batch comes from each side's planner unless FLAGS give --batch; a table says when the two
 differ. Exit code 0, or 2 with one line naming what was wrong (a ref that is no commit, a build that

@@ -1,54 +1,56 @@
 #!/usr/bin/env bash
 # gpu_session.sh: what a session with a lent GPU runs, as one script that fits the device's calls (at most 10
-# minutes each). Stages, in this order:
-#   build         ./build.sh gpu (incremental; run at every call, so a fresh machine rebuilds)
-#   tests         the GPU tests of what the benchmarks run: the emulator's reading of the PTX ISA (TMA, wgmma
-#                 layouts: test_runtime), the candidates' kernels, the default path's kernels and the model
-#   kernels       build/gpu/bench_gemm (bert-base, bert-large) and build/gpu/bench_attention
-#   ab-mlp        whole steps, --mlp BEST against the default path (tools/bench_ab.py, bert-base)
-#   ab-attention  whole steps, --attention BEST against the default path
-#   peer          tools/bench_vs_peer.sh: mlm.c against PyTorch + transformers, bert-base and bert-large, with the
-#                 flags of each candidate whose whole steps beat the default path in its ab stage (issue 16's targets
-#                 are measured this way: the fastest this commit can run)
-#   profile       Nsight Compute (ncu) on each kernel of bench_attention and bench_gemm at bert-base, once: time,
-#                 throughputs, occupancy, stalls and ncu's own advice, so that a session without a GPU can tune from it
-#   sanitize      compute-sanitizer's memcheck, racecheck and synccheck on the tests of the candidates' kernels and of
-#                 the emulator's layouts (test_runtime, test_gemm, test_attention); its lines go into tests.log
-#   matmul        the matmul shapes of a bert-base --bench step (DIR/matmul-run, DIR/matmul_algos.txt's source), each
-#                 timed by build/gpu/bench_matmul --tune against cuBLASLt's other algorithms: DIR/matmul_algos.txt
-#                 holds the fastest of each
-#   ab-matmul     whole steps, --matmul-algos DIR/matmul_algos.txt against the default path, where bench_matmul found
-#                 the step's matmuls at least 1% faster with it
-#   tests-rest    every other GPU test binary (its lines go into tests.log too)
+# minutes each). Stages, in this order (the most valuable measurements first: a session's device time does not
+# reach the end), each with the estimate it needs left of the budget to start (H200, --prebuilt):
+#   build       ./build.sh gpu (incremental; run at every call, so a fresh machine rebuilds): 300 s, or 20 s where
+#               the binaries here are this tree's (--prebuilt's, or a build here that passed: it compiles nothing)
+#   tests       the GPU tests of what the benchmarks run: the emulator's reading of the PTX ISA (TMA, wgmma
+#               layouts: test_runtime), the attention kernels, the other kernels and the model: 120 s
+#   bench       ./trainer --bench, bert-base and bert-large at T=512, default flags: whole steps, tokens/s, MFU and
+#               each phase's time (the figures README quotes): 90 s
+#   peer        tools/bench_vs_peer.sh: mlm.c against PyTorch + transformers, bert-base and bert-large (issue 16's
+#               targets), mlm.c's side taken from the bench stage's log (not run again), the peer timed at
+#               micro-batches 64, 128 and 256 only (its search for its largest still runs): 150 s (240 s where
+#               the bench stage has not passed: then it runs mlm.c's --bench itself)
+#   kernels     build/gpu/bench_attention and build/gpu/bench_kernels (LayerNorm and the like against a device
+#               copy's bandwidth): 60 s
+#   profile     Nsight Compute (ncu) on each kernel of bench_attention and bench_kernels, once: time, throughputs,
+#               occupancy, stalls and ncu's own advice, so that a session without a GPU can tune from it: 150 s
+#   sanitize    compute-sanitizer's memcheck, racecheck and synccheck on test_runtime and test_attention (the
+#               emulator's layouts and the attention kernels); its lines go into tests.log: 180 s
+#   tests-rest  every other GPU test binary (its lines go into tests.log too): 180 s
+# A benchmark whose binary is not built and whose source (tests/NAME.cu) is not in this tree says "NAME: skipped:
+# not built" and the stage goes on; one whose source is here and binary is not fails it.
 #
 #   tools/gpu_session.sh [--budget SECONDS] [--dir DIR] [--only STAGE,STAGE] [--prebuilt FILE] [--cpu]
 #   tools/gpu_session.sh --pack FILE [--cpu]
 #
 # --pack FILE builds here (where nvcc is, without a GPU) and writes FILE (tar.xz): ./trainer, build/gpu/ (binaries and
-# nvcc's dependency files) and a stamp, a hash of every file of this tree those dependency files name, of build.sh and
-# of `nvcc --version`. --prebuilt FILE, on the GPU, unpacks it and, where this tree's stamp is the same, takes its
-# binaries (the build stage then compiles nothing: a fresh machine saves the 5 minutes of the GPU build); where it is
-# not (another commit, an edit since, another nvcc), it says so and builds here. The device tool's carry takes FILE.
+# nvcc's dependency files) and a stamp, a hash of every file of this tree those dependency files name, of the names
+# of the sources build.sh builds, of build.sh and of `nvcc --version`. --prebuilt FILE, on the GPU, unpacks it and,
+# where this tree's stamp is the same, takes its binaries (the build stage then compiles nothing: a fresh machine
+# saves the 5 minutes of the GPU build); where it is not (another commit, an edit since, another nvcc), it says so
+# and builds here. The device tool's carry takes FILE. A build stage that passes writes the same stamp, so a later
+# call on the same machine knows its binaries are this tree's too. Where they are (by either stamp), the build's
+# estimate is 20 s, not 300; where the build is skipped all the same (a budget under that), the other stages run
+# the binaries there; where they are not this tree's, the other stages are skipped and say why.
 #
 # A stage starts only while its estimate fits the time left of --budget (default 540 s), and runs under a timeout
 # of what is left, so the script ends inside the call. A stage whose log says it passed is not run again: a second
-# call with the same --dir (default runs/gpu_session) goes on where the first stopped. A candidate's whole steps run
-# only if its kernels passed their tests on this machine (test_gemm for --mlp, test_attention for --attention):
-# timing a wrong kernel says nothing. BEST is the candidates' fastest combination by the kernels stage (its "best="
-# at bert-base: --mlp fwd, --attention fwd,dkdv, ...), or all of them (wgmma) where that is the default. Each stage
-# writes DIR/STAGE.log; DIR/summary.txt holds each stage's state, time and result lines, and is printed last (the
-# device tool brings back 8 files: `tar czf $OUT/gpu_session.tgz -C runs gpu_session` brings DIR as one). --cpu runs the same stages on the CPU runtime at
-# tiny sizes (the CPU build's binaries): the script's own test, tests/test_gpu_session.sh. GPU_SESSION_TESTS="test_a
-# test_b" names the test binaries instead; GPU_SESSION_PYTHON the peer's Python (with --cpu, a stand-in, without
-# which the peer is skipped there); GPU_SESSION_NCU the profiler and GPU_SESSION_SANITIZER compute-sanitizer
-# (likewise). The build's log is kept only when it fails (it runs at every call). Exit code 0 when no stage that ran
-# failed, 1 when one did, 2 for a bad argument.
+# call with the same --dir (default runs/gpu_session) goes on where the first stopped. Each stage writes
+# DIR/STAGE.log; DIR/summary.txt holds each stage's state, time and result lines, and is printed last (the device
+# tool brings back 8 files: `tar czf $OUT/gpu_session.tgz -C runs gpu_session` brings DIR as one). --cpu runs the
+# same stages on the CPU runtime at tiny sizes (the CPU build's binaries): the script's own test,
+# tests/test_gpu_session.sh. GPU_SESSION_TESTS="test_a test_b" names the test binaries instead; GPU_SESSION_PYTHON
+# the peer's Python (with --cpu, a stand-in, without which the peer is skipped there); GPU_SESSION_NCU the profiler
+# and GPU_SESSION_SANITIZER compute-sanitizer (likewise). The build's log is kept only when it fails (it runs at
+# every call). Exit code 0 when no stage that ran failed, 1 when one did, 2 for a bad argument.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "gpu_session.sh: $*" >&2; exit 2; }
 
 BUDGET=540 DIR=runs/gpu_session ONLY="" CPU=0 PACK="" PREBUILT=""
-STAGES="build tests kernels ab-mlp ab-attention peer matmul ab-matmul profile sanitize tests-rest"
+STAGES="build tests bench peer kernels profile sanitize tests-rest"
 while [ $# -gt 0 ]; do
   case "$1" in
     --budget) [ $# -ge 2 ] || die "--budget needs a value"; BUDGET=$2; shift 2 ;;
@@ -58,7 +60,7 @@ while [ $# -gt 0 ]; do
     --pack) [ $# -ge 2 ] || die "--pack needs a file"; PACK=$2; shift 2 ;;
     --prebuilt) [ $# -ge 2 ] || die "--prebuilt needs a file"; PREBUILT=$2; shift 2 ;;
     -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
-    *) die "$1: unknown argument (--budget SECONDS --dir DIR --only STAGE,STAGE --cpu)" ;;
+    *) die "$1: unknown argument (--budget SECONDS --dir DIR --only STAGE,STAGE --prebuilt FILE --pack FILE --cpu)" ;;
   esac
 done
 [[ "$BUDGET" =~ ^[0-9]+$ ]] && [ "$BUDGET" -ge 1 ] || die "--budget $BUDGET: expected a positive number of seconds"
@@ -70,55 +72,56 @@ START=$(date +%s)
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 limit() { local l; l=$(left); echo $((l > 1 ? l : 1)); }  # a timeout of what is left (timeout 0 would mean none)
 
-# The binaries and sizes of each mode. The estimates (seconds) are what a stage is given room for before it starts.
+# The binaries and sizes of each mode. The estimates (seconds) are what a stage is given room for before it starts;
+# BUILD_CURRENT is the build's where the binaries here are already this tree's (it compiles nothing).
 if [ $CPU = 1 ]; then
   BIN=build TRAINER=./trainer_cpu
   BUILD="./build.sh cpu" CXX=${CXX:-g++}
-  TESTS=${GPU_SESSION_TESTS:-test_runtime test_gemm test_attention}
+  TESTS=${GPU_SESSION_TESTS:-test_runtime test_attention}
   REST=test_kernels  # (on the CPU: one, not every test)
-  KERNELS="build/bench_gemm --tiny && build/bench_attention --tiny"
-  AB="python3 tools/bench_ab.py --cpu --rounds 1 $TRAINER $TRAINER"
-  SHAPE="--preset mini --seq 32 --batch 4"  # the whole steps' model and micro-batch (the ab stages, the matmul table's)
-  AB_ARGS="-- $SHAPE --bench-steps 1 --bench-warmup 1"
-  TUNE_ARGS="--iters 1"
-  MIN_GAIN=-100  # (the CPU's timings say nothing: ab-matmul always runs, the test of its stage)
+  BENCH_ARGS="--tiny"  # bench_attention's and bench_kernels'
+  # the whole steps (the bench stage's, and the peer's when that stage has not passed): presets, T, timed steps,
+  # more trainer flags, the environment; the peer's micro-batches
+  PRESETS=mini SEQ=32 STEPS=1 TRAINER_MORE="--batch 4 --bench-warmup 1" RUN_ENV="EMU_DEVICE_BYTES=1110000000 "
+  PEER_BATCH=4
   PACK_FILES="trainer_cpu build/test_* build/bench_* build/cpu/*.d build/cpu/prebuilt.stamp" DEPS=build/cpu COMPILER="$CXX --version"
-  PEER="EMU_DEVICE_BYTES=1110000000 PYTHON=${GPU_SESSION_PYTHON:-python3} tools/bench_vs_peer.sh --preset mini --seq 32 --steps 1"
-  PEER_FLAGS="--batch 4 "
+  BUILT="trainer_cpu build/cpu build/asan build/test_* build/bench_*"  # what a build here makes (touched when current)
   PROFILE_ARGS="--tiny"
   SANITIZE_TESTS=test_runtime  # (on the CPU: one)
-  declare -A EST=([build]=5 [tests]=20 [kernels]=30 [ab-mlp]=60 [ab-attention]=60 [peer]=5 [matmul]=30
-    [ab-matmul]=60 [profile]=20 [sanitize]=30 [tests-rest]=10)
+  BUILD_CURRENT=5
+  declare -A EST=([build]=60 [tests]=20 [bench]=20 [peer]=5 [kernels]=30 [profile]=20 [sanitize]=30 [tests-rest]=10)
 else
   BIN=build/gpu TRAINER=./trainer
   BUILD="./build.sh gpu" NVCC=${NVCC:-${CUDA_HOME:-/usr/local/cuda}/bin/nvcc}
-  # the emulator's reading of the PTX ISA (TMA, wgmma layouts) first, then the candidates, the kernels, the model
-  TESTS=${GPU_SESSION_TESTS:-test_runtime test_gemm test_attention test_kernels test_model}
+  # the emulator's reading of the PTX ISA (TMA, wgmma layouts) first, then the attention, the kernels, the model
+  TESTS=${GPU_SESSION_TESTS:-test_runtime test_attention test_kernels test_model}
   REST=ALL  # every other test binary built
-  KERNELS="build/gpu/bench_gemm && build/gpu/bench_gemm --preset bert-large && build/gpu/bench_attention"
-  AB="python3 tools/bench_ab.py --rounds 2 $TRAINER $TRAINER"
-  SHAPE="--preset bert-base"
-  AB_ARGS="-- $SHAPE"
-  TUNE_ARGS=""
-  MIN_GAIN=1  # percent of the step's matmul time that the tuned table must save by bench_matmul for ab-matmul to run
+  BENCH_ARGS=""  # (bert-base and bert-large, by default)
+  PRESETS=bert-base,bert-large SEQ=512 STEPS=10 TRAINER_MORE="" RUN_ENV=""
+  PEER_BATCH=64,128,256  # the peer's fastest on the H200 were 256 (bert-base) and 128 (bert-large; 256 runs out)
   PACK_FILES="trainer build/gpu" DEPS=build/gpu COMPILER="$NVCC --version"
-  PEER="PYTHON=${GPU_SESSION_PYTHON:-python3} tools/bench_vs_peer.sh"
-  PEER_FLAGS=""
+  BUILT="trainer build/gpu"
   PROFILE_ARGS="--iters 1"
-  SANITIZE_TESTS="test_runtime test_gemm test_attention"
-  declare -A EST=([build]=300 [tests]=90 [kernels]=90 [ab-mlp]=200 [ab-attention]=200 [peer]=360 [matmul]=120
-    [ab-matmul]=200 [profile]=150 [sanitize]=150 [tests-rest]=180)
+  SANITIZE_TESTS="test_runtime test_attention"
+  # H200, 2026-11-28: the GPU tests 1-2 minutes, a --bench of bert-base or bert-large under a minute each (26 steps
+  # of 0.77 and 0.88 s, the synthetic shard and the planner), the peer several minutes when it also ran mlm.c and
+  # timed 5 micro-batches a preset, ncu a few minutes; the build 5 minutes on a fresh machine
+  BUILD_CURRENT=20
+  declare -A EST=([build]=300 [tests]=120 [bench]=90 [peer]=150 [kernels]=60 [profile]=150 [sanitize]=180
+    [tests-rest]=180)
 fi
 
 # tree_stamp DEPDIR: what the binaries were built from, as a hash: the compiler's release (nvcc's "release 13.0,",
-# g++'s first line), build.sh, and the name and content of every file of this tree that DEPDIR's dependency files
-# (the compilers' -MMD lists) name; a file missing here changes it too. The headers of the CUDA toolkit (absolute
-# paths) go with the compiler's release.
+# g++'s first line), build.sh, the names of the sources build.sh builds (a source added since is a binary missing),
+# and the name and content of every file of this tree that DEPDIR's dependency files (the compilers' -MMD lists)
+# name; a file missing here changes it too. The headers of the CUDA toolkit (absolute paths) go with the compiler's
+# release.
 tree_stamp() {
   local f v
   v=$($COMPILER 2>&1)
   { echo "$v" | grep -m 1 -o 'release [0-9.]*,' || echo "$v" | head -n 1; echo "ARCH=${ARCH:-sm_90a}"; cat build.sh
-    for f in $(sed -e 's/^[^:]*://' -e 's/\\$//' "$1"/*.d | tr ' ' '\n' | grep -v -e '^/' -e '^$' | sort -u); do
+    ls tests/*.cu cpu/*.cpp 2>/dev/null
+    for f in $(sed -e 's/^[^:]*://' -e 's/\\$//' "$1"/*.d 2>/dev/null | tr ' ' '\n' | grep -v -e '^/' -e '^$' | sort -u); do
       echo "== $f"; cat "$f" 2>&1
     done; } | sha256sum | cut -c1-16
 }
@@ -150,12 +153,35 @@ use_prebuilt() {
   fi
   rm -rf "$d"
 }
+# current_stamp: the stamp of the binaries here when it is this tree's (they were built from it: --prebuilt's, or a
+# build stage that passed wrote it), else nothing
+current_stamp() {
+  local want
+  [ -f "$DEPS/prebuilt.stamp" ] || return 0
+  want=$(cat "$DEPS/prebuilt.stamp")
+  [ "$want" = "$(tree_stamp "$DEPS")" ] && echo "$want"
+}
 
 # state: DIR/summary.txt, one line a stage: "STAGE STATE SECONDS", STATE ok, failed, timed-out or skipped
 state_of() { awk -v s="$1" '$1 == "--" { exit } $1 == s { st = $2 } END { print st }' "$DIR/summary.txt" 2>/dev/null; }
 declare -A STATE SECS WHY
 for s in $STAGES; do STATE[$s]=$(state_of "$s"); SECS[$s]=""; WHY[$s]=""; done
 STATE[build]=""  # always again: the build is incremental, and a fresh machine has none
+
+# Before the build: --prebuilt's binaries, where they are this tree's; then whether the binaries here are (the build
+# then compiles nothing, once they are touched newer than their sources: its estimate is BUILD_CURRENT).
+t_prep=$(date +%s)
+if [ -n "$PREBUILT" ]; then
+  WHY[build]=$(use_prebuilt)
+  echo "gpu_session: ${WHY[build]}"
+fi
+CURRENT=$(current_stamp)
+if [ -n "$CURRENT" ]; then
+  find $BUILT -type f -exec touch {} + 2>/dev/null
+  EST[build]=$BUILD_CURRENT
+  echo "gpu_session: the binaries here are this tree's (stamp $CURRENT): the build should compile nothing"
+fi
+t_prep=$(($(date +%s) - t_prep))
 
 # run_tests LIST: the tests stages, each binary in turn, one line "NAME: N passed, N failed" (or why not) a binary
 run_tests() {
@@ -189,58 +215,43 @@ rest_of_tests() {
   [ "$REST" = ALL ] || { echo "$REST"; return; }
   (cd "$BIN" 2>/dev/null && ls test_* 2>/dev/null | grep -v '\.d$' | grep -v -x $(printf -- '-e %s ' $TESTS) | tr '\n' ' ')
 }
-# passed TEST: whether the tests stages' log shows TEST passing on this machine
-passed() { grep -q -x "$1: [0-9]* passed, 0 failed (exit 0)" "$DIR/tests.log" 2>/dev/null; }
-
-# best_flag KIND DEFAULT: the kernels stage's fastest way for the trainer's flag (the first bench-KIND-result line,
-# bert-base's full rows: best=FLAG), or wgmma (every candidate) when it names none or the default
-best_flag() {
-  local f
-  f=$(grep -h -m 1 -E "^bench-$1-result .* best=[a-z,]+" "$DIR/kernels.log" 2>/dev/null | sed 's/.* best=\([a-z,]*\).*/\1/')
-  if [ -n "$f" ] && [ "$f" != "$2" ]; then echo "$f"; else echo wgmma; fi
+# bench_cmd PREFIX NAME ARGS: the command line that runs $BIN/NAME ARGS (after PREFIX, a profiler or nothing); where
+# NAME is not built and this tree has no tests/NAME.cu (a benchmark not written yet), a line that says it is skipped
+bench_cmd() {
+  local prefix=$1 name=$2; shift 2
+  if [ ! -x "$BIN/$name" ] && [ ! -f "tests/$name.cu" ]; then
+    echo "echo '$name: skipped: not built (no tests/$name.cu in this tree)'"
+  else
+    echo "$prefix${prefix:+ }$BIN/$name${*:+ $*}"
+  fi
 }
-# ab_winner STAGE: the candidate's flags of STAGE's whole steps (bench_ab's "B: ... with FLAGS") if they beat the
-# default path there (the median tokens/s, B / A, above 1), else nothing
-ab_winner() {
-  local r
-  r=$(grep -m 1 "tokens/s (each round)" "$DIR/$1.log" 2>/dev/null | awk '{ print $NF }')
-  awk -v r="${r:-0}" 'BEGIN { exit !(r > 1) }' && sed -n 's/^B: .* with //p' "$DIR/$1.log" | head -n 1
-}
-# matmul_gain: how much less of the step's matmul time bench_matmul --tune found with the fastest algorithms, in
-# percent (its bench-matmul-result line's step_ms and best_step_ms), or nothing
-matmul_gain() {
-  sed -n 's/^bench-matmul-result .* step_ms=\([0-9.]*\) best_step_ms=\([0-9.]*\).*/\1 \2/p' "$DIR/matmul.log" 2>/dev/null |
-    awk '$1 > 0 { printf "%.2f", 100 * ($1 - $2) / $1 }'
-}
-# The profile: ncu on the second call of each kernel whose name holds one of these (the first of the benchmarks' two
-# warm-up calls comes before it, and both benchmarks start with bert-base's full rows), with the sections that say
-# where a kernel's time goes; --clock-control none leaves the clocks as the benchmarks ran them.
+# The profile: ncu on the second call of each kernel whose name holds one of these (the first of the benchmarks'
+# warm-up calls comes before it), with the sections that say where a kernel's time goes; --clock-control none leaves
+# the clocks as the benchmarks ran them.
 NCU=${GPU_SESSION_NCU:-ncu}
-NCU_ARGS="--clock-control none --kernel-id '::regex:attention|gemm|gelu|nvjet:2' --section SpeedOfLight --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats"
+NCU_ARGS="--clock-control none --kernel-id '::regex:attention|layernorm|partials_sum|gelu|column_sums:2' --section SpeedOfLight --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats"
+# the whole steps: the bench stage's, and the peer's mlm.c side (from the bench stage's log where it passed)
+WHOLE_STEPS="--preset $PRESETS --seq $SEQ"
 command_of() {
   case "$1" in
     build) echo "$BUILD" ;;
     tests) echo "run_tests '$TESTS'" ;;
     tests-rest) echo "run_tests '$(rest_of_tests)'" ;;
     sanitize) echo "run_sanitize '$SANITIZE_TESTS'" ;;
-    kernels) echo "$KERNELS" ;;
-    ab-mlp) echo "$AB --b-flags '--mlp $(best_flag gemm cublaslt)' $AB_ARGS" ;;
-    ab-attention) echo "$AB --b-flags '--attention $(best_flag attention mma)' $AB_ARGS" ;;
-    matmul) echo "rm -rf $DIR/matmul-run && $TRAINER --bench $SHAPE --bench-warmup 1 --bench-steps 1 --out $DIR/matmul-run && $BIN/bench_matmul --tune $DIR/matmul-run/matmul_algos.txt --out $DIR/matmul_algos.txt $TUNE_ARGS" ;;
-    ab-matmul) echo "$AB --b-flags '--matmul-algos $DIR/matmul_algos.txt' $AB_ARGS" ;;
-    profile) echo "$NCU $NCU_ARGS $BIN/bench_attention $PROFILE_ARGS && $NCU $NCU_ARGS $BIN/bench_gemm $PROFILE_ARGS" ;;
-    peer) echo "TRAINER=$TRAINER TRAINER_FLAGS='$PEER_FLAGS$(ab_winner ab-mlp) $(ab_winner ab-attention)' $PEER" ;;
+    bench) echo "$RUN_ENV$TRAINER --bench $WHOLE_STEPS --bench-steps $STEPS${TRAINER_MORE:+ $TRAINER_MORE}" ;;
+    peer)
+      if [ "${STATE[bench]}" = ok ] && [ -s "$DIR/bench.log" ]; then
+        echo "${RUN_ENV}TRAINER=$TRAINER PYTHON=${GPU_SESSION_PYTHON:-python3} tools/bench_vs_peer.sh $WHOLE_STEPS --steps $STEPS --peer-batch $PEER_BATCH --mlmc-log $DIR/bench.log"
+      else
+        echo "${RUN_ENV}TRAINER=$TRAINER TRAINER_FLAGS='$TRAINER_MORE' PYTHON=${GPU_SESSION_PYTHON:-python3} tools/bench_vs_peer.sh $WHOLE_STEPS --steps $STEPS --peer-batch $PEER_BATCH"
+      fi ;;
+    kernels) echo "$(bench_cmd "" bench_attention $BENCH_ARGS) && $(bench_cmd "" bench_kernels $BENCH_ARGS)" ;;
+    profile) echo "$(bench_cmd "$NCU $NCU_ARGS" bench_attention $PROFILE_ARGS) && $(bench_cmd "$NCU $NCU_ARGS" bench_kernels $BENCH_ARGS)" ;;
   esac
 }
 # why_not STAGE: why the stage cannot run now (empty: it can)
 why_not() {
   case "$1" in
-    ab-mlp) passed test_gemm || { echo "test_gemm has not passed on this machine"; return; } ;;
-    ab-attention) passed test_attention || { echo "test_attention has not passed on this machine"; return; } ;;
-    ab-matmul)
-      [ -s "$DIR/matmul_algos.txt" ] || { echo "no tuned table: the matmul stage has not passed"; return; }
-      awk -v g="$(matmul_gain)" -v m=$MIN_GAIN 'BEGIN { exit !(g != "" && g + 0 >= m) }' ||
-        { echo "bench_matmul's fastest algorithms save $(matmul_gain)% of the step's matmul time, under $MIN_GAIN%"; return; } ;;
     peer) [ $CPU = 0 ] || [ -n "${GPU_SESSION_PYTHON:-}" ] || { echo "needs a GPU"; return; } ;;
     profile)
       [ $CPU = 0 ] || [ -n "${GPU_SESSION_NCU:-}" ] || { echo "needs a GPU"; return; }
@@ -249,8 +260,17 @@ why_not() {
       [ $CPU = 0 ] || [ -n "${GPU_SESSION_SANITIZER:-}" ] || { echo "needs a GPU"; return; }
       command -v "$SANITIZER" >/dev/null || { echo "$SANITIZER: not found"; return; } ;;
   esac
-  [ "$1" = build ] || [ "${STATE[build]}" = ok ] || { echo "the build did not pass"; return; }
-  [ "$(left)" -ge "${EST[$1]}" ] || echo "needs about ${EST[$1]} s, $(left) s left"
+  if [ "$1" != build ]; then
+    case "${STATE[build]}" in
+      ok) ;;
+      skipped) [ -n "$CURRENT" ] ||
+        { echo "the build was skipped, and the binaries here are not this tree's (no stamp of it: --pack and --prebuilt)"; return; } ;;
+      *) echo "the build did not pass"; return ;;
+    esac
+  fi
+  local est=${EST[$1]}
+  [ "$1" = peer ] && [ "${STATE[bench]}" != ok ] && est=$((est + EST[bench]))  # (it runs mlm.c's --bench itself)
+  [ "$(left)" -ge "$est" ] || echo "needs about $est s, $(left) s left"
 }
 
 # profile_table LOG: a line per kernel ncu profiled: its name and grid, then the figures that say what bounds it
@@ -274,11 +294,10 @@ write_summary() {
       echo "-- $s"
       case $s in
         tests) grep -h -E '^(sanitize [a-z]+ )?test_[a-z0-9_]+: ' "$DIR/$s.log" ;;
-        kernels) grep -h -E '^(bert-|head size|tiny)|_wgmma|fastest|bench-(gemm|attention)-result' "$DIR/$s.log" ;;
-        ab-*) grep -h -E '^B: |^ *(tokens/s|step ms|attention|matmuls|other kernels)' "$DIR/$s.log" ;;
-        matmul) grep -h -E 'bench-matmul-result|^bench_matmul: wrote' "$DIR/$s.log" ;;
-        peer) grep -h -E '^(device|running): ' "$DIR/$s.log"; sed -n '/^mlm.c vs the PyTorch peer/,$p' "$DIR/$s.log" ;;
-        profile) profile_table "$DIR/$s.log" ;;
+        bench) grep -h -E '^bench [a-z0-9-]+: |^  (attention forward|attention backward|matmuls|other kernels|step \(wall clock\)|tokens/s|MFU) |^bench-result ' "$DIR/$s.log" ;;
+        kernels) grep -h -E '^(bert-|head size|tiny)|_wgmma|GB/s|bench-[a-z]+-result|: skipped: not built' "$DIR/$s.log" ;;
+        peer) grep -h -E '^(device|running|mlm.c): ' "$DIR/$s.log"; sed -n '/^mlm.c vs the PyTorch peer/,$p' "$DIR/$s.log" ;;
+        profile) profile_table "$DIR/$s.log"; grep -h ': skipped: not built' "$DIR/$s.log" ;;
       esac
     done
   } > "$DIR/summary.txt.tmp" && mv "$DIR/summary.txt.tmp" "$DIR/summary.txt"
@@ -290,7 +309,8 @@ for s in $STAGES; do
   [ "${STATE[$s]}" = ok ] && continue
   why=$(why_not "$s")
   if [ -n "$why" ]; then
-    STATE[$s]=skipped WHY[$s]=$why
+    [ "$s" = build ] && [ -n "$CURRENT" ] && why="$why (the binaries here are this tree's, stamp $CURRENT: the stages run them)"
+    STATE[$s]=skipped WHY[$s]="$why${WHY[$s]:+; ${WHY[$s]}}"
     echo "gpu_session: $s skipped: $why"
     write_summary
     continue
@@ -298,15 +318,13 @@ for s in $STAGES; do
   echo "gpu_session: $s ($(left) s left): $(command_of "$s")"
   t0=$(date +%s)
   log=$DIR/$s.log
-  if [ "$s" = build ] && [ -n "$PREBUILT" ]; then
-    WHY[build]=$(use_prebuilt)
-    echo "gpu_session: ${WHY[build]}"
-  fi
   if [ "$s" = tests ] || [ "$s" = tests-rest ]; then  # (these two and sanitize write tests.log)
     log=$DIR/tests.log
     [ "$s" = tests ] && list=$TESTS || list=$(rest_of_tests)
     out=$(run_tests "$list" 2>&1); rc=$?
-    echo "$out" | grep -q -v -E '^test_[a-z0-9_]+: [0-9]+ passed, 0 failed \(exit 0\)$' && [ $rc = 0 ] && rc=1
+    [ -n "$out" ] || out="(no test binaries to run)"  # (tests-rest where every test built is in TESTS)
+    echo "$out" | grep -v -x '(no test binaries to run)' | grep -q -v -E '^test_[a-z0-9_]+: [0-9]+ passed, 0 failed \(exit 0\)$' &&
+      [ $rc = 0 ] && rc=1
     if [ "$s" = tests ]; then echo "$out" > "$log"; else echo "$out" >> "$log"; fi
   elif [ "$s" = sanitize ]; then
     log=$DIR/tests.log
@@ -314,11 +332,18 @@ for s in $STAGES; do
     echo "$out" | grep -E '^sanitize [a-z]+ test_[a-z0-9_]+: ' | grep -q -v '(exit 0)$' && [ $rc = 0 ] && rc=1
     echo "$out" >> "$log"
   else
+    # the build: no stamp while it runs (one stopped halfway leaves binaries of no known tree); a new one if it passes
+    [ "$s" = build ] && rm -f "$DEPS/prebuilt.stamp"
     timeout "$(limit)" bash -c "$(command_of "$s")" > "$log" 2>&1; rc=$?
+    if [ "$s" = build ]; then
+      CURRENT=""
+      [ $rc = 0 ] && tree_stamp "$DEPS" >"$DEPS/prebuilt.stamp" && CURRENT=$(cat "$DEPS/prebuilt.stamp")
+    fi
   fi
   # ncu that could not read the counters (or profiled nothing) still runs the program: no profile is a failure
   [ "$s" = profile ] && [ $rc = 0 ] && [ -z "$(profile_table "$log")" ] && { echo "no kernel profiled" >>"$log"; rc=1; }
   SECS[$s]=$(($(date +%s) - t0))
+  [ "$s" = build ] && SECS[$s]=$((SECS[$s] + t_prep))  # (with --prebuilt's unpacking and the stamps)
   case $rc in
     0) STATE[$s]=ok ;;
     124 | 137) STATE[$s]=timed-out WHY[$s]="stopped at the budget's end" failed=1 ;;
