@@ -354,8 +354,10 @@ def parse_args(argv):
     a.lr = 5e-4 if a.lr is None else a.lr
     if a.preset not in PRESETS:
         raise PeerTrainError(f"--preset {a.preset}: unknown; one of {', '.join(PRESETS)}")
-    if a.steps is None or a.steps < 1:
-        raise PeerTrainError(f"--steps {a.steps}: expected a number of steps >= 1 (or --like RUN)")
+    if a.steps is None:
+        raise PeerTrainError("--steps: missing (expected a number of steps >= 1, or --like RUN)")
+    if a.steps < 1:
+        raise PeerTrainError(f"--steps {a.steps}: expected a number of steps >= 1")
     if a.warmup is None:
         a.warmup = default_warmup(a.steps)
     if not 0 <= a.warmup < a.steps:
