@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """tests/test_peer_train.py: tests of tools/peer_train.py, the Hugging Face peer trained as mlm.c trains.
 
-    python3 tests/test_peer_train.py                        # prints "N passed, N failed, N skipped" last; exit 1 on failure
-    /usr/bin/python3 tests/test_peer_train.py               # a python with torch and transformers runs every test
+    python3 tests/test_peer_train.py     # prints "N passed, N failed, N skipped" last; exit code 1 on failure
+    PYTHON_WITH_TORCH tests/test_peer_train.py   # a python with torch and transformers runs every test
     TRAINER=path/to/trainer_cpu python3 tests/test_peer_train.py   # (default ./trainer_cpu)
 
 Without torch (CI installs only tools/requirements.txt): the schedule against trainer.cu's lr_at (and the lr
@@ -27,6 +27,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 TOOL = os.path.join(ROOT, "tools", "peer_train.py")
 PLOT = os.path.join(ROOT, "tools", "plot.py")
 sys.path.insert(0, os.path.join(ROOT, "tools"))
+import compare_hf  # noqa: E402
 import peer_train as pt  # noqa: E402
 import plot  # noqa: E402
 
@@ -207,7 +208,7 @@ def test_batches():
     assert all((x["ids"] == y["ids"]).all() and (x["labels"] == y["labels"]).all() for x, y in zip(vb, again))
     assert len(pt.val_batches(val, 8, 32, 2)) == 2
     # the attention mask these spans give (compare_hf.packed_attention_mask, transformers 4.x form)
-    mask = pt.packed_attention_mask(b["lo"][:1], b["hi"][:1], 4)[0]
+    mask = compare_hf.packed_attention_mask(b["lo"][:1], b["hi"][:1], 4)[0]
     assert mask[0, :n0].all() and not mask[0, n0:].any() and mask[n0, n0:n0 + n1].all() and not mask[n0, :n0].any()
 
 
@@ -261,7 +262,8 @@ def test_errors_one_line():
                  "--data " + os.path.join(d, "none_*.bin") + ": no such file"),
                 (base[:2] + ["--out", run] + base[4:] + ["--batch", "2"], f"--out {run}: holds a run (metrics.jsonl)"),
                 (base + ["--batch", "2", "--like", d], f"--like {d}: cannot read the run's schedule"),
-                (base[:6] + ["--seq", "16", "--steps", "3", "--batch", "2"], "do not fit rows of T=16 (prepare it with")):
+                (base[:6] + ["--seq", "16", "--steps", "3", "--batch", "2"],
+                 "do not fit rows of T=16 (prepare it with")):
             rc, out, err = run_peer(*args)
             assert rc == 1 and want in err, (args, rc, err)
             assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
@@ -310,6 +312,26 @@ def test_packed_rows_are_samples_alone():
                 plain = max(plain, (alone - unmasked[r, at:at + n]).abs().max().item())
                 at += n
     assert err < 1e-4 and plain > 1e-3, (err, plain, attn, transformers.__version__)
+
+
+def test_attention_mask():
+    """The mask made on the device is compare_hf.packed_attention_mask's, for transformers 4.x and 5.x."""
+    torch, _ = torch_or_skip()
+    rng = np.random.default_rng(3)
+    lo = np.zeros((3, 16), np.int64)
+    hi = np.zeros((3, 16), np.int64)
+    for b in range(3):  # samples of random lengths, then padding (lo == hi)
+        at = 0
+        while at < 16:
+            n = int(rng.integers(1, 8))
+            if at + n > 16 or rng.random() < 0.15:
+                break
+            lo[b, at:at + n], hi[b, at:at + n] = at, at + n
+            at += n
+    for major in (4, 5):
+        want = compare_hf.packed_attention_mask(lo, hi, major)
+        got = pt.attention_mask(torch, torch.from_numpy(lo), torch.from_numpy(hi), major, torch.float32).numpy()
+        assert got.shape == want.shape and got.dtype == want.dtype and (got == want).all(), (major, got, want)
 
 
 def test_train_tiny_cpu():

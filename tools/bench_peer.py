@@ -4,9 +4,10 @@ would train it instead, on the same model shapes as ./trainer --bench.
 
 The peer's configuration (bert_config, new_model; tools/peer_train.py trains the same model on shards):
 BertForMaskedLM with the preset's shape and vocabulary, the tanh form of GELU (hidden_act
-"gelu_pytorch_tanh", as mlm.c's model), attn_implementation "sdpa", fp32 weights under bf16 autocast, fused AdamW (lr 1e-4, betas 0.9/0.98, eps 1e-6, weight decay
-0.01) with gradient clipping at 1.0 (mlm.c's defaults), dropout 0 (mlm.c has none), full rows of T
-random ordinary tokens (no padding, no attention mask), 15% of positions masked ([MASK]) and predicted.
+"gelu_pytorch_tanh", as mlm.c's model), attn_implementation "sdpa", fp32 weights under bf16 autocast,
+fused AdamW (lr 1e-4, betas 0.9/0.98, eps 1e-6, weight decay 0.01) with gradient clipping at 1.0 (mlm.c's
+defaults), dropout 0 (mlm.c has none), full rows of T random ordinary tokens (no padding, no attention
+mask), 15% of positions masked ([MASK]) and predicted.
 It finds its largest micro-batch (a training step at doubling sizes until one runs out of memory, then
 bisection, the CUDA cache cleared between tries), times steps at powers of two up to that and at the
 largest itself, and reports the best.

@@ -16,7 +16,8 @@ The same as ./trainer (the flags have its names and defaults):
   data       the shards read in place (prepare.read_shard: numpy memmaps, checked as data.h checks them); each epoch
              a new shuffle of the samples, packed into rows of --seq tokens as data.h packs them (best fit among
              16 open rows, whole samples, never split); a sample attends only to itself (compare_hf.py's
-             packed_attention_mask) and its position ids start at 0; the rest of a row is padding, outside the loss
+             packed_attention_mask, made on the device) and its position ids start at 0; the rest of a row is
+             padding, outside the loss
   masking    per sample, exactly floor(0.15 n + u) of its n non-special tokens (u uniform in [0, 1)), chosen
              uniformly; each becomes [MASK] with probability 0.8, a random non-special token with 0.1, unchanged
              with 0.1; special tokens are never chosen; a new masking every epoch
@@ -59,16 +60,15 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_peer import PRESETS, PeerError, bert_config, new_model  # noqa: E402
-from compare_hf import packed_attention_mask  # noqa: E402
 from prepare import read_shard  # noqa: E402
 
 OPEN_ROWS = 16  # data.h's DATA_OPEN_ROWS: rows being packed at once (best fit among these)
 VAL_SEED = 1337  # trainer.cu's VAL_SEED: the validation masking, whatever --seed is
-MASK_PROB = 0.15
+MASK_PROB = 0.15  # data.h's mask_prob: the share of each sample's non-special tokens chosen
 
 
 class PeerTrainError(Exception):
-    pass
+    """Bad input (a flag, the shards, --out), in one line naming it."""
 
 
 def fail(msg, code=1):
@@ -112,8 +112,8 @@ class Shards:
                 h0 = h
             elif any(h[k] != h0[k] for k in ("vocab_size", "pad_id", "cls_id", "sep_id", "mask_id", "unk_id")):
                 raise PeerTrainError(f"{flag}: {p}: another vocabulary than {paths[0]} (expected the same)")
-            self.tokens.append((tokens, offsets.astype(np.int64)))
-            lengths.append(np.diff(offsets.astype(np.int64)))
+            self.tokens.append((tokens, offsets))  # in place: nothing of the shard is copied but the lengths
+            lengths.append(np.diff(offsets).astype(np.int32))  # at most 2^24 (prepare.py's --seq-len)
             firsts.append(firsts[-1] + h["num_samples"])
         self.first = np.array(firsts, dtype=np.int64)
         self.lengths = np.concatenate(lengths)
@@ -138,8 +138,8 @@ class Shards:
     def sample(self, g):
         s = int(np.searchsorted(self.first, g, side="right")) - 1
         tokens, offsets = self.tokens[s]
-        i = g - self.first[s]
-        return tokens[offsets[i]:offsets[i + 1]]
+        i = int(g - self.first[s])
+        return tokens[int(offsets[i]):int(offsets[i + 1])]
 
 
 def pack(lengths, order, T):
@@ -410,6 +410,19 @@ def load_torch():
     return torch, transformers
 
 
+def attention_mask(torch, lo, hi, major, dtype):
+    """compare_hf.packed_attention_mask's mask, made by torch on the device of lo and hi (B, T) (a dense (B, T, T)
+    mask made on the host and copied would cost as much as a step's compute): token (b, i) sees key j iff
+    lo[b, i] <= j < hi[b, i]. transformers 4.x: (B, T, T) int64, 1 allowed; 5.x: (B, 1, T, T) additive, 0 allowed,
+    the dtype's minimum not."""
+    j = torch.arange(lo.shape[1], device=lo.device)[None, None, :]
+    allowed = (j >= lo[:, :, None]) & (j < hi[:, :, None])
+    if major < 5:
+        return allowed.long()
+    additive = torch.zeros(allowed.shape, dtype=dtype, device=lo.device)
+    return additive.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
+
+
 class Peer:
     """The model, its optimizer, and the steps (torch)."""
 
@@ -423,6 +436,8 @@ class Peer:
         except PeerError as e:
             fail(str(e))
         self.model = model.to(device).train()
+        if a.compile and not hasattr(torch, "compile"):
+            fail(f"--compile: torch {torch.__version__} has no torch.compile (it came with torch 2.0)")
         self.fwd = torch.compile(self.model) if a.compile else self.model
         self.params = sum(p.numel() for p in self.model.parameters())
         decay = [p for p in self.model.parameters() if p.dim() >= 2]  # matrices and embeddings
@@ -433,13 +448,12 @@ class Peer:
         self.autocast = device == "cuda"
 
     def tensors(self, batch):
+        """The micro-batch on the device: input ids, attention mask (attention_mask), position ids, labels."""
         torch, dev = self.torch, self.device
-        mask = torch.from_numpy(packed_attention_mask(batch["lo"], batch["hi"], self.major))
-        if self.major >= 5 and self.autocast:
-            mask = mask.to(torch.bfloat16)  # 5.x uses it as is: in the attention's dtype
-        return (torch.from_numpy(batch["ids"]).to(dev, non_blocking=True), mask.to(dev, non_blocking=True),
-                torch.from_numpy(batch["position"]).to(dev, non_blocking=True),
-                torch.from_numpy(batch["labels"]).to(dev, non_blocking=True))
+        ids, position, labels, lo, hi = (torch.from_numpy(batch[k]).to(dev, non_blocking=True)
+                                         for k in ("ids", "position", "labels", "lo", "hi"))
+        dtype = torch.bfloat16 if self.autocast else torch.float32  # 5.x uses the mask as is: the attention's dtype
+        return ids, attention_mask(torch, lo, hi, self.major, dtype), position, labels
 
     def loss_sum(self, batch):
         """(the summed cross-entropy over the masked tokens, the logits of the masked rows, their labels)."""
@@ -585,9 +599,9 @@ def main(argv=None):
             if step % a.log_every == 0 or step == 1 or step == a.steps:
                 elapsed, dt = now - t_start, now - t0
                 eta = (now - t_loop) / step * (a.steps - step)
-                print(f"step {step:6d}/{a.steps} | loss {loss:.4f} | lr {lr:.3e} | norm {norm:.3f} | {dt * 1e3:.0f} ms |"
-                      f" {step_tokens / dt:.0f} tok/s | data {wait_ms:.1f} ms | epoch {epoch_now} | elapsed "
-                      f"{fmt_duration(elapsed)} | ETA {fmt_duration(eta)}", flush=True)
+                print(f"step {step:6d}/{a.steps} | loss {loss:.4f} | lr {lr:.3e} | norm {norm:.3f} | "
+                      f"{dt * 1e3:.0f} ms | {step_tokens / dt:.0f} tok/s | data {wait_ms:.1f} ms | epoch {epoch_now} | "
+                      f"elapsed {fmt_duration(elapsed)} | ETA {fmt_duration(eta)}", flush=True)
                 log.append(train_record(step, tokens, tokens / train.num_tokens, elapsed, loss, lr, norm,
                                         step_tokens / dt, wait_ms))
             if bad >= a.max_bad_steps:

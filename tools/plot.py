@@ -30,7 +30,8 @@ for every run, each with its difference to the first run in percent:
                    validations end before X, all are compared where the first of them end
   at equal time    the same at the wall-clock (elapsed_s) of the shortest run, where every run has elapsed_s
   time to a loss   the wall-clock and tokens each run took to reach the lowest validation loss that every run
-                   reached (linear between its validations; without validations, the training loss's moving mean)
+                   reached (linear between its validations; already below it at its first: that one's time;
+                   without validations in every run, the training loss's moving mean)
 Unknown kinds and fields are ignored; a null (a value that was not finite) leaves a gap. A step
 logged twice (a resumed run that repeated it) keeps its last record. An unfinished last line (the
 run is still writing it) is skipped with a note; so is any other bad line (not UTF-8, not JSON, a
@@ -238,7 +239,8 @@ def run_info(run_dir, metrics):
         kind = "byte" if byte_tok else "text" if os.path.exists(os.path.join(run_dir, "tokenizer.json")) else None
         ends = [r for r in metrics["train"] if r["epoch"] > 0 and not math.isnan(r["epoch"])]
         if ends:
-            data = f"{ends[-1]['tokens'] / ends[-1]['epoch']:,.0f} training tokens" + (f" ({kind} shards)" if kind else "")
+            data = f"{ends[-1]['tokens'] / ends[-1]['epoch']:,.0f} training tokens"
+            data += f" ({kind} shards)" if kind else ""
         elif kind:
             data = f"{kind} shards"
     info["data"] = data
@@ -280,7 +282,8 @@ def save_png(fig, plt, out_path):
         if os.path.exists(tmp):
             os.remove(tmp)
 
-def plot(metrics, out_path, x="step", title=None, vocab=None):
+def pyplot():
+    """matplotlib.pyplot, headless, or MetricsError with the pip command."""
     try:
         import matplotlib
 
@@ -288,6 +291,18 @@ def plot(metrics, out_path, x="step", title=None, vocab=None):
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise MetricsError(f"needs matplotlib ({e}): {PIP}") from None
+    return plt
+
+
+def plot(metrics, out_path, x="step", title=None, vocab=None):
+    """The single-run figure (figure) written to out_path."""
+    fig = figure(metrics, x, title, vocab)
+    save_png(fig, pyplot(), out_path)
+
+
+def figure(metrics, x="step", title=None, vocab=None):
+    """The single-run figure of the docstring (vocab: the vocabulary size for the chance level, or None)."""
+    plt = pyplot()
     train, val, ev = metrics["train"], metrics["val"], metrics["eval"]
     unit, unit_name = time_unit([metrics])
     xt, xv, xe = x_of(train, x, train, unit), x_of(val, x, train, unit), x_of(ev, x, train, unit)
@@ -335,7 +350,7 @@ def plot(metrics, out_path, x="step", title=None, vocab=None):
         a_acc.text(0.5, 0.5, "no validation yet\n(--val GLOB --val-every N)", ha="center", va="center",
                    transform=a_acc.transAxes, color="gray")
     fig.suptitle(title or "", fontsize=11)
-    save_png(fig, plt, out_path)
+    return fig
 
 
 def value_at(points, x):
@@ -374,11 +389,16 @@ def loss_table(runs, labels, f):
     else:
         where, at = "wall-clock", f"{x:.1f} s (the shortest run)"
         val_at = "x" if xv == x else f"{xv:.1f} s (the soonest any run's validations end)"
-    lines = [f"losses at equal {where}: {at}; train: the mean over (0.9 x, x] (or the last record before); val: at {val_at}, interpolated between"
-             f" the run's validations; vs {labels[0]}: the relative difference",
+    lines = [f"losses at equal {where}: {at}; train: the mean over (0.9 x, x] (or the last record before); "
+             f"val: at {val_at}, interpolated between the run's validations; vs {labels[0]}: the relative difference",
              f"{'run':<16} {'train loss':>10} {'vs ' + labels[0]:>12} {'val loss':>10} {'vs ' + labels[0]:>12}"]
+    def loss(v):
+        return "-" if math.isnan(v) else f"{v:.4f}"
+
     for lab, (t, v) in zip(labels, rows):
-        lines.append(f"{lab:<16} {t:>10.4f} {rel(t, ref[0]):>12} {v:>10.4f} {rel(v, ref[1]):>12}")
+        lines.append(f"{lab:<16} {loss(t):>10} {rel(t, ref[0]):>12} {loss(v):>10} {rel(v, ref[1]):>12}")
+    if any(math.isnan(v) for _, v in rows):
+        lines.append("(-: no validation of that run around x)")
     return lines
 
 
@@ -442,15 +462,15 @@ def overlay_windows(runs, window, x):
 
 
 def plot_overlay(runs, labels, out_path, x="tokens", window=25, vocabs=()):
+    """The overlay figure (overlay_figure) written to out_path."""
+    fig = overlay_figure(runs, labels, x, window, vocabs)
+    save_png(fig, pyplot(), out_path)
+
+
+def overlay_figure(runs, labels, x="tokens", window=25, vocabs=()):
     """Several runs' training (moving mean) and validation losses, one colour each, in two panels; a chance level
     for each vocabulary size in vocabs."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        raise MetricsError(f"needs matplotlib ({e}): {PIP}") from None
+    plt = pyplot()
     fig, (a_train, a_val) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=80)
     windows = overlay_windows(runs, window, x)
     unit, unit_name = time_unit(runs)
@@ -483,7 +503,7 @@ def plot_overlay(runs, labels, out_path, x="tokens", window=25, vocabs=()):
     if lows:  # the interesting part: from the moving means' highest after the first window down
         top, bottom = max(lows), min(lows)
         a_train.set_ylim(bottom - 0.05 * (top - bottom + 1e-9), top + 0.1 * (top - bottom + 1e-9))
-    save_png(fig, plt, out_path)
+    return fig
 
 
 def metrics_path(run):
