@@ -29,7 +29,8 @@ The same as ./trainer (the flags have its names and defaults):
   batch      --global-batch rows per step (--batch rows at a time, gradients accumulated); the step's loss is
              the mean over all its masked tokens, each micro-batch's mean weighted 1/accumulation in the gradient
   validation every --val-every steps and at the last: the validation split in file order, packed as training
-             packs it, masked once with seed 1337; every sequence once (or the first --val-batches micro-batches)
+             packs it, masked once with seed 1337; every sequence once (or the first --val-batches micro-batches
+             of --batch rows: give the trainer's --batch x GPUs for the same sequences)
   records    --out/metrics.jsonl: {"kind":"train",...} every --log-every steps (and the first and last), and
              {"kind":"val",...}, with the trainer's fields; elapsed_s is the wall clock from this program's start
              (the import of torch, the shards' check and the model's creation count, as the trainer's start-up
@@ -41,7 +42,8 @@ The same as ./trainer (the flags have its names and defaults):
 Differences, each small: the shuffle and the masking draw from numpy's generator, not data.h's (the same
 distributions, other samples); rows run on from one epoch into the next (mlm.c pads the epoch's last micro-batch);
 the head computes logits for every position (Hugging Face's BertForMaskedLM; mlm.c only for the masked ones);
-attention is a dense (B, 1, T, T) mask, not varlen kernels; one process, one device.
+attention takes a dense (B, T, T) mask (so SDPA cannot use its flash kernel), not varlen kernels; one process,
+one device.
 Needs torch and transformers for training (without them: one line, exit 2); the data, masking and schedule code
 needs numpy only (tests/test_peer_train.py tests it without torch).
 """
