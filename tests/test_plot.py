@@ -7,8 +7,13 @@ A hand-made metrics.jsonl that follows the trainer's record format (train, val, 
 an unknown kind) is rendered and the PNG checked: signature, size, dimensions from its header, and
 the curves' colours in its pixels. Bad files give one line naming the line; a bad line among good ones is
 named and skipped. test_real_run trains
-./trainer_cpu for a few steps (tiny preset, --seq 32, --val) and plots its --out.
+./trainer_cpu for a few steps (tiny preset, --seq 32, --val) and plots its --out. The title comes from the run's
+directory (run.json, config.json, byte_tokenizer.json), the loss panels have the chance level ln(V), --overlay
+compares validation losses at the same tokens (interpolated), and runs written as tools/peer_train.py writes them
+(its record functions, no torch needed) overlay by wall-clock (--x time) with the time to a loss.
 """
+import contextlib
+import io
 import json
 import math
 import os
@@ -192,8 +197,9 @@ def test_without_matplotlib():
         assert "Traceback" not in r.stderr, r.stderr
 
 
-def overlay_run(path, scale, steps=40, tokens_per_step=256, val_every=10):
-    """A hand-made run whose losses are scale x the handmade curve (its table values are known)."""
+def overlay_run(path, scale, steps=40, tokens_per_step=256, val_every=10, val_fn=None):
+    """A hand-made run whose losses are scale x the handmade curve (its table values are known); its validation
+    losses scale x 2.0, or val_fn(tokens)."""
     os.makedirs(path)
     lines = []
     for s in range(1, steps + 1):
@@ -201,8 +207,9 @@ def overlay_run(path, scale, steps=40, tokens_per_step=256, val_every=10):
         r["tokens"] = tokens_per_step * s
         lines.append(json.dumps(r))
         if s % val_every == 0:
+            v = val_fn(tokens_per_step * s) if val_fn else scale * 2.0
             lines.append(json.dumps({"kind": "val", "step": s, "tokens": tokens_per_step * s, "elapsed_s": 0.1 * s,
-                                     "val_loss": scale * 2.0, "val_accuracy": 0.3, "val_masked": 612}))
+                                     "val_loss": v, "val_accuracy": 0.3, "val_masked": 612}))
     with open(os.path.join(path, "metrics.jsonl"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -242,6 +249,138 @@ def test_overlay():
             rc, out, err = run_tool("--overlay", *args)
             assert rc == 1 and want in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
             assert not os.path.exists(png), args
+
+
+def test_overlay_val_at_equal_tokens():
+    """The table's validation losses are compared at the same tokens: where one run's validations end first (at 9216
+    tokens, its batch 4x the other's), the other's is interpolated there between its validations at 7680 and 10240
+    tokens, not taken from its validation nearest the end (10240)."""
+    with tempfile.TemporaryDirectory() as d:
+        a, b = os.path.join(d, "small"), os.path.join(d, "big")
+        line = lambda tokens: 5.0 - tokens / 10240  # noqa: E731 - the same validation curve against tokens
+        overlay_run(a, 1.0, val_fn=line)  # validations at 2560, 5120, 7680, 10240 tokens
+        overlay_run(b, 1.0, steps=10, tokens_per_step=1024, val_every=3, val_fn=line)  # 3072, 6144, 9216
+        png = os.path.join(d, "o.png")
+        rc, out, err = run_tool("--overlay", a, b, "--x", "tokens", "--out", png)
+        assert rc == 0, err
+        lines = out.splitlines()
+        assert lines[0].startswith("losses at equal tokens: 10240 tokens") and "val: at 9216 tokens" in lines[0], out
+        rows = {ln.split()[0]: ln.split()[1:] for ln in lines[2:4]}
+        assert rows["small"][2] == rows["big"][2] == f"{line(9216):.4f}" and rows["big"][3] == "+0.00%", out
+        # the helper: exact at a point, linear between two, nan outside
+        pts = [(0.0, 1.0), (10.0, 3.0)]
+        assert plot.value_at(pts, 10.0) == 3.0 and plot.value_at(pts, 2.5) == 1.5 and math.isnan(plot.value_at(pts, 11))
+        assert plot.value_at([(5.0, 2.0)], 5.0) == 2.0
+
+
+def peer_style_run(path, steps, per_step_s, start_s, loss_fn, val_fn, val_every=10, tokens_per_step=256, run=None):
+    """A run directory written with tools/peer_train.py's record functions (no torch), elapsed start_s + per_step_s
+    x step; run.json from run (as the peer writes it)."""
+    import peer_train
+
+    os.makedirs(path)
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+        for s in range(1, steps + 1):
+            t, n = start_s + per_step_s * s, tokens_per_step * s
+            f.write(peer_train.train_record(s, n, n / 1e6, t, loss_fn(s), 1e-3, 1.0, tokens_per_step / per_step_s, 0.1))
+            if s % val_every == 0:
+                f.write(peer_train.val_record(s, n, t, val_fn(s), 0.3, 612, 100, 100))
+    if run is not None:
+        with open(os.path.join(path, "run.json"), "w") as f:
+            json.dump(run, f)
+
+
+def test_overlay_time_with_peer():
+    """mlm.c's run and the peer's (written by peer_train.py's record functions) overlaid by wall-clock: the figure,
+    the losses at equal time (the shorter run's 5 s) and the time each took to reach the loss both reached."""
+    with tempfile.TemporaryDirectory() as d:
+        loss = lambda s: 5.6 * math.exp(-s / 15) + 1.0  # noqa: E731
+        val = lambda s: 6.0 - s / 10  # noqa: E731 - 5, 4, 3, 2 at steps 10 .. 40
+        a, b = os.path.join(d, "mlmc"), os.path.join(d, "peer")
+        peer_style_run(a, 40, 1 / 8, 0.0, loss, val)  # ends at 5 s
+        peer_style_run(b, 40, 1 / 4, 1.0, loss, val, run={"steps": 40, "seq": 32, "global_batch": 8, "vocab_size": 260,
+                                                          "preset": "tiny", "data": "d/train_*.bin"})  # ends at 11 s
+        png = os.path.join(d, "t.png")
+        rc, out, err = run_tool("--overlay", a, b, "--x", "time", "--out", png, "--labels", "mlm.c,peer")
+        assert rc == 0, err
+        assert png_info(png)[:2] == (960, 360) and colour_pixels(png, C0) > 100 and colour_pixels(png, C1) > 100
+        assert "mlmc: no vocabulary size recorded" in err, err  # the peer's run.json has one: its chance level
+        lines = out.splitlines()
+        at = lines.index(next(ln for ln in lines if ln.startswith("losses at equal wall-clock")))
+        assert lines[at].startswith("losses at equal wall-clock: 5.0 s (the shortest run)"), lines[at]
+        rows = {ln.split()[0]: ln.split()[1:] for ln in lines[at + 2:at + 4]}
+        # mlm.c: steps 37..40 in (4.5, 5.0] s, validation 2.0 at 5 s; the peer: steps 15, 16 (1 + s/4 in (4.5, 5]),
+        # validation interpolated at 5 s between 5.0 (3.5 s) and 4.0 (6 s)
+        assert float(rows["mlm.c"][0]) == round(sum(loss(s) for s in range(37, 41)) / 4, 4), rows
+        assert float(rows["peer"][0]) == round((loss(15) + loss(16)) / 2, 4), rows
+        assert rows["mlm.c"][2] == "2.0000" and rows["peer"][2] == "4.4000" and rows["peer"][3] == "+120.00%", rows
+        reach = lines.index(next(ln for ln in lines if ln.startswith("time to the validation loss 2.0000")))
+        assert lines[reach + 1].split()[:5] == ["mlm.c", "5.0", "s", "10,240", "tokens"], lines[reach + 1]
+        assert lines[reach + 2].split()[:5] == ["peer", "11.0", "s", "10,240", "tokens"], lines[reach + 2]
+        assert "2.20x mlm.c's time" in lines[reach + 2], lines[reach + 2]
+        # the figure: wall-clock axes, a chance level (the peer's vocabulary) on both panels
+        runs = [plot.read_metrics(os.path.join(r, "metrics.jsonl"))[0] for r in (a, b)]
+        fig = plot.overlay_figure(runs, ["mlm.c", "peer"], "time", 25, [260])
+        for ax in fig.axes:
+            assert ax.get_xlabel() == "wall-clock (s)", ax.get_xlabel()
+            chance = [ln for ln in ax.get_lines() if ln.get_label() == "chance: ln 260 = 5.56"]
+            assert len(chance) == 1 and abs(chance[0].get_ydata()[0] - math.log(260)) < 1e-12
+        # a single run against the wall-clock, in minutes past 3 minutes
+        rc, out, err = run_tool(b, "--x", "time")
+        assert rc == 0 and png_info(os.path.join(b, "metrics.png"))[:2] == (1200, 800), err
+        m = runs[1]
+        for r in m["train"] + m["val"]:
+            r["elapsed_s"] *= 60
+        assert plot.figure(m, "time").axes[0].get_xlabel() == "wall-clock (min)"
+
+
+def test_title_and_chance():
+    """The single-run figure's title: the run's preset, T, global batch, steps and data from its directory (not its
+    path); the loss panel's chance level ln(V) where the directory records V, and none where it does not."""
+    with tempfile.TemporaryDirectory() as d:
+        run = os.path.join(d, "mlmc")
+        os.makedirs(run)
+        handmade(os.path.join(run, "metrics.jsonl"))  # epoch = step / 50 of 256 tokens a step: 12,800 tokens
+        m, _ = plot.read_metrics(os.path.join(run, "metrics.jsonl"))
+        info = plot.run_info(run, m)
+        assert info["preset"] is None and info["vocab_size"] is None and info["steps"] == 40, info
+        assert plot.run_title("mlmc", info) == "mlmc: preset not recorded, 40 steps, data: 12,800 training tokens"
+        # what ./trainer leaves: run.json; at the end the export's config.json and, for byte shards, byte_tokenizer.json
+        with open(os.path.join(run, "run.json"), "w") as f:
+            f.write('{"steps": 40, "warmup": 0, "lr": 0.001, "global_batch": 8, "world": 1, "grad_accum": 1, '
+                    '"batch": 8, "seq": 32}\n')
+        with open(os.path.join(run, "config.json"), "w") as f:
+            json.dump({"vocab_size": 260, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
+                       "intermediate_size": 512, "max_position_embeddings": 512}, f)
+        with open(os.path.join(run, "byte_tokenizer.json"), "w") as f:
+            json.dump({"type": "bytes", "vocab_size": 260}, f)
+        info = plot.run_info(run, m)
+        want = "mlmc: mini, T=32, global batch 8, 40 steps, data: 12,800 training tokens (byte shards)"
+        assert plot.run_title("mlmc", info) == want and info["vocab_size"] == 260, plot.run_title("mlmc", info)
+        assert plot.chance(260) == (math.log(260), "chance: ln 260 = 5.56")
+        # main() titles the figure with it (not the run's absolute path) and draws the chance level
+        got = {}
+        real = plot.plot
+        plot.plot = lambda metrics, out, x="step", title=None, vocab=None: got.update(title=title, vocab=vocab)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                assert plot.main([run]) == 0
+        finally:
+            plot.plot = real
+        assert got == {"title": want, "vocab": 260}, got
+        fig = plot.figure(m, "step", want, 260)
+        assert fig._suptitle.get_text() == want
+        chance = [ln for ln in fig.axes[0].get_lines() if ln.get_label() == "chance: ln 260 = 5.56"]
+        assert len(chance) == 1 and abs(chance[0].get_ydata()[0] - math.log(260)) < 1e-12
+        assert "chance: ln 260 = 5.56" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        assert not [ln for ln in plot.figure(m).axes[0].get_lines() if ln.get_label().startswith("chance")]
+        # the peer's run.json names its preset, data and vocabulary itself
+        with open(os.path.join(run, "run.json"), "w") as f:
+            json.dump({"steps": 40, "global_batch": 16, "seq": 64, "trainer": "peer_train.py", "preset": "tiny",
+                       "data": "data/x/train_*.bin", "vocab_size": 211}, f)
+        assert plot.run_title("peer", plot.run_info(run, m)) == \
+            "peer (peer_train.py): tiny, T=64, global batch 16, 40 steps, data: data/x/train_*.bin"
+        assert plot.run_info(run, m)["vocab_size"] == 211
 
 
 def test_real_run():

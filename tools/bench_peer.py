@@ -2,10 +2,12 @@
 """bench_peer.py: the peer mlm.c is measured against: Hugging Face BertForMaskedLM in PyTorch, as a user
 would train it instead, on the same model shapes as ./trainer --bench.
 
-The peer's configuration: BertForMaskedLM with the preset's shape and vocabulary, attn_implementation
-"sdpa", fp32 weights under bf16 autocast, fused AdamW (lr 1e-4, betas 0.9/0.98, eps 1e-6, weight decay
-0.01) with gradient clipping at 1.0 (mlm.c's defaults), dropout 0 (mlm.c has none), full rows of T
-random ordinary tokens (no padding, no attention mask), 15% of positions masked ([MASK]) and predicted.
+The peer's configuration (bert_config, new_model; tools/peer_train.py trains the same model on shards):
+BertForMaskedLM with the preset's shape and vocabulary, the tanh form of GELU (hidden_act
+"gelu_pytorch_tanh", as mlm.c's model), attn_implementation "sdpa", fp32 weights under bf16 autocast,
+fused AdamW (lr 1e-4, betas 0.9/0.98, eps 1e-6, weight decay 0.01) with gradient clipping at 1.0 (mlm.c's
+defaults), dropout 0 (mlm.c has none), full rows of T random ordinary tokens (no padding, no attention
+mask), 15% of positions masked ([MASK]) and predicted.
 It finds its largest micro-batch (a training step at doubling sizes until one runs out of memory, then
 bisection, the CUDA cache cleared between tries), times steps at powers of two up to that and at the
 largest itself, and reports the best.
@@ -25,6 +27,7 @@ import time
 # The shapes of model.h's presets: (vocab, layers, hidden, heads, intermediate, positions).
 PRESETS = {
     "tiny": (211, 2, 32, 2, 64, 40),
+    "mini": (260, 2, 128, 2, 512, 512),
     "bert-base": (30522, 12, 768, 12, 3072, 512),
     "bert-large": (30522, 24, 1024, 16, 4096, 512),
     "paper-120m": (50304, 12, 768, 12, 3072, 512),
@@ -32,8 +35,42 @@ PRESETS = {
 }
 NUM_SPECIAL = 5  # ids 0..4 are special, as in ./trainer --bench's synthetic data; [MASK] is 4
 MASK_ID = 4
-PEER_CONFIG = ("HF BertForMaskedLM, sdpa attention, bf16 autocast over fp32 weights, fused AdamW, clip 1.0, "
-               "dropout 0, full rows of random tokens, 15% masked")
+PEER_CONFIG = ("HF BertForMaskedLM, tanh GELU, sdpa attention, bf16 autocast over fp32 weights, fused AdamW, "
+               "clip 1.0, dropout 0, full rows of random tokens, 15% masked")
+
+
+class PeerError(Exception):
+    """Why the peer cannot be built, in one line (each tool prints it with its own name)."""
+
+
+def bert_config(transformers, preset, vocab=None, pad_id=0):
+    """The peer's BertConfig: model.h's preset shape (vocab: the shards' vocabulary instead of the preset's),
+    the tanh form of GELU, dropout 0 (mlm.c has none), LayerNorm eps 1e-12, the decoder tied to the embeddings."""
+    V, L, C, NH, I, P = PRESETS[preset]
+    return transformers.BertConfig(vocab_size=vocab or V, hidden_size=C, num_hidden_layers=L, num_attention_heads=NH,
+                                   intermediate_size=I, max_position_embeddings=P, type_vocab_size=2,
+                                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                   hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-12, pad_token_id=pad_id,
+                                   tie_word_embeddings=True)
+
+
+def new_model(transformers, cfg, eager_fallback=False):
+    """BertForMaskedLM(cfg) with attn_implementation "sdpa", and the attention it got. With eager_fallback, "eager"
+    where this torch has no SDPA for transformers (torch < 2.1.1 under transformers 4.x); else PeerError."""
+    try:  # transformers 4.36+ and 5.x
+        model = transformers.BertForMaskedLM._from_config(cfg, attn_implementation="sdpa")
+    except TypeError:  # older: no such argument
+        cfg._attn_implementation = "sdpa"
+        model = transformers.BertForMaskedLM(cfg)
+    except (ImportError, ValueError) as e:  # this torch has no SDPA (transformers says why)
+        if not eager_fallback:
+            raise PeerError(f"transformers {transformers.__version__} cannot use sdpa attention: "
+                            f"{str(e).strip().splitlines()[0]}") from None
+        model = transformers.BertForMaskedLM._from_config(cfg, attn_implementation="eager")
+    attn = getattr(model.config, "_attn_implementation", "?")
+    if attn != "sdpa" and not (eager_fallback and attn == "eager"):
+        raise PeerError(f"transformers {transformers.__version__} gave attention '{attn}', not sdpa")
+    return model, attn
 
 
 def fail(msg):
@@ -94,19 +131,11 @@ class Peer:
         if T > P:
             fail(f"--seq {T} is longer than {preset}'s {P} positions")
         self.torch, self.V, self.T = torch, V, T
-        cfg = transformers.BertConfig(vocab_size=V, hidden_size=C, num_hidden_layers=L, num_attention_heads=NH,
-                                      intermediate_size=I, max_position_embeddings=P, type_vocab_size=2,
-                                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, hidden_act="gelu",
-                                      layer_norm_eps=1e-12)
         torch.manual_seed(0)
-        try:  # transformers 4.36+ and 5.x
-            model = transformers.BertForMaskedLM._from_config(cfg, attn_implementation="sdpa")
-        except (TypeError, ValueError):
-            cfg._attn_implementation = "sdpa"
-            model = transformers.BertForMaskedLM(cfg)
-        self.attn = getattr(model.config, "_attn_implementation", "?")
-        if self.attn != "sdpa":
-            fail(f"transformers {transformers.__version__} gave attention '{self.attn}', not sdpa")
+        try:
+            model, self.attn = new_model(transformers, bert_config(transformers, preset))
+        except PeerError as e:
+            fail(str(e))
         self.model = model.cuda().train()
         self.params = sum(p.numel() for p in self.model.parameters())
         self.fwd = torch.compile(self.model) if compile_model else self.model
