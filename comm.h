@@ -604,10 +604,16 @@ static inline void comm_poll(Comm* c, cudaStream_t s, const char* what, double t
         // it does not count, and a peer's abort in the meantime is reported instead of a timeout.
         if (t - last > 1.0) start += t - last;
         last = t;
-        if (t - start > timeout_s)
+        if (t - start > timeout_s && c->world > 1)
             comm_die(c, what,
                      "no progress for %.0f s (--nccl-timeout %g): a rank died, stopped or fell behind (see the other "
                      "ranks' logs)",
+                     t - start, c->timeout_s);
+        if (t - start > timeout_s)  // one process: no other rank to wait for; its own device work is what is late
+            comm_die(c, what,
+                     "no progress for %.0f s (--nccl-timeout %g): this process's own device work has not finished "
+                     "(one process: no other rank is waited for); a step slower than that needs a larger "
+                     "--nccl-timeout or a smaller --batch, and a hung kernel ends here",
                      t - start, c->timeout_s);
         if (i < 100)
             sched_yield();

@@ -1291,7 +1291,7 @@ static inline int dataloader_restore(DataLoader* dl, const DataLoaderState* st) 
     planner_join(dl);
     uint64_t seed = dl->cfg.seed;
     dl->cfg.seed = st->seed;
-    dl->plan.epoch = dl->next_plan.epoch = -1;  // the seed may have changed
+    if (st->seed != seed) dl->plan.epoch = dl->next_plan.epoch = -1;  // the plans were of the other seed
     plan_ready(dl, (int64_t)st->epoch);
     if (st->row >= dl->plan.num_rows) {  // the position must be a row of its epoch's plan
         planner_join(dl);

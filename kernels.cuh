@@ -26,6 +26,7 @@ static inline void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>  // strcasecmp (device_spec)
 
 // ---------------------------------------------------------------------------------------------
 // Storage type. Weights the kernels read and all activations are floatX: bf16 by default, fp32 when
@@ -1211,19 +1212,33 @@ static inline void matmul_backward_weight(Blas* bl, cudaStream_t s, float* dW, f
 // ---------------------------------------------------------------------------------------------
 // Launchers: grid shapes and shared-memory opt-in in one place (used by the model and the tests).
 
-// device_peak_tflops: the device's dense bf16 tensor-core peak in TFLOP/s, the denominator of MFU, found
-// by the start of its name (NVIDIA's datasheets; dense is half the "with sparsity" figure). 0: unknown.
+// The devices the planner and MFU know: a short name (--device's, as the user types it), the start of the full name
+// cudaGetDeviceProperties gives (a longer prefix first), the memory (GB, the datasheet's: a real run plans with what
+// its device reports) and the dense bf16 tensor-core peak in TFLOP/s (NVIDIA's datasheets; dense is half the "with
+// sparsity" figure), the denominator of MFU.
+typedef struct {
+    const char *name, *prefix;
+    double mem_gb, tflops;
+} DeviceSpec;
+static const DeviceSpec device_specs[] = {
+    {"H100 NVL", "NVIDIA H100 NVL", 94, 835}, {"H100 PCIe", "NVIDIA H100 PCIe", 80, 756},
+    {"H100", "NVIDIA H100", 80, 989},  // the SXM: "NVIDIA H100 80GB HBM3"
+    {"H200 NVL", "NVIDIA H200 NVL", 141, 835}, {"H200", "NVIDIA H200", 141, 989},
+    {"GH200", "NVIDIA GH200", 96, 989},        {"A100", "NVIDIA A100", 80, 312},
+};
+#define DEVICE_SPECS ((int)(sizeof device_specs / sizeof device_specs[0]))
+// device_spec: the known device a name means, its short name (any case) or its full name; NULL: unknown.
+static inline const DeviceSpec* device_spec(const char* name) {
+    for (int i = 0; i < DEVICE_SPECS; i++)
+        if (!strcasecmp(name, device_specs[i].name)) return &device_specs[i];
+    for (int i = 0; i < DEVICE_SPECS; i++)
+        if (!strncmp(name, device_specs[i].prefix, strlen(device_specs[i].prefix))) return &device_specs[i];
+    return NULL;
+}
+// device_peak_tflops: the dense bf16 peak of the device a name means; 0: unknown.
 static inline double device_peak_tflops(const char* name) {
-    static const struct {
-        const char* prefix;
-        double tflops;
-    } peaks[] = {
-        {"NVIDIA H100 NVL", 835}, {"NVIDIA H100 PCIe", 756}, {"NVIDIA H100", 989},  // H100 SXM: "NVIDIA H100 80GB HBM3"
-        {"NVIDIA H200 NVL", 835}, {"NVIDIA H200", 989},      {"NVIDIA GH200", 989}, {"NVIDIA A100", 312},
-    };
-    for (size_t i = 0; i < sizeof peaks / sizeof peaks[0]; i++)
-        if (!strncmp(name, peaks[i].prefix, strlen(peaks[i].prefix))) return peaks[i].tflops;
-    return 0;
+    const DeviceSpec* d = device_spec(name);
+    return d ? d->tflops : 0;
 }
 
 static inline int launch_grid_cap(void) { return 132 * 4; }  // blocks for grid-stride kernels (H100: 132 SMs)

@@ -208,7 +208,8 @@ static const Flag flags[] = {
     {"--max-global-batch", "S", F_LL, AT(max_global_batch), 1, (double)(1LL << 40), STRINGIFY(SCALING_MAX_GLOBAL_BATCH),
      "the largest global batch --grad-accum auto may choose"},
     {"--device", "NAME", F_STR, AT(device), 0, 0, NULL,
-     "predict for this device (e.g. \"NVIDIA H100 NVL\") instead of this one"},
+     "predict for this device instead of this one: its memory (--plan-only) and bf16\n"
+     "peak; one of these, or its full name (\"NVIDIA H100 NVL\"):"},
     {"--device-mem", "GB", F_FLOAT, AT(device_mem), 0.001, 1e6, NULL,
      "with --plan-only: plan for this much device memory instead of this one's"},
     {"--info", NULL, F_SWITCH, AT(info), 0, 0, NULL,
@@ -266,6 +267,13 @@ static void print_presets(void) {
 
 // usage: --help, from flags[]: each flag with its value's name, its text and its default; the presets' shapes
 // after --preset.
+static void print_devices(void) {
+    printf("%22s", "");
+    for (int i = 0; i < DEVICE_SPECS; i++)
+        printf("%s%s (%g GB, %g TFLOP/s)", i ? (i % 3 ? ", " : ",\n                      ") : "", device_specs[i].name,
+               device_specs[i].mem_gb, device_specs[i].tflops);
+    printf("\n");
+}
 static void usage(void) {
     printf(
         "usage: trainer --data 'DIR/train_*.bin' --out DIR --steps N [options]\n"
@@ -291,6 +299,7 @@ static void usage(void) {
         if (f->def) printf(" (default %s)", f->def);
         printf("\n");
         if (!strcmp(f->name, "--preset")) print_presets();
+        if (!strcmp(f->name, "--device")) print_devices();
     }
     printf(
         "signals: SIGTERM, SIGINT (Ctrl-C), SIGHUP, SIGUSR1 stop the run after the current micro-batch with a\n"
@@ -461,6 +470,12 @@ static void check_options(Options* o) {
             "over the ranks)";
     else if (o->bench && o->grad_accum == 0)
         why = "--grad-accum auto: not with --bench; give a number";
+    if (!why && o->device && !device_spec(o->device)) {
+        fprintf(stderr, "trainer: --device %s: unknown; expected one of", o->device);
+        for (int i = 0; i < DEVICE_SPECS; i++) fprintf(stderr, "%s %s", i ? "," : "", device_specs[i].name);
+        fprintf(stderr, " (or its full name, as nvidia-smi -L prints it)\n");
+        exit(1);
+    }
     if (why) {
         fprintf(stderr, "trainer: %s\n", why);
         exit(1);
@@ -626,8 +641,9 @@ static Plan make_plan(const BertConfig* c, int B, int T, int loaders, const Grad
 }
 // validation_max_batches: an upper bound on the micro-batches of B rows a validation pass takes over the split
 // `pattern` (the shards' headers give its samples; a row holds at least one, so ceil(samples / B) cover it),
-// or val_batches (--val-batches) when smaller; 0 takes the whole split.
-static long long validation_max_batches(const char* pattern, int val_batches, int B) {
+// or val_batches (--val-batches) when smaller (0 takes the whole split), rounded up to a multiple of the world's
+// processes (a pass takes one micro-batch on each).
+static long long validation_max_batches(const char* pattern, int val_batches, int B, int world) {
     Shard* shards;
     int n;
     char err[DATA_ERR_LEN];
@@ -639,12 +655,13 @@ static long long validation_max_batches(const char* pattern, int val_batches, in
     for (int i = 0; i < n; i++) samples += (long long)shards[i].h.num_samples, shard_close(&shards[i]);
     free(shards);
     long long batches = (samples + B - 1) / B;
-    return val_batches > 0 && val_batches < batches ? val_batches : batches;
+    if (val_batches > 0 && val_batches < batches) batches = val_batches;
+    return (batches + world - 1) / world * world;
 }
 // plan_add_validation: validation's sums, one slot of 4 floats per micro-batch (see Validation) for at most
 // validation_max_batches micro-batches.
-static void plan_add_validation(Plan* p, int val_batches, const char* val_pattern) {
-    p->val_bytes = 4 * (size_t)validation_max_batches(val_pattern, val_batches, p->B) * sizeof(float);
+static void plan_add_validation(Plan* p, int val_batches, const char* val_pattern, int world) {
+    p->val_bytes = 4 * (size_t)validation_max_batches(val_pattern, val_batches, p->B, world) * sizeof(float);
     p->total += p->val_bytes;
 }
 
@@ -701,6 +718,34 @@ static Plan choose_batch(const BertConfig* c, int T, int loaders, const GradRedu
             hi = mid;
     }
     return make_plan(c, lo > 0 ? lo : 1, T, loaders, gr);  // B = 1 when nothing fits: the caller reports it
+}
+
+// PLAN_UNKNOWN_TOKENS: where the device's bf16 peak is unknown (the CPU runtime, or a GPU kernels.cuh's table does
+// not know), a run's automatic micro-batch holds at most this many tokens, so that a step takes seconds on the CPU
+// runtime rather than the minutes of the largest that fits (--batch, or --device NAME for a known GPU, plans more).
+#define PLAN_UNKNOWN_TOKENS 4096
+// auto_batch: the plan of a run (training, --eval) with --batch, or with the largest micro-batch that fits, at most
+// PLAN_UNKNOWN_TOKENS tokens on a device of unknown speed and at most max_rows rows (0: no bound; --eval: the split's
+// rows per process). why (n bytes) says how B was chosen.
+static Plan auto_batch(const BertConfig* c, const Options* o, int loaders, const GradReduce* gr, size_t free_bytes,
+                       size_t total_bytes, const char* device, long long max_rows, char* why, size_t n) {
+    if (o->B) {
+        snprintf(why, n, "--batch");
+        return make_plan(c, o->B, o->T, loaders, gr);
+    }
+    Plan p = choose_batch(c, o->T, loaders, gr, free_bytes, total_bytes);
+    snprintf(why, n, "the largest that fits");
+    int speed_rows = PLAN_UNKNOWN_TOKENS / o->T > 0 ? PLAN_UNKNOWN_TOKENS / o->T : 1;
+    if (device_peak_tflops(device) <= 0 && p.B > speed_rows) {
+        snprintf(why, n, "%d tokens: %s's speed is unknown, and B=%d would fit; --batch N plans more", speed_rows * o->T,
+                 device, p.B);
+        p = make_plan(c, speed_rows, o->T, loaders, gr);
+    }
+    if (max_rows > 0 && p.B > max_rows) {
+        snprintf(why, n, "the validation split's %lld rows a process", max_rows);
+        p = make_plan(c, (int)max_rows, o->T, loaders, gr);
+    }
+    return p;
 }
 
 // ----------------------------------------------------------------------------
@@ -1257,7 +1302,10 @@ static void all_ranks_sum(Comm* comm, float* x, int n, float* host, cudaStream_t
 typedef struct {
     DataLoader loader;
     DataLoaderState start;  // the loader's position right after init: every evaluation restarts there
-    int batches;            // micro-batches per pass: the whole split, or --val-batches when fewer
+    int batches;            // micro-batches per pass (slots): the whole split's, or --val-batches' sample
+    int steps;              // passes of one micro-batch per process
+    long long all;          // micro-batches of B rows in the whole split (all ranks together)
+    int sample;             // 1: the steps are a sample spread evenly over the split (--val-batches), 0: all of it
     int B;                  // rows per micro-batch
     long long split;        // sequences (samples) in the split
     float* slots;           // device, 4 x batches: (loss sum, masked, hits) per micro-batch, then samples
@@ -1269,6 +1317,7 @@ typedef struct {
     long long masked, samples;
     long long split;  // the split's sequences: samples == split when the pass covered every one (once)
     int batches, B;   // micro-batches of B rows
+    int sample;       // a sample spread over the split (--val-batches)
 } EvalResult;
 
 // validation_init: the loader over pattern (B rows of T per micro-batch per rank) and the plan's val_bytes;
@@ -1286,7 +1335,15 @@ static void validation_init(Validation* v, const char* pattern, const Plan* plan
     v->B = plan->B;
     v->split = (long long)v->loader.num_samples;
     long long rows = (long long)dataloader_epoch0_rows(&v->loader), all = (rows + plan->B - 1) / plan->B;
-    v->batches = (int)(val_batches > 0 && val_batches < all ? val_batches : all);
+    long long all_steps = (all + comm->world - 1) / comm->world;
+    v->all = all;
+    v->sample = val_batches > 0 && val_batches < all;
+    v->steps = (int)(v->sample ? (val_batches + comm->world - 1) / comm->world : all_steps);
+    v->batches = v->steps * comm->world;
+    if (v->sample && verbose)
+        printf("validation: a sample of %d of the split's %lld micro-batches of B=%d rows, spread evenly over it (the "
+               "same ones at every validation; --val-batches 0 takes the whole split)\n",
+               v->batches, all, plan->B);
     if (val_batches > all && verbose)
         printf(
             "note: --val-batches %d: the validation split holds %lld micro-batches of B=%d rows (%lld sequences); "
@@ -1315,16 +1372,26 @@ static void validation_free(Validation* v) {
     cudaFreeHost(v->host);
 }
 
-// evaluate: the model on micro-batches 0 .. batches-1 of the validation stream (forward only), all ranks.
+// evaluate: the model on the validation micro-batches (forward only), all ranks: pass k of v->steps takes the
+// world's micro-batches of global step k (the whole split), or of step k * all_steps / steps (a sample spread evenly
+// over it); micro-batch pos * world + rank goes to this rank, its sums to slot k * world + rank.
 static EvalResult evaluate(BertModel* m, Validation* v, BatchMaker* bm, Comm* comm) {
-    if (dataloader_restore(&v->loader, &v->start)) {  // the same batches every time
-        fprintf(stderr, "trainer: validation: %s\n", v->loader.error);
-        exit(1);
-    }
     int n = v->batches;
     float* samples = v->host + 3 * (size_t)n;  // this rank's sample counts, zero in the other ranks' slots
     memset(samples, 0, n * sizeof(float));
-    for (int j = comm->rank; j < n; j += comm->world) {
+    long long all_steps = (v->all + comm->world - 1) / comm->world;
+    for (int k = 0; k < v->steps; k++) {
+        long long pos = v->sample ? k * all_steps / v->steps : k;
+        int j = k * comm->world + comm->rank;
+        if (pos * comm->world + comm->rank >= v->all) continue;  // past the split's last micro-batch
+        if (k == 0 || v->sample) {  // the same batches every time: from the start, or from each sampled position
+            DataLoaderState at = v->start;
+            at.row = (uint64_t)(pos * comm->world * v->B);
+            if (dataloader_restore(&v->loader, &at)) {
+                fprintf(stderr, "trainer: validation: %s\n", v->loader.error);
+                exit(1);
+            }
+        }
         Batch b;
         if (dataloader_next(&v->loader, m->stream, &b)) {
             fprintf(stderr, "trainer: validation: %s\n", v->loader.error);
@@ -1352,7 +1419,7 @@ static EvalResult evaluate(BertModel* m, Validation* v, BatchMaker* bm, Comm* co
     r.loss = masked > 0 ? loss / masked : 0;
     r.accuracy = masked > 0 ? hits / masked : 0;
     r.masked = (long long)masked, r.samples = (long long)nsamples;
-    r.split = v->split, r.batches = n, r.B = v->B;
+    r.split = v->split, r.batches = n, r.B = v->B, r.sample = v->sample;
     return r;
 }
 // validation_coverage: what a pass covered, for the log: "3 micro-batches of B=8: every validation sequence
@@ -1362,7 +1429,8 @@ static const char* validation_coverage(const EvalResult* e, char* buf, size_t si
     if (e->samples == e->split)
         snprintf(buf + n, size - n, "every validation sequence once");
     else
-        snprintf(buf + n, size - n, "%lld of the split's %lld sequences", e->samples, e->split);
+        snprintf(buf + n, size - n, "%s%lld of the split's %lld sequences", e->sample ? "a sample spread over it, " : "",
+                 e->samples, e->split);
     return buf;
 }
 
@@ -1612,8 +1680,9 @@ static void run_dir_clear(const char* dir) {
 // run_schedule: writes DIR/run.json (atomically) with this run's schedule; on --resume first compares it with
 // the one there and says in one line what this resume changes (the learning rate follows the new schedule).
 // Rank 0.
-static void run_schedule(const char* dir, const Options* o, int world, int B, int from_step) {
-    char path[4200], buf[512];
+static void json_str(FILE* f, const char* key, const char* v);
+static void run_schedule(const char* dir, const Options* o, int world, int B, int vocab, int from_step) {
+    char path[4200];
     snprintf(path, sizeof path, "%s/run.json", dir);
     long long gb = (long long)world * o->grad_accum * B;
     if (o->resume) {
@@ -1635,11 +1704,21 @@ static void run_schedule(const char* dir, const Options* o, int world, int B, in
         if (*what) printf("note: this resume changes the schedule from step %d on: %s\n", from_step + 1, what);
         free(old);
     }
-    int k = snprintf(buf, sizeof buf,
-                     "{\"steps\": %d, \"warmup\": %d, \"lr\": %.9g, \"global_batch\": %lld, \"world\": %d, "
-                     "\"grad_accum\": %d, \"batch\": %d, \"seq\": %d}\n",
-                     o->steps, o->warmup, o->lr, gb, world, o->grad_accum, B, o->T);
-    if (!bert_write_file(path, buf, (size_t)k, NULL, 0)) printf("note: %s not written (see above)\n", path);
+    // (and what the run trains, for tools/plot.py's title: the preset or --init-from, the shards, the vocabulary)
+    char* buf = NULL;
+    size_t k = 0;
+    FILE* f = open_memstream(&buf, &k);
+    if (!f) return;
+    fprintf(f,
+            "{\"steps\": %d, \"warmup\": %d, \"lr\": %.9g, \"global_batch\": %lld, \"world\": %d, "
+            "\"grad_accum\": %d, \"batch\": %d, \"seq\": %d, \"vocab_size\": %d",
+            o->steps, o->warmup, o->lr, gb, world, o->grad_accum, B, o->T, vocab);
+    json_str(f, "preset", o->init_from ? o->init_from : o->preset);
+    json_str(f, "data", o->data);
+    fprintf(f, "}\n");
+    fclose(f);
+    if (!bert_write_file(path, buf, k, NULL, 0)) printf("note: %s not written (see above)\n", path);
+    free(buf);
 }
 
 static float lr_at(const Options* o, int step) {  // step counts from 1
@@ -2851,17 +2930,18 @@ static int predict_scaling(Options* o, const BertConfig* cfg, const Plan* plan, 
 // plan_for_run: the memory plan (--batch, or the largest micro-batch that fits, plus validation's sums when
 // there is --val), printed by rank 0. Gives 1, or 0 after saying why it cannot fit.
 static int plan_for_run(const BertConfig* cfg, const Options* o, int loaders, const GradReduce* gr, size_t free_bytes,
-                        size_t total_bytes, const cudaDeviceProp* prop, const Comm* comm, Plan* plan) {
-    *plan =
-        o->B ? make_plan(cfg, o->B, o->T, loaders, gr) : choose_batch(cfg, o->T, loaders, gr, free_bytes, total_bytes);
-    if (o->val) plan_add_validation(plan, o->val_batches, o->val);
+                        size_t total_bytes, const cudaDeviceProp* prop, const Comm* comm, long long max_rows,
+                        Plan* plan) {
+    char why[256];
+    *plan = auto_batch(cfg, o, loaders, gr, free_bytes, total_bytes, prop->name, max_rows, why, sizeof why);
+    if (o->val) plan_add_validation(plan, o->val_batches, o->val, comm->world);
     if (comm->rank == 0) {
         printf("device: %s, %.1f GB free of %.1f GB; %d process(es)\n", prop->name, free_bytes / 1e9, total_bytes / 1e9,
                comm->world);
         bert_print_plan(cfg, plan->B, plan->T, plan->M, (int)sizeof(floatX));
         printf("  batch buffers %.3f GiB; total %.3f GiB for B=%d (%s)\n",
                (plan->batch_bytes + plan->maker_bytes + plan->val_bytes) / (double)(1 << 30),
-               plan->total / (double)(1 << 30), plan->B, o->B ? "--batch" : "the largest that fits");
+               plan->total / (double)(1 << 30), plan->B, why);
     }
     if (plan->total > free_bytes) {
         fprintf(stderr,
@@ -3198,7 +3278,8 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
         return 1;
     }
     ShardHeader vh = shards[0].h;  // vocabulary, padding id, the --seq-len the shards were made for
-    for (int i = 0; i < nshards; i++) shard_close(&shards[i]);
+    long long samples = 0;         // a row holds at least one: the split needs at most this many rows a process
+    for (int i = 0; i < nshards; i++) samples += (long long)shards[i].h.num_samples, shard_close(&shards[i]);
     free(shards);
 
     BertConfig cfg;
@@ -3210,7 +3291,10 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
     GradReduce gr;  // (no gradients are reduced: make_plan and ckpt_load take the layout)
     grad_reduce_setup(&gr, &cfg, comm, o);
     Plan plan;
-    if (!plan_for_run(&cfg, o, 1, &gr, free_bytes, total_bytes, prop, comm, &plan) || !reserve_plan(&plan, o)) return 1;
+    if (!plan_for_run(&cfg, o, 1, &gr, free_bytes, total_bytes, prop, comm, (samples + comm->world - 1) / comm->world,
+                      &plan) ||
+        !reserve_plan(&plan, o))
+        return 1;
 
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
@@ -3296,7 +3380,11 @@ static int print_info(const Run* r) {
 // planned: the ranks agree on the plan. --plan-only plans for the world size alone: no other rank.
 static int open_run(Run* r) {
     Options* o = &r->o;
-    if (o->device_mem > 0) r->free_bytes = r->total_bytes = (size_t)(o->device_mem * 1e9);  // another device
+    const DeviceSpec* d = o->device ? device_spec(o->device) : NULL;
+    if (o->device_mem > 0)  // another device: --plan-only plans its memory
+        r->free_bytes = r->total_bytes = (size_t)(o->device_mem * 1e9);
+    else if (d && o->plan_only)
+        r->free_bytes = r->total_bytes = (size_t)(d->mem_gb * 1e9);
     if (o->out && !make_out_dir(o->out)) return 0;  // (--plan-only may have none)
     if (!o->plan_only && (run_lock(o->out, r->comm.rank) < 0 || !run_dir_check(o->out, o))) return 0;
     CommBootstrap boot = {o->bootstrap, o->out, o->out, r->started};
@@ -3340,11 +3428,13 @@ static int plan_run(Run* r) {
     grad_reduce_setup(gr, &r->cfg, &r->comm, o);
     int loaders = o->val ? 2 : 1;
     Plan* plan = &r->plan;
-    *plan = o->B ? make_plan(&r->cfg, o->B, o->T, loaders, gr)
-                 : choose_batch(&r->cfg, o->T, loaders, gr, r->free_bytes, r->total_bytes);
+    char why[256] = "the largest that fits";  // (--plan-only plans the memory of the device it predicts for)
+    *plan = o->plan_only && !o->B ? choose_batch(&r->cfg, o->T, loaders, gr, r->free_bytes, r->total_bytes)
+                                  : auto_batch(&r->cfg, o, loaders, gr, r->free_bytes, r->total_bytes, r->prop.name, 0,
+                                               why, sizeof why);
     if (!o->plan_only)
         *plan = make_plan(&r->cfg, agree(&r->comm, o, &r->cfg, plan->B, r->data_fp, r->val_fp), o->T, loaders, gr);
-    if (o->val) plan_add_validation(plan, o->val_batches, o->val);
+    if (o->val) plan_add_validation(plan, o->val_batches, o->val, r->comm.world);
     if (r->main_rank) {
         printf("device: %s, %.1f GB free of %.1f GB; %d process(es)\n", r->prop.name, r->free_bytes / 1e9,
                r->total_bytes / 1e9, r->comm.world);
@@ -3359,7 +3449,7 @@ static int plan_run(Run* r) {
                    gr->onebit_bytes / (double)(1 << 30));
         printf("  batch buffers %.3f GiB; total %.3f GiB for B=%d (%s)\n",
                (plan->batch_bytes + plan->maker_bytes + plan->val_bytes) / (double)(1 << 30),
-               plan->total / (double)(1 << 30), plan->B, o->B ? "--batch" : "the largest that fits");
+               plan->total / (double)(1 << 30), plan->B, why);
     }
     if (plan->total > r->free_bytes) {
         fprintf(stderr,
@@ -3538,7 +3628,7 @@ static int start_log(Run* r, int last_step) {
     if (!r->main_rank) return 1;
     if (o->overwrite) run_dir_clear(o->out);  // the new run is ready: the earlier one's files go
     if (!o->resume && !o->overwrite) run_dir_keep_metrics(o->out);
-    run_schedule(o->out, o, r->comm.world, r->plan.B, r->model.step);
+    run_schedule(o->out, o, r->comm.world, r->plan.B, r->cfg.vocab_size, r->model.step);
     if (!metrics_open(&r->metrics, o->out, 1, o->resume ? r->model.step : -1, &lg->elapsed0)) return 0;
     lg->f = &r->metrics;
     return 1;
