@@ -2440,14 +2440,17 @@ static void log_step(const Options* o, const StepResult* r, int step, int bad_st
         double tps = r->all_tokens / dt, now = now_s(), elapsed = lg->elapsed0 + now - lg->t_start;
         double eta = (now - lg->t_loop) / (step - lg->first_step + 1) * (lg->last_step - step);
         double epoch = lg->epoch_tokens > 0 ? lg->tokens / lg->epoch_tokens : 0;
-        char mfu[64], el[32], et[32];
-        mfu_text(mfu, sizeof mfu, tps / world * flops_token, peak_tflops);
+        char mfu[64] = "", comm[48] = "", el[32], et[32];  // (MFU where the device's peak is known; the bytes
+        if (peak_tflops > 0) {                            // sent where there is another process)
+            mfu[0] = ' ', mfu[1] = '|', mfu[2] = ' ';
+            mfu_text(mfu + 3, sizeof mfu - 3, tps / world * flops_token, peak_tflops);
+        }
+        if (world > 1) snprintf(comm, sizeof comm, " | comm_bytes %llu", (unsigned long long)r->comm_bytes);
         printf(
-            "step %6d/%d | loss %.4f | lr %.3e | norm %.3f | %.0f ms | %.0f tok/s | %s | data wait %.1f ms | "
-            "comm_bytes %llu | epoch %.3f | elapsed %s | ETA %s\n",
-            step, o->steps, r->loss, lr_at(o, step), r->norm, dt * 1e3, tps, mfu, r->wait_ms,
-            (unsigned long long)r->comm_bytes, epoch, fmt_duration(el, sizeof el, elapsed),
-            fmt_duration(et, sizeof et, eta));
+            "step %6d/%d | loss %.4f | lr %.3e | norm %.3f | %.0f ms | %.0f tok/s%s | data wait %.1f ms%s | "
+            "epoch %.3f | elapsed %s | ETA %s\n",
+            step, o->steps, r->loss, lr_at(o, step), r->norm, dt * 1e3, tps, mfu, r->wait_ms, comm, epoch,
+            fmt_duration(el, sizeof el, elapsed), fmt_duration(et, sizeof et, eta));
         fflush(stdout);
         char* buf;
         size_t len;

@@ -4,7 +4,7 @@
 #   - the table has every phase, positive times where work is done, phases that add up to the step,
 #     tokens/s > 0 consistent with the step time, the CPU runtime reported as an unknown peak (no MFU),
 #     the planner's largest micro-batch following the device memory, 2 ranks timing their all-reduce;
-#   - the training log says MFU is unknown on a device not in the peak table;
+#   - the training log has no MFU on a device not in the peak table (no number divided by another GPU's peak);
 #   - bad flag values give one clear error; tools/bench_peer.py's search for the largest micro-batch;
 #     compare_hf.py's attention masks for transformers 4.x and 5.x; tools/bench_vs_peer.sh's table
 #     (with a stand-in peer) and its one-line errors without a GPU or without torch.
@@ -74,7 +74,7 @@ check '[ "$(result "$W/r0.log" world)" = 2 ] && awk -v v="${ar:-0}" "BEGIN { exi
 # 4. the training log: MFU of an unknown device is not a number divided by some other GPU's peak
 python3 tools/prepare.py bytes --input cpu --out "$W/data" --seq-len 32 --val-fraction 0 >"$W/prep.log" 2>&1
 ./trainer_cpu --data "$W/data/train_*.bin" --out "$W/run" --preset tiny --seq 32 --batch 8 --steps 2 >"$W/t.log" 2>&1
-check 'grep -qE "^step +2/2 .*MFU n/a \(unknown device peak\)" "$W/t.log"' "training log: $(grep -E '^step +2/' "$W/t.log")"
+check 'grep -qE "^step +2/2 .*tok/s \| data wait" "$W/t.log" && ! grep -E "^step +2/2" "$W/t.log" | grep -q MFU' "training log: $(grep -E '^step +2/' "$W/t.log")"
 
 # 5. bad flag values: one clear error, non-zero exit
 expect_error() {  # expect_error PATTERN ARGS...: the trainer fails with a message matching PATTERN
