@@ -427,6 +427,17 @@ static void test_refusals(const BertConfig* c) {
     write_safetensors(good);
     write_text("config.json", config_json(c, "relu"));
     expect_refused("hidden_act relu", "config.json: hidden_act \"relu\" is not supported");
+    // GELU: the tanh form's names load as they are, the exact (erf) form's too, with a note (the model computes the
+    // tanh form, within 5e-4 of it)
+    for (const char* act : {"gelu_pytorch_tanh", "gelu_new", "gelu"}) {
+        write_text("config.json", config_json(c, act));
+        BertConfig got;
+        BertParams gp;
+        float* w = NULL;
+        int ok = bert_load_hf(dir, &got, &gp, &w);
+        CHECK(ok && w != NULL, "hidden_act %s: not loaded", act);
+        if (ok) free(w), bert_params_free(&gp);
+    }
     write_text("config.json", config_json(c, "gelu", 0));
     expect_refused("no vocab_size", "config.json: no vocab_size");
 
