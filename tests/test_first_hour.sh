@@ -61,7 +61,8 @@ assert all(sorted(r) == sorted(vkeys) for r in val), val[0]
 assert all(0 <= r["val_accuracy"] <= 1 and r["val_masked"] > 0 and r["val_loss"] > 0 for r in val), val
 assert val[1]["tokens"] == train[-1]["tokens"] and val[1]["val_loss"] < val[0]["val_loss"], val
 ' "$A/metrics.jsonl" "$epoch_tokens" 2>"$W/err.txt"
-check '[ $? = 0 ]' "metrics.jsonl of the run: $(tail -n 2 "$W/err.txt")"
+rc=$?  # (before the message: its $(...) would reset $?)
+check '[ $rc = 0 ]' "metrics.jsonl of the run: $(tail -n 2 "$W/err.txt")"
 json '
 import json, sys
 c = json.load(open(sys.argv[1] + "/config.json")); m = json.load(open(sys.argv[2]))["special_ids"]
@@ -75,7 +76,8 @@ assert h.encode("A\u00e9[MASK]").ids == [m["cls"], 65, 0xC3, 0xA9, m["mask"], m[
 tc = json.load(open(sys.argv[1] + "/tokenizer_config.json"))
 assert tc["tokenizer_class"] == "PreTrainedTokenizerFast" and tc["model_max_length"] == 32 and tc["mask_token"] == "[MASK]", tc
 ' "$A" "$W/data/meta.json" 2>"$W/err.txt"
-check '[ $? = 0 ]' "the byte export's config.json / byte_tokenizer.json / tokenizer.json: $(tail -n 2 "$W/err.txt")"
+rc=$?  # (before the message: its $(...) would reset $?)
+check '[ $rc = 0 ]' "the byte export's config.json / byte_tokenizer.json / tokenizer.json: $(tail -n 2 "$W/err.txt")"
 check '! ls "$A"/*.tmp >/dev/null 2>&1' "temporary files left in the export: $(ls "$A")"
 
 # 2. resume: 6 steps, a record beyond the checkpoint and a partial line (a crash after the checkpoint), then
@@ -92,7 +94,8 @@ assert [key(r) for r in a] == [key(r) for r in b], ([key(r) for r in a], [key(r)
 t = [r for r in b if r["kind"] == "train"]
 assert t[6]["elapsed_s"] >= t[5]["elapsed_s"], (t[5], t[6])
 ' "$A/metrics.jsonl" "$B/metrics.jsonl" 2>"$W/err.txt"
-check '[ $? = 0 ]' "resumed metrics.jsonl differs from the uninterrupted run's: $(tail -n 2 "$W/err.txt") $(tail -n 2 "$W/b2.log")"
+rc=$?  # (before the message: its $(...) would reset $?)
+check '[ $rc = 0 ]' "resumed metrics.jsonl differs from the uninterrupted run's: $(tail -n 2 "$W/err.txt") $(tail -n 2 "$W/b2.log")"
 
 # 3. --tokens and --epochs become steps of the global batch (256 tokens here)
 ./trainer_cpu "${COMMON[@]}" --out "$W/t" --tokens 1K >"$W/t.log" 2>&1
@@ -133,7 +136,8 @@ line = sys.argv[2].split()
 loss, acc, masked = float(line[2]), float(line[5]), int(line[7])
 assert abs(loss - val["val_loss"]) < 2e-2 * val["val_loss"] and abs(acc - val["val_accuracy"]) < 0.05 and masked == val["val_masked"], (line, val)
 ' "$A/metrics.jsonl" "$line2" 2>"$W/err.txt"
-check '[ $? = 0 ]' "--eval against the last validation (checkpoint exactly, export nearly): $(tail -n 2 "$W/err.txt")"
+rc=$?  # (before the message: its $(...) would reset $?)
+check '[ $rc = 0 ]' "--eval against the last validation (checkpoint exactly, export nearly): $(tail -n 2 "$W/err.txt")"
 # 4b. validation inside a 2-rank run: one metrics.jsonl (rank 0's), and its validation is what 1 rank's --eval
 #     of the run's checkpoint gives, bit for bit
 mkdir -p "$W/d"
@@ -151,7 +155,8 @@ val = [r for r in recs if r["kind"] == "val"]; ev = recs[-1]
 assert len(val) == 1 and ev["kind"] == "eval" and ev["step"] == 6, recs
 assert (ev["val_loss"], ev["val_accuracy"], ev["val_masked"]) == (val[0]["val_loss"], val[0]["val_accuracy"], val[0]["val_masked"]), (ev, val)
 ' "$W/d/metrics.jsonl" 2>"$W/err.txt"
-check '[ $? = 0 ]' "2-rank validation against 1-rank --eval of its checkpoint: $(tail -n 2 "$W/err.txt") $(tail -n 2 "$W/d0.log" "$W/d1.log")"
+rc=$?  # (before the message: its $(...) would reset $?)
+check '[ $rc = 0 ]' "2-rank validation against 1-rank --eval of its checkpoint: $(tail -n 2 "$W/err.txt") $(tail -n 2 "$W/d0.log" "$W/d1.log")"
 echo "  (last validation: $(grep "val loss" "$W/a.log" | tail -n 1 | sed "s/.*| val //"); --eval of the export: ${line2#eval: })"
 
 # 4c. the default: every validation sequence exactly once (val_samples of them; B=8 leaves the last micro-batch
@@ -185,7 +190,8 @@ assert abs(ev["val_loss"] - val["val_loss"]) < 2e-2 * val["val_loss"], (ev, val)
 k = lambda r: (r["val_loss"], r["val_accuracy"], r["val_masked"], r["val_sequences"])
 assert ev2["kind"] == "eval" and k(ev2) == k(val), (ev2, val)
 ' "$W/v/metrics.jsonl" "$W/v2/metrics.jsonl" "$val_samples" 2>"$W/err.txt"
-check '[ $? = 0 ]' "the whole-split validation, --eval of the export, 2-rank --eval: $(tail -n 2 "$W/err.txt") $(tail -n 1 "$W/v2_0.log")"
+rc=$?  # (before the message: its $(...) would reset $?)
+check '[ $rc = 0 ]' "the whole-split validation, --eval of the export, 2-rank --eval: $(tail -n 2 "$W/err.txt") $(tail -n 1 "$W/v2_0.log")"
 ./trainer_cpu --eval "$W/v/checkpoint.bin" --val "$W/data/val_*.bin" --batch 8 --val-batches 100000 >"$W/v3.log" 2>&1
 check 'grep -q "^note: --val-batches 100000: the validation split holds $nb micro-batches of B=8 rows ($val_samples sequences); validating those, each sequence once$" "$W/v3.log" && grep -q "in $val_samples sequences ($nb micro-batches" "$W/v3.log"' \
   "--val-batches beyond the split: $(tail -n 2 "$W/v3.log")"
@@ -211,7 +217,8 @@ for k in ("pad", "unk", "cls", "sep", "mask"):
 e = t.encode("the [MASK]").ids  # [CLS] ... [SEP], as the shards samples are (what AutoTokenizer gives a pipeline)
 assert e[0] == m["cls"] and e[-1] == m["sep"] and m["mask"] in e, e
 ' "$W/tx" "$W/text" 2>"$W/err.txt"
-check '[ $? = 0 ]' "the text export's tokenizer files: $(tail -n 2 "$W/err.txt") $(tail -n 2 "$W/tx.log")"
+rc=$?  # (before the message: its $(...) would reset $?)
+check '[ $rc = 0 ]' "the text export's tokenizer files: $(tail -n 2 "$W/err.txt") $(tail -n 2 "$W/tx.log")"
 
 # 6. --help shows every preset's shape and positions
 help=$(./trainer_cpu --help)
