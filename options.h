@@ -1,0 +1,590 @@
+// options.h: the trainer's flags: one table (flags[]) that parses, checks and documents them (--help), and the
+// checks of their combinations. Part of trainer.cu (one translation unit): included where its Options are first needed.
+
+// ----------------------------------------------------------------------------
+// Flags: one table (flags[]) says, for every flag, where its value goes, how it is read, its default and its
+// --help text; parse_options reads argv by it and usage() prints it, so a flag cannot be parsed without being
+// documented.
+
+typedef struct {
+    const char* data;       // glob of the training shards
+    const char* val;        // glob of the validation shards (optional)
+    const char* preset;     // model size when starting from scratch
+    const char* init_from;  // a Hugging Face BertForMaskedLM directory to start from (optional)
+    const char* out;        // checkpoints, the final export (and the NCCL id with --bootstrap file)
+    const char* stage_dir;  // node-local directory to copy the shards to first (optional)
+    int T, B, grad_accum, steps, warmup;
+    float lr, wd, beta1, beta2, eps, clip;
+    long long seed;
+    int loader_threads, ring_slots;
+    int log_every, val_every, val_batches, ckpt_every, run_steps;
+    int resume, plan_only, info;
+    int keep, max_bad_steps;               // checkpoints kept; consecutive non-finite steps before the run stops
+    float ckpt_minutes;                    // a checkpoint at least this often (wall clock; 0: only --ckpt-every)
+    int inf_grad[2], inf_loss[2];          // test hooks (MLM_TEST_INF_GRAD / MLM_TEST_INF_LOSS): see test_hook_env
+    int stall[2];                          // test hook MLM_TEST_STALL=STEP: see stall_hook_init
+    int bench, bench_steps, bench_warmup;  // --bench: time the training step on synthetic data
+    const char* bootstrap;                 // --bootstrap tcp | file: how the ranks get rank 0's NCCL id
+    float nccl_timeout;                    // --nccl-timeout S: the deadline of every wait on the other ranks
+    // The scaling predictor (scaling.h) for --plan-only and --grad-accum auto (grad_accum 0)
+    int nodes, gpus_per_node;          // 0: from Slurm (SLURM_NNODES) and the world size
+    float net_gbps, nvlink_gbps, mfu;  // Gbit/s one way; the share of the device's peak
+    const char* device;                // the device the prediction is for (default: this one)
+    float device_mem;                  // GB of device memory for --plan-only's planner (0: this device's)
+    float bucket_mb;                   // gradient bucket size (MB of fp32 gradients)
+    float link_efficiency, alpha_us;   // the share of --net-gbps NCCL reaches; microseconds per network step
+    float micro_ms;                    // --micro-ms: a measured micro-batch (ms) instead of FLOPs / (peak x MFU)
+    long long global_batch;            // --global-batch S: sequences per step (0: from --grad-accum)
+    long long max_global_batch;        // --max-global-batch S: --grad-accum auto's cap
+    const char* comm;                  // --comm fp32 | bf16 | onebit (--grad-reduce: its old name)
+    int grad_reduce_bf16, zero;        // --comm bf16; --zero 1 (ZeRO-1)
+    int onebit, comm_warmup;           // --comm onebit (1-bit Adam, compress.h); --comm-warmup (0: default)
+    int onebit_overlap;                // --comm onebit-overlap: the parts exchanged during the backward
+    int comm_refresh;                  // --comm-refresh K: an fp32 step updates v every K steps (0: never)
+    const char* optimizer_name;        // --optimizer adamw | lamb
+    int optimizer;                     // OPT_ADAMW or OPT_LAMB (from optimizer_name)
+    long long tokens;                  // --tokens N: about N real tokens, as steps (resolve_run_length)
+    double epochs;                     // --epochs E: E passes over the training shards, as steps
+    const char* eval;                  // --eval SRC: evaluate a checkpoint or an export on --val; no training
+    int seq_given;                     // --seq was given (--eval otherwise takes the source's)
+    int overwrite;                     // --overwrite: a new run may replace the run already in --out
+    int seed_given, preset_given;      // --seed, --preset were given (checked against --resume, --init-from)
+    int accum_given;                   // --grad-accum was given (--global-batch is its alternative)
+} Options;
+enum { OPT_ADAMW, OPT_LAMB };
+
+// How a flag's value is read (read_flag): a switch takes none; a string is kept as given; a choice is one of
+// the words of Flag.value ("tcp|file"); numbers must lie in [lo, hi]; INT_AUTO also takes "auto" (as 0); COUNT
+// is a number of tokens with a K/M/B/T suffix; DOUBLE is read as a float and kept in a double.
+enum { F_SWITCH, F_STR, F_CHOICE, F_INT, F_INT_AUTO, F_LL, F_FLOAT, F_DOUBLE, F_COUNT, F_HELP };
+typedef struct {
+    const char* name;   // "--seq"; NULL: a heading in --help (help is its text)
+    const char* value;  // the value's name in --help ("T"); an F_CHOICE's words; NULL for a switch
+    int kind;           // F_*
+    size_t at;          // where the value goes: offsetof(Options, field)
+    double lo, hi;      // a number's range
+    const char* def;    // the default, read as a given value is (NULL: 0, or what the help says)
+    const char* help;   // --help's text; '\n' starts a new, indented line
+} Flag;
+#define AT(field) offsetof(Options, field)
+#define STRINGIFY_(x) #x
+#define STRINGIFY(x) STRINGIFY_(x)
+
+static const Flag flags[] = {
+    {"--data", "GLOB", F_STR, AT(data), 0, 0, NULL, "training shards (tools/prepare.py makes them)"},
+    {"--val", "GLOB", F_STR, AT(val), 0, 0, NULL,
+     "validation shards: MLM loss and masked-token accuracy every --val-every steps, on\n"
+     "every validation sequence once (a fixed masking) whatever the number of GPUs"},
+    {"--out", "DIR", F_STR, AT(out), 0, 0, NULL,
+     "(created with its parents) checkpoint.bin, metrics.jsonl (a JSON object per logged\n"
+     "step and per validation), the final Hugging Face export (model.safetensors,\n"
+     "config.json) and the tokenizer files (tokenizer.json + tokenizer_config.json +\n"
+     "special_tokens_map.json for text shards, byte_tokenizer.json for byte shards)"},
+    {"--preset", "NAME", F_STR, AT(preset), 0, 0, NULL,
+     "default bert-base; the vocabulary size comes from the shards:"},  // usage() lists the presets here
+    {"--init-from", "DIR", F_STR, AT(init_from), 0, 0, NULL,
+     "start from a Hugging Face BertForMaskedLM checkpoint instead"},
+    {"--resume", NULL, F_SWITCH, AT(resume), 0, 0, NULL,
+     "continue from DIR/checkpoint.bin (weights, optimizer, data position)"},
+    {"--overwrite", NULL, F_SWITCH, AT(overwrite), 0, 0, NULL,
+     "start a new run in an --out that holds another run's checkpoints or export,\n"
+     "deleting them and its metrics first (without it, or --resume, it is refused)"},
+    {"--seq", "T", F_INT, AT(T), 2, 1 << 16, "512", "tokens per row"},
+    {"--batch", "B", F_INT, AT(B), 0, 1 << 20, NULL,
+     "rows per micro-batch per GPU (default 0: the largest that fits in GPU memory; at\n"
+     "most 4096 tokens on a device of unknown speed, such as the CPU build's)"},
+    {"--grad-accum", "N", F_INT_AUTO, AT(grad_accum), 1, SCALING_MAX_ACCUM, "1",
+     "micro-batches per optimizer step; auto: the fewest that hide the gradient\n"
+     "all-reduce behind compute (predicted, see --plan-only)"},
+    {"--steps", "N", F_INT, AT(steps), 1, 1 << 30, NULL, "optimizer steps; or instead:"},
+    {"--tokens", "N", F_COUNT, AT(tokens), 1, 1e15, NULL,
+     "about N real tokens (1e9, 500M, 2B: K M B T suffixes), as steps of the global batch"},
+    {"--epochs", "E", F_DOUBLE, AT(epochs), 1e-6, 1e6, NULL,
+     "E passes over the training shards (E x their tokens / tokens per step, rounded up)"},
+    {"--lr", "X", F_FLOAT, AT(lr), 0, 1, "5e-4", "peak learning rate, linear warmup then linear decay to 0"},
+    {"--warmup", "N", F_INT, AT(warmup), 0, 1 << 30, NULL, "warmup steps (default 1% of --steps)"},
+    {"--wd", "X", F_FLOAT, AT(wd), 0, 1, "0.01", "AdamW's weight decay (not on biases and LayerNorm)"},
+    {"--beta1", "X", F_FLOAT, AT(beta1), 0, 0.999999, "0.9", "AdamW's momentum decay"},
+    {"--beta2", "X", F_FLOAT, AT(beta2), 0, 0.999999, "0.98", "AdamW's variance decay"},
+    {"--eps", "X", F_FLOAT, AT(eps), 1e-30, 1, "1e-6", "AdamW's epsilon"},
+    {"--clip", "X", F_FLOAT, AT(clip), 0, 1e30, "1.0", "the gradient norm is clipped to X (0: no clipping)"},
+    {"--seed", "N", F_LL, AT(seed), 0, (double)(1LL << 62), "1337", "data order, masking and initialisation"},
+    {"--log-every", "N", F_INT, AT(log_every), 1, 1 << 30, "1", "a log line (and metrics record) every N steps"},
+    {"--val-every", "N", F_INT, AT(val_every), 0, 1 << 30, NULL,
+     "validation every N steps and at the last (default 0: none while training)"},
+    {"--val-batches", "N", F_INT, AT(val_batches), 0, 1 << 20, NULL,
+     "a sample of N micro-batches of B rows (over all GPUs together), spread evenly over\n"
+     "the validation split, the same at every validation; 0, the default: the whole split"},
+    {"--ckpt-every", "N", F_INT, AT(ckpt_every), 0, 1 << 30, NULL,
+     "a checkpoint every N steps (default 0: only at the end)"},
+    {"--ckpt-minutes", "X", F_FLOAT, AT(ckpt_minutes), 0, 1e6, "30",
+     "also a checkpoint when X minutes passed since the last one (0: off)"},
+    {"--keep", "K", F_INT, AT(keep), 1, 1000, "2",
+     "checkpoints kept: DIR/checkpoint.bin and the K-1 before it as checkpoint-STEP.bin;\n"
+     "--resume takes the newest intact one (each has a CRC-32)"},
+    {"--max-bad-steps", "N", F_INT, AT(max_bad_steps), 1, 1 << 30, "3",
+     "a step whose loss or gradient norm is not finite is skipped (weights and AdamW\n"
+     "state untouched); N in a row stop the run with exit code 2"},
+    {"--run-steps", "N", F_INT, AT(run_steps), 1, 1 << 30, NULL,
+     "stop after N steps of this run, with a checkpoint (to fit a job's time limit;\n"
+     "--resume continues)"},
+    {"--help", NULL, F_HELP, 0, 0, 0, NULL, "this text (also -h)"},
+
+    {NULL, NULL, F_HELP, 0, 0, 0, NULL, "the data loader:"},
+    {"--loader-threads", "N", F_INT_AUTO, AT(loader_threads), 1, 256, "auto",
+     "threads preparing batches; auto: as many as the step needs, from one thread's measured\n"
+     "rate and the predicted micro-batch time (printed with the reason)"},
+    {"--ring", "N", F_INT, AT(ring_slots), 2, 1024, "4", "slots of prepared batches in the loaders' ring"},
+    {"--stage-dir", "DIR", F_STR, AT(stage_dir), 0, 0, NULL,
+     "copy the shards to this node-local directory first, once per node"},
+
+    {NULL, NULL, F_HELP, 0, 0, 0, NULL, "communication and the optimizer at scale (docs/scaling.md):"},
+    {"--optimizer", "adamw|lamb", F_CHOICE, AT(optimizer_name), 0, 0, "adamw",
+     "adamw, or lamb: AdamW's moments and decay, each tensor's step scaled by its trust\n"
+     "ratio |w| / |update| (for large global batches; not with --zero 1)"},
+    {"--comm", "fp32|bf16|onebit|onebit-overlap", F_CHOICE, AT(comm), 0, 0, "fp32",
+     "fp32: buckets all-reduced in fp32; bf16: half the bytes; onebit: 1-bit Adam,\n"
+     "after --comm-warmup steps of fp32 AdamW the variance is frozen and only the\n"
+     "momentum's signs and one scale per 256 elements are sent, about 28x fewer bytes\n"
+     "than fp32 (also on one GPU, to see its effect); onebit-overlap: the same sent\n"
+     "during the backward, clipped after the exchange (faster on a slow network, a\n"
+     "loss further from fp32's: README)"},
+    {"--grad-reduce", "fp32|bf16", F_CHOICE, AT(comm), 0, 0, NULL, "the older name of --comm fp32 | bf16"},
+    {"--comm-warmup", "N", F_INT, AT(comm_warmup), 1, INT_MAX, NULL,
+     "--comm onebit: steps of fp32 AdamW before compression (default\n" STRINGIFY(
+         ONEBIT_WARMUP_PERCENT) "% of --steps, at least 1; must be below --steps)"},
+    {"--comm-refresh", "K", F_INT, AT(comm_refresh), 0, INT_MAX, NULL,
+     "--comm onebit: every K steps after the warm-up one fp32 AdamW step updates the\n"
+     "frozen variance as if the K steps since had seen its g^2 (v = b2^K v + (1 - b2^K) g^2;\n"
+     "default " STRINGIFY(
+         ONEBIT_REFRESH_DEFAULT) "; 0: never, as 1-bit Adam; K >= 18 keeps 16x fewer bytes than fp32)"},
+    {"--bucket-mb", "X", F_FLOAT, AT(bucket_mb), 0.001, 1 << 20, "25",
+     "gradients are reduced over GPUs in buckets of X MB (fp32), each as soon as the\n"
+     "backward has made it, overlapping the rest of the backward"},
+    {"--zero", "N", F_INT, AT(zero), 0, 1, NULL,
+     "1: ZeRO-1, each GPU keeps 1/world of the fp32 master weights and AdamW state\n"
+     "(gradients reduce-scattered, weights all-gathered); 0: off (default)"},
+
+    {NULL, NULL, F_HELP, 0, 0, 0, NULL,
+     "several processes (srun -K ./trainer ..., or RANK/WORLD_SIZE/LOCAL_RANK as torchrun sets them):"},
+    {"--bootstrap", "tcp|file", F_CHOICE, AT(bootstrap), 0, 0, "tcp",
+     "how the ranks get rank 0's NCCL id: tcp from MASTER_ADDR:MASTER_PORT, by default\n"
+     "the first host of the Slurm node list and a port from the job and step id; file:\n"
+     "through --out, which must be on a file system every rank sees"},
+    {"--nccl-timeout", "S", F_FLOAT, AT(nccl_timeout), 0.1, 1e7, STRINGIFY(COMM_DEFAULT_TIMEOUT_S),
+     "a rank that waits S seconds for the others (start-up, a collective) aborts the\n"
+     "communicator and exits 1 naming the step and collective; while rank 0 writes a\n"
+     "checkpoint or the export, 60 s + its size at 20 MB/s more"},
+    {"--info", NULL, F_SWITCH, AT(info), 0, 0, NULL,
+     "print the device and this process's place in the job, then exit (alone)"},
+
+    {NULL, NULL, F_HELP, 0, 0, 0, NULL, "the memory plan and the scaling prediction:"},
+    {"--plan-only", NULL, F_SWITCH, AT(plan_only), 0, 0, NULL,
+     "print the memory plan and the scaling prediction, then exit (--data and --out\n"
+     "optional: without --data the preset's vocabulary)"},
+    {"--nodes", "N", F_INT, AT(nodes), 1, 1 << 16, NULL,
+     "nodes predicted (--plan-only: default 1; a run: SLURM_NNODES)"},
+    {"--gpus-per-node", "G", F_INT, AT(gpus_per_node), 1, 1024, NULL,
+     "GPUs per node predicted (--plan-only: default 1; a run: its ranks over the nodes)"},
+    {"--net-gbps", "X", F_FLOAT, AT(net_gbps), 1e-3, 1e6, NULL, "network between nodes, Gbit/s one way (default 25)"},
+    {"--nvlink-gbps", "X", F_FLOAT, AT(nvlink_gbps), 1e-3, 1e6, NULL,
+     "inside a node, Gbit/s one way (default 2400: H100 NVL's NVLink bridge)"},
+    {"--mfu", "X", F_FLOAT, AT(mfu), 1e-4, 1, NULL,
+     "share of the device's bf16 peak a step reaches (default 0.404: paper-120m on\n"
+     "an H100; ./trainer --bench prints it as mfu=)"},
+    {"--link-efficiency", "X", F_FLOAT, AT(link_efficiency), 1e-3, 1, NULL,
+     "share of --net-gbps NCCL reaches on large messages (default 0.6: NCCL over TCP)"},
+    {"--alpha-us", "X", F_FLOAT, AT(alpha_us), 0, 1e7, NULL,
+     "latency of one network step of a collective, microseconds (default 40: TCP)"},
+    {"--micro-ms", "X", F_FLOAT, AT(micro_ms), 1e-6, 1e9, NULL,
+     "predict from a measured micro-batch (forward + backward of B, ms) instead of MFU"},
+    {"--global-batch", "S", F_LL, AT(global_batch), 1, (double)(1LL << 40), NULL,
+     "sequences per optimizer step over all GPUs: the accumulation S / (GPUs x B)\n"
+     "(--plan-only: per node count, with a smaller B where one micro-batch exceeds S)"},
+    {"--max-global-batch", "S", F_LL, AT(max_global_batch), 1, (double)(1LL << 40), STRINGIFY(SCALING_MAX_GLOBAL_BATCH),
+     "the largest global batch --grad-accum auto may choose"},
+    {"--device", "NAME", F_STR, AT(device), 0, 0, NULL,
+     "predict for this device instead of this one: its memory (--plan-only) and bf16\n"
+     "peak; one of these, or its full name (\"NVIDIA H100 NVL\"):"},
+    {"--device-mem", "GB", F_FLOAT, AT(device_mem), 0.001, 1e6, NULL,
+     "with --plan-only: plan for this much device memory instead of this one's"},
+
+    {NULL, NULL, F_HELP, 0, 0, 0, NULL,
+     "\nusage: trainer --bench [--preset A,B,..] [--seq T] [--batch B] [options]   (no shards needed)\n"
+     "  times the training step on synthetic packed batches and prints, for each preset (default\n"
+     "  bert-base,bert-large with the preset's vocabulary), the time per phase, tokens/s, MFU and the\n"
+     "  planner's largest micro-batch; --batch picks the micro-batch run (default: that largest one);\n"
+     "  --out DIR is needed only with several processes and --bootstrap file"},
+    {"--bench", NULL, F_SWITCH, AT(bench), 0, 0, NULL, "time the training step (no --data, --out or --steps)"},
+    {"--bench-steps", "N", F_INT, AT(bench_steps), 1, 1 << 20, "10", "timed steps"},
+    {"--bench-warmup", "N", F_INT, AT(bench_warmup), 0, 1 << 20, "3", "untimed steps before them"},
+
+    {NULL, NULL, F_HELP, 0, 0, 0, NULL,
+     "\nusage: trainer --eval SRC --val GLOB [--batch B] [--seq T] [--val-batches N] [--out DIR]"},
+    {"--eval", "SRC", F_STR, AT(eval), 0, 0, NULL,
+     "evaluate SRC, a checkpoint file (DIR/checkpoint.bin) or a Hugging Face export\n"
+     "directory (config.json + model.safetensors), on the validation shards as training\n"
+     "validates, without training; prints \"eval: loss X | accuracy Y | N masked tokens\n"
+     "in K sequences (...)\"; with --out it appends an \"eval\" record to\n"
+     "DIR/metrics.jsonl. --seq defaults to the checkpoint's (an export: the shards'\n"
+     "--seq-len). By default every validation sequence once, with the same masking as\n"
+     "the run's validation at that --seq: the same sequences and masked tokens as the\n"
+     "run's last validation, whatever --batch"},
+};
+enum { N_FLAGS = (int)(sizeof flags / sizeof flags[0]) };
+
+// print_presets: every preset's shape and size (--help, after --preset).
+static void print_presets(void) {
+    for (int i = 0; i < BERT_NUM_PRESETS; i++) {
+        BertConfig c;
+        bert_preset(bert_presets[i].name, &c);
+        BertParams p;
+        bert_params_build(&p, &c);
+        printf("      %-11s %2d x %4d, %2d heads of %d, FFN %4d, %d positions: %.3gM parameters at V=%d\n",
+               bert_presets[i].name, c.layers, c.hidden, c.heads, c.hidden / c.heads, c.intermediate, c.max_position,
+               bert_param_count(&p) / 1e6, c.vocab_size);
+        bert_params_free(&p);
+    }
+}
+
+// usage: --help, from flags[]: each flag with its value's name, its text and its default; the presets' shapes
+// after --preset.
+static void print_devices(void) {
+    printf("%22s", "");
+    for (int i = 0; i < DEVICE_SPECS; i++)
+        printf("%s%s (%g GB, %g TFLOP/s)", i ? (i % 3 ? ", " : ",\n                      ") : "", device_specs[i].name,
+               device_specs[i].mem_gb, device_specs[i].tflops);
+    printf("\n");
+}
+static void usage(void) {
+    printf(
+        "usage: trainer --data 'DIR/train_*.bin' --out DIR --steps N [options]\n"
+        "  (srun -K ./trainer ... for several GPUs; ./trainer_cpu: the same program on the CPU, without a GPU)\n");
+    for (int i = 0; i < N_FLAGS; i++) {
+        const Flag* f = &flags[i];
+        if (!f->name) {
+            printf("%s\n", f->help);
+            continue;
+        }
+        char head[64];
+        snprintf(head, sizeof head, "%s%s%s", f->name, f->value ? " " : "", f->value ? f->value : "");
+        if (strlen(head) > 19)
+            printf("  %s\n%22s", head, "");  // a long name: its text on the next line
+        else
+            printf("  %-19s ", head);
+        for (const char* s = f->help; *s; s++) {
+            if (*s == '\n')
+                printf("\n%22s", "");
+            else
+                putchar(*s);
+        }
+        if (f->def) printf(" (default %s)", f->def);
+        printf("\n");
+        if (!strcmp(f->name, "--preset")) print_presets();
+        if (!strcmp(f->name, "--device")) print_devices();
+    }
+    printf(
+        "signals: SIGTERM, SIGINT (Ctrl-C), SIGHUP, SIGUSR1 stop the run after the current micro-batch with a\n"
+        "  checkpoint of the last complete step; one run per --out at a time (DIR/lock names the holder)\n"
+        "exit codes: 0 done or stopped by a signal with a checkpoint; 1 bad input or an error; 2 diverged;\n"
+        "  128+N a signal N (SIGTERM, SIGINT, SIGHUP, SIGUSR1) before step 1: no checkpoint or export was written\n");
+}
+
+// parse_int / parse_float: the value of flag `name`, or exit with a message naming flag and value.
+static long long parse_int(const char* name, const char* v, long long lo, long long hi) {
+    char* end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (errno || *end || end == v || x < lo || x > hi) {
+        fprintf(stderr, "trainer: %s %s: expected an integer in [%lld, %lld]\n", name, v, lo, hi);
+        exit(1);
+    }
+    return x;
+}
+// parse_count: --tokens: a count such as 1000000, 1e9, 500M or 2B (suffixes K, M, B or G, T: powers of 1000).
+static long long parse_count(const char* name, const char* v) {
+    char* end;
+    double x = strtod(v, &end);
+    const char* suffixes = "KMBGT";
+    const double scale[] = {1e3, 1e6, 1e9, 1e9, 1e12};
+    const char* at = *end ? strchr(suffixes, toupper((unsigned char)*end)) : NULL;
+    if (at && end[1] == 0) x *= scale[at - suffixes], end++;
+    if (*end || end == v || !(x >= 1 && x <= 1e15)) {
+        fprintf(stderr, "trainer: %s %s: expected a count of tokens in [1, 1e15], such as 5000000, 1e9, 500M or 2B\n",
+                name, v);
+        exit(1);
+    }
+    return (long long)ceil(x);
+}
+static float parse_float(const char* name, const char* v, double lo, double hi) {
+    char* end;
+    double x = strtod(v, &end);
+    if (*end || end == v || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "trainer: %s %s: expected a number in [%g, %g]\n", name, v, lo, hi);
+        exit(1);
+    }
+    return (float)x;
+}
+
+// Test hooks, for tests/test_checkpoints.sh: MLM_TEST_INF_GRAD=FIRST[:COUNT] makes the gradient of steps
+// FIRST .. FIRST+COUNT-1 infinite (COUNT 0: every step from FIRST on; default 1), MLM_TEST_INF_LOSS the loss,
+// as a diverging run would. Unset: nothing happens.
+static void test_hook_env(const char* name, int h[2]) {
+    const char* v = getenv(name);
+    h[0] = h[1] = 0;
+    if (!v) return;
+    char* end;
+    long first = strtol(v, &end, 10), count = 1;
+    if (*end == ':') count = strtol(end + 1, &end, 10);
+    if (*end || first < 1 || count < 0 || first > INT_MAX || count > INT_MAX) {
+        fprintf(stderr, "trainer: %s=%s: expected FIRST[:COUNT] (steps, FIRST >= 1)\n", name, v);
+        exit(1);
+    }
+    h[0] = (int)first, h[1] = (int)count;
+}
+static int test_hook_on(const int h[2], int step) {
+    return h[0] > 0 && step >= h[0] && (h[1] == 0 || step < h[0] + h[1]);
+}
+
+// check_flag_combinations: flags that would be silently ignored (or undo each other) are an error instead.
+static void check_flag_combinations(const Options* o) {
+    const char* why = NULL;
+    if (o->val_every && !o->val)
+        why = "--val-every: needs --val GLOB (the validation shards)";
+    else if (o->init_from && o->resume)
+        why = "--init-from: not with --resume (the checkpoint holds the weights; drop --init-from)";
+    else if (o->overwrite && o->resume)
+        why = "--overwrite: not with --resume (--resume continues the run in --out, --overwrite replaces it)";
+    if (why) {
+        fprintf(stderr, "trainer: %s\n", why);
+        exit(1);
+    }
+}
+
+// check_comm_options: --comm onebit, --comm-warmup and --optimizer against the other flags (one line and exit 1).
+static void check_comm_options(const Options* o) {
+    const char* why = NULL;
+    if (o->optimizer == OPT_LAMB && o->onebit)
+        why =
+            "--optimizer lamb with --comm onebit: 1-bit Adam freezes Adam's variance and compresses its momentum; "
+            "1-bit LAMB is not implemented: use --comm fp32 or bf16 with lamb, or adamw with onebit";
+    else if (o->comm_warmup && !o->onebit)
+        why = "--comm-warmup: only with --comm onebit";
+    else if (o->comm_refresh >= 0 && !o->onebit)  // (-1: not given)
+        why = "--comm-refresh: only with --comm onebit";
+    else if (o->onebit && o->zero)
+        why =
+            "--comm onebit with --zero 1: 1-bit Adam keeps the whole momentum and its error on every rank (no "
+            "ZeRO-1 shards); use one of them";
+    else if (o->onebit && o->bench)
+        why = "--comm onebit: not with --bench (its steps are the fp32 warm-up's; time a short training run instead)";
+    if (why) {
+        fprintf(stderr, "trainer: %s\n", why);
+        exit(1);
+    }
+}
+
+// init_matches_preset: --preset beside --init-from must name the shape the checkpoint has (the weights decide
+// it); a different one is an error instead of being ignored. 1 when it matches or was not given.
+static int init_matches_preset(const Options* o, const BertConfig* c) {
+    BertConfig p;
+    if (!o->preset_given) return 1;
+    if (bert_preset(o->preset, &p) && p.layers == c->layers && p.hidden == c->hidden && p.heads == c->heads &&
+        p.intermediate == c->intermediate)
+        return 1;
+    fprintf(stderr,
+            "trainer: --preset %s: --init-from %s holds another model (%d layers x %d, %d heads, FFN %d), whose shape "
+            "is used; drop --preset\n",
+            o->preset, o->init_from, c->layers, c->hidden, c->heads, c->intermediate);
+    return 0;
+}
+
+// Test hook, for tests/test_stall.sh: MLM_TEST_STALL=STEP makes this rank's step-STEP collectives never
+// complete, as a GPU that hangs or a peer that stops would: a kernel (stall_spin) spins on the stream of the
+// step's first collective, ahead of it, until comm_die releases it through a flag in pinned host memory (or
+// for --nccl-timeout + 60 s at most). Only the watchdog can end the run: every rank must exit 1 within
+// --nccl-timeout plus a few seconds, naming the step. The flag is allocated before step 1 (stall_hook_init).
+static void stall_hook_init(Comm* comm, const Options* o) {
+    if (o->stall[0] <= 0) return;
+    int* flag = NULL;
+    CUDA_CHECK(cudaHostAlloc((void**)&flag, sizeof(int), cudaHostAllocMapped));
+    *flag = 0;
+    comm->release = flag;
+}
+static void stall_launch(Comm* comm, const Options* o, cudaStream_t s) {
+    int* release = NULL;  // the kernel's view of the flag (the same address with unified addressing)
+    CUDA_CHECK(cudaHostGetDevicePointer((void**)&release, (void*)comm->release, 0));
+    fprintf(stderr, "trainer: rank %d: MLM_TEST_STALL: step %d's collectives stall\n", comm->rank, comm->step);
+    long long max_cycles = (long long)((o->nccl_timeout + 60.0) * 2e9);  // clock64 ticks at most ~2 GHz
+    launch(stall_spin, dim3(1), dim3(1), 0, s, (const volatile int*)release, max_cycles);
+}
+
+// resolve_comm_warmup: --comm onebit's warm-up once --steps is known: the default (ONEBIT_WARMUP_PERCENT of the
+// steps, at least 1), and an error line when it is not below --steps.
+static void resolve_comm_warmup(Options* o) {
+    if (!o->onebit) return;
+    int share = (int)((long long)o->steps * ONEBIT_WARMUP_PERCENT / 100);
+    if (!o->comm_warmup) o->comm_warmup = share > 1 ? share : 1;
+    if (o->comm_warmup >= o->steps) {
+        fprintf(stderr,
+                "trainer: --comm-warmup %d: the warm-up must end before the run's last step (--steps %d); give a "
+                "smaller --comm-warmup or more steps\n",
+                o->comm_warmup, o->steps);
+        exit(1);
+    }
+}
+
+// check_options: what the flags mean together: one line and exit 1 for a combination that cannot run (or
+// would silently ignore a flag); then the mode's required flags; --comm onebit's warm-up; the test hooks.
+static void check_options(Options* o) {
+    const char* why = NULL;
+    if (o->info)
+        why = "--info: give it alone (trainer --info)";
+    else if (o->device_mem > 0 && !o->plan_only)
+        why = "--device-mem: only with --plan-only (a real run plans for its device)";
+    else if (o->global_batch && o->accum_given)
+        why = "--global-batch and --grad-accum are alternatives: give one of them";
+    else if (o->global_batch && o->bench)
+        why = "--global-batch: not with --bench; give --grad-accum";
+    else if (o->optimizer == OPT_LAMB && o->zero)  // LAMB's trust ratios need each tensor's whole norms
+        why =
+            "--optimizer lamb: not with --zero 1 (its per-tensor trust ratios need whole tensors; ZeRO-1 splits them "
+            "over the ranks)";
+    else if (o->bench && o->grad_accum == 0)
+        why = "--grad-accum auto: not with --bench; give a number";
+    if (!why && o->device && !device_spec(o->device)) {
+        fprintf(stderr, "trainer: --device %s: unknown; expected one of", o->device);
+        for (int i = 0; i < DEVICE_SPECS; i++) fprintf(stderr, "%s %s", i ? "," : "", device_specs[i].name);
+        fprintf(stderr, " (or its full name, as nvidia-smi -L prints it)\n");
+        exit(1);
+    }
+    if (why) {
+        fprintf(stderr, "trainer: %s\n", why);
+        exit(1);
+    }
+    check_comm_options(o);
+    if (o->bench) return;  // --bench needs no shards, output directory or step count
+    if (o->eval) {         // --eval: only the evaluation's flags
+        if (!o->val || o->data || o->steps || o->tokens || o->epochs || o->resume || o->init_from) {
+            fprintf(stderr,
+                    "trainer: --eval %s: needs --val GLOB and takes no --data, --steps, --tokens, --epochs, "
+                    "--resume or --init-from (see --help)\n",
+                    o->eval);
+            exit(1);
+        }
+        return;
+    }
+    int lengths = (o->steps > 0) + (o->tokens > 0) + (o->epochs > 0);
+    if (lengths > 1) {
+        fprintf(stderr, "trainer: --steps, --tokens and --epochs are alternatives: give one of them\n");
+        exit(1);
+    }
+    if (!o->plan_only && (!o->data || !o->out || !lengths)) {
+        fprintf(stderr, "trainer: --data, --out and --steps (or --tokens, or --epochs) are required (see --help)\n");
+        exit(1);
+    }
+    check_flag_combinations(o);
+    if (o->steps > 0) resolve_comm_warmup(o);  // else after resolve_run_length
+    test_hook_env("MLM_TEST_INF_GRAD", o->inf_grad);
+    test_hook_env("MLM_TEST_INF_LOSS", o->inf_loss);
+    test_hook_env("MLM_TEST_STALL", o->stall);
+}
+
+// find_flag: flags[]'s entry for the argument a (NULL: not a flag).
+static const Flag* find_flag(const char* a) {
+    for (int i = 0; i < N_FLAGS; i++)
+        if (flags[i].name && !strcmp(flags[i].name, a)) return &flags[i];
+    return NULL;
+}
+
+// choice: v if it is one of f->value's words ("tcp|file"), else exit 1 naming them ("expected tcp or file").
+static const char* choice(const Flag* f, const char* v) {
+    char words[128];
+    snprintf(words, sizeof words, "%s", f->value);
+    int n = 0;
+    const char* w[8];
+    for (char *save = NULL, *t = strtok_r(words, "|", &save); t && n < 8; t = strtok_r(NULL, "|", &save)) w[n++] = t;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(w[i], v)) return v;
+    fprintf(stderr, "trainer: %s %s: expected ", f->name, v);
+    for (int i = 0; i < n; i++) fprintf(stderr, "%s%s", w[i], i + 2 < n ? ", " : i + 2 == n ? " or " : "\n");
+    exit(1);
+}
+
+// read_flag: flag f's value v (NULL for a switch) into its field of o, or exit 1 with a line naming the flag,
+// the value and what was expected.
+static void read_flag(Options* o, const Flag* f, const char* v) {
+    char* at = (char*)o + f->at;
+    long long lo = (long long)f->lo, hi = (long long)f->hi;
+    switch (f->kind) {
+        case F_SWITCH:
+            *(int*)at = 1;
+            break;
+        case F_STR:
+            *(const char**)at = v;
+            break;
+        case F_CHOICE:
+            *(const char**)at = choice(f, v);
+            break;
+        case F_INT:
+            *(int*)at = (int)parse_int(f->name, v, lo, hi);
+            break;
+        case F_INT_AUTO:
+            *(int*)at = !strcmp(v, "auto") ? 0 : (int)parse_int(f->name, v, lo, hi);
+            break;
+        case F_LL:
+            *(long long*)at = parse_int(f->name, v, lo, hi);
+            break;
+        case F_FLOAT:
+            *(float*)at = parse_float(f->name, v, f->lo, f->hi);
+            break;
+        case F_DOUBLE:
+            *(double*)at = parse_float(f->name, v, f->lo, f->hi);
+            break;
+        case F_COUNT:
+            *(long long*)at = parse_count(f->name, v);
+            break;
+    }
+}
+
+// parse_options: the defaults of flags[], then argv read by flags[], then the checks of what they mean together.
+static Options parse_options(int argc, char** argv) {
+    Options o;
+    memset(&o, 0, sizeof o);
+    for (int i = 0; i < N_FLAGS; i++)
+        if (flags[i].def) read_flag(&o, &flags[i], flags[i].def);
+    o.warmup = -1, o.alpha_us = -1, o.comm_refresh = -1;  // defaults resolved later (--steps; scaling.h; below)
+    unsigned char given[N_FLAGS];
+    memset(given, 0, sizeof given);
+    for (int i = 1; i < argc; i++) {
+        const Flag* f = find_flag(argv[i]);
+        const char* v = NULL;
+        if (!f) {
+            fprintf(stderr, "trainer: %s: unknown flag (see --help)\n", argv[i]);
+            exit(1);
+        }
+        if (f->kind == F_HELP) usage(), exit(0);
+        if (f->kind != F_SWITCH) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "trainer: %s: missing its value (see --help)\n", argv[i]);
+                exit(1);
+            }
+            v = argv[++i];
+            if (v[0] == '-' && v[1] == '-') {  // `--out --resume`: a flag where the value should be
+                fprintf(stderr, "trainer: %s: missing its value (got the flag %s; see --help)\n", argv[i - 1], v);
+                exit(1);
+            }
+        }
+        read_flag(&o, f, v);
+        given[f - flags] = 1;
+    }
+    o.seq_given = given[find_flag("--seq") - flags], o.seed_given = given[find_flag("--seed") - flags];
+    o.preset_given = given[find_flag("--preset") - flags], o.accum_given = given[find_flag("--grad-accum") - flags];
+    o.grad_reduce_bf16 = !strcmp(o.comm, "bf16"), o.onebit_overlap = !strcmp(o.comm, "onebit-overlap");
+    o.onebit = o.onebit_overlap || !strcmp(o.comm, "onebit");
+    o.optimizer = !strcmp(o.optimizer_name, "lamb") ? OPT_LAMB : OPT_ADAMW;
+    if (!o.preset) o.preset = o.bench ? "bert-base,bert-large" : "bert-base";
+    check_options(&o);
+    if (o.comm_refresh < 0) o.comm_refresh = o.onebit ? ONEBIT_REFRESH_DEFAULT : 0;
+    return o;
+}
