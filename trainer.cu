@@ -64,9 +64,8 @@ static Plan make_plan(const BertConfig* c, int B, int T, int loaders, const Grad
 }
 // validation_max_batches: an upper bound on the micro-batches of B rows a validation pass takes over the split
 // `pattern` (the shards' headers give its samples; a row holds at least one, so ceil(samples / B) cover it),
-// or val_batches (--val-batches) when smaller (0 takes the whole split), rounded up to a multiple of the world's
-// processes (a pass takes one micro-batch on each).
-static long long validation_max_batches(const char* pattern, int val_batches, int B, int world) {
+// or val_batches (--val-batches) when smaller; 0 takes the whole split.
+static long long validation_max_batches(const char* pattern, int val_batches, int B) {
     Shard* shards;
     int n;
     char err[DATA_ERR_LEN];
@@ -78,13 +77,12 @@ static long long validation_max_batches(const char* pattern, int val_batches, in
     for (int i = 0; i < n; i++) samples += (long long)shards[i].h.num_samples, shard_close(&shards[i]);
     free(shards);
     long long batches = (samples + B - 1) / B;
-    if (val_batches > 0 && val_batches < batches) batches = val_batches;
-    return (batches + world - 1) / world * world;
+    return val_batches > 0 && val_batches < batches ? val_batches : batches;
 }
 // plan_add_validation: validation's sums, one slot of 4 floats per micro-batch (see Validation) for at most
 // validation_max_batches micro-batches.
-static void plan_add_validation(Plan* p, int val_batches, const char* val_pattern, int world) {
-    p->val_bytes = 4 * (size_t)validation_max_batches(val_pattern, val_batches, p->B, world) * sizeof(float);
+static void plan_add_validation(Plan* p, int val_batches, const char* val_pattern) {
+    p->val_bytes = 4 * (size_t)validation_max_batches(val_pattern, val_batches, p->B) * sizeof(float);
     p->total += p->val_bytes;
 }
 
@@ -255,10 +253,9 @@ static void all_ranks_sum(Comm* comm, float* x, int n, float* host, cudaStream_t
 typedef struct {
     DataLoader loader;
     DataLoaderState start;  // the loader's position right after init: every evaluation restarts there
-    int batches;            // micro-batches per pass (slots): the whole split's, or --val-batches' sample
-    int steps;              // passes of one micro-batch per process
+    int batches;            // micro-batches per pass: the whole split's, or --val-batches' sample of them
     long long all;          // micro-batches of B rows in the whole split (all ranks together)
-    int sample;             // 1: the steps are a sample spread evenly over the split (--val-batches), 0: all of it
+    int sample;             // 1: a sample spread evenly over the split (--val-batches), 0: all of it
     int B;                  // rows per micro-batch
     long long split;        // sequences (samples) in the split
     float* slots;           // device, 4 x batches: (loss sum, masked, hits) per micro-batch, then samples
@@ -288,11 +285,9 @@ static void validation_init(Validation* v, const char* pattern, const Plan* plan
     v->B = plan->B;
     v->split = (long long)v->loader.num_samples;
     long long rows = (long long)dataloader_epoch0_rows(&v->loader), all = (rows + plan->B - 1) / plan->B;
-    long long all_steps = (all + comm->world - 1) / comm->world;
     v->all = all;
     v->sample = val_batches > 0 && val_batches < all;
-    v->steps = (int)(v->sample ? (val_batches + comm->world - 1) / comm->world : all_steps);
-    v->batches = v->steps * comm->world;
+    v->batches = (int)(v->sample ? val_batches : all);
     if (v->sample && verbose)
         printf("validation: a sample of %d of the split's %lld micro-batches of B=%d rows, spread evenly over it (the "
                "same ones at every validation; --val-batches 0 takes the whole split)\n",
@@ -325,21 +320,20 @@ static void validation_free(Validation* v) {
     cudaFreeHost(v->host);
 }
 
-// evaluate: the model on the validation micro-batches (forward only), all ranks: pass k of v->steps takes the
-// world's micro-batches of global step k (the whole split), or of step k * all_steps / steps (a sample spread evenly
-// over it); micro-batch pos * world + rank goes to this rank, its sums to slot k * world + rank.
+// evaluate: the model on the validation micro-batches (forward only), all ranks: micro-batch j of the pass is the
+// split's micro-batch g = j (the whole split) or j * all / batches (a sample spread evenly over it), whatever the
+// number of ranks; rank g % world computes it (its loader's micro-batches are g = pos * world + rank), its sums go to
+// slot j, and the slots are added in order: the same result on any number of ranks.
 static EvalResult evaluate(BertModel* m, Validation* v, BatchMaker* bm, Comm* comm) {
     int n = v->batches;
     float* samples = v->host + 3 * (size_t)n;  // this rank's sample counts, zero in the other ranks' slots
     memset(samples, 0, n * sizeof(float));
-    long long all_steps = (v->all + comm->world - 1) / comm->world;
-    for (int k = 0; k < v->steps; k++) {
-        long long pos = v->sample ? k * all_steps / v->steps : k;
-        int j = k * comm->world + comm->rank;
-        if (pos * comm->world + comm->rank >= v->all) continue;  // past the split's last micro-batch
-        if (k == 0 || v->sample) {  // the same batches every time: from the start, or from each sampled position
+    for (int j = 0; j < n; j++) {
+        long long g = v->sample ? j * v->all / n : j;
+        if (g % comm->world != comm->rank) continue;
+        if (j == comm->rank || v->sample) {  // the same batches every time: from the start, or from each sampled one
             DataLoaderState at = v->start;
-            at.row = (uint64_t)(pos * comm->world * v->B);
+            at.row = (uint64_t)(g / comm->world * comm->world * v->B);
             if (dataloader_restore(&v->loader, &at)) {
                 fprintf(stderr, "trainer: validation: %s\n", v->loader.error);
                 exit(1);
@@ -988,7 +982,7 @@ static int plan_for_run(const BertConfig* cfg, const Options* o, int loaders, co
                         Plan* plan) {
     char why[256];
     *plan = auto_batch(cfg, o, loaders, gr, free_bytes, total_bytes, prop->name, max_rows, why, sizeof why);
-    if (o->val) plan_add_validation(plan, o->val_batches, o->val, comm->world);
+    if (o->val) plan_add_validation(plan, o->val_batches, o->val);
     if (comm->rank == 0) {
         printf("device: %s, %.1f GB free of %.1f GB; %d process(es)\n", prop->name, free_bytes / 1e9, total_bytes / 1e9,
                comm->world);
@@ -1488,7 +1482,7 @@ static int plan_run(Run* r) {
                                                why, sizeof why);
     if (!o->plan_only)
         *plan = make_plan(&r->cfg, agree(&r->comm, o, &r->cfg, plan->B, r->data_fp, r->val_fp), o->T, loaders, gr);
-    if (o->val) plan_add_validation(plan, o->val_batches, o->val, r->comm.world);
+    if (o->val) plan_add_validation(plan, o->val_batches, o->val);
     if (r->main_rank) {
         printf("device: %s, %.1f GB free of %.1f GB; %d process(es)\n", r->prop.name, r->free_bytes / 1e9,
                r->total_bytes / 1e9, r->comm.world);

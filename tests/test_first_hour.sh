@@ -37,7 +37,7 @@ check 'grep -qE "^global batch: 8 sequences of 32 tokens \(1 process\(es\) x 1 m
   "no global batch / steps per epoch line: $(grep -m1 "global batch" "$W/a.log")"
 check 'grep -qE "^step +12/12 \| loss [0-9.]+ \| .* \| epoch [0-9]\.[0-9]{3} \| elapsed [0-9]+s \| ETA 0s$" "$W/a.log"' \
   "the last step's line has no epoch / elapsed / ETA: $(grep -E "^step +12/" "$W/a.log")"
-check 'grep -qE "^step +6 \| val loss [0-9.]+ \| accuracy 0\.[0-9]{4} \| [0-9]+ masked tokens in [0-9]+ sequences \(3 micro-batches of B=8: [0-9]+ of the split.s [0-9]+ sequences\)$" "$W/a.log"' \
+check 'grep -qE "^step +6 \| val loss [0-9.]+ \| accuracy 0\.[0-9]{4} \| [0-9]+ masked tokens in [0-9]+ sequences \(3 micro-batches of B=8: a sample spread over it, [0-9]+ of the split.s [0-9]+ sequences\)$" "$W/a.log"' \
   "no validation line with loss and accuracy: $(grep "val loss" "$W/a.log" | head -n 1)"
 epoch_tokens=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["splits"][0]["tokens"])' "$W/data/meta.json")
 json '
@@ -52,8 +52,9 @@ assert all(r["mfu"] is None for r in train)  # the CPU: no known peak
 assert all(0 < a["tokens"] < b["tokens"] <= 256 * b["step"] for a, b in zip(train, train[1:]))
 assert all(abs(r["epoch"] - r["tokens"] / int(sys.argv[2])) < 1e-6 for r in train)
 assert all(a["elapsed_s"] <= b["elapsed_s"] for a, b in zip(train, train[1:])) and train[0]["elapsed_s"] > 0
-assert all(math.isfinite(r["loss"]) and r["lr"] > 0 and r["grad_norm"] > 0 and r["tokens_per_s"] > 0 and
-           r["data_wait_ms"] >= 0 for r in train)
+assert all(math.isfinite(r["loss"]) and r["grad_norm"] > 0 and r["tokens_per_s"] > 0 and r["data_wait_ms"] >= 0
+           for r in train)
+assert all(r["lr"] > 0 for r in train[:-1]) and train[-1]["lr"] == 0, [r["lr"] for r in train]  # decays to 0
 assert train[-1]["loss"] < train[0]["loss"] - 0.5, (train[0]["loss"], train[-1]["loss"])
 assert [r["step"] for r in val] == [6, 12], val
 vkeys = ["kind", "step", "tokens", "elapsed_s", "val_loss", "val_accuracy", "val_masked", "val_sequences", "val_split"]
@@ -122,7 +123,7 @@ for r in 0 1; do
 done
 wait
 line1=$(grep "^eval:" "$W/ev1.log"); line2=$(grep "^eval:" "$W/ev2.log"); line3=$(grep "^eval:" "$W/ev3_0.log")
-check 'echo "$line1" | grep -qE "^eval: loss [0-9.]+ \| accuracy 0\.[0-9]{4} \| [0-9]+ masked tokens in [0-9]+ sequences \(3 micro-batches of B=8: [0-9]+ of the split.s [0-9]+ sequences\)$"' \
+check 'echo "$line1" | grep -qE "^eval: loss [0-9.]+ \| accuracy 0\.[0-9]{4} \| [0-9]+ masked tokens in [0-9]+ sequences \(3 micro-batches of B=8: a sample spread over it, [0-9]+ of the split.s [0-9]+ sequences\)$"' \
   "--eval of a checkpoint: $line1 $(tail -n 2 "$W/ev1.log")"
 check '[ -n "$line3" ] && [ "$line3" = "$line1" ] && ! grep -q "^eval:" "$W/ev3_1.log"' \
   "--eval with 2 ranks: '$line3', with 1: '$line1' $(tail -n 2 "$W/ev3_0.log" "$W/ev3_1.log")"
