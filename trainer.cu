@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>  // the CUDA runtime (cpu/include/cuda_runtime.h on the CPU build)
 #include "kernels.cuh"     // every GPU kernel, and launch()
 #include "model.h"         // the BERT configuration, parameter table, memory plan, forward/backward/AdamW
+#include "hf.h"            // the Hugging Face export and import (model.safetensors, config.json)
 #include "data.h"          // token shards, the ring of loader threads, MLM masking
 #include "comm.h"          // rank and world size; NCCL gradient averaging
 #include "scaling.h"       // the scaling predictor: compute, all-reduce and overlap on N nodes

@@ -14,6 +14,7 @@
 //     layer_norm_eps; a directory or a FIFO named model.safetensors or config.json (at once, never blocking)
 //   - bert_alloc refuses T beyond max_position; the phase timer reports marks it had no room for
 #include "../model.h"
+#include "../hf.h"
 #include "testing.h"
 #include <fcntl.h>
 #include <string>

@@ -10,6 +10,7 @@
 // tools/compare_hf.py; with MLM_IMPORT_DIR, it reads a checkpoint that transformers saved (compare_hf.py
 // writes one) and checks it holds the reference weights bit-exactly.
 #include "../model.h"
+#include "../hf.h"
 #include "testing.h"
 #include <sys/stat.h>
 #include <unistd.h>
