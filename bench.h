@@ -178,6 +178,8 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     if (!bert_alloc_sharded(&model, &cfg, B, T, plan.M, stream, gr->zero ? gr->state_numel : 0, gr->slack)) return 1;
     choose_attention(&model, prop, main_rank);
     grad_reduce_start(gr);
+    Optimizer opt = optimizer_setup(gr, NULL, o->optimizer == OPT_LAMB, o->grad_reduce_bf16, 0, o->beta1, o->beta2,
+                                    o->eps, o->wd, o->clip);  // (--bench refuses --comm onebit)
     BatchMaker bm;
     float* scratch = batch_maker_alloc(&bm, &plan, 0);
     float* w = (float*)malloc(model.p.numel * sizeof(float));
@@ -186,12 +188,12 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     free(w);
     bert_zero_grad(&model);
 
-    for (int i = 0; i < o->bench_warmup; i++) train_step(&model, &train, &bm, gr, scratch, o, o->lr, 0);
+    for (int i = 0; i < o->bench_warmup; i++) train_step(&model, &train, &bm, &opt, scratch, o, o->lr, 0);
     long long tokens_done = 0;
     comm_wait(comm, stream, "benchmark sync");  // the ZeRO-1 AllGather may be in flight
     double t0 = now_s();
     for (int i = 0; i < o->bench_steps; i++)
-        tokens_done += train_step(&model, &train, &bm, gr, scratch, o, o->lr, 0).tokens;
+        tokens_done += train_step(&model, &train, &bm, &opt, scratch, o, o->lr, 0).tokens;
     comm_wait(comm, stream, "benchmark sync");
     double dt = now_s() - t0;
     res->step_ms = 1e3 * dt / o->bench_steps;
@@ -207,7 +209,7 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     int lost = 0;
     t0 = now_s();
     for (int i = 0; i < o->bench_steps; i++) {
-        train_step(&model, &train, &bm, gr, scratch, o, o->lr, 0);
+        train_step(&model, &train, &bm, &opt, scratch, o, o->lr, 0);
         lost |= !phase_timer_collect(&timer);  // waits for the step's last mark
     }
     res->phased_step_ms = 1e3 * (now_s() - t0) / o->bench_steps;

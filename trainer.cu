@@ -9,6 +9,7 @@
 #include "comm.h"          // rank and world size; NCCL gradient averaging
 #include "scaling.h"       // the scaling predictor: compute, all-reduce and overlap on N nodes
 #include "compress.h"      // --comm onebit: 1-bit Adam's compressed momentum all-reduce
+#include "optim.h"         // the optimizer: the gradients' exchange, their norm, the update (AdamW, LAMB, ZeRO-1, 1-bit Adam)
 #include <ctype.h>
 #include <dirent.h>
 #include <glob.h>
@@ -477,24 +478,6 @@ static void model_get_params(BertModel* m, const GradReduce* gr, float* host) {
     bert_zero_grad(m);
 }
 
-// zero_adamw_step: bert_adamw_step on this rank's pieces of every bucket (ZeRO-1).
-static void zero_adamw_step(BertModel* m, const GradReduce* gr, const Options* o, float lr) {
-    m->step++;
-    for (int i = 0; i < gr->n; i++) {
-        size_t off, n;
-        grad_reduce_piece(gr, &gr->b[i], gr->comm->rank, &off, &n);
-        if (n) bert_adamw_range(m, off, n, gr->b[i].state_off, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
-    }
-}
-
-// onebit_refresh_step: an AdamW step of the averaged gradient (m, v updated) whose v update is lazy: v decays by
-// b2^K (the K steps since its last update) and bc2 = 1 - b2^t (compress.h: onebit_refresh_update).
-static void onebit_refresh_step(BertModel* m, const OneBit* ob, const Options* o, float lr) {
-    m->step++;
-    onebit_refresh_update(ob, m->stream, m->step, m->master, m->w, m->grad, m->adam_m, m->adam_v, m->p.n_decay, m->norm,
-                          lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
-}
-
 // scratch (device floats, summed over ranks once per step): [0] loss sum, [1] masked count, [2] stop
 // requests, [3] ZeRO-1: the gradients' sum of squares, [4] checkpoint requests, [5..6] real tokens / 4096
 // and % 4096 (validation has its own sums: Validation).
@@ -534,30 +517,16 @@ static int stop_agreed(GradReduce* gr, BatchMaker* bm, cudaStream_t compute, flo
     return 0;
 }
 
-// onebit_local_sumsq: acc[0] += the sum of squares of this rank's own (not averaged) gradient (--comm onebit
-// after its warm-up, where the averaged gradient is never formed).
-static void onebit_local_sumsq(BertModel* m, float* acc) {
-    launch(grad_norm_partial, dim3(launch_grid_cap()), dim3(256), 0, m->stream, m->norm_partial, (const float*)m->grad,
-           m->p.numel);
-    launch(accumulate_sum, dim3(1), dim3(256), 0, m->stream, acc, (const float*)m->norm_partial, launch_grid_cap());
-}
-
-// Under --comm onebit (gr->onebit), after its warm-up a step reduces no gradient: the norm (for the log, clipping
-// and the non-finite check) is sqrt(mean over ranks of |g_r|^2), from the ranks' local sums of squares in the
-// step's one all-reduce; then onebit_step_forward exchanges the clipped momentum part by part and updates the
-// weights on the communication stream, under the next step's forward (compress.h). --comm onebit-overlap launches
-// the parts while the last backward runs, as the fp32 buckets are reduced, and clips at the update.
-static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, GradReduce* gr, float* scratch,
+// train_step: one optimizer step: --grad-accum micro-batches forward and backward, then the optimizer's exchange,
+// norm and update (optim.h) around the step's one host sync.
+static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Optimizer* op, float* scratch,
                              const Options* o, float lr, int want_ckpt) {
     StepResult r;
     memset(&r, 0, sizeof r);
+    GradReduce* gr = op->gr;
     Comm* comm = gr->comm;
     uint64_t sent0 = comm->sent;
-    OneBit* ob = gr->onebit;
-    int compressed = ob && m->step + 1 > ob->warmup && !onebit_is_refresh(ob, m->step + 1);
-    int overlap = compressed && o->onebit_overlap;  // the parts leave during the backward, before the norm is known
-    // a --comm-refresh step reduces the gradients in bf16 (half fp32's bytes, on the step that costs onebit most)
-    gr->bf16 = o->grad_reduce_bf16 || (ob && m->step + 1 > ob->warmup && !compressed);
+    optimizer_begin(op, m);
     int stop_pending = 0;      // a stop agreement in flight (stop_agreed)
     comm->step = m->step + 1;  // for the watchdog's messages
     for (int micro = 0; micro < o->grad_accum; micro++) {
@@ -597,71 +566,39 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Gr
     // whose streams run as the GPU's do).
     bert_phase(m, PHASE_ALLREDUCE);
     if (test_hook_on(o->stall, m->step + 1)) stall_launch(comm, o, comm->world > 1 ? gr->stream : m->stream);
-    if (overlap) {
-        onebit_launch(ob, gr, m->step + 1, m->grad, m->adam_m, m->adam_v, o->beta1, o->beta2, o->eps, 1.f);
-        onebit_wait(gr, m->stream);
-    } else if (!compressed) {
-        grad_reduce_launch(gr, m->grad);
-        grad_reduce_wait(gr, m->stream);
-    }
+    op->exchange(op, m);
     static const float inf = INFINITY;  // the test hooks' poison
     if (test_hook_on(o->inf_grad, m->step + 1))
         CUDA_CHECK(cudaMemcpyAsync(m->grad, &inf, sizeof inf, cudaMemcpyHostToDevice, m->stream));
     if (test_hook_on(o->inf_loss, m->step + 1))
         CUDA_CHECK(cudaMemcpyAsync(scratch, &inf, sizeof inf, cudaMemcpyHostToDevice, m->stream));
     bert_phase(m, PHASE_OPTIM);
-    if (compressed)
-        onebit_local_sumsq(m, scratch + S_SUMSQ);
-    else if (gr->zero)
-        zero_grad_sumsq(gr, m->grad, m->norm_partial, scratch + S_SUMSQ, m->stream);
-    else
-        bert_grad_norm(m);
+    op->norm(op, m, scratch + S_SUMSQ);
     // The one host sync of the step, before the update: over all ranks the loss sum, masked count, stop and
-    // checkpoint requests, and under ZeRO-1 the gradients' sum of squares; else the norm of the averaged
-    // gradient, the same on every rank. A loss or norm that is not finite skips the update: the weights and
+    // checkpoint requests, and the gradients' sum of squares where the norm is made of the ranks' pieces; else the
+    // norm on the device, the same on every rank. A loss or norm that is not finite skips the update: the weights and
     // AdamW moments stay as they were (the step still counts: its batches are consumed and the schedule moves on).
     // This rank's real tokens go in two parts (/ 4096, % 4096), so that each float sum stays an exact integer.
     float stop = stop_requested ? 1.f : 0.f, ckpt = want_ckpt ? 1.f : 0.f, *h = bm->host, *norm = bm->host + S_STEP_N;
     float tok[2] = {(float)(r.tokens / 4096), (float)(r.tokens % 4096)};
-    if (!gr->zero && !compressed)
-        CUDA_CHECK(cudaMemcpyAsync(norm, m->norm, sizeof *norm, cudaMemcpyDeviceToHost, m->stream));
+    if (!op->sumsq_div) CUDA_CHECK(cudaMemcpyAsync(norm, m->norm, sizeof *norm, cudaMemcpyDeviceToHost, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(scratch + S_STOP, &stop, sizeof stop, cudaMemcpyHostToDevice, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(scratch + S_CKPT, &ckpt, sizeof ckpt, cudaMemcpyHostToDevice, m->stream));
     CUDA_CHECK(cudaMemcpyAsync(scratch + S_TOK_HI, tok, sizeof tok, cudaMemcpyHostToDevice, m->stream));
     all_ranks_sum(comm, scratch, S_STEP_N, h, m->stream, "step loss AllReduce (the step's host sync)");
-    if (!gr->zero && !compressed) r.norm = *norm;  // pinned: complete after the sync
-    if (compressed) r.norm = sqrtf(h[S_SUMSQ] / (float)comm->world);
-    if (gr->zero) {
-        r.norm = sqrtf(h[S_SUMSQ]);
+    r.norm = op->sumsq_div ? sqrtf(h[S_SUMSQ] / (float)op->sumsq_div) : *norm;  // (pinned: complete after the sync)
+    if (gr->zero)  // (AdamW clips by the norm on the device)
         CUDA_CHECK(cudaMemcpyAsync(m->norm, &r.norm, sizeof r.norm, cudaMemcpyHostToDevice, m->stream));
-    }
     r.loss = h[S_COUNT] > 0.f ? h[S_LOSS] / h[S_COUNT] : 0.f;
     r.stop = h[S_STOP] > 0.f;
     r.ckpt = h[S_CKPT] > 0.f;
     r.all_tokens = 4096 * (long long)h[S_TOK_HI] + (long long)h[S_TOK_LO];
     r.skipped = !isfinite(r.loss) || !isfinite(r.norm);
-    if (r.skipped) {
+    if (r.skipped)
         m->step++;
-    } else if (compressed) {
-        float clip = o->clip > 0.f && r.norm > o->clip ? o->clip / r.norm : 1.f;  // --clip's factor
-        if (overlap)
-            onebit_update(ob, m->stream, m->step + 1, m->master, m->w, m->adam_m, m->adam_v, m->p.n_decay, lr, o->beta1,
-                          o->beta2, o->eps, o->wd, clip);
-        else  // the parts leave now, clipped, and update the weights under the next step's forward
-            onebit_step_forward(ob, gr, m->step + 1, m->grad, m->master, m->w, m->adam_m, m->adam_v, m->p.n_decay, lr,
-                                o->beta1, o->beta2, o->eps, o->wd, clip);
-        m->step++;
-    } else if (gr->zero) {
-        zero_adamw_step(m, gr, o, lr);
-        zero_allgather(gr, m->w, m->stream);
-    } else if (ob && m->step + 1 > ob->warmup) {  // --comm-refresh: an fp32 step updates the frozen v
-        onebit_refresh_step(m, ob, o, lr);
-    } else if (o->optimizer == OPT_LAMB) {
-        bert_lamb_step(m, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
-    } else {
-        bert_adamw_step(m, lr, o->beta1, o->beta2, o->eps, o->wd, o->clip);
-    }
-    if (!compressed || overlap || r.skipped) bert_zero_grad(m);  // else onebit_step_forward zeroes them
+    else
+        op->update(op, m, lr, r.norm);
+    optimizer_end(op, m, r.skipped);
     bert_phase(m, PHASE_END);
     r.comm_bytes = comm->sent - sent0;
     return r;
@@ -1402,6 +1339,7 @@ typedef struct {
     uint64_t data_fp, val_fp;        // fingerprints of --data and --val, compared over the ranks
     GradReduce gr;                   // the gradient buckets (comm.h)
     OneBit ob;                       // --comm onebit: 1-bit Adam's errors and message buffers (compress.h)
+    Optimizer opt;                   // the step's exchange, norm and update (optim.h)
     Plan plan;                       // every device byte (plan_run)
     char train_pattern[4096];        // the training shards (node-local copies with --stage-dir)
     char val_pattern[4096];          // the validation shards, likewise
@@ -1614,6 +1552,8 @@ static int allocate_run(Run* r) {
     choose_attention(&r->model, &r->prop, r->main_rank);
     grad_reduce_start(&r->gr);
     if (o->onebit) onebit_setup(r);
+    r->opt = optimizer_setup(&r->gr, o->onebit ? &r->ob : NULL, o->optimizer == OPT_LAMB, o->grad_reduce_bf16,
+                             o->onebit_overlap, o->beta1, o->beta2, o->eps, o->wd, o->clip);
     r->scratch = batch_maker_alloc(&r->bm, &r->plan, r->data_h.pad_id);  // the step's sums: see S_LOSS
 
     DataLoaderConfig dcfg = dataloader_default_config(r->train_pattern, B, T);
@@ -1703,7 +1643,7 @@ static int train(Run* r) {
         // rank 0's clock decides --ckpt-minutes, and the step's all-reduce tells every rank
         int want_ckpt = main_rank && o->ckpt_minutes > 0 && now_s() - last_ckpt >= 60.0 * o->ckpt_minutes;
         DataLoaderState step_start = dataloader_state(&r->train);  // where a dropped step's checkpoint resumes
-        StepResult s = train_step(m, &r->train, &r->bm, &r->gr, r->scratch, o, lr_at(o, step), want_ckpt);
+        StepResult s = train_step(m, &r->train, &r->bm, &r->opt, r->scratch, o, lr_at(o, step), want_ckpt);
         if (s.dropped) {  // a signal between micro-batches (every rank agreed): save the last complete step
             if (main_rank)
                 printf(

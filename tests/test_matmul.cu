@@ -18,7 +18,7 @@
 // ulps), 1e-5 for fp32 results of GELU epilogues (tanhf / the GPU's tanh are a few ulps off).
 //
 // What is the library's choice, not its contract, and how it is tested (cuBLASLt 13.0 on an H100,
-// ../shared/gpu/2026-11-23/test_matmul_on_h100.log):
+// 2026-11-23):
 //   - bf16 epilogues other than DEFAULT and RELU: the GPU rounds an intermediate value to bf16
 //     (results up to about one bf16 ulp off the exact value, with beta = 0 and beta != 0). The
 //     project relies only on "as if each of t0 = alpha AB + beta C and t1 = t0 + bias were rounded

@@ -9,7 +9,7 @@
 # Exit status: CMD's; 3 when Slurm could not be installed or started (the reason is printed).
 # /etc/slurm and /etc/munge are not touched. Knobs: HARNESS_CPUS (CPUs the node advertises, default 4:
 # SlurmdParameters=config_overrides lets `srun -n 4` run on 2 cores), HARNESS_KEEP=1 keeps the temp dir.
-# Pitfalls it avoids (../shared/notes/slurm-local.md): mktemp's 0700 dir (munged needs o+x on its socket's
+# Pitfalls it avoids (found setting up a single-node Slurm by hand): mktemp's 0700 dir (munged needs o+x on its socket's
 # path), clients without SLURM_CONF, jobs larger than the node pending for ever (EnforcePartLimits=ALL),
 # an outer job's SLURM_* variables, `cd x && daemon &` recording a subshell's PID.
 set -uo pipefail
