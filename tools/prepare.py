@@ -568,6 +568,8 @@ DOC_SKIPS = {
     "empty": "empty (no text, or no tokens)",
 }
 _SURROGATE = re.compile("[\udc80-\udcff]")  # what surrogateescape makes of a byte that is not UTF-8
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # what JSON's \\ud800 escape without its pair makes
+LONE_SURROGATE = "a lone surrogate: a \\ud800-\\udfff escape without its pair"
 
 
 class InputError(Exception):
@@ -945,6 +947,8 @@ class Source:
                     skips.doc("too_long", self, base + i + 1, f"{len(v):,} characters")
                 elif not v or v.isspace():
                     skips.doc("empty", self, base + i + 1)
+                elif "\\u" in line and _LONE_SURROGATE.search(v):  # (no tokenizer takes it)
+                    skips.doc("undecodable", self, base + i + 1, LONE_SURROGATE)
                 else:
                     yield v, base + i + 1
             base += len(lines)
@@ -984,8 +988,9 @@ class Skips:
 
     def file(self, reason, src, detail="", named=False):
         if (self.strict or named) and reason != "empty":
-            why = " (--strict)" if self.strict else (" (a file named on --input must be readable as its format; "
-                                                     "one found in a directory named on --input is skipped and counted)")
+            why = " (--strict)" if self.strict else (
+                " (a file named on --input must be readable as its format; one found in a directory named on --input "
+                "is skipped and counted)")
             raise InputError(f"{src.path}: {self._what(FILE_SKIPS, reason).split(' (')[0]}"
                              f"{f' ({detail})' if detail else ''}; expected {src.expected}{why}")
         self.files[reason] = self.files.get(reason, 0) + 1
@@ -1196,7 +1201,7 @@ class Tokenize:
                     encodings.append(self.encode([text], add_special_tokens=False)[0])
                 except Exception as e:  # noqa: BLE001
                     encodings.append(None)
-                    refused.append((i, first_line(e)))
+                    refused.append((i, LONE_SURROGATE if _LONE_SURROGATE.search(text) else first_line(e)))
             return encodings, refused
 
     def _write(self, job, places):
@@ -1232,8 +1237,10 @@ def prepare_text(args):
     skips = Skips(args)
     for directory, why in listing.bad_dirs:
         skips.unlisted(directory, why)
-    for src in sources:  # a file named on --input that does not open as its format: an error, before any writing
-        if src.path in listing.named:
+    # A file named on --input that does not open as its format is an error before anything is written; so is any file
+    # under --strict (each one's head is read: the records are checked as they are read).
+    for src in sources:
+        if src.path in listing.named or args.strict:
             try:
                 src.check()
             except Skip as k:
@@ -1435,7 +1442,8 @@ def main(argv=None):
                            help="in text files, a document is a line, a blank-line separated paragraph (default), or "
                                 "the whole file (a JSON Lines record or a Parquet row is always one document)")
             s.add_argument("--text-field", default="text",
-                           help="the field of a JSON Lines record, or the Parquet column, holding the text (default: text)")
+                           help="the field of a JSON Lines record, or the Parquet column, holding the text "
+                                "(default: text)")
             s.add_argument("--max-doc-chars", type=int, default=1 << 24,
                            help="a longer document is skipped and counted (default 16777216); it bounds the memory")
             s.add_argument("--strict", action="store_true",
