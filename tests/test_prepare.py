@@ -364,6 +364,307 @@ def test_bad_inputs_one_line():
             assert len([ln for ln in r.stderr.splitlines() if ln.startswith("prepare.py:")]) <= 1, f"{args}: {r.stderr}"
 
 
+
+# ----------------------------------------------------------------------------
+# Corpus formats: JSON Lines, Parquet, compressed text; what is skipped, and why; --strict; --input and --out.
+TOOL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools", "prepare.py")
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS  # every word of WORDS is one token
+
+
+def run_tool(args, env=None):
+    """prepare.py in a process of its own: (exit code, stdout, stderr)."""
+    r = subprocess.run([sys.executable, TOOL] + args, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, **(env or {})))
+    return r.returncode, r.stdout, r.stderr
+
+
+def vocab_file(d):
+    path = os.path.join(d, "vocab.txt")
+    with open(path, "w") as f:
+        f.write("\n".join(VOCAB) + "\n")
+    return path
+
+
+def word_docs(rng, n, lo=1, hi=40):
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi))) for _ in range(n)]
+
+
+def ids_of(doc):
+    return [VOCAB.index(w) for w in doc.split()]
+
+
+def write_parquet(path, columns):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table(columns), path, row_group_size=7)  # several row groups
+
+
+def prepare_ok(args):
+    """prepare.main in this process; its meta.json and the train split's samples (as lists of ids)."""
+    try:
+        assert prepare.main(args) == 0
+    except SystemExit as e:  # a failure of this test, not the end of the others
+        raise AssertionError(f"prepare.py {' '.join(args)}: exit {e.code}") from None
+    out = args[args.index("--out") + 1]
+    return json.load(open(os.path.join(out, "meta.json"))), read_split(out, "train")[0]
+
+
+def test_mixed_corpus_skips_and_counts():
+    """One command over JSON Lines, Parquet, gzipped and plain text with bad files and bad records among them:
+    the good documents, in file order, with exact token counts; what was skipped counted by reason, not a stop."""
+    import gzip
+    rng = random.Random(11)
+    with tempfile.TemporaryDirectory() as d:
+        c = os.path.join(d, "corpus")
+        os.makedirs(os.path.join(c, "sub"))
+        os.makedirs(os.path.join(c, ".git"))
+        # a.jsonl: 6 good records among a bad JSON line, a missing field, a null, a number, an empty text, a lone
+        # surrogate (\ud800, which no UTF-8 text holds), a blank line
+        a = word_docs(rng, 6)
+        with open(os.path.join(c, "a.jsonl"), "w") as f:
+            f.write(json.dumps({"text": a[0], "id": 1}) + "\n")
+            f.write('{"text": "alpha beta\n')  # bad JSON
+            f.write(json.dumps({"title": "no text here"}) + "\n")  # missing field
+            f.write(json.dumps({"text": a[1]}) + "\n\n")  # and a blank line (ignored)
+            f.write(json.dumps({"text": None}) + "\n")  # null
+            f.write(json.dumps({"text": 42}) + "\n")  # not a string
+            f.write(json.dumps({"text": "  "}) + "\n")  # empty
+            f.write(json.dumps({"text": "alpha \ud800 beta"}) + "\n")  # a lone surrogate: not text
+            for doc in a[2:]:
+                f.write(json.dumps({"text": doc, "meta": {"x": [1, 2]}}) + "\n")
+        # b.parquet: 20 rows, one null
+        b = word_docs(rng, 20)
+        write_parquet(os.path.join(c, "b.parquet"), {"text": b[:5] + [None] + b[5:], "n": list(range(21))})
+        # c.txt.gz: paragraphs, as a plain text file would give them
+        cdocs = word_docs(rng, 30)
+        with gzip.open(os.path.join(c, "c.txt.gz"), "wt") as f:
+            f.write("\n\n".join(" \n".join(doc.split(" ", 1)) for doc in cdocs) + "\n")  # paragraphs of 1-2 lines
+        # d.txt: one bad byte spoils its paragraph only (line 3), not the file
+        ddocs = word_docs(rng, 3)
+        with open(os.path.join(c, "d.txt"), "wb") as f:
+            f.write(f"{ddocs[0]}\n\n".encode() + b"alpha \xff beta\n\n" + f"{ddocs[1]}\n{ddocs[2]}\n".encode())
+        # sub/e.jsonl.gz: compressed JSON Lines in a subdirectory
+        e = word_docs(rng, 4)
+        with gzip.open(os.path.join(c, "sub", "e.jsonl.gz"), "wt") as f:
+            f.write("".join(json.dumps({"text": doc}) + "\n" for doc in e))
+        # bad files: binary, a JSON document (not lines), a gzip that is not, a Parquet file without the column,
+        # an archive, an empty file; and names starting with '.' (not read)
+        open(os.path.join(c, "f.bin"), "wb").write(bytes(range(256)) * 4)
+        open(os.path.join(c, "g.json"), "w").write(json.dumps({"text": "alpha"}, indent=2))
+        open(os.path.join(c, "h.txt.gz"), "wb").write(b"this is not gzip data at all\n")
+        write_parquet(os.path.join(c, "i.parquet"), {"body": ["alpha beta"]})
+        open(os.path.join(c, "j.tar"), "wb").write(b"\0" * 1024)
+        open(os.path.join(c, "k.txt"), "w").close()
+        open(os.path.join(c, ".notes.txt"), "w").write("gamma delta\n")
+        open(os.path.join(c, ".git", "config"), "w").write("alpha alpha alpha\n")
+
+        out = os.path.join(d, "out")
+        args = ["text", "--input", c, "--tokenizer", vocab_file(d), "--out", out, "--seq-len", "16",
+                "--val-fraction", "0"]
+        meta, got = prepare_ok(args)
+        docs = a + b + cdocs + [ddocs[0], " ".join(ddocs[1:])] + e  # the sorted order: a, b, c, d, sub/e
+        assert got == expected_samples([ids_of(x) for x in docs], 16, 2, 3), "the good documents, whole, in order"
+        row = meta["splits"][0]
+        assert row["documents"] == len(docs) and row["tokens"] - 2 * row["samples"] == sum(len(x.split()) for x in docs)
+        assert meta["skipped_files"] == {"not_text": 1, "not_jsonl": 1, "damaged": 1, "no_column": 1, "unsupported": 1,
+                                         "empty": 1}, meta["skipped_files"]
+        assert meta["skipped_documents"] == {"bad_json": 1, "missing_field": 3, "not_string": 1, "empty": 1,
+                                             "undecodable": 2}, meta["skipped_documents"]
+        assert meta["input_files"] == 11 and meta["input_formats"] == {
+            "JSON Lines": 2, "JSON Lines .gz": 1, "Parquet": 2, "text": 3, "text .gz": 2, "other": 1}, meta
+        # The same command again: the same shards, byte for byte (and the summary says what was skipped, and why).
+        first = {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out) if n.endswith(".bin")}
+        rc, text, err = run_tool(args)
+        assert rc == 0 and {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)
+                            if n.endswith(".bin")} == first
+        for want in ("skipped 6 of 11 files:", "1 not UTF-8 text (first: " + os.path.join(c, "f.bin"),
+                     "1 not JSON Lines (first: " + os.path.join(c, "g.json"), "skipped 8 documents:",
+                     "3 without the field 'text' (or null) (first: " + os.path.join(c, "a.jsonl") + " line 3",
+                     "2 not UTF-8 (first: " + os.path.join(c, "a.jsonl") + " line 9: a lone surrogate",
+                     "2 hidden names not read"):
+            assert want in text, f"{want!r} not in {text}"
+        assert err == "", f"no progress bar when stderr is not a terminal: {err!r}"
+        # The progress bar (forced here; on a terminal it shows by itself): tokens/s and an ETA, on stderr.
+        rc, text, err = run_tool(args, env={"PREPARE_PROGRESS": "1"})
+        assert rc == 0 and "tokenizing" in err and "tokens/s" in err and "<" in err, err
+        # A trained vocabulary reads the same documents.
+        rc, text, err = run_tool(["text", "--input", c, "--train-vocab", "60", "--out", os.path.join(d, "tv"),
+                                  "--seq-len", "16"])
+        assert rc == 0 and "skipped 8 documents:" in text, text + err
+
+
+def test_truncated_and_zstd():
+    """.zst (several frames, as parallel compressors write) reads as its plain text; a truncated .gz keeps the
+    documents before the damage and is counted; .jsonl.zst; .xz and .bz2 from the standard library."""
+    import bz2
+    import gzip
+    import lzma
+    import zstandard
+    rng = random.Random(12)
+    docs = word_docs(rng, 200)
+    plain = ("\n\n".join(docs) + "\n").encode()
+    with tempfile.TemporaryDirectory() as d:
+        vocab = vocab_file(d)
+        c = os.path.join(d, "c")
+        os.makedirs(c)
+        cz = zstandard.ZstdCompressor()
+        half = len(plain) // 2
+        open(os.path.join(c, "a.txt.zst"), "wb").write(cz.compress(plain[:half]) + cz.compress(plain[half:]))
+        lines = "".join(json.dumps({"text": x}) + "\n" for x in docs).encode()
+        open(os.path.join(c, "b.jsonl.zst"), "wb").write(cz.compress(lines))
+        open(os.path.join(c, "c.txt.xz"), "wb").write(lzma.compress(plain))
+        open(os.path.join(c, "d.txt.bz2"), "wb").write(bz2.compress(plain))
+        meta, got = prepare_ok(["text", "--input", c, "--tokenizer", vocab, "--out", os.path.join(d, "o"),
+                                "--seq-len", "64", "--val-fraction", "0"])
+        assert got == expected_samples([ids_of(x) for x in docs] * 4, 64, 2, 3)
+        assert meta["skipped_files"] == {} and meta["skipped_documents"] == {}
+        # a .gz cut short: what came before the cut is kept, the file counted as damaged, the run goes on
+        big = ("\n\n".join(word_docs(rng, 20000)) + "\n").encode()  # more than the 1 MiB read at a time
+        gz = gzip.compress(big)
+        t = os.path.join(d, "t")
+        os.makedirs(t)
+        open(os.path.join(t, "a.txt.gz"), "wb").write(gz[:len(gz) * 3 // 4])
+        open(os.path.join(t, "b.txt"), "w").write("alpha beta\n")
+        meta, got = prepare_ok(["text", "--input", t, "--tokenizer", vocab, "--out", os.path.join(d, "o2"),
+                                "--seq-len", "1000", "--val-fraction", "0"])
+        assert meta["skipped_files"] == {"damaged": 1}, meta
+        kept = [s[1:-1] for s in got[:-1]]
+        assert got[-1] == [2] + ids_of("alpha beta") + [3] and 0 < len(kept) < 20000
+        want = [ids_of(x) for x in big.decode().split("\n\n")]
+        assert kept == want[:len(kept)], "a prefix of the documents of the damaged file"
+
+
+def test_text_field():
+    """--text-field names the JSON Lines field and the Parquet column; without it, 'text' is missing: an error that
+    says so, and what the records hold."""
+    rng = random.Random(13)
+    docs = word_docs(rng, 25)
+    with tempfile.TemporaryDirectory() as d:
+        vocab = vocab_file(d)
+        c = os.path.join(d, "c")
+        os.makedirs(c)
+        with open(os.path.join(c, "a.jsonl"), "w") as f:
+            f.write("".join(json.dumps({"id": i, "body": x}) + "\n" for i, x in enumerate(docs[:10])))
+        write_parquet(os.path.join(c, "b.parquet"), {"id": list(range(15)), "body": docs[10:]})
+        meta, got = prepare_ok(["text", "--input", c, "--tokenizer", vocab, "--text-field", "body",
+                                "--out", os.path.join(d, "o"), "--seq-len", "64", "--val-fraction", "0"])
+        assert got == expected_samples([ids_of(x) for x in docs], 64, 2, 3) and meta["text_field"] == "body"
+        rc, text, err = run_tool(["text", "--input", c, "--tokenizer", vocab, "--out", os.path.join(d, "o2")])
+        assert rc == 1 and "nothing to tokenize" in err and "without a string column 'text'" in err, err
+        assert "without the field 'text'" in err and ("its fields: id, body" in err or "its columns: id, body" in err)
+        assert not os.path.exists(os.path.join(d, "o2", "tokenizer.json")), "a failed run leaves no tokenizer.json"
+        # a column that is not strings
+        write_parquet(os.path.join(d, "n.parquet"), {"text": [1, 2, 3]})
+        rc, text, err = run_tool(["text", "--input", os.path.join(d, "n.parquet"), "--tokenizer", vocab,
+                                  "--out", os.path.join(d, "o3")])
+        assert rc == 1 and "n.parquet: without a string column 'text' (the column 'text' is int64" in err, err
+
+
+def test_strict():
+    """--strict: the first bad input is an error naming the file (and line) and what was expected; no shards left.
+    A clean corpus passes --strict."""
+    with tempfile.TemporaryDirectory() as d:
+        vocab = vocab_file(d)
+        good = os.path.join(d, "good")
+        os.makedirs(good)
+        open(os.path.join(good, "a.txt"), "w").write("alpha beta\n\ngamma\n")
+        write_parquet(os.path.join(good, "b.parquet"), {"text": ["delta"]})
+        prepare_ok(["text", "--input", good, "--tokenizer", vocab, "--out", os.path.join(d, "o0"), "--strict"])
+        cases = {
+            "bad.jsonl": ('{"text": "alpha"}\n{"text": 5}\n', "bad.jsonl line 2: whose field 'text' is not a string "
+                          "(a JSON number); expected JSON Lines: one JSON object per line with a string field 'text'"),
+            "miss.jsonl": ('{"text": "alpha"}\n\n{"body": "x"}\n', "miss.jsonl line 3: without the field 'text'"),
+            "latin.txt": (b"alpha beta\n\ncaf\xe9\n", "latin.txt line 3: not UTF-8; expected UTF-8 text (--strict)"),
+            "bin.dat": (bytes(range(256)), "bin.dat: not UTF-8 text (a NUL byte in its first 64 KiB: binary); "
+                        "expected UTF-8 text (--strict)"),
+            "z.txt.gz": (b"not gzip", "z.txt.gz: damaged or truncated (Not a gzipped file"),
+            "long.txt": ("alpha " * 50 + "\n", "long.txt line 1: longer than --max-doc-chars (100 characters)"),
+        }
+        for name, (content, want) in cases.items():
+            c = os.path.join(d, "c_" + name)
+            os.makedirs(c)
+            shutil.copy(os.path.join(good, "a.txt"), c)
+            with open(os.path.join(c, name), "wb" if isinstance(content, bytes) else "w") as f:
+                f.write(content)
+            out = os.path.join(d, "o_" + name)
+            flags = ["--max-doc-chars", "100"]
+            rc, text, err = run_tool(["text", "--input", c, "--tokenizer", vocab, "--out", out, "--strict"] + flags)
+            assert rc == 1 and os.path.join(c, want) in err, f"{name}: {err!r}"
+            left = os.listdir(out) if os.path.isdir(out) else []  # (a bad file is found before --out is made)
+            assert "Traceback" not in err and not [n for n in left if n.endswith((".bin", ".tmp", ".json"))], left
+            rc, text, err = run_tool(["text", "--input", c, "--tokenizer", vocab, "--out", out] + flags)
+            assert rc == 0 and "skipped 1" in text, f"{name}: without --strict, skipped and counted: {text} {err}"
+        # with --train-vocab, the first pass (the vocabulary) stops at it already
+        rc, text, err = run_tool(["text", "--input", os.path.join(d, "c_bad.jsonl"), "--train-vocab", "50",
+                                  "--out", os.path.join(d, "tv"), "--strict"])
+        assert rc == 1 and "bad.jsonl line 2: whose field 'text' is not a string" in err, err
+
+
+def test_named_files_and_too_long():
+    """A file named on --input must open as its format: an error before anything is written (the earlier shards
+    stay). Found in a directory, the same file is skipped and counted. --max-doc-chars skips longer documents, a
+    line far longer is never held (read past); one bad byte skips one paragraph, not its file."""
+    with tempfile.TemporaryDirectory() as d:
+        vocab = vocab_file(d)
+        c = os.path.join(d, "c")
+        os.makedirs(c)
+        open(os.path.join(c, "a.txt"), "w").write("alpha beta\n\n" + "gamma " * 30 + "\n\ndelta\n\n" +
+                                                    "zeta " * 2000 + "\n\nbeta\n")
+        open(os.path.join(c, "b.json"), "w").write('{\n  "text": "alpha"\n}\n')
+        out = os.path.join(d, "out")
+        meta, got = prepare_ok(["text", "--input", c, "--tokenizer", vocab, "--out", out, "--max-doc-chars", "100",
+                                "--val-fraction", "0"])
+        assert [s[1:-1] for s in got] == [ids_of("alpha beta"), ids_of("delta"), ids_of("beta")], got
+        assert meta["skipped_documents"] == {"too_long": 2} and meta["skipped_files"] == {"not_jsonl": 1}, meta
+        before = sorted(os.listdir(out))
+        rc, text, err = run_tool(["text", "--input", os.path.join(c, "a.txt"), os.path.join(c, "b.json"),
+                                  "--tokenizer", vocab, "--out", out])
+        assert rc == 1 and f"{os.path.join(c, 'b.json')}: not JSON Lines (line 1: " in err, err
+        assert "a file named on --input must be readable as its format" in err and sorted(os.listdir(out)) == before
+
+
+def test_input_out_overlap():
+    """--input equal to --out, or inside it, is refused before anything is removed; an --out inside an --input
+    directory is not read (a second run reads what the first one read)."""
+    with tempfile.TemporaryDirectory() as d:
+        vocab = vocab_file(d)
+        c = os.path.join(d, "c")
+        os.makedirs(c)
+        open(os.path.join(c, "a.txt"), "w").write("alpha beta gamma\n\ndelta\n")
+        out = os.path.join(c, "shards")  # --out inside the input directory
+        args = ["text", "--input", c, "--tokenizer", vocab, "--out", out, "--val-fraction", "0"]
+        meta, got = prepare_ok(args)
+        meta2, got2 = prepare_ok(args)
+        assert got == got2 == [[2] + ids_of("alpha beta gamma") + [3], [2] + ids_of("delta") + [3]]
+        assert meta2["input_files"] == 1, "the shards, meta.json and tokenizer.json of the first run were not read"
+        before = {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)}
+        for mode in (["text", "--tokenizer", vocab], ["bytes"]):
+            for inp, want in ((out, f"--input {out} is --out itself"),
+                              (os.path.join(out, "train_00000.bin"), f"lies inside --out {out}")):
+                rc, text, err = run_tool([mode[0], "--input", inp, "--out", out] + mode[1:])
+                assert rc == 1 and want in err and "nothing was removed" in err, f"{mode} {inp}: {err}"
+                after = {n: open(os.path.join(out, n), "rb").read() for n in os.listdir(out)}
+                assert after == before, "the earlier shards are untouched"
+
+
+def test_everything_skipped():
+    """A corpus where every file is skipped: an error that says so and why, and no shards, no tokenizer.json."""
+    with tempfile.TemporaryDirectory() as d:
+        vocab = vocab_file(d)
+        c = os.path.join(d, "c")
+        os.makedirs(c)
+        open(os.path.join(c, "a.bin"), "wb").write(b"\x00\x01" * 100)
+        open(os.path.join(c, "b.jsonl"), "w").write('{"title": "alpha"}\n')
+        open(os.path.join(c, "c.txt"), "w").close()
+        for extra in (["--tokenizer", vocab], ["--train-vocab", "50"]):
+            out = os.path.join(d, "out" + extra[0])
+            rc, text, err = run_tool(["text", "--input", c, "--out", out] + extra)
+            assert rc == 1 and "nothing to tokenize: no document in the 3 input files had any text" in err, err
+            assert "1 not UTF-8 text" in err and "1 empty" in err and "1 document without the field 'text'" in err
+            assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+            assert os.listdir(out) == [], os.listdir(out)
+
+
 if __name__ == "__main__":
     passed = failed = 0
     for name, fn in sorted((n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)):
