@@ -1351,6 +1351,7 @@ static inline void launch_attention_backward_dkdv_wgmma(cudaStream_t, floatX*, f
 static inline void launch_attention_forward(cudaStream_t s, floatX* out, float* lse, const floatX* qkv,
                                             const int* seg_lo, const int* seg_hi, int B, int T, int NH, int HD,
                                             int wg) {
+    bench_phase(PHASE_ATTN_FWD, s);  // (until the next launcher's mark: the output projection's matmul)
     if (wg & ATT_WG_FWD) return launch_attention_forward_wgmma(s, out, lse, qkv, seg_lo, seg_hi, B, T, NH, HD);
     switch (HD) {
         case 16:
@@ -1378,6 +1379,7 @@ static inline void launch_attention_backward(cudaStream_t s, floatX* dqkv, float
                                              const floatX* dout, const floatX* qkv, const floatX* out, const float* lse,
                                              const int* seg_lo, const int* seg_hi, int B, int T, int NH, int HD,
                                              int wg) {
+    bench_phase(PHASE_ATTN_BWD, s);  // (until the next launcher's mark: the qkv weight gradient's matmul)
     float* pt = dbias ? part : NULL;
     if ((wg & (ATT_WG_DQ | ATT_WG_DKDV)) && HD != 64) {
         fprintf(stderr, "attention_backward: the wgmma kernels take head size 64, not %d\n", HD);

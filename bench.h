@@ -205,7 +205,7 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     // The same steps again, each phase between two events.
     PhaseTimer timer;
     phase_timer_init(&timer, o->grad_accum * (32 + 32 * cfg.layers) + 16);
-    model.timer = &timer;
+    bench_timer = &timer;
     int lost = 0;
     t0 = now_s();
     for (int i = 0; i < o->bench_steps; i++) {
@@ -214,7 +214,7 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     }
     res->phased_step_ms = 1e3 * (now_s() - t0) / o->bench_steps;
     for (int p = 0; p < PHASE_COUNT; p++) res->phase_ms[p] = timer.ms[p] / o->bench_steps;
-    model.timer = NULL;
+    bench_timer = NULL;
     phase_timer_free(&timer);
     if (lost) {
         fprintf(stderr, "trainer: --bench: more phase marks per step than events (a bug in the event count)\n");

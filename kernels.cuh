@@ -1039,6 +1039,73 @@ __global__ void copy_to_floatX(floatX* dst, const float* src, size_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Phase timing (./trainer --bench). With bench_timer set, the launchers of the matmuls, the attention and the
+// embedding (and the trainer's step, for the data, the all-reduce and the optimizer) record a CUDA event on the
+// stream where their phase begins, and hand back to "other kernels" where they end; a phase lasts until the next
+// mark, so the phases tile the step exactly. NULL (training): nothing is recorded.
+enum {
+    PHASE_DATA,  // waiting for the loader and the batch's copy
+    PHASE_EMBED,
+    PHASE_ATTN_FWD,
+    PHASE_ATTN_BWD,
+    PHASE_MATMUL,
+    PHASE_OTHER,  // every other kernel: LayerNorm, GELU, bias gradients, the head's gathers, the loss
+    PHASE_OPTIM,  // gradient norm, AdamW, zeroing the gradients
+    PHASE_ALLREDUCE,
+    PHASE_END,  // the step's last mark: nothing after it is counted
+    PHASE_COUNT
+};
+static inline const char* phase_name(int p) {
+    static const char* names[PHASE_COUNT] = {"data wait", "embedding",     "attention forward", "attention backward",
+                                             "matmuls",   "other kernels", "optimizer",         "gradient all-reduce",
+                                             "end"};
+    return names[p];
+}
+typedef struct PhaseTimer {
+    cudaEvent_t* ev;  // (cap) events, recorded in this order
+    int* phase;       // (cap) the phase each recorded event begins
+    int n, cap, overflow;
+    double ms[PHASE_COUNT];  // accumulated by phase_timer_collect
+} PhaseTimer;
+static inline void phase_timer_init(PhaseTimer* t, int cap) {
+    memset(t, 0, sizeof(*t));
+    t->cap = cap;
+    t->ev = (cudaEvent_t*)malloc(cap * sizeof(cudaEvent_t));
+    t->phase = (int*)malloc(cap * sizeof(int));
+    for (int i = 0; i < cap; i++) CUDA_CHECK(cudaEventCreate(&t->ev[i]));
+}
+static inline void phase_timer_free(PhaseTimer* t) {
+    for (int i = 0; i < t->cap; i++) cudaEventDestroy(t->ev[i]);
+    free(t->ev);
+    free(t->phase);
+    memset(t, 0, sizeof(*t));
+}
+static inline void phase_mark(PhaseTimer* t, int phase, cudaStream_t s) {
+    if (!t) return;
+    if (t->n == t->cap) {  // phase_timer_collect reports it
+        t->overflow = 1;
+        return;
+    }
+    CUDA_CHECK(cudaEventRecord(t->ev[t->n], s));
+    t->phase[t->n++] = phase;
+}
+// phase_timer_collect: waits for the last mark, adds the time between consecutive marks to the phase
+// each one began, and starts over. Gives 0 when marks were lost (more than cap since the last collect).
+static inline int phase_timer_collect(PhaseTimer* t) {
+    if (t->n) CUDA_CHECK(cudaEventSynchronize(t->ev[t->n - 1]));
+    for (int i = 0; i + 1 < t->n; i++) {
+        float ms;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, t->ev[i], t->ev[i + 1]));
+        t->ms[t->phase[i]] += ms;
+    }
+    int ok = !t->overflow;
+    t->n = t->overflow = 0;
+    return ok;
+}
+static PhaseTimer* bench_timer = NULL;  // set by --bench (bench.h) around its timed steps
+static inline void bench_phase(int phase, cudaStream_t s) { phase_mark(bench_timer, phase, s); }
+
+// ---------------------------------------------------------------------------------------------
 // Matmuls through cuBLASLt. Row-major thinking: a Linear layer out (N, OC) = inp (N, IC) . W^T + bias, W (OC, IC)
 // as torch.nn.Linear. cuBLASLt is column-major, where a row-major (R, K) matrix is a (K x R) one; so the
 // forward is D = out^T (OC x N) = op(A) B with A = W seen as (IC x OC), transposed, and B = inp as (IC x N). A plan
@@ -1171,8 +1238,10 @@ static inline void blas_matmul(Blas* bl, cudaStream_t s, int ta, int tb, int m, 
     if (bias) blas_set_pointer(p, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
     if (aux) blas_set_pointer(p, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux);
     float alpha = 1.f;
+    bench_phase(PHASE_MATMUL, s);
     CUBLAS_CHECK(cublasLtMatmul(bl->lt, p->desc, &alpha, A, p->la, B, p->lb, &beta, C ? C : D, p->ld, D, p->ld,
                                 p->has_algo ? &p->algo : NULL, bl->workspace, bl->workspace_size, s));
+    bench_phase(PHASE_OTHER, s);
 }
 
 // matmul_forward: out (N, OC; row stride ldo) = inp (N, IC) . W^T + bias, W (OC, IC); bias may be null.
@@ -1269,8 +1338,10 @@ static inline void launch_embedding_layernorm_forward(cudaStream_t s, floatX* ou
     size_t bytes = 4 * (size_t)emb_ln_warp_floats(C) * sizeof(float);
     static size_t done = 0;
     kernel_opt_in((const void*)embedding_layernorm_forward, bytes, &done);
+    bench_phase(PHASE_EMBED, s);
     launch(embedding_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), bytes, s, out, stats, tokens, types, seg_lo,
            seg_hi, wte, wpe, wtt, gamma, beta, N, T, C, eps);
+    bench_phase(PHASE_OTHER, s);
 }
 
 // tma_map: a tensor map for the tensor memory accelerator (the map argument of tma_load_2d/3d, gpu/ptx.h): the
@@ -1355,6 +1426,7 @@ static inline void launch_embedding_backward(cudaStream_t s, float* dwte, float*
     if (grid > launch_grid_cap()) grid = launch_grid_cap();
     size_t bytes = (size_t)ny * 2 * C * sizeof(float);
     static size_t done = 0, done_c = 0;
+    bench_phase(PHASE_EMBED, s);
     kernel_opt_in((const void*)embedding_layernorm_backward, bytes, &done);
     launch(embedding_layernorm_backward, dim3(grid), dim3(ln_block_x(C), ny), bytes, s, dx, keys, part, dout, stats,
            tokens, types, seg_lo, seg_hi, wte, wpe, wtt, gamma, N, T, C, V, P);
@@ -1370,6 +1442,7 @@ static inline void launch_embedding_backward(cudaStream_t s, float* dwte, float*
     kernel_opt_in((const void*)embedding_table_carries, cbytes, &done_c);
     launch(embedding_table_carries, dim3(chunks), dim3(cx, cy), cbytes, s, dwte, dwpe, dwtt, (const float*)carry,
            (const uint64_t*)keys, (int)E, K, C, V, P);
+    bench_phase(PHASE_OTHER, s);
 }
 
 // colsum_grid_y: the rows of blocks of column_sums over I columns: about launch_grid_cap() blocks in all, one wave

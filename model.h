@@ -612,7 +612,6 @@ typedef struct {
     Blas blas;
     cudaStream_t stream;
     int step;
-    struct PhaseTimer* timer;  // NULL, except under ./trainer --bench: see "Phase timing" below
     // NULL, or layers + 2 events that bert_backward records on its stream as gradients become final, so a
     // data-parallel trainer can reduce them while the backward goes on (see bert_grad_ready_lo)
     cudaEvent_t* grad_ready;
@@ -642,69 +641,6 @@ static inline size_t bert_grad_ready_lo(const BertParams* p, int k) {
 }
 static inline int bert_grad_ready_count(const BertParams* p) { return p->cfg.layers + 2; }
 
-// Phase timing (./trainer --bench). With m->timer set, bert_forward and bert_backward (and the
-// trainer's step) record a CUDA event on the stream where each phase begins; a phase lasts until the
-// next mark, so the phases tile the step exactly. With NULL (training) nothing is recorded.
-enum {
-    PHASE_DATA,  // waiting for the loader and the batch's copy
-    PHASE_EMBED,
-    PHASE_ATTN_FWD,
-    PHASE_ATTN_BWD,
-    PHASE_MATMUL,
-    PHASE_OTHER,  // every other kernel: LayerNorm, GELU, bias gradients, the head's gathers, the loss
-    PHASE_OPTIM,  // gradient norm, AdamW, zeroing the gradients
-    PHASE_ALLREDUCE,
-    PHASE_END,  // the step's last mark: nothing after it is counted
-    PHASE_COUNT
-};
-static inline const char* phase_name(int p) {
-    static const char* names[PHASE_COUNT] = {"data wait", "embedding",     "attention forward", "attention backward",
-                                             "matmuls",   "other kernels", "optimizer",         "gradient all-reduce",
-                                             "end"};
-    return names[p];
-}
-typedef struct PhaseTimer {
-    cudaEvent_t* ev;  // (cap) events, recorded in this order
-    int* phase;       // (cap) the phase each recorded event begins
-    int n, cap, overflow;
-    double ms[PHASE_COUNT];  // accumulated by phase_timer_collect
-} PhaseTimer;
-static inline void phase_timer_init(PhaseTimer* t, int cap) {
-    memset(t, 0, sizeof(*t));
-    t->cap = cap;
-    t->ev = (cudaEvent_t*)malloc(cap * sizeof(cudaEvent_t));
-    t->phase = (int*)malloc(cap * sizeof(int));
-    for (int i = 0; i < cap; i++) CUDA_CHECK(cudaEventCreate(&t->ev[i]));
-}
-static inline void phase_timer_free(PhaseTimer* t) {
-    for (int i = 0; i < t->cap; i++) cudaEventDestroy(t->ev[i]);
-    free(t->ev);
-    free(t->phase);
-    memset(t, 0, sizeof(*t));
-}
-static inline void phase_mark(PhaseTimer* t, int phase, cudaStream_t s) {
-    if (!t) return;
-    if (t->n == t->cap) {  // phase_timer_collect reports it
-        t->overflow = 1;
-        return;
-    }
-    CUDA_CHECK(cudaEventRecord(t->ev[t->n], s));
-    t->phase[t->n++] = phase;
-}
-// phase_timer_collect: waits for the last mark, adds the time between consecutive marks to the phase
-// each one began, and starts over. Gives 0 when marks were lost (more than cap since the last collect).
-static inline int phase_timer_collect(PhaseTimer* t) {
-    if (t->n) CUDA_CHECK(cudaEventSynchronize(t->ev[t->n - 1]));
-    for (int i = 0; i + 1 < t->n; i++) {
-        float ms;
-        CUDA_CHECK(cudaEventElapsedTime(&ms, t->ev[i], t->ev[i + 1]));
-        t->ms[t->phase[i]] += ms;
-    }
-    int ok = !t->overflow;
-    t->n = t->overflow = 0;
-    return ok;
-}
-static inline void bert_phase(const BertModel* m, int phase) { phase_mark(m->timer, phase, m->stream); }
 
 #define ACT_X(m, field) ((floatX*)((m)->acts + (m)->act.field))
 #define ACT_F(m, field) ((float*)((m)->acts + (m)->act.field))
@@ -840,9 +776,7 @@ static inline void bert_head_decoder(BertModel* m, const int* labels, int M, flo
     for (int r0 = 0; r0 < M; r0 += R) {
         int n = M - r0 < R ? M - r0 : R;
         const floatX* h = ACT_X(m, h_ln) + (size_t)r0 * C;
-        bert_phase(m, PHASE_MATMUL);
         matmul_forward(bl, s, logits, Vp, h, bert_w(m, p->word), bert_w(m, p->dec_b), n, C, Vp);
-        bert_phase(m, PHASE_OTHER);
         launch(cross_entropy_forward_backward, dim3(n), dim3(256), 0, s, logits, ACT_F(m, losses) + r0, labels + r0, n,
                V, Vp, dlogit_scale);
         if (dlogit_scale == 0.f) {
@@ -851,10 +785,8 @@ static inline void bert_head_decoder(BertModel* m, const int* labels, int M, flo
                        Vp);
             continue;
         }
-        bert_phase(m, PHASE_MATMUL);
         matmul_backward_weight(bl, s, bert_g(m, p->word), NULL, logits, Vp, h, n, C, Vp);
         matmul_backward_input(bl, s, ACT_X(m, d_h) + (size_t)r0 * C, logits, Vp, bert_w(m, p->word), NULL, n, C, Vp);
-        bert_phase(m, PHASE_OTHER);
         launch_column_sums(s, bert_gb(m, p->dec_b), ACT_F(m, ln_part), logits, n, Vp);
     }
 }
@@ -873,7 +805,6 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
     int B = bt->B, T = bt->T, M = bt->M, C = c->hidden, I = c->intermediate, NH = c->heads, HD = C / NH;
     int N = B * T;
     const BertParams* p = &m->p;
-    bert_phase(m, PHASE_EMBED);
     if (m->weights_ready) CUDA_CHECK(cudaStreamWaitEvent(s, m->weights_ready[0], 0));  // the embeddings, layer 0
     launch_embedding_layernorm_forward(s, ACT_X(m, emb_out), ACT_F(m, emb_stats), bt->tokens, bt->types, bt->seg_lo,
                                        bt->seg_hi, bert_w(m, p->word), bert_w(m, p->pos), bert_w(m, p->type),
@@ -882,22 +813,16 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
         const floatX* x = l == 0 ? ACT_X(m, emb_out) : ACT_XL(m, ln2, l - 1);
         floatX *qkv = ACT_XL(m, qkv, l), *atty = ACT_XL(m, atty, l), *proj = ACT_X(m, proj);
         if (m->weights_ready && l > 0) CUDA_CHECK(cudaStreamWaitEvent(s, m->weights_ready[l], 0));
-        bert_phase(m, PHASE_MATMUL);
         matmul_forward(bl, s, qkv, 3 * C, x, bert_lw(m, l, BL_QW), bert_lw(m, l, BL_QB), N, C, 3 * C);
-        bert_phase(m, PHASE_ATTN_FWD);
         launch_attention_forward(s, atty, ACT_FL(m, lse, l), qkv, bt->seg_lo, bt->seg_hi, B, T, NH, HD, m->att_wgmma);
-        bert_phase(m, PHASE_MATMUL);
         matmul_forward(bl, s, proj, C, atty, bert_lw(m, l, BL_AOW), NULL, N, C, C);  // (its bias: in the LayerNorm)
-        bert_phase(m, PHASE_OTHER);
         launch(residual_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, s, ACT_XL(m, res1, l), ACT_XL(m, ln1, l),
                ACT_FL(m, ln1_stats, l), x, (const floatX*)proj, bert_lw(m, l, BL_AOB), bert_lw(m, l, BL_ALNW),
                bert_lw(m, l, BL_ALNB), N, C, c->ln_eps);
-        bert_phase(m, PHASE_MATMUL);
         // the MLP: fc1 = ln1 W1^T + b1 and gelu = GELU(fc1) from one matmul, then proj = gelu W2^T
         matmul_forward_gelu(bl, s, ACT_XL(m, gelu, l), ACT_XL(m, fc1, l), ACT_XL(m, ln1, l), bert_lw(m, l, BL_IW),
                             bert_lw(m, l, BL_IB), N, C, I);
         matmul_forward(bl, s, proj, C, ACT_XL(m, gelu, l), bert_lw(m, l, BL_OW), NULL, N, I, C);  // (bias: LayerNorm)
-        bert_phase(m, PHASE_OTHER);
         launch(residual_layernorm_forward, dim3(ceil_div(N, 4)), dim3(128), 0, s, ACT_XL(m, res2, l), ACT_XL(m, ln2, l),
                ACT_FL(m, ln2_stats, l), (const floatX*)ACT_XL(m, ln1, l), (const floatX*)proj, bert_lw(m, l, BL_OB),
                bert_lw(m, l, BL_OLNW), bert_lw(m, l, BL_OLNB), N, C, c->ln_eps);
@@ -907,10 +832,8 @@ static inline void bert_forward(BertModel* m, const BertBatch* bt, float dlogit_
     if (M > 0) {
         launch(gather_rows, dim3(ceil_div((long long)M * C / X128, 256)), dim3(256), 0, s, ACT_X(m, h_in),
                (const floatX*)ACT_XL(m, ln2, c->layers - 1), bt->mlm_pos, M, C);
-        bert_phase(m, PHASE_MATMUL);
         matmul_forward_gelu(bl, s, ACT_X(m, h_act), ACT_X(m, h_pre), ACT_X(m, h_in), bert_w(m, p->head_w),
                             bert_w(m, p->head_b), M, C, C);
-        bert_phase(m, PHASE_OTHER);
         launch(layernorm_forward, dim3(ceil_div(M, 4)), dim3(128), 0, s, ACT_X(m, h_ln), ACT_F(m, h_stats),
                (const floatX*)ACT_X(m, h_act), bert_w(m, p->head_ln_w), bert_w(m, p->head_ln_b), M, C, c->ln_eps);
         bert_head_decoder(m, bt->mlm_labels, M, dlogit_scale);
@@ -932,21 +855,17 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
     floatX *d_x = ACT_X(m, d_x), *d_res = ACT_X(m, d_res), *d_ln1 = ACT_X(m, d_ln1), *d_fc1 = ACT_X(m, d_fc1);
     floatX *d_qkv = ACT_X(m, d_qkv), *d_atty = ACT_X(m, d_atty);
     float* part = ACT_F(m, ln_part);  // the LayerNorm backward's and the column sums' partial sums
-    bert_phase(m, PHASE_OTHER);
     CUDA_CHECK(cudaMemsetAsync(d_x, 0, (size_t)N * C * sizeof(floatX), s));
     if (M > 0) {
         floatX *d_h = ACT_X(m, d_h), *d_h2 = ACT_X(m, d_h2);
         // the decoder was differentiated in the forward (bert_head_decoder): d_h = dLoss/dh_ln
         // head LayerNorm and GELU in one kernel (d_h2 = dLoss/dh_pre, and head_b's gradient: its column sums), then
         // the dense layer
-        bert_phase(m, PHASE_OTHER);
         launch_layernorm_backward(s, d_h2, bert_g(m, p->head_ln_w), bert_g(m, p->head_ln_b), bert_g(m, p->head_b), part,
                                   d_h, ACT_X(m, h_act), ACT_F(m, h_stats), bert_w(m, p->head_ln_w), ACT_X(m, h_pre), M,
                                   C);
-        bert_phase(m, PHASE_MATMUL);
         matmul_backward_weight(bl, s, bert_g(m, p->head_w), NULL, d_h2, C, ACT_X(m, h_in), M, C, C);
         matmul_backward_input(bl, s, d_h, d_h2, C, bert_w(m, p->head_w), NULL, M, C, C);
-        bert_phase(m, PHASE_OTHER);
         launch(scatter_rows, dim3(ceil_div((long long)M * C / X128, 256)), dim3(256), 0, s, d_x, (const floatX*)d_h,
                bt->mlm_pos, bt->mlm_labels, M, C);
     }
@@ -955,49 +874,39 @@ static inline void bert_backward(BertModel* m, const BertBatch* bt) {
         const floatX* x = l == 0 ? ACT_X(m, emb_out) : ACT_XL(m, ln2, l - 1);
         const floatX *ln1 = ACT_XL(m, ln1, l), *fc1 = ACT_XL(m, fc1, l), *gelu = ACT_XL(m, gelu, l);
         // output LayerNorm: ln2 = LN(ln1 + fc2); d_res is the gradient of both ln1 (residual) and fc2
-        bert_phase(m, PHASE_OTHER);
         // (and b2's gradient, the column sums of d_res, from the same kernel)
         launch_layernorm_backward(s, d_res, bert_lg(m, l, BL_OLNW), bert_lg(m, l, BL_OLNB), bert_lg(m, l, BL_OB), part,
                                   d_x, ACT_XL(m, res2, l), ACT_FL(m, ln2_stats, l), bert_lw(m, l, BL_OLNW), NULL, N, C);
         // fc2 = GELU(fc1) W2^T + b2, fc1 = ln1 W1^T + b1: d_fc1 = (d_res W2) * GELU'(fc1) from one matmul (the
         // DGELU epilogue), then b1's gradient, the column sums of d_fc1
-        bert_phase(m, PHASE_MATMUL);
         matmul_backward_input_gelu(bl, s, d_fc1, d_res, bert_lw(m, l, BL_OW), fc1, N, I, C);
         matmul_backward_weight(bl, s, bert_lg(m, l, BL_OW), NULL, d_res, C, gelu, N, I, C);
-        bert_phase(m, PHASE_OTHER);
         launch_column_sums(s, bert_lg(m, l, BL_IB), part, d_fc1, N, I);
         // d_ln1 = d_fc1 W1 + d_res (the residual branch)
-        bert_phase(m, PHASE_MATMUL);
         matmul_backward_weight(bl, s, bert_lg(m, l, BL_IW), NULL, d_fc1, I, ln1, N, C, I);
         matmul_backward_input(bl, s, d_ln1, d_fc1, I, bert_lw(m, l, BL_IW), d_res, N, C, I);
         // attention LayerNorm: ln1 = LN(x + proj)
-        bert_phase(m, PHASE_OTHER);
         launch_layernorm_backward(s, d_res, bert_lg(m, l, BL_ALNW), bert_lg(m, l, BL_ALNB), bert_lg(m, l, BL_AOB), part,
                                   d_ln1, ACT_XL(m, res1, l), ACT_FL(m, ln1_stats, l), bert_lw(m, l, BL_ALNW), NULL, N,
                                   C);
         // proj = atty Wo^T + bo (bo's gradient came from the LayerNorm backward above)
-        bert_phase(m, PHASE_MATMUL);
         matmul_backward_weight(bl, s, bert_lg(m, l, BL_AOW), NULL, d_res, C, ACT_XL(m, atty, l), N, C, C);
         matmul_backward_input(bl, s, d_atty, d_res, C, bert_lw(m, l, BL_AOW), NULL, N, C, C);
-        bert_phase(m, PHASE_ATTN_BWD);
         // (and bqkv's gradient, the column sums of d_qkv, from the same kernels)
         launch_attention_backward(s, d_qkv, bert_lg(m, l, BL_QB), ACT_F(m, d_delta), part, d_atty, ACT_XL(m, qkv, l),
                                   ACT_XL(m, atty, l), ACT_FL(m, lse, l), bt->seg_lo, bt->seg_hi, B, T, NH, HD,
                                   m->att_wgmma);
         // qkv = x Wqkv^T + bqkv (the three biases are adjacent: one (3C) bias); d_x = d_qkv Wqkv + d_res
-        bert_phase(m, PHASE_MATMUL);
         matmul_backward_weight(bl, s, bert_lg(m, l, BL_QW), NULL, d_qkv, 3 * C, x, N, C, 3 * C);
         matmul_backward_input(bl, s, d_x, d_qkv, 3 * C, bert_lw(m, l, BL_QW), d_res, N, C, 3 * C);
         if (m->grad_ready) CUDA_CHECK(cudaEventRecord(m->grad_ready[c->layers - l], s));  // layer l's matrices
     }
-    bert_phase(m, PHASE_EMBED);
     launch_embedding_backward(s, bert_g(m, p->word), bert_g(m, p->pos), bert_g(m, p->type), bert_g(m, p->emb_ln_w),
                               bert_g(m, p->emb_ln_b), ACT_F(m, emb_dx), (uint64_t*)(m->acts + m->act.emb_keys),
                               ACT_F(m, emb_carry), part, (const floatX*)d_x, (const float*)ACT_F(m, emb_stats),
                               bt->tokens, bt->types, bt->seg_lo, bt->seg_hi, bert_w(m, p->word), bert_w(m, p->pos),
                               bert_w(m, p->type), bert_w(m, p->emb_ln_w), N, T, C, V, c->max_position);
     // the micro-step's decoder bias gradient (summed in the forward), added to the gradients
-    bert_phase(m, PHASE_OTHER);
     launch_add_and_clear(s, m->grad + p->n_decay, ACT_F(m, dvec), p->numel - p->n_decay);
     if (m->grad_ready) CUDA_CHECK(cudaEventRecord(m->grad_ready[c->layers + 1], s));  // everything
 }

@@ -418,6 +418,17 @@ static void stall_launch(Comm* comm, const Options* o, cudaStream_t s) {
     long long max_cycles = (long long)((o->nccl_timeout + 60.0) * 2e9);  // clock64 ticks at most ~2 GHz
     launch(stall_spin, dim3(1), dim3(1), 0, s, (const volatile int*)release, max_cycles);
 }
+// test_hooks: the tests' faults (MLM_TEST_*, read by check_options), at one point of a step, after the gradients'
+// exchange: MLM_TEST_STALL stalls this rank's device work, so that the step's sync never completes (the watchdog's
+// test); MLM_TEST_INF_GRAD and MLM_TEST_INF_LOSS poison the gradient and the loss sum (the step is skipped).
+static void test_hooks(const Options* o, Comm* comm, BertModel* m, float* loss_sum) {
+    static const float inf = INFINITY;
+    if (test_hook_on(o->stall, m->step + 1)) stall_launch(comm, o, m->stream);
+    if (test_hook_on(o->inf_grad, m->step + 1))
+        CUDA_CHECK(cudaMemcpyAsync(m->grad, &inf, sizeof inf, cudaMemcpyHostToDevice, m->stream));
+    if (test_hook_on(o->inf_loss, m->step + 1))
+        CUDA_CHECK(cudaMemcpyAsync(loss_sum, &inf, sizeof inf, cudaMemcpyHostToDevice, m->stream));
+}
 
 // resolve_comm_warmup: --comm onebit's warm-up once --steps is known: the default (ONEBIT_WARMUP_PERCENT of the
 // steps, at least 1), and an error line when it is not below --steps.

@@ -440,7 +440,7 @@ static void mfu_text(char* buf, size_t n, double flops_per_s, double peak_tflops
 // One optimizer step, as training and --bench run it: o->grad_accum micro-batches forward and backward,
 // the last one's gradients reduced over ranks in buckets while its backward runs (comm.h), their norm,
 // AdamW (under ZeRO-1 on this rank's shard, then the new weights all-gathered); then the step's one host
-// sync. With model->timer set (--bench), each phase is marked on the stream.
+// sync. Under --bench (bench_timer set), the step's phases are marked on the stream.
 typedef struct {
     float loss, norm;      // the mean loss per masked token over all ranks; the gradient norm
     long long tokens;      // real tokens this rank trained on
@@ -530,7 +530,7 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Op
     int stop_pending = 0;      // a stop agreement in flight (stop_agreed)
     comm->step = m->step + 1;  // for the watchdog's messages
     for (int micro = 0; micro < o->grad_accum; micro++) {
-        bert_phase(m, PHASE_DATA);
+        bench_phase(PHASE_DATA, m->stream);
         Batch b;
         if (dataloader_next(train, m->stream, &b)) {
             fprintf(stderr, "trainer: %s\n", train->error);
@@ -539,7 +539,7 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Op
         r.wait_ms += b.wait_ms;
         r.tokens += b.num_real_tokens;
         int n_masked;
-        bert_phase(m, PHASE_OTHER);
+        bench_phase(PHASE_OTHER, m->stream);
         BertBatch bt = make_batch(bm, &b, m->B, m->T, m->stream, &n_masked);
         // The gradient of each micro-batch's mean loss, weighted 1/grad_accum. A micro-batch with no
         // masked token (possible at an epoch's end) still needs a non-zero scale, so that its
@@ -564,15 +564,10 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Op
     // The buckets' reductions wait on the communication stream for the events of that backward, which the GPU
     // is still running: they overlap it. The phase is what is left of them when it ends (on the CPU build too,
     // whose streams run as the GPU's do).
-    bert_phase(m, PHASE_ALLREDUCE);
-    if (test_hook_on(o->stall, m->step + 1)) stall_launch(comm, o, comm->world > 1 ? gr->stream : m->stream);
+    bench_phase(PHASE_ALLREDUCE, m->stream);
     op->exchange(op, m);
-    static const float inf = INFINITY;  // the test hooks' poison
-    if (test_hook_on(o->inf_grad, m->step + 1))
-        CUDA_CHECK(cudaMemcpyAsync(m->grad, &inf, sizeof inf, cudaMemcpyHostToDevice, m->stream));
-    if (test_hook_on(o->inf_loss, m->step + 1))
-        CUDA_CHECK(cudaMemcpyAsync(scratch, &inf, sizeof inf, cudaMemcpyHostToDevice, m->stream));
-    bert_phase(m, PHASE_OPTIM);
+    test_hooks(o, comm, m, scratch + S_LOSS);
+    bench_phase(PHASE_OPTIM, m->stream);
     op->norm(op, m, scratch + S_SUMSQ);
     // The one host sync of the step, before the update: over all ranks the loss sum, masked count, stop and
     // checkpoint requests, and the gradients' sum of squares where the norm is made of the ranks' pieces; else the
@@ -599,7 +594,7 @@ static StepResult train_step(BertModel* m, DataLoader* train, BatchMaker* bm, Op
     else
         op->update(op, m, lr, r.norm);
     optimizer_end(op, m, r.skipped);
-    bert_phase(m, PHASE_END);
+    bench_phase(PHASE_END, m->stream);
     r.comm_bytes = comm->sent - sent0;
     return r;
 }
