@@ -292,8 +292,8 @@ __device__ inline void ln_row_sum2(float* a, float* b, float* red) {
     *a = sa;
     *b = sb;
 }
-// ln_backward_begin: this thread's X128 columns of gamma (g, kept in registers over all its rows, as floatX: 4
-// registers in bf16) and its dgamma/dbeta sums (dg, db) set to zero; on = the columns exist (col < C).
+// ln_backward_begin: this thread's X128 columns of gamma (g, read once and kept in registers over all its rows; 0
+// past C) and its dgamma/dbeta sums (dg, db) set to zero; on = the columns exist (col < C).
 __device__ inline Pack128 ln_backward_begin(float* dg, float* db, const floatX* gamma, int col, int on) {
     for (int k = 0; k < X128; k++) dg[k] = db[k] = 0.f;
     return on ? load128(gamma + col) : Pack128{};
@@ -361,7 +361,7 @@ __device__ inline void ln_backward_row(float* dx, float* dg, float* db, const fl
 // row's thread x = 0, the 16-byte-aligned 16 bytes of stats that hold the row's (mean, rstd) to st (8 at the end of
 // stats). ok = 0 (a row past N or a column past C) copies 0 bytes and zero-fills, and a row past N zero-fills its
 // stats: then d = x = 0 (and mean = rstd = 0), so the kernel reads every chunk and stats without a test, and they add
-// nothing. Then commits them as one group.
+// nothing (and their addresses, which may lie past the tensors, are not read). Then commits them as one group.
 template <int PRE>
 __device__ inline void ln_backward_fetch(Pack128* r, float* st, int plane, const floatX* d, const floatX* x,
                                          const floatX* p, int ok, const float* stats, int n, int N) {
@@ -371,7 +371,7 @@ __device__ inline void ln_backward_fetch(Pack128* r, float* st, int plane, const
     if (PRE) cp_async_16(r + 2 * plane, p, bytes);
     if (threadIdx.x == 0) {
         int w = 2 * n & ~3;  // the window [w, w + 4) holds 2n and 2n + 1 (N < 2^30: the launcher checks)
-        cp_async_16(st, stats + (n < N ? w : 0), n >= N ? 0 : 2 * N - w < 4 ? 8 : 16);
+        cp_async_16(st, stats + w, n >= N ? 0 : 2 * N - w < 4 ? 8 : 16);
     }
     cp_async_commit();
 }
