@@ -634,7 +634,7 @@ int main(void) {
     test_layernorms(5, 264);
     test_layernorms(7, 1024);  // bert-large's C: 3 rows a block in bf16 (the last group partial), 1 in fp32
     // more row groups than layernorm_backward's grid (264 blocks): each block strides over several groups through
-    // its ring of asynchronous copies (groups past the end: empty); odd N: the last row's stats end mid-window
+    // its ring of asynchronous copies (fetches past the end: zero-filled); odd N: the last row's stats end mid-window
     test_layernorms(1201, 40);   // 301 groups of 4 rows
     test_layernorms(1103, 264);  // 276 groups of 4 (bf16: two warps a row, the second nearly idle; fp32: 3 warps)
     test_layernorms(803, 1024);  // 268 groups of 3 rows (groups starting at odd rows) in bf16, 803 of 1 in fp32
