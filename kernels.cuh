@@ -14,12 +14,16 @@ static inline void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_
                           Args... args) {
     kernel<<<grid, block, smem_bytes, stream>>>(args...);
 }
+#else
+#undef __maxnreg__
+#define __maxnreg__(n)  // (a kernel's register cap for ptxas: g++ has nothing to cap)
 #endif
 
 #include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (types only: tma_map gets the driver's
                            // function from the runtime)
 #include <cublasLt.h>      // matmuls (on the CPU build: cpu/cublas.cpp implements the same API)
 #include <mma.h>           // WMMA tensor-core fragments (on the CPU build: cpu/include/mma.h)
+#include <ptx.h>           // cp.async, mma.sync, ldmatrix, wgmma (GPU: gpu/ptx.h, inline PTX; CPU: cpu/include/ptx.h)
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
@@ -180,8 +184,10 @@ __device__ inline void layernorm_row(floatX* out, float* stats, const floatX* x,
 // here, where r already sits in registers, rather than in cuBLASLt's BIAS epilogue). Layout: one warp per row of
 // (N, C), 4 warps per block, 128-bit chunks. Data movement: x and r read once, res and out written once (128-bit);
 // bias (C) read by every row (L1/L2); the variance and output passes re-read the lanes' own chunks of res just
-// written (L1). On an H100 at (32768, 768) bf16 it ran at 3.0 TB/s (201 MB in 0.067 ms,
-// ../shared/gpu/2026-11-23/kernel_times_bert_base_b64.txt): at memory bandwidth.
+// written (L1). At memory bandwidth: on an H100 at (32768, 768) bf16 3.0 TB/s (201 MB in 0.067 ms, 2026-11-23); on
+// an H200 at bert-base, B = 256, T = 512 (131072 rows: 806 MB a call) 4.7 ms for a step's 24 calls (ncu, 2026-11-28),
+// 0.196 ms a call, 4.1 TB/s: 96% of the 4.3 TB/s of a device-to-device copy (40 warps per SM at 43 registers, 2
+// loads of 16 bytes in flight a lane: enough; tests/bench_kernels.cu measures it).
 __global__ void residual_layernorm_forward(floatX* res, floatX* out, float* stats, const floatX* x, const floatX* r,
                                            const floatX* bias, const floatX* gamma, const floatX* beta, int N, int C,
                                            float eps) {
@@ -223,56 +229,72 @@ __global__ void layernorm_forward(floatX* out, float* stats, const floatX* inp, 
 //
 // Layout of the two LayerNorm backward kernels: block (cw, ny), cw = C / X128 rounded up to whole warps,
 // ny = ln_rows(C) <= LN_ROWS; thread (x, y) owns the 128-bit column chunk [x X128, x X128 + X128) of row y of
-// each group of ny rows, and blocks stride over the groups. A row's two sums (of g and g * xhat) are reduced
-// over its cw threads (warp shuffles, then the warps' sums in shared memory); each thread keeps its columns'
-// dgamma and dbeta (and, when asked, the column sums of dx) in registers over all its rows. At the end the ny row
-// slices are summed in shared memory (dynamic, ny x nv C floats) in order y = 0.., and the block writes its
-// partial sums part[blockIdx.x] = (dgamma (C), dbeta (C)[, dz (C)]); partials_sum then sums the G blocks'
-// partials in a fixed order.
+// each group of ny rows, and the G = ln_backward_grid(N, C) blocks stride over the groups (block b: groups b,
+// b + G, b + 2G, .. in that order). A row's two sums (of g and g * xhat) are reduced over its cw threads (warp
+// shuffles, then the warps' sums in shared memory); each thread keeps its columns' dgamma and dbeta (and, when
+// asked, the column sums of dx) in registers over all its rows. At the end the ny row slices are summed in shared
+// memory (dynamic, ny x nv C floats) in order y = 0.., and the block writes its partial sums part[blockIdx.x] =
+// (dgamma (C), dbeta (C)[, dz (C)]); partials_sum then sums the G blocks' partials in a fixed order.
 // Data movement per row: dout and x read once, dx written once (128-bit accesses), gamma kept in registers;
-// per block 2C floats of partials, 3C with the column sums of dx (G <= launch_grid_cap() blocks: 3.2 or 4.9 MB
-// at C = 768, 2-3% of a (32768, 768) bf16 LayerNorm backward's 150 MB).
-// Block size: at most LN_THREADS threads, or one row's cw when that is more (C > 384 X128). ptxas gives both
-// kernels 79 registers in bf16 (48 in fp32), so 2 blocks of 384 fit an SM's 65,536 registers (80 x 384 x 2 =
-// 61,440), and the largest block, one row of C = 4096 (512 threads), still fits once; 1024-thread blocks
-// (C = 2048 at 4 rows) would not launch.
+// per block 2C floats of partials, 3C with the column sums of dx.
+// Grid: one wave of LN_BWD_BLOCKS_PER_SM blocks per SM (132 SMs, an H100's or H200's): 264 blocks at bert-base,
+// each striding over about 124 groups of 4 rows. Their partials are 264 x 3C floats, 2.4 MB at C = 768: 0.4% of the
+// 608 MB that a (131072, 768) bf16 LayerNorm backward moves (the 528 blocks of launch_grid_cap() before ran in two
+// waves of 264 and wrote twice that).
+// Block size: at most LN_THREADS threads, or one row's cw when that is more (C > 384 X128). Registers: both kernels
+// are capped (__maxnreg__) at LN_BWD_REGS, 80 in bf16, so that 2 blocks of 384 fit an SM's 65,536 registers (80 x 384
+// x 2 = 61,440; ptxas uses all 80, and more would spill: a build error), except layernorm_backward<1> (the MLM head's
+// one call a step, GELU' too) at 96 (1 block of 384 per SM; 80 would spill); the largest block, one row of C = 4096
+// (512 threads), fits once. In fp32 the cap is 64, so that a row of C = 4096 (1024 threads) fits once.
 #define LN_ROWS 4
 #define LN_THREADS 384
+#define LN_BWD_BLOCKS_PER_SM 2  // (registers: see below; shared memory: 2 x 50 KB of an SM's 228 KB)
+#define LN_BWD_REGS (X128 == 8 ? 80 : 64)
+#define LN_BWD_REGS_PRE (X128 == 8 ? 96 : 64)
+#define LN_STAGES 4  // row groups in layernorm_backward's ring of asynchronous copies (see there)
 static inline int ln_block_x(int C) { return ceil_div(C / X128, 32) * 32; }
 static inline int ln_rows(int C) {
     int ny = LN_THREADS / ln_block_x(C);
     return ny < 1 ? 1 : ny < LN_ROWS ? ny : LN_ROWS;
 }
 
+// unpack128: the X128 elements of a 128-bit chunk as fp32 (exact). In bf16 each 32-bit word holds two, the first in
+// its low half: a shift and a mask, one instruction each (tof of a high half takes two: a byte permute, then a shift).
+__device__ inline void unpack128(float* f, Pack128 p) {
+    uint32_t w[4];
+    memcpy(w, &p, 16);
+    for (int k = 0; k < 4; k++)
+        if (X128 == 8) {
+            f[2 * k] = __uint_as_float(w[k] << 16);
+            f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+        } else {
+            f[k] = __uint_as_float(w[k]);
+        }
+}
 // ln_row_sum2: (a, b) summed over the cw threads of this thread's row slice (threadIdx.y), the same result
-// in every one of them. red: this call's half of a __shared__ float[2][LN_ROWS][32][2] (the halves alternate
-// between calls, so one barrier per call is enough).
+// in every one of them. red: this call's half of a __shared__ __align__(16) float[2][LN_ROWS][32][2] (the halves
+// alternate between calls, so one barrier per call is enough).
 __device__ inline void ln_row_sum2(float* a, float* b, float* red) {
     int lane = threadIdx.x % 32, w = threadIdx.x / 32, nw = blockDim.x / 32;
     float sa = warp_sum(*a), sb = warp_sum(*b);
-    float* r = red + threadIdx.y * 64;
-    if (lane == 0) {
-        r[2 * w] = sa;
-        r[2 * w + 1] = sb;
-    }
+    float2* r = (float2*)(red + threadIdx.y * 64);
+    if (lane == 0) r[w] = make_float2(sa, sb);
     __syncthreads();
     sa = 0.f;
     sb = 0.f;
     for (int i = 0; i < nw; i++) {
-        sa += r[2 * i];
-        sb += r[2 * i + 1];
+        float2 p = r[i];
+        sa += p.x;
+        sb += p.y;
     }
     *a = sa;
     *b = sb;
 }
-// ln_backward_begin: this thread's X128 columns of gamma (g, kept in registers over all its rows) and its
-// dgamma/dbeta sums (dg, db) set to zero; on = the columns exist (col < C).
-__device__ inline void ln_backward_begin(float* g, float* dg, float* db, const floatX* gamma, int col, int on) {
-    Pack128 gp = on ? load128(gamma + col) : Pack128{};
-    for (int k = 0; k < X128; k++) {
-        g[k] = tof(gp.v[k]);
-        dg[k] = db[k] = 0.f;
-    }
+// ln_backward_begin: this thread's X128 columns of gamma (g, read once and kept in registers over all its rows; 0
+// past C) and its dgamma/dbeta sums (dg, db) set to zero; on = the columns exist (col < C).
+__device__ inline Pack128 ln_backward_begin(float* dg, float* db, const floatX* gamma, int col, int on) {
+    for (int k = 0; k < X128; k++) dg[k] = db[k] = 0.f;
+    return on ? load128(gamma + col) : Pack128{};
 }
 // ln_write_partials: the block's partial column sums, summed over its row slices in order y = 0.. and written
 // to part: dgamma, dbeta (C each; dg, db: this thread's X128 columns), then, with nv = 3, dz (C: the column
@@ -295,29 +317,61 @@ __device__ inline void ln_write_partials(float* part, float* sm, const float* dg
 
 // ln_backward_row: the LayerNorm backward arithmetic of one row, as both LayerNorm backward kernels compute it.
 // This thread holds X128 columns of the row: x (the LayerNorm input, fp32), d (dout) and g (gamma); mean and rstd
-// are the row's stats; ok = the columns are real (col < C and row < N: otherwise xhat is 0, and so is d, so they
-// add nothing). With xhat = (x - mean) * rstd:
+// are the row's stats. Columns past C have d = g = 0 and rows past N rstd = 0 (and x = d = 0), so they add nothing.
+// With xhat = (x - mean) * rstd:
 //   dg += dout * xhat, db += dout                     (this thread's columns of dgamma, dbeta, over its rows)
 //   s1 = mean(dout * g), s2 = mean(dout * g * xhat)   (over the row's C columns: ln_row_sum2, a block barrier,
 //                                                       so every thread of the block calls this once per group)
 //   dx = rstd * (dout * g - s1 - xhat * s2)          (this thread's X128 columns of dx, fp32)
-// red: this row group's half of the kernel's reduction scratch (see ln_row_sum2).
-__device__ inline void ln_backward_row(float* dx, float* dg, float* db, const float* x, Pack128 d, const float* g,
-                                       float mean, float rstd, int ok, float* red, int C) {
-    float xh[16 / sizeof(floatX)], dy[16 / sizeof(floatX)], s1 = 0.f, s2 = 0.f;
+// red: this row group's half of the kernel's reduction scratch (see ln_row_sum2); inv_c = 1 / C (the means are
+// sums times inv_c). In two halves around the barrier, ln_backward_sums (dg, db, and this thread's parts of s1 and s2)
+// and ln_backward_dx, with xhat and dout * g kept in registers (xh, gg) between them; layernorm_backward calls the
+// halves itself.
+__device__ inline void ln_backward_sums(float* s1, float* s2, float* xh, float* gg, float* dg, float* db,
+                                        const float* x, Pack128 d, Pack128 g, float mean, float rstd) {
+    float dy[16 / sizeof(floatX)], gf[16 / sizeof(floatX)];
+    unpack128(dy, d);
+    unpack128(gf, g);
+    *s1 = *s2 = 0.f;
     for (int k = 0; k < X128; k++) {
-        xh[k] = ok ? (x[k] - mean) * rstd : 0.f;
-        dy[k] = tof(d.v[k]);
-        float gg = dy[k] * g[k];
-        s1 += gg;
-        s2 += gg * xh[k];
+        xh[k] = (x[k] - mean) * rstd;
+        gg[k] = dy[k] * gf[k];
+        *s1 += gg[k];
+        *s2 += gg[k] * xh[k];
         dg[k] += dy[k] * xh[k];
         db[k] += dy[k];
     }
+}
+__device__ inline void ln_backward_dx(float* dx, const float* xh, const float* gg, float rstd, float s1, float s2) {
+    float b = -rstd * s1, c = -rstd * s2;  // dx = rstd gg - rstd s1 - rstd s2 xh: two FMAs an element
+    for (int k = 0; k < X128; k++) dx[k] = fmaf(xh[k], c, fmaf(gg[k], rstd, b));
+}
+__device__ inline void ln_backward_row(float* dx, float* dg, float* db, const float* x, Pack128 d, Pack128 g,
+                                       float mean, float rstd, float* red, float inv_c) {
+    float xh[16 / sizeof(floatX)], gg[16 / sizeof(floatX)], s1, s2;
+    ln_backward_sums(&s1, &s2, xh, gg, dg, db, x, d, g, mean, rstd);
     ln_row_sum2(&s1, &s2, red);
-    s1 /= C;
-    s2 /= C;
-    for (int k = 0; k < X128; k++) dx[k] = rstd * (dy[k] * g[k] - s1 - xh[k] * s2);
+    ln_backward_dx(dx, xh, gg, rstd, s1 * inv_c, s2 * inv_c);
+}
+
+// ln_backward_fetch: starts the copies of row n (of a group of layernorm_backward's) into a stage of its ring: this
+// thread's 128-bit chunk of dout, inp and (PRE) gelu_pre, at d, x and p, to r, r + plane and r + 2 plane, and, by the
+// row's thread x = 0, the 16-byte-aligned 16 bytes of stats that hold the row's (mean, rstd) to st (8 at the end of
+// stats). ok = 0 (a row past N or a column past C) copies 0 bytes and zero-fills, and a row past N zero-fills its
+// stats: then d = x = 0 (and mean = rstd = 0), so the kernel reads every chunk and stats without a test, and they add
+// nothing (and their addresses, which may lie past the tensors, are not read). Then commits them as one group.
+template <int PRE>
+__device__ inline void ln_backward_fetch(Pack128* r, float* st, int plane, const floatX* d, const floatX* x,
+                                         const floatX* p, int ok, const float* stats, int n, int N) {
+    int bytes = ok ? 16 : 0;
+    cp_async_16(r, d, bytes);
+    cp_async_16(r + plane, x, bytes);
+    if (PRE) cp_async_16(r + 2 * plane, p, bytes);
+    if (threadIdx.x == 0) {
+        int w = 2 * n & ~3;  // the window [w, w + 4) holds 2n and 2n + 1 (N < 2^30: the launcher checks)
+        cp_async_16(st, stats + w, n >= N ? 0 : 2 * N - w < 4 ? 8 : 16);
+    }
+    cp_async_commit();
 }
 
 // layernorm_backward: dinp = LayerNorm backward of dout at inp (the saved LayerNorm input, with its stats),
@@ -325,33 +379,79 @@ __device__ inline void ln_backward_row(float* dx, float* dg, float* db, const fl
 // part[b] = block b's partial (dgamma, dbeta), and with nv = 3 also dz = the column sums of dinp (as stored,
 // rounded): the bias gradient of the matmul that produced the LayerNorm's input (or pre), which so needs no pass
 // over dinp of its own. dinp is overwritten (for a residual LayerNorm it is the gradient of both branches of the
-// residual sum). Layout and data movement: see above (gelu_pre adds one read of it; dz adds C floats of partials
-// per block); each row's arithmetic is ln_backward_row.
-__global__ void layernorm_backward(floatX* dinp, float* part, const floatX* dout, const floatX* inp, const float* stats,
-                                   const floatX* gamma, const floatX* gelu_pre, int N, int C, int nv) {
+// residual sum). Layout: see above (dz adds C floats of partials per block); each row's arithmetic is
+// ln_backward_row's. PRE: gelu_pre is given (1: the MLM head's one call a step) or not (0: the encoder's 24), two
+// instances, so that the encoder's carries no registers for GELU'. stats must be 16-byte aligned (the launcher checks).
+// Data movement: 6 bytes an element in bf16 (dout and inp read, dinp written) and little arithmetic, so the speed is
+// the bytes kept in flight. The reads go global -> shared memory by cp.async (16 bytes a copy, through L2 only) into
+// a ring of LN_STAGES row groups in dynamic shared memory, group k in stage k % LN_STAGES: [stage][array: dout, inp
+// (, gelu_pre)][y][x] 128-bit chunks, then [stage][y] 4 floats of stats. Group k + LN_STAGES - 1 is fetched when group
+// k starts. Each thread reads back from shared memory the chunks it copied itself (its own cp_async_wait makes them
+// visible); a row's stats are copied by its thread x = 0 for all cw threads: at group k the wait leaves groups
+// <= k + 1 complete, so the barrier in group k's ln_row_sum2 publishes group k + 1's stats to every thread before
+// group k + 1 reads them. That barrier is also the last point where another thread reads stage k % LN_STAGES (the
+// stats), and the fetch of group k + LN_STAGES into that stage comes after it, in group k + 1 (after this thread's
+// own last read of it, gelu_pre's chunk).
+// In flight while group k is computed: groups k + 2 and k + 3, 64 bytes a thread, 49 KB per SM at bert-base (2 x 384
+// threads), and each copy has two groups' time (about 2 us at 4.3 TB/s) to land. dinp: plain 128-bit stores.
+// Instructions (sm_90a SASS, bf16): about 250 a thread per group, 310 before; per SM and group 24 warps x 250, so 80%
+// of 4.3 TB/s (1.41 us a group) asks 2.1 instructions a cycle of an SM's 4 at 1.98 GHz, 100% 2.7.
+// Shared memory: the ring, LN_STAGES x ny x (na cw + 1) x 16 bytes (48 KB at C = 768, 72 KB with gelu_pre), and
+// ln_write_partials' ny x nv C floats in its place at the end (ln_backward_smem).
+// (The version before loaded its row into registers at the top of each group and waited for it there: at most
+// 768 x 32 bytes = 24.6 KB in flight per SM, and none during the row's reduction and store. It ran at 2.77 TB/s on an
+// H100 and 2.64 TB/s on an H200 alike, 61% of the H200's device copy: bound by latency, not bandwidth.)
+template <int PRE>
+__global__ void __maxnreg__(PRE ? LN_BWD_REGS_PRE : LN_BWD_REGS)
+    layernorm_backward(floatX* dinp, float* part, const floatX* dout, const floatX* inp, const float* stats,
+                       const floatX* gamma, const floatX* gelu_pre, int N, int C, int nv) {
     extern __shared__ __align__(16) unsigned char dyn_smem[];
-    __shared__ float red[2][LN_ROWS][32][2];
-    int col = threadIdx.x * X128, on = col < C, it = 0;
-    float g[16 / sizeof(floatX)], dg[16 / sizeof(floatX)], db[16 / sizeof(floatX)], dz[16 / sizeof(floatX)] = {};
-    ln_backward_begin(g, dg, db, gamma, col, on);
+    __shared__ __align__(16) float red[2][LN_ROWS][32][2];
+    static_assert((LN_STAGES & (LN_STAGES - 1)) == 0, "LN_STAGES: a power of 2");
+    int col = threadIdx.x * X128, on = col < C, ny = blockDim.y, plane = ny * blockDim.x;
+    int n0 = blockIdx.x * ny + threadIdx.y, dn = gridDim.x * ny;  // this thread's row in group 0; then + dn a group
+    int groups = ((N + ny - 1) / ny - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;  // this block's (>= 1)
+    int stage = (PRE ? 3 : 2) * plane;                                                         // 128-bit chunks
+    size_t di = (size_t)dn * C;       // from this thread's chunk of a group to its chunk of the next (elements)
+    size_t i = (size_t)n0 * C + col;  // this thread's chunk in group 0 (an element offset), then in the group fetched
+    Pack128* mine = (Pack128*)dyn_smem + threadIdx.y * blockDim.x + threadIdx.x;          // stage 0's dout chunk
+    float* st_mine = (float*)((Pack128*)dyn_smem + LN_STAGES * stage) + 4 * threadIdx.y;  // stage 0's stats of row y
+    float inv_c = 1.f / C, dg[16 / sizeof(floatX)], db[16 / sizeof(floatX)], dz[16 / sizeof(floatX)] = {};
+    Pack128 g = ln_backward_begin(dg, db, gamma, col, on);
+    const floatX *fd = dout + i, *fx = inp + i, *fp = PRE ? gelu_pre + i : NULL;  // the chunks of the next fetch
+    floatX* out = dinp + i;                                                       // this thread's chunk of dinp
+    for (int k = 0; k < LN_STAGES - 1; k++, fd += di, fx += di, fp += PRE ? di : 0)
+        ln_backward_fetch<PRE>(mine + k * stage, st_mine + k * 4 * ny, plane, fd, fx, fp, on && n0 + k * dn < N, stats,
+                               n0 + k * dn, N);
+    cp_async_wait<LN_STAGES - 2>();  // group 0 here (and its stats seen by all after the barrier)
+    __syncthreads();
     // every thread runs the same number of iterations (rows past N count zero), so the barriers are uniform
-    for (int r0 = blockIdx.x * blockDim.y; r0 < N; r0 += gridDim.x * blockDim.y, it++) {
-        int n = r0 + threadIdx.y, ok = on && n < N;
-        float mean = n < N ? stats[2 * n] : 0.f, rstd = n < N ? stats[2 * n + 1] : 0.f;
-        float x[16 / sizeof(floatX)], v[16 / sizeof(floatX)];
-        Pack128 d = ok ? load128(dout + (size_t)n * C + col) : Pack128{},
-                xp = ok ? load128(inp + (size_t)n * C + col) : Pack128{};
-        for (int k = 0; k < X128; k++) x[k] = tof(xp.v[k]);
-        ln_backward_row(v, dg, db, x, d, g, mean, rstd, ok, &red[it & 1][0][0][0], C);
+    for (int k = 0; k < groups; k++, fd += di, fx += di, fp += PRE ? di : 0, out += di) {
+        int f = (k + LN_STAGES - 1) & (LN_STAGES - 1), s = k & (LN_STAGES - 1), n = n0 + k * dn, ok = on && n < N,
+            nf = n + (LN_STAGES - 1) * dn;
+        ln_backward_fetch<PRE>(mine + f * stage, st_mine + f * 4 * ny, plane, fd, fx, fp, on && nf < N, stats, nf, N);
+        cp_async_wait<LN_STAGES - 2>();  // this thread's copies of groups <= k + 1 have landed
+        const Pack128* r = mine + s * stage;
+        const float* st = st_mine + s * 4 * ny + (2 * n & 3);
+        float mean = st[0], rstd = st[1], s1, s2, x[16 / sizeof(floatX)], xh[16 / sizeof(floatX)],
+              gg[16 / sizeof(floatX)];
+        Pack128 d = r[0];
+        unpack128(x, r[plane]);
+        ln_backward_sums(&s1, &s2, xh, gg, dg, db, x, d, g, mean, rstd);
+        ln_row_sum2(&s1, &s2, &red[k & 1][0][0][0]);  // (the barrier)
         if (ok) {
-            Pack128 o, pre = gelu_pre ? load128(gelu_pre + (size_t)n * C + col) : Pack128{};
-            for (int k = 0; k < X128; k++) {
-                o.v[k] = fromf(gelu_pre ? v[k] * gelu_tanh_grad(tof(pre.v[k])) : v[k]);
-                dz[k] += tof(o.v[k]);
-            }
-            store128(dinp + (size_t)n * C + col, o);
+            float v[16 / sizeof(floatX)], pf[16 / sizeof(floatX)];
+            Pack128 o;
+            if (PRE) unpack128(pf, r[2 * plane]);
+            ln_backward_dx(v, xh, gg, rstd, s1 * inv_c, s2 * inv_c);
+            for (int j = 0; j < X128; j++) o.v[j] = fromf(PRE ? v[j] * gelu_tanh_grad(pf[j]) : v[j]);
+            unpack128(v, o);  // (dz: the column sums of dinp as stored)
+            for (int j = 0; j < X128; j++) dz[j] += v[j];
+            store128(out, o);
         }
     }
+    cp_async_wait<0>();  // (the fetches past the end: zero-fills) then the ring's space holds the partial sums
+    __syncthreads();
     ln_write_partials(part + (size_t)blockIdx.x * nv * C, (float*)dyn_smem, dg, db, dz, nv, col, C);
 }
 
@@ -394,15 +494,16 @@ __global__ void partials_sum(float* out0, float* out1, float* out2, const float*
 // and each row's arithmetic is the same (ln_backward_row), x read from the tables instead of a saved input.
 // Data movement per token: dout read once (128-bit), the three table rows read (the word rows of a small
 // vocabulary and the position rows stay in L2), dx written once in fp32 (2 x 128-bit per chunk), 24 bytes of keys.
-__global__ void embedding_layernorm_backward(float* dx, uint64_t* keys, float* part, const floatX* dout,
-                                             const float* stats, const int* tokens, const int* types, const int* seg_lo,
-                                             const int* seg_hi, const floatX* wte, const floatX* wpe, const floatX* wtt,
-                                             const floatX* gamma, int N, int T, int C, int V, int P) {
+__global__ void __maxnreg__(LN_BWD_REGS)
+    embedding_layernorm_backward(float* dx, uint64_t* keys, float* part, const floatX* dout, const float* stats,
+                                 const int* tokens, const int* types, const int* seg_lo, const int* seg_hi,
+                                 const floatX* wte, const floatX* wpe, const floatX* wtt, const floatX* gamma, int N,
+                                 int T, int C, int V, int P) {
     extern __shared__ __align__(16) unsigned char dyn_smem[];
-    __shared__ float red[2][LN_ROWS][32][2];
+    __shared__ __align__(16) float red[2][LN_ROWS][32][2];
     int col = threadIdx.x * X128, on = col < C, it = 0;
-    float g[16 / sizeof(floatX)], dg[16 / sizeof(floatX)], db[16 / sizeof(floatX)];
-    ln_backward_begin(g, dg, db, gamma, col, on);
+    float inv_c = 1.f / C, dg[16 / sizeof(floatX)], db[16 / sizeof(floatX)];
+    Pack128 g = ln_backward_begin(dg, db, gamma, col, on);
     for (int r0 = blockIdx.x * blockDim.y; r0 < N; r0 += gridDim.x * blockDim.y, it++) {
         int n = r0 + threadIdx.y, ok = on && n < N;
         float mean = 0.f, rstd = 0.f, x[16 / sizeof(floatX)], o[16 / sizeof(floatX)];
@@ -425,7 +526,7 @@ __global__ void embedding_layernorm_backward(float* dx, uint64_t* keys, float* p
             }
         }
         for (int k = 0; k < X128; k++) x[k] = tof(pa.v[k]) + tof(pb.v[k]) + tof(pc.v[k]);
-        ln_backward_row(o, dg, db, x, d, g, mean, rstd, ok, &red[it & 1][0][0][0], C);
+        ln_backward_row(o, dg, db, x, d, g, mean, rstd, &red[it & 1][0][0][0], inv_c);
         if (ok)
             for (int k = 0; k < X128; k += 4)
                 *(float4*)(dx + (size_t)n * C + col + k) = make_float4(o[k], o[k + 1], o[k + 2], o[k + 3]);
@@ -1379,8 +1480,22 @@ static inline void tma_map(CUtensorMap* map, CUtensorMapDataType type, const voi
 
 // The scratch of the LayerNorm and embedding backward (the model's memory plan counts it with these sizes):
 static inline size_t ln_part_floats(int C) { return (size_t)launch_grid_cap() * 3 * C; }  // blocks' partials
-static inline size_t emb_keys_count(long long N) { return (size_t)sort_pow2(3 * N); }     // sort keys (uint64)
-static inline size_t emb_carry_floats(int C) { return (size_t)EMB_CHUNKS * 2 * C; }       // runs across chunks
+// ln_backward_grid: the blocks of both LayerNorm backward kernels (the same, so that on the same rows they sum
+// dgamma and dbeta in the same order): one per group of ln_rows(C) rows, at most one wave of LN_BWD_BLOCKS_PER_SM
+// per SM (launch_grid_cap() counts 4 per SM).
+static inline int ln_backward_grid(int N, int C) {
+    int groups = ceil_div(N, ln_rows(C)), cap = launch_grid_cap() / 4 * LN_BWD_BLOCKS_PER_SM;
+    return groups < cap ? groups : cap;
+}
+// ln_backward_smem: layernorm_backward's dynamic shared memory: its ring of LN_STAGES row groups (nv = 2 or 3
+// partial vectors, gelu_pre given or not), or, when more, the ny x nv C floats of its partial sums.
+static inline size_t ln_backward_smem(int C, int nv, int pre) {
+    size_t ny = ln_rows(C), ring = LN_STAGES * ny * ((pre ? 3 : 2) * (size_t)ln_block_x(C) + 1) * 16,
+           sums = ny * nv * C * sizeof(float);
+    return ring > sums ? ring : sums;
+}
+static inline size_t emb_keys_count(long long N) { return (size_t)sort_pow2(3 * N); }  // sort keys (uint64)
+static inline size_t emb_carry_floats(int C) { return (size_t)EMB_CHUNKS * 2 * C; }    // runs across chunks
 
 // launch_layernorm_backward: dinp (N, C) = LayerNorm backward [times GELU'(gelu_pre)], dgamma/dbeta (C) += their
 // sums over the N rows, and when dbias is given, dbias (C) += the column sums of dinp (the bias gradient of the
@@ -1389,13 +1504,19 @@ static inline void launch_layernorm_backward(cudaStream_t s, floatX* dinp, float
                                              float* part, const floatX* dout, const floatX* inp, const float* stats,
                                              const floatX* gamma, const floatX* gelu_pre, int N, int C) {
     if (N <= 0) return;
-    int ny = ln_rows(C), grid = ceil_div(N, ny), nv = dbias ? 3 : 2;
-    if (grid > launch_grid_cap()) grid = launch_grid_cap();
-    size_t bytes = (size_t)ny * nv * C * sizeof(float);
-    static size_t done = 0;
-    kernel_opt_in((const void*)layernorm_backward, bytes, &done);
-    launch(layernorm_backward, dim3(grid), dim3(ln_block_x(C), ny), bytes, s, dinp, part, dout, inp, stats, gamma,
-           gelu_pre, N, C, nv);
+    int ny = ln_rows(C), grid = ln_backward_grid(N, C), nv = dbias ? 3 : 2;
+    if ((uintptr_t)stats % 16 || N >= 1 << 30) {  // (its rows' stats are copied 16 aligned bytes at a time)
+        fprintf(stderr, "layernorm_backward: stats at %p with N = %d rows, expected 16-byte alignment and N < 2^30\n",
+                (const void*)stats, N);
+        exit(1);
+    }
+    size_t bytes = ln_backward_smem(C, nv, gelu_pre != NULL);
+    static size_t done[2] = {0, 0};
+    void (*kernel)(floatX*, float*, const floatX*, const floatX*, const float*, const floatX*, const floatX*, int, int,
+                   int) = gelu_pre ? layernorm_backward<1> : layernorm_backward<0>;
+    kernel_opt_in((const void*)kernel, bytes, &done[gelu_pre != NULL]);
+    launch(kernel, dim3(grid), dim3(ln_block_x(C), ny), bytes, s, dinp, part, dout, inp, stats, gamma, gelu_pre, N, C,
+           nv);
     launch(partials_sum, dim3(ceil_div(nv * C, 32)), dim3(32, 8), 0, s, dgamma, dbeta, dbias, (const float*)part, grid,
            C, nv);
 }
@@ -1422,8 +1543,7 @@ static inline void launch_embedding_backward(cudaStream_t s, float* dwte, float*
                                              const floatX* wpe, const floatX* wtt, const floatX* gamma, int N, int T,
                                              int C, int V, int P) {
     if (N <= 0) return;
-    int ny = ln_rows(C), grid = ceil_div(N, ny);
-    if (grid > launch_grid_cap()) grid = launch_grid_cap();
+    int ny = ln_rows(C), grid = ln_backward_grid(N, C);
     size_t bytes = (size_t)ny * 2 * C * sizeof(float);
     static size_t done = 0, done_c = 0;
     bench_phase(PHASE_EMBED, s);

@@ -7,7 +7,8 @@
 #   - the training log has no MFU on a device not in the peak table (no number divided by another GPU's peak);
 #   - bad flag values give one clear error; tools/bench_peer.py's search for the largest micro-batch;
 #     compare_hf.py's attention masks for transformers 4.x and 5.x; tools/bench_vs_peer.sh's table
-#     (with a stand-in peer) and its one-line errors without a GPU or without torch.
+#     (with a stand-in peer) and its one-line errors without a GPU or without torch;
+#   - tests/bench_kernels.cu --tiny: every memory-bound kernel timed, with its bytes.
 # Run by tests/run.sh; prints "N passed, N failed" last.
 cd "$(dirname "$0")/.."
 pass=0; fail=0
@@ -155,6 +156,15 @@ check '[ $rc -eq 0 ] && [ -n "$mt" ] && grep -qE "^tiny +[0-9]+ +$mb +n/a +1000 
   "bench_vs_peer.sh (exit $rc) did not print tiny | $mt | $mb | n/a | 1000 | 14 (16) | $want: $(tail -n 4 "$W/vs.log")"
 check '[ "$(result "$W/vs/mlmc.log" batch)" = 8 ] && grep -q "^mlm.c with --batch 8$" "$W/vs.log" && grep -q "^running: .* --batch 8$" "$W/vs.log"' \
   "TRAINER_FLAGS=\"--batch 8\" did not reach the trainer or the table: batch $(result "$W/vs/mlmc.log" batch)"
+
+# tests/bench_kernels.cu on the CPU runtime (--tiny): every kernel's line with its bytes and a time, and its result
+# line for scripts; a bad option refused with exit 2
+build/bench_kernels --tiny >"$W/bk.log" 2>&1; rc=$?
+rows=$(grep -cE '^bench-kernels-result kernel=[a-z_]+ bytes=[0-9]+ ms=[0-9.]+ ' "$W/bk.log")
+check '[ $rc -eq 0 ] && [ "$rows" -eq 5 ] && grep -q "kernel=layernorm_backward " "$W/bk.log" && grep -q "kernel=column_sums_fc1 " "$W/bk.log"' \
+  "bench_kernels --tiny (exit $rc): $rows of 5 result lines: $(tail -n 3 "$W/bk.log")"
+build/bench_kernels --rows >"$W/bk2.log" 2>&1; rc=$?
+check '[ $rc -eq 2 ] && grep -q "bench_kernels: unknown or incomplete option" "$W/bk2.log"' "bench_kernels --rows: exit $rc (want 2): $(cat "$W/bk2.log")"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

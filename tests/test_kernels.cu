@@ -154,8 +154,8 @@ static void test_sort_keys(long long n) {
 }
 
 // ln_rows: LayerNorm backward blocks of at most LN_THREADS threads unless one row needs more, for every hidden size
-// the model accepts (<= 4096): at most 512 threads in bf16 (its 79 registers: a 1024-thread block would not launch
-// on a GPU), 1024 in fp32 (48 registers).
+// the model accepts (<= 4096): at most 512 threads in bf16 (80 or 96 registers, LN_BWD_REGS: a 1024-thread block
+// would not launch on a GPU), 1024 in fp32 (at most 64 registers).
 static void test_ln_block_sizes(void) {
     int worst = 0, ok = 1;
     for (int C = 8; C <= 4096; C += 8) {
@@ -637,9 +637,15 @@ int main(void) {
     test_layernorms(37, 40);
     test_layernorms(5, 264);
     test_layernorms(7, 1024);  // bert-large's C: 3 rows a block in bf16 (the last group partial), 1 in fp32
+    // more row groups than layernorm_backward's grid (264 blocks): each block strides over several groups through
+    // its ring of asynchronous copies (fetches past the end: zero-filled); odd N: the last row's stats end mid-window
+    test_layernorms(1201, 40);   // 301 groups of 4 rows
+    test_layernorms(1103, 264);  // 276 groups of 4 (bf16: two warps a row, the second nearly idle; fp32: 3 warps)
+    test_layernorms(803, 1024);  // 268 groups of 3 rows (groups starting at odd rows) in bf16, 803 of 1 in fp32
     test_ln_block_sizes();
-    test_ln_backward_agree(37, 40);  // 5 chunks per row, fewer than a warp
-    test_ln_backward_agree(9, 264);  // two warps per row
+    test_ln_backward_agree(37, 40);    // 5 chunks per row, fewer than a warp
+    test_ln_backward_agree(9, 264);    // two warps per row
+    test_ln_backward_agree(1111, 40);  // more row groups than blocks: the two kernels stride alike
     test_gelu_accuracy();
     test_matmul_gelu(37, 40, 272);    // two column tiles of the column sums (in bf16), the second partial
     test_matmul_gelu(300, 64, 1032);  // more row groups than the grid: each thread strides over rows
