@@ -160,7 +160,7 @@ check '[ "$(result "$W/vs/mlmc.log" batch)" = 8 ] && grep -q "^mlm.c with --batc
 # tests/bench_kernels.cu on the CPU runtime (--tiny): every kernel's line with its bytes and a time, and its result
 # line for scripts; a bad option refused with exit 2
 build/bench_kernels --tiny >"$W/bk.log" 2>&1; rc=$?
-rows=$(grep -cE '^bench-kernels-result kernel=[a-z_]+ bytes=[0-9]+ ms=[0-9.]+ ' "$W/bk.log")
+rows=$(grep -cE '^bench-kernels-result kernel=[a-z0-9_]+ bytes=[0-9]+ ms=[0-9.]+ ' "$W/bk.log")
 check '[ $rc -eq 0 ] && [ "$rows" -eq 5 ] && grep -q "kernel=layernorm_backward " "$W/bk.log" && grep -q "kernel=column_sums_fc1 " "$W/bk.log"' \
   "bench_kernels --tiny (exit $rc): $rows of 5 result lines: $(tail -n 3 "$W/bk.log")"
 build/bench_kernels --rows >"$W/bk2.log" 2>&1; rc=$?

@@ -106,20 +106,21 @@ SLURM_NTASKS=2 SLURM_PROCID=1 ./trainer_cpu --data "$W/data/val_*.bin" --preset 
 rc1=$?; wait "${PIDS[-1]}"; rc0=$?
 check '[ $rc0 = 1 ] && [ $rc1 = 1 ] && grep -q "disagree on the training data" "$W/b0.log" && grep -q "disagree on the training data" "$W/b1.log"' \
   "different --data: exits $rc0 $rc1: $(tail -n 1 "$W/b0.log" "$W/b1.log")"
-# the automatic micro-batch: the smallest any rank can hold (a real one-step run on two ranks with 1.12 GB
-# and 1.2 GB of device memory; --plan-only plans for its own rank alone, without the others)
+# the automatic micro-batch: the smallest any rank can hold (a real one-step run on two ranks with 1.114 GB
+# and 1.2 GB of device memory: B=68 and, capped at 4096 tokens on the CPU runtime, 128; --plan-only plans for its
+# own rank alone, without the others)
 python3 tools/prepare.py bytes --input cpu --out "$W/data32" --seq-len 32 --val-fraction 0 >"$W/prep32.log" 2>&1
 for r in 0 1; do
-  EMU_DEVICE_BYTES=$([ $r = 0 ] && echo 1.12e9 || echo 1.2e9) SLURM_NTASKS=2 SLURM_PROCID=$r SLURM_LOCALID=0 \
+  EMU_DEVICE_BYTES=$([ $r = 0 ] && echo 1.114e9 || echo 1.2e9) SLURM_NTASKS=2 SLURM_PROCID=$r SLURM_LOCALID=0 \
     NCCL_EMU_TIMEOUT_S=60 ./trainer_cpu --data "$W/data32/train_*.bin" --out "$W/p" --preset tiny --seq 32 \
     --steps 1 >"$W/p$r.log" 2>&1 &
 done
 wait
-b_small=$(EMU_DEVICE_BYTES=1.12e9 ./trainer_cpu --data "$W/data32/train_*.bin" --out "$W/p1" --preset tiny --seq 32 \
+b_small=$(EMU_DEVICE_BYTES=1.114e9 ./trainer_cpu --data "$W/data32/train_*.bin" --out "$W/p1" --preset tiny --seq 32 \
   --plan-only 2>&1 | sed -n -E 's/.*total .* GiB for B=([0-9]+) .*/\1/p')
 b2=$(sed -n -E 's/.*total .* GiB for B=([0-9]+) .*/\1/p' "$W/p0.log")
 check '[ -n "$b_small" ] && [ "$b2" = "$b_small" ] && grep -q "micro-batch: B=$b_small, the smallest any rank can hold" "$W/p0.log"' \
-  "1.12 GB + 1.2 GB ranks: B=$b2, one 1.12 GB rank B=$b_small: $(tail -n 2 "$W/p0.log")"
+  "1.114 GB + 1.2 GB ranks: B=$b2, one 1.114 GB rank B=$b_small: $(tail -n 2 "$W/p0.log")"
 
 # 4. launch: a Slurm step (the job id and step id name the launch), torchrun-style variables
 for r in 0 1; do
