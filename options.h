@@ -47,6 +47,7 @@ typedef struct {
     double epochs;                     // --epochs E: E passes over the training shards, as steps
     const char* eval;                  // --eval SRC: evaluate a checkpoint or an export on --val; no training
     int seq_given;                     // --seq was given (--eval otherwise takes the source's)
+    int timeout_given;                 // --nccl-timeout was given (one process waits on no other without it)
     int overwrite;                     // --overwrite: a new run may replace the run already in --out
     int seed_given, preset_given;      // --seed, --preset were given (checked against --resume, --init-from)
     int accum_given;                   // --grad-accum was given (--global-batch is its alternative)
@@ -174,7 +175,8 @@ static const Flag flags[] = {
     {"--nccl-timeout", "S", F_FLOAT, AT(nccl_timeout), 0.1, 1e7, STRINGIFY(COMM_DEFAULT_TIMEOUT_S),
      "a rank that waits S seconds for the others (start-up, a collective) aborts the\n"
      "communicator and exits 1 naming the step and collective; while rank 0 writes a\n"
-     "checkpoint or the export, 60 s + its size at 20 MB/s more"},
+     "checkpoint or the export, 60 s + its size at 20 MB/s more; one process (no other rank\n"
+     "to wait for) waits on its own device without a deadline unless it is given"},
     {"--info", NULL, F_SWITCH, AT(info), 0, 0, NULL,
      "print the device and this process's place in the job, then exit (alone)"},
 
@@ -590,6 +592,7 @@ static Options parse_options(int argc, char** argv) {
         given[f - flags] = 1;
     }
     o.seq_given = given[find_flag("--seq") - flags], o.seed_given = given[find_flag("--seed") - flags];
+    o.timeout_given = given[find_flag("--nccl-timeout") - flags];
     o.preset_given = given[find_flag("--preset") - flags], o.accum_given = given[find_flag("--grad-accum") - flags];
     o.grad_reduce_bf16 = !strcmp(o.comm, "bf16"), o.onebit_overlap = !strcmp(o.comm, "onebit-overlap");
     o.onebit = o.onebit_overlap || !strcmp(o.comm, "onebit");

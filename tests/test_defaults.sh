@@ -7,7 +7,8 @@
 #     and in --eval (the same loss), and it is not the split's first N micro-batches;
 #   - --device takes a short name (H100, h200, ...) and plans its memory with --plan-only; an unknown name is refused
 #     with the known ones listed; --help lists them;
-#   - a one-process run's timeout does not blame a dead rank.
+#   - a one-process run's timeout does not blame a dead rank, and without --nccl-timeout it has none;
+#   - the ranks agree on --comm's value (onebit against onebit-overlap).
 # Run by tests/run.sh; needs ./trainer_cpu and tools/requirements.txt. Prints "N passed, N failed" last.
 cd "$(dirname "$0")/.."
 pass=0; fail=0
@@ -70,6 +71,21 @@ check './trainer_cpu --help | grep -q "H100 NVL (94 GB, 835 TFLOP/s)"' "--help d
 MLM_TEST_STALL=2 timeout 120 ./trainer_cpu "${D[@]}" --batch 8 --steps 4 --out "$W/s" --nccl-timeout 3 >"$W/s.log" 2>&1; rc=$?
 check '[ $rc -eq 1 ] && grep -q "this process.s own device work has not finished (one process" "$W/s.log" && ! grep -q "a rank died" "$W/s.log"' \
   "one process, stalled (exit $rc): $(grep -E "progress|trainer:" "$W/s.log" | head -n 2)"
+
+# without --nccl-timeout one process has no deadline (no other rank can die; a slow step is no fault): still waiting
+MLM_TEST_STALL=2 timeout -k 2 8 ./trainer_cpu "${D[@]}" --batch 8 --steps 4 --out "$W/s2" >"$W/s2.log" 2>&1; rc=$?
+check '[ $rc = 124 ] || [ $rc = 137 ] && grep -q "MLM_TEST_STALL: step 2" "$W/s2.log" && ! grep -q "no progress" "$W/s2.log"' \
+  "one process without --nccl-timeout, stalled (exit $rc, want the timeout's 124): $(tail -n 2 "$W/s2.log")"
+
+# the ranks agree on --comm's value: onebit on one and onebit-overlap on the other stop both at the start, naming it
+for r in 0 1; do
+  c=$([ $r = 0 ] && echo onebit || echo onebit-overlap)
+  SLURM_NTASKS=2 SLURM_PROCID=$r SLURM_LOCALID=0 NCCL_EMU_TIMEOUT_S=60 timeout 120 ./trainer_cpu "${D[@]}" --batch 8 \
+    --steps 6 --comm $c --out "$W/c" >"$W/c$r.log" 2>&1 &
+done
+wait
+check 'grep -q "onebit-overlap" "$W/c0.log" && ! grep -qE "^step +[0-9]+/" "$W/c0.log" "$W/c1.log"' \
+  "--comm onebit on rank 0, onebit-overlap on rank 1: $(grep -h "trainer:" "$W/c0.log" "$W/c1.log" | head -n 2)"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]
