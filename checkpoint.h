@@ -473,7 +473,6 @@ static void resume_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, Dat
     exit(1);
 }
 
-
 // ckpt_set_aside: after a divergence whose streak of non-finite steps ran from first_bad to last, the
 // checkpoints of steps first_bad-1 .. last hold the weights that gave those steps (a skipped step changes
 // nothing, so every step of the streak ran on the weights of step first_bad-1): each is renamed

@@ -125,17 +125,17 @@ static inline int bert_save_hf(const char* dir, const BertParams* p, const float
     char path[4096];
     // config.json
     char cfg[2048];
-    int n =
-        snprintf(cfg, sizeof(cfg),
-                 "{\n  \"architectures\": [\"BertForMaskedLM\"],\n  \"model_type\": \"bert\",\n"
-                 "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"num_hidden_layers\": %d,\n"
-                 "  \"num_attention_heads\": %d,\n  \"intermediate_size\": %d,\n  \"hidden_act\": \"gelu_pytorch_tanh\",\n"
-                 "  \"hidden_dropout_prob\": 0.0,\n  \"attention_probs_dropout_prob\": 0.0,\n"
-                 "  \"max_position_embeddings\": %d,\n  \"type_vocab_size\": %d,\n  \"initializer_range\": 0.02,\n"
-                 "  \"layer_norm_eps\": %.9g,\n  \"pad_token_id\": %d,\n  \"position_embedding_type\": \"absolute\",\n"
-                 "  \"tie_word_embeddings\": true,\n  \"torch_dtype\": \"float32\"\n}\n",
-                 c->vocab_size, c->hidden, c->layers, c->heads, c->intermediate, c->max_position, c->type_vocab_size,
-                 (double)c->ln_eps, pad_id);
+    int n = snprintf(
+        cfg, sizeof(cfg),
+        "{\n  \"architectures\": [\"BertForMaskedLM\"],\n  \"model_type\": \"bert\",\n"
+        "  \"vocab_size\": %d,\n  \"hidden_size\": %d,\n  \"num_hidden_layers\": %d,\n"
+        "  \"num_attention_heads\": %d,\n  \"intermediate_size\": %d,\n  \"hidden_act\": \"gelu_pytorch_tanh\",\n"
+        "  \"hidden_dropout_prob\": 0.0,\n  \"attention_probs_dropout_prob\": 0.0,\n"
+        "  \"max_position_embeddings\": %d,\n  \"type_vocab_size\": %d,\n  \"initializer_range\": 0.02,\n"
+        "  \"layer_norm_eps\": %.9g,\n  \"pad_token_id\": %d,\n  \"position_embedding_type\": \"absolute\",\n"
+        "  \"tie_word_embeddings\": true,\n  \"torch_dtype\": \"float32\"\n}\n",
+        c->vocab_size, c->hidden, c->layers, c->heads, c->intermediate, c->max_position, c->type_vocab_size,
+        (double)c->ln_eps, pad_id);
     snprintf(path, sizeof(path), "%s/config.json", dir);
     if (!bert_write_file(path, cfg, (size_t)n, NULL, 0)) return 0;
     // safetensors header
@@ -277,8 +277,10 @@ static inline int bert_read_config(const char* path, BertConfig* c) {
         } else if (!strcmp(key, "hidden_act")) {  // GELU: mlm.c computes its tanh form (kernels.cuh, gelu_tanh_grad)
             bj_string(&j, str, sizeof(str));
             if (!strcmp(str, "gelu")) {
-                printf("model: %s: hidden_act \"gelu\" is the exact (erf) GELU; this model computes the tanh form, "
-                       "within 5e-4 of it, and exports \"gelu_pytorch_tanh\"\n", path);
+                printf(
+                    "model: %s: hidden_act \"gelu\" is the exact (erf) GELU; this model computes the tanh form, "
+                    "within 5e-4 of it, and exports \"gelu_pytorch_tanh\"\n",
+                    path);
             } else if (strcmp(str, "gelu_pytorch_tanh") && strcmp(str, "gelu_new")) {
                 fprintf(stderr, "model: %s: hidden_act \"%s\" is not supported (gelu_pytorch_tanh, gelu_new or gelu)\n",
                         path, str);

@@ -1214,8 +1214,8 @@ static inline void bench_phase(int phase, cudaStream_t s) { phase_mark(bench_tim
 // only sets the bias and aux pointers. cuBLASLt's epilogues do the elementwise work where the data passes anyway:
 //   BIAS           D = AB + bias (bias: OC, floatX)
 //   GELU_AUX_BIAS  the MLP's first layer: aux = pre = AB + bias, D = GELU(pre), GELU's tanh form (gelu_tanh); pre is
-//                  rounded to floatX in aux, GELU is taken of the fp32 pre (the H200 measured 2.84 ms at bert-base's fc1
-//                  against 3.76 for the plain matmul and a GELU kernel)
+//                  rounded to floatX in aux, GELU is taken of the fp32 pre (the H200 measured 2.84 ms at bert-base's
+//                  fc1 against 3.76 for the plain matmul and a GELU kernel)
 //   DGELU          its backward: D = (AB) * GELU'(aux), aux the forward's pre (2.59 ms against 4.65)
 //   BGRADB         the weight gradient's bias gradient, bias[j] = sum over k of op(B)[k][j] (fp32; on this layout, NT
 //                  with an fp32 D, the real cuBLASLt 13.0 sums exactly)
@@ -1269,7 +1269,8 @@ static inline void blas_heuristic(const Blas* bl, MatmulPlan* p) {
     const cublasLtMatmulPreferenceAttributes_t aligns[] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4; i++) CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align, sizeof(align)));
+    for (int i = 0; i < 4; i++)
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, aligns[i], &align, sizeof(align)));
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
     if (cublasLtMatmulAlgoGetHeuristic(bl->lt, p->desc, p->la, p->lb, p->ld, p->ld, pref, 1, &res, &found) ==
@@ -1391,7 +1392,7 @@ typedef struct {
     double mem_gb, tflops;
 } DeviceSpec;
 static const DeviceSpec device_specs[] = {
-    {"H100 NVL", "NVIDIA H100 NVL", 94, 835}, {"H100 PCIe", "NVIDIA H100 PCIe", 80, 756},
+    {"H100 NVL", "NVIDIA H100 NVL", 94, 835},  {"H100 PCIe", "NVIDIA H100 PCIe", 80, 756},
     {"H100", "NVIDIA H100", 80, 989},  // the SXM: "NVIDIA H100 80GB HBM3"
     {"H200 NVL", "NVIDIA H200 NVL", 141, 835}, {"H200", "NVIDIA H200", 141, 989},
     {"GH200", "NVIDIA GH200", 96, 989},        {"A100", "NVIDIA A100", 80, 312},

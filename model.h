@@ -641,7 +641,6 @@ static inline size_t bert_grad_ready_lo(const BertParams* p, int k) {
 }
 static inline int bert_grad_ready_count(const BertParams* p) { return p->cfg.layers + 2; }
 
-
 #define ACT_X(m, field) ((floatX*)((m)->acts + (m)->act.field))
 #define ACT_F(m, field) ((float*)((m)->acts + (m)->act.field))
 #define ACT_XL(m, field, l) ((floatX*)((m)->acts + (m)->act.field + (size_t)(l) * (m)->act.layer_stride))

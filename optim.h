@@ -17,11 +17,11 @@ typedef struct Optimizer Optimizer;
 struct Optimizer {
     const char* name;
     GradReduce* gr;
-    OneBit* ob;                       // onebit: its state (compress.h); else NULL
-    float b1, b2, eps, wd, clip;      // --beta1, --beta2, --eps, --wd, --clip
-    int bf16, overlap;                // --comm bf16; --comm onebit-overlap
-    int compressed;                   // this step (onebit, after the warm-up, not a refresh): no gradient reduced
-    int sumsq_div;                    // the norm is sqrt(the sync's sum of squares / sumsq_div); 0: m->norm
+    OneBit* ob;                   // onebit: its state (compress.h); else NULL
+    float b1, b2, eps, wd, clip;  // --beta1, --beta2, --eps, --wd, --clip
+    int bf16, overlap;            // --comm bf16; --comm onebit-overlap
+    int compressed;               // this step (onebit, after the warm-up, not a refresh): no gradient reduced
+    int sumsq_div;                // the norm is sqrt(the sync's sum of squares / sumsq_div); 0: m->norm
     void (*exchange)(Optimizer* op, BertModel* m);
     void (*norm)(Optimizer* op, BertModel* m, float* sumsq);
     void (*update)(Optimizer* op, BertModel* m, float lr, float norm);
@@ -89,8 +89,8 @@ static void update_onebit(Optimizer* op, BertModel* m, float lr, float norm) {
             onebit_update(ob, m->stream, m->step + 1, m->master, m->w, m->adam_m, m->adam_v, m->p.n_decay, lr, op->b1,
                           op->b2, op->eps, op->wd, clip);
         else  // the parts leave now, clipped, and update the weights under the next step's forward
-            onebit_step_forward(ob, op->gr, m->step + 1, m->grad, m->master, m->w, m->adam_m, m->adam_v,
-                                m->p.n_decay, lr, op->b1, op->b2, op->eps, op->wd, clip);
+            onebit_step_forward(ob, op->gr, m->step + 1, m->grad, m->master, m->w, m->adam_m, m->adam_v, m->p.n_decay,
+                                lr, op->b1, op->b2, op->eps, op->wd, clip);
         m->step++;
     } else if (m->step + 1 > ob->warmup) {  // a refresh step: v decays by b2^K (K steps since its last update)
         m->step++;

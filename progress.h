@@ -195,7 +195,7 @@ static void log_step(const Options* o, const StepResult* r, int step, int bad_st
         double eta = (now - lg->t_loop) / (step - lg->first_step + 1) * (lg->last_step - step);
         double epoch = lg->epoch_tokens > 0 ? lg->tokens / lg->epoch_tokens : 0;
         char mfu[64] = "", comm[48] = "", el[32], et[32];  // (MFU where the device's peak is known; the bytes
-        if (peak_tflops > 0) {                            // sent where there is another process)
+        if (peak_tflops > 0) {                             // sent where there is another process)
             mfu[0] = ' ', mfu[1] = '|', mfu[2] = ' ';
             mfu_text(mfu + 3, sizeof mfu - 3, tps / world * flops_token, peak_tflops);
         }

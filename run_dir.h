@@ -55,11 +55,13 @@ static int make_out_dir(const char* dir) {
 //   the start, not after training.
 // - DIR/run.json records the run's schedule; a resume that changes it says so in one line (run_schedule).
 #define EXPORT_STAGING ".export.tmp"  // the export is written here whole, then renamed into --out (export_run)
-static const char* const run_files[] = {
-    "checkpoint.bin",        "checkpoint.bin.tmp",      "metrics.jsonl",        "metrics.jsonl.tmp",
-    "metrics.jsonl.prev",    "model.safetensors",       "config.json",          "tokenizer.json",
-    "tokenizer_config.json", "special_tokens_map.json", "byte_tokenizer.json",  "run.json",
-    "run.json.tmp",          "lock"};
+static const char* const run_files[] = {"checkpoint.bin",        "checkpoint.bin.tmp",
+                                        "metrics.jsonl",         "metrics.jsonl.tmp",
+                                        "metrics.jsonl.prev",    "model.safetensors",
+                                        "config.json",           "tokenizer.json",
+                                        "tokenizer_config.json", "special_tokens_map.json",
+                                        "byte_tokenizer.json",   "run.json",
+                                        "run.json.tmp",          "lock"};
 #define RUN_NUM_FILES ((int)(sizeof run_files / sizeof run_files[0]))
 // A run's results: a new run is refused where any is (or a checkpoint-STEP.bin). A metrics.jsonl alone (a run
 // that never made a checkpoint: a requeued job starts again without --resume) is kept as metrics.jsonl.prev.

@@ -9,7 +9,7 @@
 #include "comm.h"          // rank and world size; NCCL gradient averaging
 #include "scaling.h"       // the scaling predictor: compute, all-reduce and overlap on N nodes
 #include "compress.h"      // --comm onebit: 1-bit Adam's compressed momentum all-reduce
-#include "optim.h"         // the optimizer: the gradients' exchange, their norm, the update (AdamW, LAMB, ZeRO-1, 1-bit Adam)
+#include "optim.h"  // the optimizer: the gradients' exchange, their norm, the update (AdamW, LAMB, ZeRO-1, 1-bit Adam)
 #include <ctype.h>
 #include <dirent.h>
 #include <glob.h>
@@ -160,8 +160,8 @@ static Plan auto_batch(const BertConfig* c, const Options* o, int loaders, const
     snprintf(why, n, "the largest that fits");
     int speed_rows = PLAN_UNKNOWN_TOKENS / o->T > 0 ? PLAN_UNKNOWN_TOKENS / o->T : 1;
     if (device_peak_tflops(device) <= 0 && p.B > speed_rows) {
-        snprintf(why, n, "%d tokens: %s's speed is unknown, and B=%d would fit; --batch N plans more", speed_rows * o->T,
-                 device, p.B);
+        snprintf(why, n, "%d tokens: %s's speed is unknown, and B=%d would fit; --batch N plans more",
+                 speed_rows * o->T, device, p.B);
         p = make_plan(c, speed_rows, o->T, loaders, gr);
     }
     if (max_rows > 0 && p.B > max_rows) {
@@ -291,9 +291,10 @@ static void validation_init(Validation* v, const char* pattern, const Plan* plan
     v->sample = val_batches > 0 && val_batches < all;
     v->batches = (int)(v->sample ? val_batches : all);
     if (v->sample && verbose)
-        printf("validation: a sample of %d of the split's %lld micro-batches of B=%d rows, spread evenly over it (the "
-               "same ones at every validation; --val-batches 0 takes the whole split)\n",
-               v->batches, all, plan->B);
+        printf(
+            "validation: a sample of %d of the split's %lld micro-batches of B=%d rows, spread evenly over it (the "
+            "same ones at every validation; --val-batches 0 takes the whole split)\n",
+            v->batches, all, plan->B);
     if (val_batches > all && verbose)
         printf(
             "note: --val-batches %d: the validation split holds %lld micro-batches of B=%d rows (%lld sequences); "
@@ -378,8 +379,8 @@ static const char* validation_coverage(const EvalResult* e, char* buf, size_t si
     if (e->samples == e->split)
         snprintf(buf + n, size - n, "every validation sequence once");
     else
-        snprintf(buf + n, size - n, "%s%lld of the split's %lld sequences", e->sample ? "a sample spread over it, " : "",
-                 e->samples, e->split);
+        snprintf(buf + n, size - n, "%s%lld of the split's %lld sequences",
+                 e->sample ? "a sample spread over it, " : "", e->samples, e->split);
     return buf;
 }
 
@@ -1412,9 +1413,9 @@ static int plan_run(Run* r) {
     int loaders = o->val ? 2 : 1;
     Plan* plan = &r->plan;
     char why[256] = "the largest that fits";  // (--plan-only plans the memory of the device it predicts for)
-    *plan = o->plan_only && !o->B ? choose_batch(&r->cfg, o->T, loaders, gr, r->free_bytes, r->total_bytes)
-                                  : auto_batch(&r->cfg, o, loaders, gr, r->free_bytes, r->total_bytes, r->prop.name, 0,
-                                               why, sizeof why);
+    *plan = o->plan_only && !o->B
+                ? choose_batch(&r->cfg, o->T, loaders, gr, r->free_bytes, r->total_bytes)
+                : auto_batch(&r->cfg, o, loaders, gr, r->free_bytes, r->total_bytes, r->prop.name, 0, why, sizeof why);
     if (!o->plan_only)
         *plan = make_plan(&r->cfg, agree(&r->comm, o, &r->cfg, plan->B, r->data_fp, r->val_fp), o->T, loaders, gr);
     if (o->val) plan_add_validation(plan, o->val_batches, o->val);

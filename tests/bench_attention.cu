@@ -6,7 +6,8 @@
 //   build/bench_attention --tiny       the same program on a tiny shape (the CPU build's smoke test)
 // Each shape also times the Hopper (wgmma) candidates, kernel by kernel, on a line of its own: attention_forward_wgmma,
 // and at D=64 the backward with attention_backward_dq_wgmma, attention_backward_dkdv_wgmma or both in place of the
-// mma.sync ones; a third line names the fastest way to run the three (which of them on wgmma) and its time, and one line `bench-attention-result ... best=FLAG` is for scripts (tools/gpu_session.sh).
+// mma.sync ones; a third line names the fastest way to run the three (which of them on wgmma) and its time, and one
+// line `bench-attention-result ... best=FLAG` is for scripts (tools/gpu_session.sh).
 //   options: --iters N (timed repetitions, default 20), --seed S (sample lengths of the packed rows),
 //            --smem (print each kernel's dynamic shared memory and exit)
 //

@@ -201,8 +201,8 @@ int main(int argc, char** argv) {
         printf("bench-kernels-result kernel=%s bytes=%.0f ms=%.5f gbps=%.1f copy_gbps=%.1f copy_pct=%.1f\n",
                kernel_names[k], bytes, ms, gbps, copy_gbps, 100.0 * gbps / copy_gbps);
     }
-    void* bufs[] = {b.x,    b.r,     b.res,  b.out,   b.bias, b.gamma, b.beta,     b.dout,    b.dinp, b.fc1,
-                    b.h_pre, b.stats, b.part, b.dgb,   b.cpart, b.db1,  b.ipart, b.copy_src, b.copy_dst};
+    void* bufs[] = {b.x,     b.r,     b.res,  b.out, b.bias,  b.gamma, b.beta,  b.dout,     b.dinp,    b.fc1,
+                    b.h_pre, b.stats, b.part, b.dgb, b.cpart, b.db1,   b.ipart, b.copy_src, b.copy_dst};
     for (void* p : bufs) cudaFree(p);
     return 0;
 }

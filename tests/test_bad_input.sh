@@ -88,7 +88,7 @@ cannot open $W/no-hf/config.json|$TRAINER ${T[*]} --out $W/o --init-from $W/no-h
 --train-vocab 0 (expected more than the 5 special tokens|python3 tools/prepare.py text --input $W/in --out $W/p5 --train-vocab 0
 --tokenizer $W/none.txt: no such file|python3 tools/prepare.py text --input $W/in --out $W/p6 --tokenizer $W/none.txt
 --tokenizer $W/data/train_00000.bin: not a tokenizer.json or a UTF-8 BERT vocab.txt|python3 tools/prepare.py text --input $W/in --out $W/p7 --tokenizer $W/data/train_00000.bin
-$W/in/bin.txt: not UTF-8 text|python3 tools/prepare.py text --input $W/in --out $W/p8 --train-vocab 100
+$W/in/bin.txt: not UTF-8 text|python3 tools/prepare.py text --input $W/in --out $W/p8 --train-vocab 100 --strict
 $W/none.bin: no such file|python3 tools/prepare.py check $W/none.bin
 $W/\*.zzz: no such file (or no file matches|python3 tools/prepare.py check "$W/*.zzz"
 BAD  $W/file: truncated|python3 tools/prepare.py check $W/file

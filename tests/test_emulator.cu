@@ -261,7 +261,8 @@ static void test_cpu_heuristic(void) {
         for (int i = 0; i < found[c]; i++) {
             uint32_t split = 0;
             size_t size = 0;
-            cublasLtMatmulAlgoConfigGetAttribute(&h[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split, &size);
+            cublasLtMatmulAlgoConfigGetAttribute(&h[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split,
+                                                 &size);
             splits[c][i] = (int)split;
         }
         if (c == 0 && found[0] == 3) {  // the plain product against split-K 2, and split-K 2 without workspace
@@ -410,7 +411,8 @@ int main(void) {
     CUDA_OK(cudaGetDeviceProperties(&p, 0));
     CHECK(p.maxThreadsPerBlock == 1024 && p.sharedMemPerBlockOptin == 227 * 1024 && p.warpSize == 32,
           "device properties report H100 limits");
-    {  // the compute capability: 8.0 unless EMU_COMPUTE_CAPABILITY says 9.0 (what the trainer's choice of kernels reads)
+    {  // the compute capability: 8.0 unless EMU_COMPUTE_CAPABILITY says 9.0 (what the trainer's choice of kernels
+       // reads)
         const char* saved = getenv("EMU_COMPUTE_CAPABILITY");
         unsetenv("EMU_COMPUTE_CAPABILITY");
         cudaDeviceProp q;
@@ -418,7 +420,10 @@ int main(void) {
         setenv("EMU_COMPUTE_CAPABILITY", "9.0", 1);
         cudaDeviceProp h;
         CUDA_OK(cudaGetDeviceProperties(&h, 0));
-        if (saved) setenv("EMU_COMPUTE_CAPABILITY", saved, 1); else unsetenv("EMU_COMPUTE_CAPABILITY");
+        if (saved)
+            setenv("EMU_COMPUTE_CAPABILITY", saved, 1);
+        else
+            unsetenv("EMU_COMPUTE_CAPABILITY");
         CHECK(q.major == 8 && q.minor == 0 && h.major == 9 && h.minor == 0,
               "compute capability %d.%d by default (want 8.0), %d.%d with EMU_COMPUTE_CAPABILITY=9.0", q.major, q.minor,
               h.major, h.minor);

@@ -58,7 +58,7 @@ check 'grep -q "^gpu_session: bench (.*): EMU_DEVICE_BYTES=[0-9]* ./trainer_cpu 
   "the bench stage did not run ./trainer_cpu --bench, or the summary lacks its result and phases: $(sed -n '/^-- bench/,/^-- /p' "$W/a/summary.txt" | head -n 5)"
 check 'grep -q "^bench-attention-result shape=tiny " "$W/a/summary.txt"' "the summary lacks bench_attention's result line"
 if [ -x build/bench_kernels ]; then
-  check '! grep -q "bench_kernels: skipped" "$W/a/kernels.log" && grep -q "^gpu_session: kernels (.*) && build/bench_kernels --tiny$" "$W/a.out"' \
+  check '! grep -q "bench_kernels: skipped" "$W/a/kernels.log" && grep -q "^gpu_session: kernels (.*): .* && build/bench_kernels --tiny$" "$W/a.out"' \
     "bench_kernels is built but the kernels stage did not run it: $(grep '^gpu_session: kernels' "$W/a.out")"
 else  # (tests/bench_kernels.cu not written yet in this tree: the stage goes on, and says so)
   check '[ ! -f tests/bench_kernels.cu ] && grep -q -x "bench_kernels: skipped: not built (no tests/bench_kernels.cu in this tree)" "$W/a/summary.txt"' \

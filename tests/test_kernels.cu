@@ -24,9 +24,7 @@ static void ln_ref(const double* x, const float* g, const float* b, int C, doubl
 }
 // reference LayerNorm backward of one row: dx, and dgamma/dbeta accumulated
 // GELU's tanh form and its derivative in double (kernels.cuh, gelu_tanh_grad; cuBLASLt's GELU epilogues)
-static double gelu_ref(double x) {
-    return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
-}
+static double gelu_ref(double x) { return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
 static double gelu_grad_ref(double x) {
     double t = tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x));
     return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * sqrt(2 / M_PI) * (1 + 3 * 0.044715 * x * x);
@@ -363,8 +361,8 @@ static void test_gelu_accuracy(void) {
 static void test_matmul_gelu(int N, int IC, int OC) {
     vf x, W, W2, bias, dy;
     floatX *d_x = dev_rand(&x, (size_t)N * IC, -1, 1), *d_W = dev_rand(&W, (size_t)OC * IC, -1, 1),
-           *d_W2 = dev_rand(&W2, (size_t)IC * OC, -1, 1),
-           *d_b = dev_rand(&bias, OC, -1, 1), *d_dy = dev_rand(&dy, (size_t)N * IC, -1, 1);
+           *d_W2 = dev_rand(&W2, (size_t)IC * OC, -1, 1), *d_b = dev_rand(&bias, OC, -1, 1),
+           *d_dy = dev_rand(&dy, (size_t)N * IC, -1, 1);
     floatX *d_pre = dev_x((size_t)N * OC), *d_y = dev_x((size_t)N * OC), *d_dpre = dev_x((size_t)N * OC),
            *d_dpre2 = dev_x((size_t)N * OC);
     float *d_db = dev_f_fill(OC, 0.5f), *d_part = dev_f(colsum_part_floats(OC));
@@ -401,8 +399,8 @@ static void test_matmul_gelu(int N, int IC, int OC) {
     snprintf(w, sizeof w, "column_sums N=%d C=%d: the bias gradient of dpre, accumulated", N, OC);
     close_scaled(w, get_f(d_db, OC), db, 1e-5f);
     blas_free(&bl);
-    for (void* q : {(void*)d_x, (void*)d_W, (void*)d_W2, (void*)d_b, (void*)d_dy, (void*)d_pre, (void*)d_y, (void*)d_dpre,
-                    (void*)d_dpre2, (void*)d_db, (void*)d_part})
+    for (void* q : {(void*)d_x, (void*)d_W, (void*)d_W2, (void*)d_b, (void*)d_dy, (void*)d_pre, (void*)d_y,
+                    (void*)d_dpre, (void*)d_dpre2, (void*)d_db, (void*)d_part})
         cudaFree(q);
 }
 
@@ -649,8 +647,8 @@ int main(void) {
     test_gelu_accuracy();
     test_matmul_gelu(37, 40, 272);    // two column tiles of the column sums (in bf16), the second partial
     test_matmul_gelu(300, 64, 1032);  // more row groups than the grid: each thread strides over rows
-    test_column_sums(37, 272);    // the MLM decoder's bias gradient: a partial column tile, few rows
-    test_column_sums(600, 4104);  // more row groups than the grid (and a row count not a multiple of 8)
+    test_column_sums(37, 272);        // the MLM decoder's bias gradient: a partial column tile, few rows
+    test_column_sums(600, 4104);      // more row groups than the grid (and a row count not a multiple of 8)
     test_add_gather();
     test_cross_entropy();
     test_argmax_hits();

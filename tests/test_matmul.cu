@@ -45,9 +45,15 @@
 static const char* const blas_algo_fields[BLAS_ALGO_FIELDS] = {"id",      "tile",   "stages", "splitk", "reduction",
                                                                "swizzle", "custom", "inner",  "cluster"};
 static const cublasLtMatmulAlgoConfigAttributes_t blas_algo_attrs[BLAS_ALGO_FIELDS] = {
-    CUBLASLT_ALGO_CONFIG_ID,           CUBLASLT_ALGO_CONFIG_TILE_ID,          CUBLASLT_ALGO_CONFIG_STAGES_ID,
-    CUBLASLT_ALGO_CONFIG_SPLITK_NUM,   CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
-    CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
+    CUBLASLT_ALGO_CONFIG_ID,
+    CUBLASLT_ALGO_CONFIG_TILE_ID,
+    CUBLASLT_ALGO_CONFIG_STAGES_ID,
+    CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+    CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+    CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
+    CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION,
+    CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID,
+    CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
 static void blas_algo_config(const cublasLtMatmulAlgo_t* a, int cfg[BLAS_ALGO_FIELDS]) {
     for (int i = 0; i < BLAS_ALGO_FIELDS; i++) {
         size_t size = 0;  // (4 bytes, the inner and cluster shapes 2: cublasLt.h)

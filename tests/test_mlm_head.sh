@@ -7,7 +7,7 @@
 #   - a real run with M > 4096 (tiny, T=32, B=1000: M = 5344, two chunks, the last of 1248 rows, with more than
 #     4096 masked tokens, so the second chunk holds real ones): the same run twice with 4 OS threads gives
 #     byte-identical checkpoints, and its validation (chunked) gives the masked tokens, accuracy and loss of
-#     --eval at B=125 (one chunk per micro-batch) over the same sequences.
+#     --eval at B=125 (one chunk per micro-batch) over the same sequences (the whole validation split).
 # No GPU needed. The C tests of the chunks themselves are in tests/test_model.cu (test_head_chunks).
 cd "$(dirname "$0")/.."
 pass=0; fail=0
@@ -53,13 +53,13 @@ check 'grep -q "^  MLM head: logits in chunks of (R, Vp) = (106, 216) x [24] byt
 python3 tools/prepare.py bytes --input cpu tests --out "$W/data" --seq-len 32 --val-fraction 0.3 >"$W/prep.log" 2>&1
 check '[ -f "$W/data/train_00000.bin" ] && [ -f "$W/data/val_00000.bin" ]' "tools/prepare.py made no shards: $(tail -n 3 "$W/prep.log")"
 RUN=(--data "$W/data/train_*.bin" --val "$W/data/val_*.bin" --preset tiny --seq 32 --batch 1000 --lr 5e-3 --warmup 1
-  --seed 7 --steps 1 --val-every 1 --val-batches 1)
+  --seed 7 --steps 1 --val-every 1)
 for r in a b; do EMU_THREADS=4 ./trainer_cpu "${RUN[@]}" --out "$W/$r" >"$W/$r.log" 2>&1; done
 check 'grep -q "^  MLM head: logits in chunks of (R, Vp) = (4096, 264) x [24] bytes, .* the whole (M, Vp) = (5344, 264)" "$W/a.log"' \
   "tiny, B=1000, T=32: not chunks of 4096 of 5344 rows: $(grep 'MLM head' "$W/a.log")"
 check '[ -f "$W/a/checkpoint.bin" ] && cmp -s "$W/a/checkpoint.bin" "$W/b/checkpoint.bin"' \
   "two chunks: the same run twice (EMU_THREADS=4) gave different checkpoints: $(tail -n 2 "$W/a.log")"
-./trainer_cpu --eval "$W/a/checkpoint.bin" --val "$W/data/val_*.bin" --seq 32 --batch 125 --val-batches 8 \
+./trainer_cpu --eval "$W/a/checkpoint.bin" --val "$W/data/val_*.bin" --seq 32 --batch 125 \
   --out "$W/e" >"$W/e.log" 2>&1
 field() { grep "\"kind\":\"$1\"" "$2" | tail -n 1 | tr ',{}' '\n\n\n' | sed -n "s/^\"$3\"://p"; }
 v="$(field val "$W/a/metrics.jsonl" val_masked) $(field val "$W/a/metrics.jsonl" val_sequences) $(field val "$W/a/metrics.jsonl" val_accuracy)"
