@@ -56,6 +56,82 @@ static uint64_t ckpt_body_bytes(const BertModel* m) {
     return total;
 }
 
+// The gate for the numbers in a checkpoint's state (ckpt_verify and ckpt_load at --resume and --eval,
+// save_checkpoint before it writes): the weights (fp32 master, bf16) and AdamW's m finite, AdamW's v (LAMB's too: the
+// same buffer) finite and >= 0 (a mean of squares; -0 is zero), --comm onebit's 1-bit Adam errors finite and within
+// +-CKPT_ONEBIT_ERR_MAX. The errors are in the units of Adam's update (compress.h: u = m / (sqrt(v) + eps), of
+// order 1 per element, at most |m| / eps); compression sums |x| over groups of ONEBIT_GROUP of them in fp32 and the
+// server averages the ranks', so an error above 2^64 (1.8e19) is no error a run makes, and below it those sums
+// stay finite (256 x 2^64 is far below FLT_MAX).
+#define CKPT_ONEBIT_ERR_MAX 18446744073709551616.0  // 2^64
+// The header's token count is below 2^62: no run trains on that many, and the metrics' signed counts stay exact.
+#define CKPT_TOKENS_MAX ((uint64_t)1 << 62)
+// The body's regions in file order (CkptHeader's comment): fp32 master weights, AdamW m, AdamW v, the bf16 weights
+// (x_bytes 2 only), then --comm onebit's errors: onebit_world workers' and the servers' (fp32, numel each).
+enum { CKPT_MASTER, CKPT_M, CKPT_V, CKPT_BF16, CKPT_ONEBIT };
+
+// ckpt_region_of: the region of body offset pos (CKPT_ONEBIT + q: rank q's worker errors, + onebit_world: the
+// servers'), with where it starts in *start and its element size in *size.
+static int ckpt_region_of(const CkptHeader* h, uint64_t pos, uint64_t* start, int* size) {
+    uint64_t fp32_end = 12 * h->numel, bf16_end = fp32_end + (h->x_bytes == 2 ? 2 * h->numel : 0);
+    *size = 4;
+    if (pos < fp32_end) return *start = pos / (4 * h->numel) * 4 * h->numel, (int)(pos / (4 * h->numel));
+    if (pos < bf16_end) return *start = fp32_end, *size = 2, CKPT_BF16;
+    uint64_t q = (pos - bf16_end) / (4 * h->numel);
+    *start = bf16_end + q * 4 * h->numel;
+    return CKPT_ONEBIT + (int)q;
+}
+// ckpt_region_end: where the region of body offset pos ends (a value never straddles a chunk that ends there).
+static uint64_t ckpt_region_end(const CkptHeader* h, uint64_t pos) {
+    uint64_t start;
+    int size, r = ckpt_region_of(h, pos, &start, &size);
+    return start + (r == CKPT_BF16 ? 2 : 4) * h->numel;
+}
+// ckpt_value_ok: whether a value of region r is one the state may hold (the gate above).
+static int ckpt_value_ok(int r, float x) {
+    if (!isfinite(x)) return 0;
+    if (r == CKPT_V) return x >= 0.f;
+    if (r >= CKPT_ONEBIT) return fabs((double)x) <= CKPT_ONEBIT_ERR_MAX;
+    return 1;
+}
+// ckpt_first_bad: the body offset of the first value in buf (k bytes at body offset pos, within one region, starting
+// at a value) that the gate refuses, or UINT64_MAX; that value in *x.
+static uint64_t ckpt_first_bad(const CkptHeader* h, const unsigned char* buf, size_t k, uint64_t pos, float* x) {
+    uint64_t start;
+    int size, r = ckpt_region_of(h, pos, &start, &size);
+    for (size_t i = 0; i + size <= k; i += size) {
+        if (size == 4) {
+            memcpy(x, buf + i, 4);
+        } else {
+            uint16_t b;
+            memcpy(&b, buf + i, 2);
+            uint32_t u = (uint32_t)b << 16;  // bf16: the high half of an fp32
+            memcpy(x, &u, 4);
+        }
+        if (!ckpt_value_ok(r, *x)) return pos + i;
+    }
+    return UINT64_MAX;
+}
+// ckpt_describe_bad: what is wrong with the value x at body offset `off` (ckpt_first_bad's): the region, the element
+// and the value.
+static void ckpt_describe_bad(const CkptHeader* h, uint64_t off, float x, char* why, size_t n) {
+    static const char* region[] = {"fp32 master weights", "AdamW m", "AdamW v", "bf16 weights"};
+    uint64_t start;
+    int size, r = ckpt_region_of(h, off, &start, &size);
+    char name[64];
+    if (r < CKPT_ONEBIT)
+        snprintf(name, sizeof name, "%s", region[r]);
+    else if (r - CKPT_ONEBIT < h->onebit_world)
+        snprintf(name, sizeof name, "1-bit Adam worker errors of rank %d", r - CKPT_ONEBIT);
+    else
+        snprintf(name, sizeof name, "1-bit Adam server errors");
+    const char* what = !isfinite(x)  ? "that is not finite (NaN or Inf)"
+                       : r == CKPT_V ? "below zero (v is a mean of squares)"
+                                     : "beyond +-2^64 (no error a run makes)";
+    snprintf(why, n, "its %s hold a value %s at element %llu of %llu (%g)", name, what,
+             (unsigned long long)((off - start) / size), (unsigned long long)h->numel, (double)x);
+}
+
 static int write_all(int fd, const void* p, size_t n) {
     const char* c = (const char*)p;
     while (n) {
@@ -106,8 +182,10 @@ static void ckpt_prune(const Ckpts* ck, int newest) {
 }
 
 // save_checkpoint: writes DIR/checkpoint.bin as described above. Gives 1, or 0 with the reason in err
-// (the temporary file removed; every earlier checkpoint untouched). Rank 0 writes; under ZeRO-1 every rank
-// calls it, to gather the shards (through the gradient buffer: call it between steps).
+// (the temporary file removed; every earlier checkpoint untouched), or -1 when the state does not pass the gate
+// (ckpt_value_ok, checked as it is written: a value not finite, a negative v), what in err, nothing written. Rank 0
+// writes and checks (the others give 1); under ZeRO-1 every rank calls it, to gather the shards (through the
+// gradient buffer: call it between steps).
 static int save_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, const DataLoaderState* data, char* err,
                            size_t errlen) {
     int writer = gr->comm->rank == 0;
@@ -126,9 +204,11 @@ static int save_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, const 
     int fd = buf ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
     int ok = fd >= 0 && write_all(fd, &h, sizeof h), why = buf ? errno : ENOMEM;  // why: errno of the failure
     uint32_t crc = crc32_update(0, &h, sizeof h);
+    uint64_t pos = 0, bad = UINT64_MAX;  // the body offset; the first value the gate refuses
+    float x = 0;
     void* dev[4];
     size_t bytes[4];
-    for (int r = 0, k = ckpt_regions(m, dev, bytes); r < k; r++) {
+    for (int r = 0, k = ckpt_regions(m, dev, bytes); r < k; pos += bytes[r], r++) {
         const void* src = dev[r];
         if (ckpt_sharded(gr, r)) {  // every rank, whatever happened to the file
             zero_gather(gr, (const float*)dev[r], m->grad, m->stream);
@@ -138,7 +218,8 @@ static int save_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, const 
             size_t n = bytes[r] - off < CKPT_CHUNK ? bytes[r] - off : CKPT_CHUNK;
             CUDA_CHECK(cudaMemcpy(buf, (const char*)src + off, n, cudaMemcpyDeviceToHost));
             crc = crc32_update(crc, buf, n);
-            if (!(ok = write_all(fd, buf, n))) why = errno;
+            if ((bad = ckpt_first_bad(&h, buf, n, pos + off, &x)) != UINT64_MAX) ok = 0;
+            if (ok && !(ok = write_all(fd, buf, n))) why = errno;
         }
         // test hook (tests/test_checkpoints.sh): MLM_TEST_CKPT_DELAY_MS=N pauses N ms inside the write, so a
         // kill lands while the checkpoint is half written
@@ -155,8 +236,10 @@ static int save_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, const 
             size_t k = n - off < CKPT_CHUNK ? n - off : CKPT_CHUNK;
             CUDA_CHECK(cudaMemcpy(buf, (const char*)m->grad + off, k, cudaMemcpyDeviceToHost));
             crc = crc32_update(crc, buf, k);
-            if (!(ok = write_all(fd, buf, k))) why = errno;
+            if ((bad = ckpt_first_bad(&h, buf, k, pos + off, &x)) != UINT64_MAX) ok = 0;
+            if (ok && !(ok = write_all(fd, buf, k))) why = errno;
         }
+        pos += n;
     }
     if (gr->onebit) bert_zero_grad(m);
     if (!writer) return 1;
@@ -164,6 +247,11 @@ static int save_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, const 
     if (ok && !(ok = write_all(fd, trailer, sizeof trailer) && fsync(fd) == 0)) why = errno;
     if (fd >= 0 && close(fd) != 0 && ok) ok = 0, why = errno;
     free(buf);
+    if (bad != UINT64_MAX) {
+        ckpt_describe_bad(&h, bad, x, err, errlen);
+        unlink(tmp);
+        return -1;
+    }
     if (ok && ck->keep > 1 && ck->step >= 0 && !strcmp(ck->path, path)) {
         // the previous checkpoint.bin keeps a name of its own; a file system without hard links renames it
         // (for a moment there is then no checkpoint.bin: --resume takes checkpoint-STEP.bin)
@@ -196,42 +284,9 @@ static const char* ckpt_whats_on_disk(const Ckpts* ck, char* buf, size_t n) {
     return buf;
 }
 
-// ckpt_first_nonfinite: the body offset of the first value in buf (k bytes at body offset pos) that is not a
-// finite number (NaN, +-Inf), or UINT64_MAX. The body is 3 fp32 arrays of numel (master weights, AdamW m, v),
-// then, when x_bytes is 2, the bf16 weights; chunks start at multiples of 4 bytes, so no value straddles two.
-// What follows the weights (--comm onebit's error buffers, compress.h) is not weights, and is not checked.
-static uint64_t ckpt_first_nonfinite(const CkptHeader* h, const unsigned char* buf, size_t k, uint64_t pos) {
-    uint64_t fp32_end = 12 * h->numel;  // where the fp32 arrays end
-    uint64_t weights_end = fp32_end + (h->x_bytes == 2 ? 2 * h->numel : 0);
-    if (pos >= weights_end) return UINT64_MAX;
-    if (k > weights_end - pos) k = (size_t)(weights_end - pos);
-    for (size_t i = 0; i < k;) {
-        if (pos + i < fp32_end) {
-            uint32_t u;
-            memcpy(&u, buf + i, 4);
-            if ((u & 0x7F800000u) == 0x7F800000u) return pos + i;  // exponent all ones: Inf or NaN
-            i += 4;
-        } else {
-            uint16_t u;
-            memcpy(&u, buf + i, 2);
-            if ((u & 0x7F80u) == 0x7F80u) return pos + i;  // bf16: the same exponent field
-            i += 2;
-        }
-    }
-    return UINT64_MAX;
-}
-// ckpt_describe_nonfinite: why a checkpoint with a non-finite value at body offset `off` is not intact.
-static void ckpt_describe_nonfinite(const CkptHeader* h, uint64_t off, char* why, size_t n) {
-    static const char* region[] = {"fp32 master weights", "AdamW m", "AdamW v", "bf16 weights"};
-    uint64_t fp32_end = 12 * h->numel;
-    int r = off < fp32_end ? (int)(off / (4 * h->numel)) : 3;
-    uint64_t i = off < fp32_end ? off / 4 - r * h->numel : (off - fp32_end) / 2;
-    snprintf(why, n, "its %s hold a value that is not finite (NaN or Inf) at element %llu of %llu: not intact",
-             region[r], (unsigned long long)i, (unsigned long long)h->numel);
-}
-
 // ckpt_verify: 1 when path is an intact checkpoint: a regular file, whole, whose CRC matches and whose
-// weights and AdamW state are all finite numbers (header in *h); else 0 and why.
+// state passes the gate (ckpt_value_ok: weights and AdamW m finite, v >= 0, 1-bit Adam errors bounded; header in
+// *h); else 0 and why.
 static int ckpt_verify(const char* path, CkptHeader* h, char* why, size_t n) {
     int fd = open(path, O_RDONLY | O_NONBLOCK);  // (a FIFO named like a checkpoint must not block: refused below)
     if (fd < 0) {
@@ -262,13 +317,15 @@ static int ckpt_verify(const char* path, CkptHeader* h, char* why, size_t n) {
         snprintf(why, n, "out of host memory");
     else {
         uint32_t crc = crc32_update(0, h, sizeof *h), trailer[2];
-        uint64_t left = h->body_bytes, bad = UINT64_MAX;  // bad: the body offset of the first non-finite value
+        uint64_t left = h->body_bytes, bad = UINT64_MAX;  // bad: the body offset of the first value refused
+        float x = 0;                                      // that value
         ok = 1;
         while (ok && left) {
-            size_t k = left < CKPT_CHUNK ? (size_t)left : CKPT_CHUNK;
+            uint64_t pos = h->body_bytes - left, end = ckpt_region_end(h, pos);  // (chunks within a region)
+            size_t k = end - pos < CKPT_CHUNK ? (size_t)(end - pos) : CKPT_CHUNK;
             ok = read_all(fd, buf, k);
             crc = crc32_update(crc, buf, k);
-            if (ok && bad == UINT64_MAX) bad = ckpt_first_nonfinite(h, buf, k, h->body_bytes - left);
+            if (ok && bad == UINT64_MAX) bad = ckpt_first_bad(h, buf, k, pos, &x);
             left -= k;
         }
         if (!ok || !read_all(fd, trailer, sizeof trailer))
@@ -277,8 +334,11 @@ static int ckpt_verify(const char* path, CkptHeader* h, char* why, size_t n) {
             ok = 0, snprintf(why, n, "checksum mismatch (stored %08x, computed %08x): corrupted", trailer[0], crc);
         else if (trailer[1] != 0)
             ok = 0, snprintf(why, n, "the 4 bytes after the CRC are %08x, not zero: corrupted", trailer[1]);
-        else if (bad != UINT64_MAX)
-            ok = 0, ckpt_describe_nonfinite(h, bad, why, n);
+        else if (bad != UINT64_MAX) {
+            ckpt_describe_bad(h, bad, x, why, n);
+            size_t len = strlen(why);
+            ok = 0, snprintf(why + len, n - len, ": not intact");
+        }
     }
     free(buf);
     close(fd);
@@ -306,6 +366,21 @@ static int ckpt_layout_ok(const CkptHeader* h, char* why, size_t n) {
     return 0;
 }
 
+// ckpt_counters_ok: whether the header's counters are within their real ranges: the step (ckpt_check_run: 0 to
+// --steps), the tokens trained on (0 to CKPT_TOKENS_MAX: 2^63 would read as negative in the metrics), the data
+// position's epoch (data.h's bound, 2^40; its row: dataloader_restore, within the epoch). Else 0 and why.
+static int ckpt_counters_ok(const CkptHeader* h, char* why, size_t n) {
+    if (h->tokens >= CKPT_TOKENS_MAX)
+        snprintf(why, n, "its token count %llu is out of range (0 to 2^62): not a count a run makes",
+                 (unsigned long long)h->tokens);
+    else if (h->data.epoch > (1ull << 40))
+        snprintf(why, n, "its data position's epoch %llu is out of range (0 to 2^40)",
+                 (unsigned long long)h->data.epoch);
+    else
+        return 1;
+    return 0;
+}
+
 // ckpt_check_run: an intact checkpoint that does not belong to this run (other model, --seq, precision,
 // or a step beyond --steps) is an error: the flags are wrong, and an older checkpoint would lose work.
 static void ckpt_check_run(const char* path, const CkptHeader* h, const BertModel* m, int steps) {
@@ -326,6 +401,8 @@ static void ckpt_check_run(const char* path, const CkptHeader* h, const BertMode
     } else if (h->step < 0 || h->step > steps) {
         snprintf(buf, sizeof buf, "its step %d is beyond --steps %d (raise --steps to train on)", h->step, steps);
         why = buf;
+    } else if (!ckpt_counters_ok(h, buf, sizeof buf)) {
+        why = buf;
     }
     if (why) {
         fprintf(stderr, "trainer: --resume: %s: %s\n", path, why);
@@ -336,9 +413,10 @@ static void ckpt_check_run(const char* path, const CkptHeader* h, const BertMode
 // ckpt_load_onebit: the checkpoint's 1-bit Adam errors (h->onebit_world ranks' worth; read through for the CRC
 // in any case): this rank's into gr->onebit when it runs --comm onebit on that many ranks (the servers' through
 // the gradient buffer, every rank's by slab index); else its errors stay zero (rank 0 says why, when the
-// checkpoint had errors or the run is past its warm-up). Gives 0 on a read error.
+// checkpoint had errors or the run is past its warm-up). Gives 0 on a read error. Every value passes the gate
+// (ckpt_value_ok; *pos: the body offset, kept current): the first that does not is in *bad and *x.
 static int ckpt_load_onebit(int fd, BertModel* m, const GradReduce* gr, const CkptHeader* h, unsigned char* buf,
-                            uint32_t* crc) {
+                            uint32_t* crc, uint64_t* pos, uint64_t* bad, float* x) {
     OneBit* ob = gr->onebit;
     int W = h->onebit_world, use = ob && W == ob->world;
     if (gr->comm->rank == 0 && ob && !use && (W || h->step > ob->warmup))
@@ -352,6 +430,8 @@ static int ckpt_load_onebit(int fd, BertModel* m, const GradReduce* gr, const Ck
             size_t k = n - off < CKPT_CHUNK ? n - off : CKPT_CHUNK;
             if (!read_all(fd, buf, k)) return 0;
             *crc = crc32_update(*crc, buf, k);
+            if (*bad == UINT64_MAX) *bad = ckpt_first_bad(h, buf, k, *pos, x);
+            *pos += k;
             if (dst) CUDA_CHECK(cudaMemcpy(dst + off, buf, k, cudaMemcpyHostToDevice));
         }
     }
@@ -363,12 +443,15 @@ static int ckpt_load_onebit(int fd, BertModel* m, const GradReduce* gr, const Ck
 }
 
 // ckpt_load: streams a verified checkpoint's body to the device (checking its CRC again on the way). Under
-// ZeRO-1 a full array goes through the gradient buffer, and this rank keeps its shard of it.
+// ZeRO-1 a full array goes through the gradient buffer, and this rank keeps its shard of it. The values pass the
+// gate again (ckpt_first_bad), as they are loaded: a value refused is an error, exit 1, before any step.
 static void ckpt_load(const char* path, BertModel* m, const GradReduce* gr, CkptHeader* h) {
     int fd = open(path, O_RDONLY | O_NONBLOCK);
     unsigned char* buf = (unsigned char*)malloc(CKPT_CHUNK);
     int ok = fd >= 0 && buf && read_all(fd, h, sizeof *h);
     uint32_t crc = crc32_update(0, h, sizeof *h), trailer[2] = {0, 1};
+    uint64_t pos = 0, bad = UINT64_MAX;  // the body offset; the first value the gate refuses
+    float x = 0;
     void* dev[4];
     size_t bytes[4];
     for (int r = 0, k = ckpt_regions(m, dev, bytes); ok && r < k; r++) {
@@ -377,17 +460,25 @@ static void ckpt_load(const char* path, BertModel* m, const GradReduce* gr, Ckpt
             size_t n = bytes[r] - off < CKPT_CHUNK ? bytes[r] - off : CKPT_CHUNK;
             ok = read_all(fd, buf, n);
             crc = crc32_update(crc, buf, n);
+            if (ok && bad == UINT64_MAX) bad = ckpt_first_bad(h, buf, n, pos, &x);
+            pos += n;
             if (ok) CUDA_CHECK(cudaMemcpy(dst + off, buf, n, cudaMemcpyHostToDevice));
         }
         if (ok && ckpt_sharded(gr, r)) zero_scatter(gr, m->grad, (float*)dev[r], m->stream);
     }
     if (gr->zero) bert_zero_grad(m);
-    ok = ok && ckpt_load_onebit(fd, m, gr, h, buf, &crc);
+    ok = ok && ckpt_load_onebit(fd, m, gr, h, buf, &crc, &pos, &bad, &x);
     ok = ok && read_all(fd, trailer, sizeof trailer) && trailer[0] == crc;
     free(buf);
     if (fd >= 0) close(fd);
     if (!ok) {
         fprintf(stderr, "trainer: %s changed while it was being read\n", path);
+        exit(1);
+    }
+    if (bad != UINT64_MAX) {
+        char why[256];
+        ckpt_describe_bad(h, bad, x, why, sizeof why);
+        fprintf(stderr, "trainer: %s: %s: refused, no step taken\n", path, why);
         exit(1);
     }
     m->step = h->step;
@@ -534,6 +625,18 @@ static int diverged(const Options* o, const Ckpts* ck, int step, int bad_steps, 
                 bad_steps, o->max_bad_steps, ckpt_set_aside(ck, step - bad_steps + 1, step, what, sizeof what));
     return 2;
 }
+// diverged_state: the state after `step` does not pass the gate (what: ckpt_describe_bad's, or the export's
+// message above it), so no checkpoint or export of it was written: like diverged, the checkpoints holding the
+// weights that gave that step are set aside and the message says what is left. Gives exit code 2.
+static int diverged_state(const Ckpts* ck, int step, const char* what, int main_rank) {
+    char left[9000];
+    if (main_rank)
+        fprintf(stderr,
+                "trainer: diverged: step %d left the state not finite (%s); it was not written; stopping, exit code 2: "
+                "%s\n",
+                step, what, ckpt_set_aside(ck, step, step, left, sizeof left));
+    return 2;
+}
 // print_weights_crc: "rank R weights: floatX crc32 X, fp32 master crc32 Y" for the weights this rank holds
 // (master: the host copy of the full fp32 master weights).
 static void print_weights_crc(BertModel* m, const float* master, int rank) {
@@ -564,19 +667,20 @@ static WriteWatch write_begin(Comm* comm, const Ckpts* ck, double bytes) {
     return w;
 }
 
-// write_end: every rank, after rank 0's write (ok: its result there; any value elsewhere). Gives 1 when
-// rank 0's write succeeded. Test hook (tests/test_launch.sh): MLM_TEST_SLOW_WRITE_S=S makes rank 0's
-// writes take S seconds longer.
+// write_end: every rank, after rank 0's write (ok: its result there, 1 written, 0 failed, -1 refused: the state
+// did not pass the gate; any value elsewhere). Gives rank 0's result on every rank. Test hook
+// (tests/test_launch.sh): MLM_TEST_SLOW_WRITE_S=S makes rank 0's writes take S seconds longer.
 static int write_end(Comm* comm, Ckpts* ck, WriteWatch w, int ok) {
     const char* slow = getenv("MLM_TEST_SLOW_WRITE_S");
+    int code = ok == 1 ? 0 : ok == 0 ? 1 : 2;  // rank 0's: written, failed, refused
     if (comm->rank == 0 && slow) comm_sleep_s(atof(slow));
     CommValue v[2] = {
-        {"the write failed", comm->rank == 0 && !ok, 0, 0},
+        {"the write failed (1) or was refused (2)", comm->rank == 0 ? code : 0, 0, 0},
         {"milliseconds rank 0's write took", comm->rank == 0 ? (int64_t)((now_s() - w.t0) * 1e3) : 0, 0, 0}};
     comm_agree(comm, v, 2);
     comm->timeout_s = w.timeout_s;
     if (v[1].max / 1e3 > ck->slowest_write_s) ck->slowest_write_s = v[1].max / 1e3;
-    return v[0].max == 0;
+    return v[0].max == 0 ? 1 : v[0].max == 1 ? 0 : -1;
 }
 
 // onebit_settle: the host waits until --comm onebit's last step has updated every part on the communication stream
@@ -587,19 +691,21 @@ static void onebit_settle(const GradReduce* gr) {
 }
 
 // checkpoint_at: saves the model and the data position `pos` after `step` (a dropped step's: from before
-// it). 0 (with the reason) on failure, on every rank. Every rank calls it (under ZeRO-1 they gather the
-// shards); rank 0 writes.
+// it). Gives the exit code on every rank: 0 written, 1 failed (with the reason), 2 the state did not pass the
+// gate (diverged_state). Every rank calls it (under ZeRO-1 they gather the shards); rank 0 writes.
 static int checkpoint_at(Ckpts* ck, BertModel* m, const GradReduce* gr, const DataLoaderState* pos, int step) {
     char why[4600], what[4600];
     onebit_settle(gr);
     WriteWatch w = write_begin(gr->comm, ck, (double)ckpt_body_bytes(m));
     int ok = save_checkpoint(ck, m, gr, pos, why, sizeof why);
-    if (write_end(gr->comm, ck, w, ok)) return 1;
+    int agreed = write_end(gr->comm, ck, w, ok);
+    if (agreed == 1) return 0;
+    if (agreed == -1) return diverged_state(ck, step, why, gr->comm->rank == 0);
     if (gr->comm->rank != 0) snprintf(why, sizeof why, "rank 0 could not write the checkpoint (see its log)");
     fprintf(stderr, "trainer: step %d: %s; stopping: %s\n", step, why, ckpt_whats_on_disk(ck, what, sizeof what));
-    return 0;
+    return 1;
 }
-// checkpoint_now: checkpoint_at the loader's current position.
+// checkpoint_now: checkpoint_at the loader's current position (its exit code).
 static int checkpoint_now(Ckpts* ck, BertModel* m, const GradReduce* gr, DataLoader* train, int step) {
     DataLoaderState pos = dataloader_state(train);
     return checkpoint_at(ck, m, gr, &pos, step);

@@ -567,6 +567,14 @@ static inline int bert_all_finite(const char* path, const char* name, const floa
     return 1;
 }
 
+// bert_params_all_finite: 1 when every tensor of table p in the slab w is finite (bert_all_finite, which names the
+// first value that is not; path: the file they are read from or written to).
+static inline int bert_params_all_finite(const char* path, const BertParams* p, const float* w) {
+    for (int i = 0; i < p->n; i++)
+        if (!bert_all_finite(path, p->t[i].name, w + p->t[i].offset, p->t[i].numel)) return 0;
+    return 1;
+}
+
 // bert_read_safetensors: reads the tensors of table p from path into the host fp32 slab w
 // (p->numel floats, zeroed first). Every tensor of the table must be present with its shape.
 static inline int bert_read_safetensors(const char* path, const BertParams* p, float* w) {

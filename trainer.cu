@@ -1141,7 +1141,8 @@ static int export_run(const char* out, const BertParams* p, const float* w, int 
 
 // export_now: rank 0 writes the final weights w (host, fp32) as a Hugging Face BertForMaskedLM with its
 // tokenizer; every rank calls it and waits for that (write_begin, write_end). 1, or 0 on every rank when the
-// export failed (rank 0 said why).
+// export failed (rank 0 said why), or -1 when the weights are not finite (bert_params_all_finite named the first
+// value that is not): no export is written of them.
 static int export_now(const Options* o, Comm* comm, Ckpts* ck, BertModel* model, const float* w,
                       const ShardHeader* data_h, const BertConfig* cfg) {
     char what[4600];
@@ -1152,6 +1153,8 @@ static int export_now(const Options* o, Comm* comm, Ckpts* ck, BertModel* model,
             fprintf(stderr, "trainer: out of host memory for the export; %s\n",
                     ckpt_whats_on_disk(ck, what, sizeof what));
             ok = 0;
+        } else if (!bert_params_all_finite(o->out, &model->p, w)) {
+            ok = -1;
         } else if (!export_run(o->out, &model->p, w, data_h->pad_id, o->data, data_h, o->T)) {
             fprintf(stderr,
                     "trainer: cannot write the Hugging Face export to %s (see above; none of its files was replaced, "
@@ -1622,7 +1625,8 @@ static int start_log(Run* r, int last_step) {
 }
 
 // train: the training loop, from the step after the checkpoint's to --steps (or --run-steps of them, or to a
-// stop on a signal). 0 when it ends so, else the exit code (1: a checkpoint failed; 2: the run diverged).
+// stop on a signal). 0 when it ends so, else the exit code (1: a checkpoint failed; 2: the run diverged, or its
+// state is not finite: checkpoint_at).
 static int train(Run* r) {
     Options* o = &r->o;
     BertModel* m = &r->model;
@@ -1648,7 +1652,7 @@ static int train(Run* r) {
                     "stopped on a signal between micro-batches of step %d: that step is dropped; the checkpoint "
                     "is of step %d\n",
                     step, m->step);
-            return checkpoint_at(&r->ck, m, &r->gr, &step_start, m->step) ? 0 : 1;
+            return checkpoint_at(&r->ck, m, &r->gr, &step_start, m->step);
         }
         if (s.stop) last_step = step;  // some rank got a signal: every rank stops after this step
         bad_steps = s.skipped ? bad_steps + 1 : 0;
@@ -1665,7 +1669,8 @@ static int train(Run* r) {
         // Every rank decides the same (under ZeRO-1 all of them gather the shards for rank 0 to write).
         int due = (o->ckpt_every && step % o->ckpt_every == 0) || s.ckpt;
         if ((due && !bad_steps) || step == last_step) {
-            if (!checkpoint_now(&r->ck, m, &r->gr, &r->train, step)) return 1;
+            int rc = checkpoint_now(&r->ck, m, &r->gr, &r->train, step);
+            if (rc) return rc;
             last_ckpt = now_s();
         }
     }
@@ -1690,7 +1695,9 @@ static int finish_run(Run* r) {
     float* w = m->step == o->steps || crc ? (float*)malloc(m->p.numel * sizeof(float)) : NULL;
     if (m->step == o->steps || crc) model_get_params(m, &r->gr, w);  // every rank: under ZeRO-1 they gather
     if (w && crc) print_weights_crc(m, w, r->comm.rank);
-    if (m->step == o->steps && !export_now(o, &r->comm, &r->ck, m, w, &r->data_h, &r->cfg)) return 1;
+    int exported = m->step == o->steps ? export_now(o, &r->comm, &r->ck, m, w, &r->data_h, &r->cfg) : 1;
+    if (exported == 0) return 1;
+    if (exported == -1) return diverged_state(&r->ck, m->step, "its final weights, named above", r->main_rank);
     free(w);
     dataloader_free(&r->train);
     if (o->val) validation_free(&r->val);
