@@ -875,7 +875,8 @@ static int predict_scaling(Options* o, const BertConfig* cfg, const Plan* plan, 
                 fprintf(stderr,
                         "trainer: --global-batch %lld: %lld micro-batches of B=%d on each of %d GPU(s), more than "
                         "--grad-accum's limit of %d: a smaller --global-batch (at most %lld) or a larger --batch\n",
-                        o->global_batch, accum, plan->B, world, SCALING_MAX_ACCUM, (long long)SCALING_MAX_ACCUM * per_step);
+                        o->global_batch, accum, plan->B, world, SCALING_MAX_ACCUM,
+                        (long long)SCALING_MAX_ACCUM * per_step);
             return 0;
         }
         o->grad_accum = (int)accum;
@@ -885,7 +886,8 @@ static int predict_scaling(Options* o, const BertConfig* cfg, const Plan* plan, 
     }
     ScalingCluster c =
         scaling_cluster_default(nodes, o->gpus_per_node ? o->gpus_per_node : (world + nodes - 1) / nodes);
-    if (o->global_batch && o->plan_only && plan->B > 0) {  // the tables' first row, one node, needs the most micro-batches
+    if (o->global_batch && o->plan_only &&
+        plan->B > 0) {  // the tables' first row, one node, needs the most micro-batches
         long long per_gpu = o->global_batch / c.gpus_per_node, accum = (per_gpu + plan->B - 1) / plan->B;
         if (accum > SCALING_MAX_ACCUM) {
             if (comm->rank == 0)

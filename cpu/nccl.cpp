@@ -1264,7 +1264,8 @@ static size_t env_chunk_bytes(int nranks) {
     if (s && *s) {
         char* end;
         unsigned long long v = strtoull(s, &end, 10);
-        if (end == s || *end || v == 0 || s[0] == '-' || v > (1ULL << 30)) {  // (the top keeps the rounding from wrapping)
+        // (the top keeps the rounding up to 64 bytes below from wrapping)
+        if (end == s || *end || v == 0 || s[0] == '-' || v > (1ULL << 30)) {
             fprintf(stderr, "cpu nccl: NCCL_EMU_CHUNK_BYTES=%s is not a positive number of bytes: expected 1 to 2^30\n",
                     s);
             exit(1);

@@ -92,8 +92,8 @@ static long long env_ll(const char* name, long long dflt, long long lo, long lon
         exit(1);  // a configuration error (exit code 2 is the trainer's divergence)
     }
     if (!(v >= (double)lo && v <= (double)hi) || v != floor(v)) {
-        fprintf(stderr, "cpu runtime: %s=%s is out of range: expected an integer from %lld to %lld (%s)\n", name, s,
-                lo, hi, unit);
+        fprintf(stderr, "cpu runtime: %s=%s is out of range: expected an integer from %lld to %lld (%s)\n", name, s, lo,
+                hi, unit);
         exit(1);
     }
     return (long long)v;
@@ -222,9 +222,8 @@ long long emu_host_memory_bytes(void) {
 // micro-batch (and so the run) is the same every time on one machine. Several processes on one host
 // (SLURM_NTASKS=2 ...) each get this much: set EMU_DEVICE_BYTES for them. (An H100 NVL: 94e9.)
 static long long device_bytes(void) {
-    static long long total =
-        env_ll("EMU_DEVICE_BYTES", emu_host_memory_bytes() > 0 ? emu_host_memory_bytes() / 2 : 8e9, 1, 1LL << 60,
-               "bytes of emulated device memory, at most 2^60");
+    static long long total = env_ll("EMU_DEVICE_BYTES", emu_host_memory_bytes() > 0 ? emu_host_memory_bytes() / 2 : 8e9,
+                                    1, 1LL << 60, "bytes of emulated device memory, at most 2^60");
     return total;
 }
 
@@ -619,7 +618,8 @@ struct EmuWorker {  // one OS thread's state for running blocks
 static thread_local EmuWorker* W;
 
 static size_t stack_bytes(void) {
-    static size_t s = (size_t)env_ll("EMU_STACK_KB", EMU_ASAN ? 512 : 64, 16, 1 << 20, "KiB per kernel thread's stack") * 1024;
+    static size_t s =
+        (size_t)env_ll("EMU_STACK_KB", EMU_ASAN ? 512 : 64, 16, 1 << 20, "KiB per kernel thread's stack") * 1024;
     return s;
 }
 
@@ -2211,7 +2211,7 @@ static void* stream_worker(void* arg) {
         g.unlock();
         if (stream_delay_us() > 0) {  // (usleep's useconds_t may be 32 bits: nanosleep takes any delay)
             struct timespec d = {(time_t)(stream_delay_us() / 1000000), (long)(stream_delay_us() % 1000000) * 1000};
-            while (nanosleep(&d, &d) != 0 && errno == EINTR) {}
+            while (nanosleep(&d, &d) != 0 && errno == EINTR) continue;
         }
         run_op(op);
         g.lock();
