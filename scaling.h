@@ -322,7 +322,13 @@ static inline ScalingPrediction scaling_row(const ScalingCluster* c, const Scali
             none.gpus = gpus, none.B = 0;
             return none;
         }
-        accum = (int)((per_gpu + B - 1) / B);
+        long long a = (per_gpu + B - 1) / B;  // (64 bits: the trainer refuses one above SCALING_MAX_ACCUM first)
+        if (a > SCALING_MAX_ACCUM) {
+            ScalingPrediction none;
+            none.gpus = gpus, none.B = 0;
+            return none;
+        }
+        accum = (int)a;
         B = (int)(per_gpu / accum);
     }
     return scaling_predict(c, w, m, accum, B, max_global);

@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -393,7 +394,22 @@ static const char* validation_coverage(const EvalResult* e, char* buf, size_t si
 // shard checks, loading, the NCCL rendezvous: minutes on a big job) has nothing to save, and ends the
 // process at once with exit code 128 + the signal's number, saying so. SIGXFSZ is ignored, so a file
 // size limit (ulimit -f) fails a write with EFBIG, handled as a full disk, instead of killing the run.
+// A closed stdout (`./trainer ... | head`: the reader has gone) is a stop too, but never kills the process:
+// SIGPIPE only sets the request (pipe_closed), every later write to stdout fails with EPIPE, which printf
+// ignores, and the run goes on to its checkpoint. Before step 1 it does not end the process either: the run
+// trains step 1, saves its checkpoint and exits 0. A SIGPIPE from another descriptor (stderr closed, a socket:
+// comm.h sends with MSG_NOSIGNAL) is ignored, and the write that raised it fails with EPIPE for its caller.
 static volatile sig_atomic_t stop_requested = 0, training = 0;
+static void pipe_closed(int sig) {
+    struct pollfd p = {1, 0, 0};  // stdout: POLLERR when a pipe's reader has gone, POLLHUP a socket's
+    if (poll(&p, 1, 0) != 1 || !(p.revents & (POLLERR | POLLHUP))) return;
+    if (!stop_requested) {
+        static const char m[] = "trainer: stdout was closed (SIGPIPE): stopping after this step with a checkpoint\n";
+        ssize_t w = write(2, m, sizeof m - 1);
+        (void)w;
+        stop_requested = sig;
+    }
+}
 static void request_stop(int sig) {
     if (!training) {
         static const char* const msg[] = {
@@ -418,6 +434,8 @@ static void install_stop_handlers(void) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
     sigaction(SIGUSR1, &sa, NULL);
+    sa.sa_handler = pipe_closed;
+    sigaction(SIGPIPE, &sa, NULL);
     signal(SIGXFSZ, SIG_IGN);
 }
 
@@ -851,13 +869,37 @@ static int predict_scaling(Options* o, const BertConfig* cfg, const Plan* plan, 
             }
             return 0;
         }
-        o->grad_accum = (int)(o->global_batch / per_step);
+        long long accum = o->global_batch / per_step;  // (64 bits: an int held 2^31 as -2^31, 2^32 as 0)
+        if (accum > SCALING_MAX_ACCUM) {
+            if (comm->rank == 0)
+                fprintf(stderr,
+                        "trainer: --global-batch %lld: %lld micro-batches of B=%d on each of %d GPU(s), more than "
+                        "--grad-accum's limit of %d: a smaller --global-batch (at most %lld) or a larger --batch\n",
+                        o->global_batch, accum, plan->B, world, SCALING_MAX_ACCUM,
+                        (long long)SCALING_MAX_ACCUM * per_step);
+            return 0;
+        }
+        o->grad_accum = (int)accum;
         if (comm->rank == 0)
             printf("--global-batch %lld: %d micro-batch(es) of B=%d on each of %d GPU(s)\n", o->global_batch,
                    o->grad_accum, plan->B, world);
     }
     ScalingCluster c =
         scaling_cluster_default(nodes, o->gpus_per_node ? o->gpus_per_node : (world + nodes - 1) / nodes);
+    if (o->global_batch && o->plan_only &&
+        plan->B > 0) {  // the tables' first row, one node, needs the most micro-batches
+        long long per_gpu = o->global_batch / c.gpus_per_node, accum = (per_gpu + plan->B - 1) / plan->B;
+        if (accum > SCALING_MAX_ACCUM) {
+            if (comm->rank == 0)
+                fprintf(stderr,
+                        "trainer: --global-batch %lld: %lld micro-batches of B=%d on each of %d GPU(s) of one node, "
+                        "more than --grad-accum's limit of %d: a smaller --global-batch (at most %lld) or a larger "
+                        "--batch\n",
+                        o->global_batch, accum, plan->B, c.gpus_per_node, SCALING_MAX_ACCUM,
+                        (long long)SCALING_MAX_ACCUM * c.gpus_per_node * plan->B);
+            return 0;
+        }
+    }
     if (o->net_gbps > 0) c.net_gbps = o->net_gbps;
     if (o->nvlink_gbps > 0) c.nvlink_gbps = o->nvlink_gbps;
     if (o->link_efficiency > 0) c.link_efficiency = o->link_efficiency;
@@ -955,7 +997,9 @@ static int reserve_plan(const Plan* plan, const Options* o) {
 // percent of positions empty, so the real tokens of a step are a little fewer: the log's epoch column
 // gives the fraction actually consumed).
 static void resolve_run_length(Options* o, const Comm* comm, int B, double epoch_tokens, int verbose) {
-    double rows = (double)comm->world * o->grad_accum * B, per_step = rows * o->T;
+    // (in 64 bits and double: world x --grad-accum (at most 2^20) x B (2^20) x T (2^16) is past an int's range)
+    long long rows = (long long)comm->world * o->grad_accum * B;
+    double per_step = (double)rows * o->T;
     double steps = o->tokens       ? ceil(o->tokens / per_step)
                    : o->epochs > 0 ? ceil(o->epochs * epoch_tokens / per_step)
                                    : o->steps;
@@ -968,7 +1012,7 @@ static void resolve_run_length(Options* o, const Comm* comm, int B, double epoch
     if (o->warmup < 0) o->warmup = o->steps / 100;
     if (!verbose) return;
     printf(
-        "global batch: %.0f sequences of %d tokens (%d process(es) x %d micro-batch(es) x B=%d) = %.0f tokens "
+        "global batch: %lld sequences of %d tokens (%d process(es) x %d micro-batch(es) x B=%d) = %.0f tokens "
         "per step; an epoch (%.0f tokens in the training shards) is %.1f steps\n",
         rows, o->T, comm->world, o->grad_accum, B, per_step, epoch_tokens, epoch_tokens / per_step);
     if (o->tokens) printf("--tokens %lld: %d steps\n", o->tokens, o->steps);

@@ -1247,8 +1247,13 @@ static double env_timeout_s(void) {
     char* end;
     double v = strtod(s, &end);
     if (end == s || *end) {
-        fprintf(stderr, "cpu nccl: NCCL_EMU_TIMEOUT_S=%s is not a number of seconds\n", s);
+        fprintf(stderr, "cpu nccl: NCCL_EMU_TIMEOUT_S=%s is not a number of seconds: expected 0 (no timeout) to 1e9\n",
+                s);
         exit(1);  // a configuration error (exit code 2 is the trainer's divergence)
+    }
+    if (!(v >= 0 && v <= 1e9)) {  // NaN and the infinities too (a NaN deadline never expires)
+        fprintf(stderr, "cpu nccl: NCCL_EMU_TIMEOUT_S=%s is out of range: expected 0 (no timeout) to 1e9 seconds\n", s);
+        exit(1);
     }
     return v;
 }
@@ -1259,8 +1264,10 @@ static size_t env_chunk_bytes(int nranks) {
     if (s && *s) {
         char* end;
         unsigned long long v = strtoull(s, &end, 10);
-        if (end == s || *end || v == 0 || s[0] == '-') {
-            fprintf(stderr, "cpu nccl: NCCL_EMU_CHUNK_BYTES=%s is not a positive number of bytes\n", s);
+        // (the top keeps the rounding up to 64 bytes below from wrapping)
+        if (end == s || *end || v == 0 || s[0] == '-' || v > (1ULL << 30)) {
+            fprintf(stderr, "cpu nccl: NCCL_EMU_CHUNK_BYTES=%s is not a positive number of bytes: expected 1 to 2^30\n",
+                    s);
             exit(1);
         }
         chunk = (size_t)v;

@@ -20,6 +20,7 @@
 #include <dlfcn.h>
 #include <elf.h>
 #include <fcntl.h>
+#include <math.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -76,14 +77,24 @@ static double now_seconds(void) {
 }
 long long clock64(void) { return (long long)(now_seconds() * 1e9); }
 
-static long long env_ll(const char* name, long long dflt) {
+// env_ll: the integer variable NAME (dflt when unset or empty), from lo to hi inclusive, in the type it is
+// used as: a decimal or exponent form (94e9 as well as 1024) that is a whole number; NaN, infinities, fractions
+// and values outside [lo, hi] are refused, naming the variable and the range (unit: what it counts), as is
+// anything not a number. Checked in double before the conversion, so that 1e30 or 2^64 cannot wrap.
+static long long env_ll(const char* name, long long dflt, long long lo, long long hi, const char* unit) {
     const char* s = getenv(name);
     if (!s || !*s) return dflt;
     char* end;
-    double v = strtod(s, &end);  // accepts 94e9 as well as 1024
-    if (*end || v < 0) {
-        fprintf(stderr, "cpu runtime: %s=%s is not a non-negative number\n", name, s);
+    double v = strtod(s, &end);
+    if (end == s || *end || v < 0) {  // (NaN goes on to the range's message)
+        fprintf(stderr, "cpu runtime: %s=%s is not a non-negative number: expected an integer from %lld to %lld (%s)\n",
+                name, s, lo, hi, unit);
         exit(1);  // a configuration error (exit code 2 is the trainer's divergence)
+    }
+    if (!(v >= (double)lo && v <= (double)hi) || v != floor(v)) {
+        fprintf(stderr, "cpu runtime: %s=%s is out of range: expected an integer from %lld to %lld (%s)\n", name, s, lo,
+                hi, unit);
+        exit(1);
     }
     return (long long)v;
 }
@@ -211,8 +222,8 @@ long long emu_host_memory_bytes(void) {
 // micro-batch (and so the run) is the same every time on one machine. Several processes on one host
 // (SLURM_NTASKS=2 ...) each get this much: set EMU_DEVICE_BYTES for them. (An H100 NVL: 94e9.)
 static long long device_bytes(void) {
-    static long long total =
-        env_ll("EMU_DEVICE_BYTES", emu_host_memory_bytes() > 0 ? emu_host_memory_bytes() / 2 : 8e9);
+    static long long total = env_ll("EMU_DEVICE_BYTES", emu_host_memory_bytes() > 0 ? emu_host_memory_bytes() / 2 : 8e9,
+                                    1, 1LL << 60, "bytes of emulated device memory, at most 2^60");
     return total;
 }
 
@@ -607,7 +618,8 @@ struct EmuWorker {  // one OS thread's state for running blocks
 static thread_local EmuWorker* W;
 
 static size_t stack_bytes(void) {
-    static size_t s = (size_t)env_ll("EMU_STACK_KB", EMU_ASAN ? 512 : 64) * 1024;
+    static size_t s =
+        (size_t)env_ll("EMU_STACK_KB", EMU_ASAN ? 512 : 64, 16, 1 << 20, "KiB per kernel thread's stack") * 1024;
     return s;
 }
 
@@ -697,7 +709,9 @@ static void fiber_main(void) {
 }
 
 // Lay out a fresh stack so that the first switch into it "returns" into fiber_main.
+static void stack_canary_check(EmuFiber* f);
 static void fiber_reset(EmuFiber* f) {
+    stack_canary_check(f);
     uintptr_t top = ((uintptr_t)f->stack_lo + f->stack_size) & ~(uintptr_t)15;
 #if EMU_ASAN  // fiber_main never returns, so its frame's redzones stay poisoned: clear them
     __asan_unpoison_memory_region((void*)(top - 4096), 4096);
@@ -714,32 +728,57 @@ static void fiber_reset(EmuFiber* f) {
     f->nlanded = 0;
 }
 
+// worker_reserve: stacks for n fibers. The new fibers' stacks are one mapping, below them one guard page (a
+// stack overflow of the lowest faults; the others are caught by a canary, stack_canary_ok): a mapping and a
+// guard page per fiber were two of the kernel's memory areas per kernel thread, and 1024 OS threads
+// (EMU_THREADS) x 1024-thread blocks ran past vm.max_map_count (65530 by default) as "cannot map a fiber
+// stack". This way a worker holds a few areas whatever its block size. (MAP_NORESERVE: the pages are only
+// committed as a fiber touches them.)
+static const uint64_t STACK_CANARY = 0x5afe57acc0ffee11ULL;
 static void worker_reserve(EmuWorker* w, int n) {
     if (n <= w->nfibers) return;
     w->fibers = (EmuFiber*)realloc(w->fibers, n * sizeof(EmuFiber));
     w->order = (int*)realloc(w->order, n * sizeof(int));
-    size_t page = 4096, sz = stack_bytes();
+    size_t page = 4096, sz = (stack_bytes() + page - 1) & ~(page - 1), count = (size_t)(n - w->nfibers);
+    char* m = (char*)mmap(NULL, page + count * sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                          -1, 0);
+    if (m == MAP_FAILED) {
+        fprintf(stderr, "cpu runtime: cannot map %zu fiber stacks (%zu bytes each): %s\n", count, sz, strerror(errno));
+        abort();
+    }
+    mprotect(m, page, PROT_NONE);  // guard page: an overflow of the lowest stack faults instead of corrupting
     for (int i = w->nfibers; i < n; i++) {
         EmuFiber* f = &w->fibers[i];
         memset(f, 0, sizeof(*f));
-        char* m =
-            (char*)mmap(NULL, sz + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (m == MAP_FAILED) {
-            fprintf(stderr, "cpu runtime: cannot map a fiber stack (%zu bytes): %s\n", sz, strerror(errno));
-            abort();
-        }
-        mprotect(m, page, PROT_NONE);  // guard page: a stack overflow faults instead of corrupting
-        f->stack_lo = m + page;
+        f->stack_lo = m + page + (size_t)(i - w->nfibers) * sz;  // (worker_release unmaps each with the page below)
         f->stack_size = sz;
+#if !EMU_ASAN
+        memcpy(f->stack_lo, &STACK_CANARY, sizeof STACK_CANARY);
+#endif
     }
     w->nfibers = n;
+}
+// stack_canary_ok: whether fiber f's stack kept its lowest word (a thread that ran past its EMU_STACK_KB wrote
+// into the stack below it); checked as each fiber is reset for a block. (Not under ASan, which poisons frames.)
+static void stack_canary_check(EmuFiber* f) {
+#if !EMU_ASAN
+    uint64_t c;
+    memcpy(&c, f->stack_lo, sizeof c);
+    if (c != STACK_CANARY) {
+        fprintf(stderr,
+                "cpu runtime: a kernel thread overflowed its fiber stack of %zu KiB (the memory below it is "
+                "corrupt): set a larger EMU_STACK_KB\n",
+                f->stack_size / 1024);
+        abort();
+    }
+#endif
 }
 
 // Shuffled mode (EMU_SHUFFLE=seed): the run order is a fresh random permutation at the start of
 // every block and after every barrier.
 static long long shuffle_seed_value = -1;  // -1: not read from EMU_SHUFFLE yet
 static long long shuffle_seed(void) {
-    if (shuffle_seed_value < 0) shuffle_seed_value = env_ll("EMU_SHUFFLE", 0);
+    if (shuffle_seed_value < 0) shuffle_seed_value = env_ll("EMU_SHUFFLE", 0, 0, 1LL << 53, "a seed; 0: no shuffle");
     return shuffle_seed_value;
 }
 void emu_set_shuffle(long long seed) { shuffle_seed_value = seed; }
@@ -1924,13 +1963,7 @@ static int pool_threads(void) {
     static int n = 0;
     if (!n) {
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
-        long long v = env_ll("EMU_THREADS", cores > 0 ? (cores < 8 ? cores : 8) : 1);
-        if (v < 1 || v > MAX_EMU_THREADS) {
-            fprintf(stderr, "cpu runtime: EMU_THREADS=%s is out of range: expected 1 to %d OS threads\n",
-                    getenv("EMU_THREADS"), MAX_EMU_THREADS);
-            exit(1);
-        }
-        n = (int)v;
+        n = (int)env_ll("EMU_THREADS", cores > 0 ? (cores < 8 ? cores : 8) : 1, 1, MAX_EMU_THREADS, "OS threads");
     }
     return n;
 }
@@ -2137,7 +2170,7 @@ static std::set<CUstream_st*>& dead_streams = *new std::set<CUstream_st*>;  // d
 static std::set<CUevent_st*>& all_events = *new std::set<CUevent_st*>;      // (so a destroyed stream lets go)
 
 static long long stream_delay_us(void) {
-    static long long us = env_ll("EMU_STREAM_DELAY_US", 0);
+    static long long us = env_ll("EMU_STREAM_DELAY_US", 0, 0, 60000000, "microseconds, at most a minute");
     return us;
 }
 
@@ -2176,7 +2209,10 @@ static void* stream_worker(void* arg) {
         if (s->queue.empty()) break;
         EmuOp* op = &s->queue.front();  // deque references stay valid while others are pushed
         g.unlock();
-        if (stream_delay_us() > 0) usleep((useconds_t)stream_delay_us());
+        if (stream_delay_us() > 0) {  // (usleep's useconds_t may be 32 bits: nanosleep takes any delay)
+            struct timespec d = {(time_t)(stream_delay_us() / 1000000), (long)(stream_delay_us() % 1000000) * 1000};
+            while (nanosleep(&d, &d) != 0 && errno == EINTR) continue;
+        }
         run_op(op);
         g.lock();
         s->queue.pop_front();

@@ -56,6 +56,23 @@ unknown flag|$TRAINER ${T[*]} --out $W/o --bogus 1
 --mlp: unknown flag|$TRAINER ${T[*]} --out $W/o --mlp wgmma
 --matmul-algos: unknown flag|$TRAINER ${T[*]} --out $W/o --matmul-algos x.txt
 EMU_COMPUTE_CAPABILITY=7: expected 8.0 or 9.0|EMU_COMPUTE_CAPABILITY=7 $TRAINER ${T[*]} --out $W/o
+EMU_DEVICE_BYTES=nan is out of range: expected an integer from 1 to|EMU_DEVICE_BYTES=nan $TRAINER --info
+EMU_DEVICE_BYTES=1e30 is out of range: expected an integer from 1 to 1152921504606846976|EMU_DEVICE_BYTES=1e30 $TRAINER --info
+EMU_DEVICE_BYTES=inf is out of range|EMU_DEVICE_BYTES=inf $TRAINER --info
+EMU_DEVICE_BYTES=1.5e3x is not a non-negative number|EMU_DEVICE_BYTES=1.5e3x $TRAINER --info
+EMU_STREAM_DELAY_US=nan is out of range: expected an integer from 0 to 60000000|EMU_STREAM_DELAY_US=nan $TRAINER ${T[*]} --out $W/x1
+EMU_STREAM_DELAY_US=inf is out of range: expected an integer from 0 to 60000000|EMU_STREAM_DELAY_US=inf $TRAINER ${T[*]} --out $W/x2
+EMU_STREAM_DELAY_US=1e30 is out of range: expected an integer from 0 to 60000000|EMU_STREAM_DELAY_US=1e30 $TRAINER ${T[*]} --out $W/x3
+EMU_STREAM_DELAY_US=4294967296 is out of range: expected an integer from 0 to 60000000|EMU_STREAM_DELAY_US=4294967296 $TRAINER ${T[*]} --out $W/x4
+EMU_THREADS=1025 is out of range: expected an integer from 1 to 1024|EMU_THREADS=1025 $TRAINER ${T[*]} --out $W/x5
+EMU_THREADS=2.5 is out of range: expected an integer from 1 to 1024|EMU_THREADS=2.5 $TRAINER ${T[*]} --out $W/x6
+EMU_STACK_KB=nan is out of range: expected an integer from 16 to|EMU_STACK_KB=nan $TRAINER ${T[*]} --out $W/x7
+NCCL_EMU_TIMEOUT_S=nan is out of range: expected 0 (no timeout) to 1e9 seconds|(SLURM_NTASKS=2 SLURM_PROCID=1 SLURM_LOCALID=1 NCCL_EMU_TIMEOUT_S=nan timeout 60 $TRAINER ${T[*]} --out $W/x8 --nccl-timeout 20 >/dev/null 2>&1 &); SLURM_NTASKS=2 SLURM_PROCID=0 SLURM_LOCALID=0 NCCL_EMU_TIMEOUT_S=nan timeout 60 $TRAINER ${T[*]} --out $W/x8 --nccl-timeout 20
+NCCL_EMU_TIMEOUT_S=-1 is out of range|(SLURM_NTASKS=2 SLURM_PROCID=1 SLURM_LOCALID=1 NCCL_EMU_TIMEOUT_S=-1 timeout 60 $TRAINER ${T[*]} --out $W/x9 --nccl-timeout 20 >/dev/null 2>&1 &); SLURM_NTASKS=2 SLURM_PROCID=0 SLURM_LOCALID=0 NCCL_EMU_TIMEOUT_S=-1 timeout 60 $TRAINER ${T[*]} --out $W/x9 --nccl-timeout 20
+--global-batch 8589934592: 2147483648 micro-batches of B=4 on each of 1 GPU(s), more than --grad-accum's limit of 1048576|$TRAINER ${T[*]} --out $W/x10 --global-batch 8589934592
+--global-batch 17179869184: 4294967296 micro-batches of B=4 .*--grad-accum's limit|$TRAINER ${T[*]} --out $W/x11 --global-batch 17179869184
+--global-batch 1099511627776: 274877906944 micro-batches of B=4 .*a smaller --global-batch (at most 4194304)|$TRAINER ${T[*]} --out $W/x12 --global-batch 1099511627776
+--global-batch 1099511627776: .*more than --grad-accum's limit|$TRAINER ${T[*]} --out $W/x13 --global-batch 1099511627776 --plan-only
 missing its value|$TRAINER ${T[*]} --out
 MLM_TEST_INF_GRAD=abc: expected FIRST\[:COUNT\]|MLM_TEST_INF_GRAD=abc $TRAINER ${T[*]} --out $W/o
 MLM_TEST_INF_LOSS=0: expected FIRST\[:COUNT\]|MLM_TEST_INF_LOSS=0 $TRAINER ${T[*]} --out $W/o
