@@ -204,22 +204,17 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
 
     // The same steps again, each phase between two events.
     PhaseTimer timer;
-    phase_timer_init(&timer, o->grad_accum * (32 + 32 * cfg.layers) + 16);
+    phase_timer_init(&timer, 64 * cfg.layers + 64);  // (grows in the first step as needed)
     bench_timer = &timer;
-    int lost = 0;
     t0 = now_s();
     for (int i = 0; i < o->bench_steps; i++) {
         train_step(&model, &train, &bm, &opt, scratch, o, o->lr, 0);
-        lost |= !phase_timer_collect(&timer);  // waits for the step's last mark
+        phase_timer_collect(&timer);  // waits for the step's last mark
     }
     res->phased_step_ms = 1e3 * (now_s() - t0) / o->bench_steps;
     for (int p = 0; p < PHASE_COUNT; p++) res->phase_ms[p] = timer.ms[p] / o->bench_steps;
     bench_timer = NULL;
     phase_timer_free(&timer);
-    if (lost) {
-        fprintf(stderr, "trainer: --bench: more phase marks per step than events (a bug in the event count)\n");
-        return 1;
-    }
 
     if (main_rank) bench_print(o, preset, res, &largest, free_bytes, comm->world, flops_token, peak_tflops, prop->name);
     dataloader_free(&train);

@@ -1165,15 +1165,24 @@ static inline const char* phase_name(int p) {
 typedef struct PhaseTimer {
     cudaEvent_t* ev;  // (cap) events, recorded in this order
     int* phase;       // (cap) the phase each recorded event begins
-    int n, cap, overflow;
+    int n, cap;
     double ms[PHASE_COUNT];  // accumulated by phase_timer_collect
 } PhaseTimer;
+// phase_timer_grow: room for cap more marks (events are created on the host and cost no device time: a step with
+// more marks than the last simply makes more, so no count of a step's launches has to be kept right)
+static inline void phase_timer_grow(PhaseTimer* t, int more) {
+    t->ev = (cudaEvent_t*)realloc(t->ev, (t->cap + more) * sizeof(cudaEvent_t));
+    t->phase = (int*)realloc(t->phase, (t->cap + more) * sizeof(int));
+    if (!t->ev || !t->phase) {
+        fprintf(stderr, "trainer: out of host memory for %d timing events\n", t->cap + more);
+        exit(1);
+    }
+    for (int i = t->cap; i < t->cap + more; i++) CUDA_CHECK(cudaEventCreate(&t->ev[i]));
+    t->cap += more;
+}
 static inline void phase_timer_init(PhaseTimer* t, int cap) {
     memset(t, 0, sizeof(*t));
-    t->cap = cap;
-    t->ev = (cudaEvent_t*)malloc(cap * sizeof(cudaEvent_t));
-    t->phase = (int*)malloc(cap * sizeof(int));
-    for (int i = 0; i < cap; i++) CUDA_CHECK(cudaEventCreate(&t->ev[i]));
+    phase_timer_grow(t, cap);
 }
 static inline void phase_timer_free(PhaseTimer* t) {
     for (int i = 0; i < t->cap; i++) cudaEventDestroy(t->ev[i]);
@@ -1183,25 +1192,20 @@ static inline void phase_timer_free(PhaseTimer* t) {
 }
 static inline void phase_mark(PhaseTimer* t, int phase, cudaStream_t s) {
     if (!t) return;
-    if (t->n == t->cap) {  // phase_timer_collect reports it
-        t->overflow = 1;
-        return;
-    }
+    if (t->n == t->cap) phase_timer_grow(t, t->cap);
     CUDA_CHECK(cudaEventRecord(t->ev[t->n], s));
     t->phase[t->n++] = phase;
 }
 // phase_timer_collect: waits for the last mark, adds the time between consecutive marks to the phase
-// each one began, and starts over. Gives 0 when marks were lost (more than cap since the last collect).
-static inline int phase_timer_collect(PhaseTimer* t) {
+// each one began, and starts over.
+static inline void phase_timer_collect(PhaseTimer* t) {
     if (t->n) CUDA_CHECK(cudaEventSynchronize(t->ev[t->n - 1]));
     for (int i = 0; i + 1 < t->n; i++) {
         float ms;
         CUDA_CHECK(cudaEventElapsedTime(&ms, t->ev[i], t->ev[i + 1]));
         t->ms[t->phase[i]] += ms;
     }
-    int ok = !t->overflow;
-    t->n = t->overflow = 0;
-    return ok;
+    t->n = 0;
 }
 static PhaseTimer* bench_timer = NULL;  // set by --bench (bench.h) around its timed steps
 static inline void bench_phase(int phase, cudaStream_t s) { phase_mark(bench_timer, phase, s); }

@@ -464,16 +464,19 @@ static void test_alloc_and_timer(const BertConfig* c) {
     CHECK(!ok && err.find(want) != std::string::npos, "bert_alloc with T > max_position: gave %d, '%s'", ok,
           err.c_str());
 
-    // the phase timer: marks beyond its capacity are lost and reported, then it starts over
+    // the phase timer: a step with more marks than its capacity grows it (bert-base's step once outgrew a count
+    // kept by hand, and --bench failed on the H200), and every interval is counted
     PhaseTimer t;
     phase_timer_init(&t, 3);
     cudaStream_t s;
     CUDA_OK(cudaStreamCreate(&s));
-    for (int i = 0; i < 5; i++) phase_mark(&t, i % 2 ? PHASE_MATMUL : PHASE_OPTIM, s);
-    CHECK(t.n == 3 && t.overflow, "5 marks in a timer of 3: %d kept, overflow %d", t.n, t.overflow);
-    CHECK(phase_timer_collect(&t) == 0, "a collect after lost marks reports them");
+    for (int i = 0; i < 50; i++) phase_mark(&t, i % 2 ? PHASE_MATMUL : PHASE_OPTIM, s);
+    CHECK(t.n == 50 && t.cap >= 50, "50 marks in a timer of 3: %d kept, room for %d", t.n, t.cap);
+    phase_timer_collect(&t);
+    CHECK(t.n == 0 && t.ms[PHASE_MATMUL] >= 0 && t.ms[PHASE_OPTIM] >= 0, "collected: %d marks left", t.n);
     for (int i = 0; i < 3; i++) phase_mark(&t, PHASE_MATMUL, s);
-    CHECK(phase_timer_collect(&t) == 1 && t.n == 0, "3 marks in a timer of 3: collected");
+    phase_timer_collect(&t);
+    CHECK(t.n == 0, "3 more marks: collected");
     phase_timer_free(&t);
     CUDA_OK(cudaStreamDestroy(s));
 }
