@@ -211,7 +211,7 @@ tool=$2; shift 4  # --tool TOOL --error-exitcode N PROGRAM
 if [ -n "${SAN_HAZARD:-}" ] && [ "$tool" = racecheck ]; then
   echo "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)"; exit 99
 fi
-echo "========= ERROR SUMMARY: 0 errors"; exit $rc
+echo "========= ERROR SUMMARY: 0 errors"; exit ${SAN_TEST_RC:-$rc}
 EOF2
 chmod +x "$W/fake_sanitizer"
 mkdir -p "$W/j"
@@ -221,6 +221,10 @@ check '[ $rc -eq 0 ] && [ "$(state "$W/j" sanitize)" = ok ] && [ "$(grep -c -E "
   "the sanitize stage (exit $rc, $(state "$W/j" sanitize)) lacks its three passing lines: $(cat "$W/j/summary.txt")"
 check 'grep -q "^test_runtime: 55 passed" "$W/j/tests.log" && [ "$(grep -c "^sanitize " "$W/j/tests.log")" = 3 ]' \
   "the sanitize lines did not join tests.log: $(cat "$W/j/tests.log")"
+mkdir -p "$W/k2"  # the test's own checks fail under the sanitizer (it serializes kernels), which found nothing: ok
+SAN_TEST_RC=1 GPU_SESSION_SANITIZER="$W/fake_sanitizer" $GS --cpu --dir "$W/k2" --only sanitize >"$W/k2.out" 2>&1; rc=$?
+check '[ $rc -eq 0 ] && [ "$(state "$W/k2" sanitize)" = ok ]' \
+  "a test failing its own checks under a sanitizer that found nothing (exit $rc) failed the stage: $(cat "$W/k2/summary.txt")"
 mkdir -p "$W/k"
 SAN_HAZARD=1 GPU_SESSION_SANITIZER="$W/fake_sanitizer" $GS --cpu --dir "$W/k" --only sanitize >"$W/k.out" 2>&1; rc=$?
 check '[ $rc -eq 1 ] && [ "$(state "$W/k" sanitize)" = failed ] && grep -q "^sanitize racecheck test_runtime: RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings) (exit 99)$" "$W/k/summary.txt"' \
