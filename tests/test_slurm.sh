@@ -217,7 +217,7 @@ section "9. the examples: bash syntax; the one-node script run"
 for f in examples/slurm/*.sbatch; do check 'bash -n "$f"' "$f: bash syntax error"; done
 sed -E '/^#SBATCH --(gpus|cpus)/d' examples/slurm/one_node_2gpu.sbatch >"$W/one_node.sbatch"
 export TRAINER DATA="$W/data" OUT="$W/ex" PRESET=tiny STEPS=6
-export EXTRA_ARGS="--seq 32 --batch 4 --run-steps 3"
+export EXTRA_ARGS="--seq 32 --batch 4 --run-steps 3 --val-batches 4"   # (a sample: the whole split takes minutes)
 ex=()
 for k in 1 2; do
   job=$(timeout 30 sbatch --parsable -o "$W/ex$k.out" "$W/one_node.sbatch")
@@ -229,7 +229,7 @@ check '[ "${ex[1]}" = "COMPLETED 0:0 " ] && [ "${ex[2]}" = "COMPLETED 0:0 " ] &&
 # the N-node script on this one node (--grad-accum 1 replaces auto: the CPU runtime has no known peak): staged
 # shards, stopped by --run-steps, requeued by itself, resumed, finished
 sed -E '/^#SBATCH --(gpus|cpus)/d; s/^#SBATCH --nodes=.*/#SBATCH --nodes=1/' examples/slurm/paper_cluster.sbatch >"$W/paper.sbatch"
-export OUT="$W/paper" STAGE="$W/stage" EXTRA_ARGS="--seq 32 --batch 4 --grad-accum 1 --run-steps 3"
+export OUT="$W/paper" STAGE="$W/stage" EXTRA_ARGS="--seq 32 --batch 4 --grad-accum 1 --run-steps 3 --val-batches 4"
 job=$(timeout 30 sbatch --parsable -o "$W/paper.out" "$W/paper.sbatch")
 st=$(wait_job "$job")
 restarts=$(scontrol show job "$job" 2>/dev/null | tr ' ' '\n' | sed -n 's/^Restarts=//p')
@@ -257,7 +257,7 @@ kill_rank1() {
     fi
   done
 }
-PAPER_ARGS="--seq 32 --batch 4 --grad-accum 1 --val-batches 4"   # (a sample: the whole split takes minutes)
+PAPER_ARGS="--seq 32 --batch 4 --grad-accum 1 --val-batches 4"
 # a lost rank after the checkpoint of step 3: requeued (restart 1 of the default 3), resumed from it, finished
 job=$(OUT="$W/lost" STEPS=30 EXTRA_ARGS="$PAPER_ARGS --ckpt-every 3" timeout 30 sbatch --parsable -o "$W/lost.out" "$W/paper.sbatch")
 kill_rank1 lost 5 1 &
