@@ -13,7 +13,11 @@
 #     and the run resumes; ./trainer started in a batch script without srun is refused, naming srun;
 #   - examples/slurm/*.sbatch: bash syntax; run here with their GPU and CPU requests removed and TRAINER set:
 #     one_node_2gpu.sbatch is stopped by --run-steps and finishes when submitted again; paper_cluster.sbatch
-#     (on 1 node) stages the shards, is stopped by --run-steps, requeues itself, resumes and finishes.
+#     (on 1 node) stages the shards, is stopped by --run-steps, requeues itself, resumes and finishes;
+#   - paper_cluster.sbatch after a failure: a rank SIGKILLed after step 5 requeues the job, which resumes from its
+#     checkpoint and finishes (Restarts=1, the output names the restart and the checkpoint); with MAX_RESTARTS=1 a
+#     kill before any checkpoint restarts from step 0 and a second kill ends the job FAILED, naming the bound; a bad
+#     flag (exit 1 before step 1) and a divergence (exit 2) end it FAILED without a requeue; MAX_RESTARTS=x is refused.
 # If Slurm cannot be installed or started, this test fails (it never passes without having run).
 # TRAINER picks the binary (default ./trainer_cpu).
 cd "$(dirname "$0")/.."
@@ -213,7 +217,7 @@ section "9. the examples: bash syntax; the one-node script run"
 for f in examples/slurm/*.sbatch; do check 'bash -n "$f"' "$f: bash syntax error"; done
 sed -E '/^#SBATCH --(gpus|cpus)/d' examples/slurm/one_node_2gpu.sbatch >"$W/one_node.sbatch"
 export TRAINER DATA="$W/data" OUT="$W/ex" PRESET=tiny STEPS=6
-export EXTRA_ARGS="--seq 32 --batch 4 --run-steps 3"
+export EXTRA_ARGS="--seq 32 --batch 4 --run-steps 3 --val-batches 4"   # (a sample: the whole split takes minutes)
 ex=()
 for k in 1 2; do
   job=$(timeout 30 sbatch --parsable -o "$W/ex$k.out" "$W/one_node.sbatch")
@@ -225,12 +229,76 @@ check '[ "${ex[1]}" = "COMPLETED 0:0 " ] && [ "${ex[2]}" = "COMPLETED 0:0 " ] &&
 # the N-node script on this one node (--grad-accum 1 replaces auto: the CPU runtime has no known peak): staged
 # shards, stopped by --run-steps, requeued by itself, resumed, finished
 sed -E '/^#SBATCH --(gpus|cpus)/d; s/^#SBATCH --nodes=.*/#SBATCH --nodes=1/' examples/slurm/paper_cluster.sbatch >"$W/paper.sbatch"
-export OUT="$W/paper" STAGE="$W/stage" EXTRA_ARGS="--seq 32 --batch 4 --grad-accum 1 --run-steps 3"
+export OUT="$W/paper" STAGE="$W/stage" EXTRA_ARGS="--seq 32 --batch 4 --grad-accum 1 --run-steps 3 --val-batches 4"
 job=$(timeout 30 sbatch --parsable -o "$W/paper.out" "$W/paper.sbatch")
 st=$(wait_job "$job")
 restarts=$(scontrol show job "$job" 2>/dev/null | tr ' ' '\n' | sed -n 's/^Restarts=//p')
 check '[ "$st" = "COMPLETED 0:0 " ] && [ "$restarts" = 1 ] && grep -q "requeued" "$W/paper.out" && grep -q "resumed from .* at step 3" "$W/paper.out" && [ -f "$W/paper/model.safetensors" ] && cmp -s "$W/stage/train_00000.bin" "$W/data/train_00000.bin"' \
   "examples/slurm/paper_cluster.sbatch: job '$st', $restarts restart(s): $(tail_of "$W/paper.out") | Slurm's log: $(grep -h -E "JobId=$job( |$)|job $job\b|StepId=$job\.|credential" "$HARNESS_DIR"/log/slurm*.log 2>/dev/null | tail -n 12 | tr '\n' ' ')"
+
+# 10. paper_cluster.sbatch after a failure (still on 1 node): requeued from its checkpoint within MAX_RESTARTS
+section "10. paper_cluster.sbatch after a failure: requeued wit"
+restarts_of() { scontrol show job "$1" 2>/dev/null | tr ' ' '\n' | sed -n 's/^Restarts=//p'; }
+victim_comm=$(basename "$TRAINER" | cut -c1-15)
+# kill_rank1 NAME STEP K: once $W/NAME.out has logged step STEP K times (in the job's K-th launch), SIGKILLs rank 1's
+# trainer there, as an Xid error or a crash would end it, and appends "killed PID after step S" to $W/NAME.kills
+kill_rank1() {
+  local p c
+  for _ in $(seq 900); do
+    c=$(grep -cE "^step +$2/" "$W/$1.out" 2>/dev/null)
+    [ "${c:-0}" -ge "$3" ] && break
+    sleep 0.1
+  done
+  for p in $(pgrep -f -- "--out $W/$1 "); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx SLURM_PROCID=1 &&
+      [ "$(cat "/proc/$p/comm" 2>/dev/null)" = "$victim_comm" ] && kill -KILL "$p" 2>/dev/null; then
+      echo "killed $p after step $(grep -E '^step +[0-9]+/' "$W/$1.out" | tail -n 1 | awk '{print $2}')" >>"$W/$1.kills"
+      return
+    fi
+  done
+}
+PAPER_ARGS="--seq 32 --batch 4 --grad-accum 1 --val-batches 4"
+# a lost rank after the checkpoint of step 3: requeued (restart 1 of the default 3), resumed from it, finished
+job=$(OUT="$W/lost" STEPS=30 EXTRA_ARGS="$PAPER_ARGS --ckpt-every 3" timeout 30 sbatch --parsable -o "$W/lost.out" "$W/paper.sbatch")
+kill_rank1 lost 5 1 &
+killer=$!
+st=$(wait_job "$job")
+wait $killer
+re=$(restarts_of "$job")
+at=$(sed -n -E "s|^resumed from $W/lost/checkpoint.bin at step ([0-9]+)\$|\1|p" "$W/lost.out")
+check '[ "$st" = "COMPLETED 0:0 " ] && [ "$re" = 1 ] && [ -s "$W/lost.kills" ] && [ -n "$at" ] && [ "$at" -ge 3 ] &&
+  grep -qF "restart 1 of 3 (MAX_RESTARTS), from $W/lost/checkpoint.bin (step $at); requeued" "$W/lost.out" &&
+  [ -f "$W/lost/model.safetensors" ]' \
+  "paper_cluster.sbatch, rank 1 SIGKILLed ($(cat "$W/lost.kills" 2>/dev/null)): job '$st', ${re:-?} restart(s), resumed at step '$at': $(grep -E "^job |^resumed" "$W/lost.out" | tr '\n' ' ' | cut -c1-900)"
+# MAX_RESTARTS=1: a kill before any checkpoint restarts from step 0 (counted); a second kill reaches the bound
+job=$(OUT="$W/bound" STEPS=30 MAX_RESTARTS=1 EXTRA_ARGS="$PAPER_ARGS" timeout 30 sbatch --parsable -o "$W/bound.out" "$W/paper.sbatch")
+{ kill_rank1 bound 2 1; kill_rank1 bound 2 2; } &
+killer=$!
+st=$(wait_job "$job")
+wait $killer
+re=$(restarts_of "$job")
+check '[ "${st%% *}" = FAILED ] && [ "$re" = 1 ] && [ "$(grep -c . "$W/bound.kills" 2>/dev/null)" = 2 ] &&
+  grep -qF "restart 1 of 1 (MAX_RESTARTS), from step 0 (no checkpoint yet); requeued" "$W/bound.out" &&
+  grep -qF "not requeued: the bound of MAX_RESTARTS=1 restarts after a failure was reached" "$W/bound.out" &&
+  [ ! -f "$W/bound/model.safetensors" ]' \
+  "paper_cluster.sbatch with MAX_RESTARTS=1, two kills ($(cat "$W/bound.kills" 2>/dev/null | tr '\n' ' ')): job '$st', ${re:-?} restart(s): $(grep -E "^job " "$W/bound.out" | tr '\n' ' ' | cut -c1-900)"
+# not requeued: a bad flag (every rank exits 1 before step 1) and a divergence (every step's loss infinite: exit 2)
+job=$(OUT="$W/usage" EXTRA_ARGS="$PAPER_ARGS --no-such-flag" timeout 30 sbatch --parsable -o "$W/usage.out" "$W/paper.sbatch")
+st=$(wait_job "$job")
+re=$(restarts_of "$job")
+check '[ "${st%% *}" = FAILED ] && [ "$re" = 0 ] && grep -q "no-such-flag: unknown flag" "$W/usage.out" &&
+  grep -qF "before step 1" "$W/usage.out" && grep -qF "not requeued: it would fail the same way again" "$W/usage.out"' \
+  "paper_cluster.sbatch with a bad flag: job '$st', ${re:-?} restart(s): $(tail_of "$W/usage.out")"
+job=$(OUT="$W/diverge" STEPS=30 MLM_TEST_INF_LOSS=1:0 EXTRA_ARGS="$PAPER_ARGS" timeout 30 sbatch --parsable -o "$W/diverge.out" "$W/paper.sbatch")
+st=$(wait_job "$job")
+re=$(restarts_of "$job")
+check '[ "$st" = "FAILED 2:0 " ] && [ "$re" = 0 ] && grep -q "trainer: diverged" "$W/diverge.out" &&
+  grep -qF "the run diverged (exit code 2; the trainer'"'"'s message is above); not requeued" "$W/diverge.out"' \
+  "paper_cluster.sbatch, a run that diverges: job '$st', ${re:-?} restart(s): $(tail_of "$W/diverge.out")"
+MAX_RESTARTS=x bash "$W/paper.sbatch" >"$W/maxr.out" 2>&1
+rc=$?
+check '[ $rc -eq 1 ] && grep -qF "MAX_RESTARTS='"'"'x'"'"': expected the number of restarts after a failure, 0 to 9999" "$W/maxr.out"' \
+  "paper_cluster.sbatch with MAX_RESTARTS=x: exit $rc: $(tail_of "$W/maxr.out")"
 
 echo "  (test_slurm: $(($(date +%s) - T0)) s)"
 echo "$pass passed, $fail failed"
