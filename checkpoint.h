@@ -8,10 +8,14 @@
 // crash at any moment leaves every earlier checkpoint intact. The file, little-endian:
 //   header (CkptHeader) | master weights fp32 (numel) | AdamW m fp32 (numel) | AdamW v fp32 (numel)
 //   | the floatX weights (numel; bf16 mode only: stochastic rounding made them, so they are state too)
-//   | --comm onebit only: every rank's 1-bit Adam errors (compress.h: onebit_ckpt_bytes; header.onebit_world)
+//   | files written before 2026-11-28 with --comm onebit: every rank's 1-bit Adam errors, then the servers'
+//     ((header.onebit_world + 1) x numel fp32: ckpt_onebit_bytes), read through for the CRC and not used
 //   | CRC-32 (zlib's) of every byte before it (u32) | 4 zero bytes
-// The CRC is computed while writing and checked before anything is loaded; then the header is checked
-// against the run (model, T, step within --steps; data.h checks the data position).
+// The CRC is computed while writing. --resume reads a checkpoint once: the header is checked against the run
+// (model, T, step within --steps; data.h checks the data position), the body streamed to the device with its
+// CRC and the gate below; a checkpoint whose CRC or values fail is skipped for the one before it.
+// 1-bit Adam's errors are not saved: a resumed run starts them from zero (compress.h), so a checkpoint is
+// 3 or 3.5 x 4 bytes per parameter whatever the number of ranks.
 #define CKPT_MAGIC "MLMCKPT3"
 #define CKPT_VERSION 3  // 3: the tokens trained on (for metrics.jsonl and the epoch fraction across resumes)
 #define CKPT_CHUNK ((size_t)16 << 20)  // bytes copied, checksummed and written at a time
@@ -21,7 +25,7 @@ typedef struct {
     BertConfig cfg;
     int32_t T, step;
     int32_t x_bytes;             // sizeof(floatX) of the run that wrote it
-    int32_t onebit_world;        // --comm onebit: the ranks whose 1-bit Adam errors follow the AdamW state; else 0
+    int32_t onebit_world;        // written 0; older files: the ranks whose 1-bit Adam errors follow the AdamW state
     uint64_t numel, body_bytes;  // body: everything between the header and the CRC
     uint64_t tokens;             // real tokens trained on by all ranks up to this step
     DataLoaderState data;        // (last: tests/test_checkpoints.sh finds it 64 bytes before the body)
@@ -56,7 +60,7 @@ static uint64_t ckpt_body_bytes(const BertModel* m) {
     return total;
 }
 
-// The gate for the numbers in a checkpoint's state (ckpt_verify and ckpt_load at --resume and --eval,
+// The gate for the numbers in a checkpoint's state (ckpt_read at --resume and --eval, ckpt_verify,
 // save_checkpoint before it writes): the weights (fp32 master, bf16) and AdamW's m finite, AdamW's v (LAMB's too: the
 // same buffer) finite and >= 0 (a mean of squares; -0 is zero), --comm onebit's 1-bit Adam errors finite and within
 // +-CKPT_ONEBIT_ERR_MAX. The errors are in the units of Adam's update (compress.h: u = m / (sqrt(v) + eps), of
@@ -66,6 +70,11 @@ static uint64_t ckpt_body_bytes(const BertModel* m) {
 #define CKPT_ONEBIT_ERR_MAX 18446744073709551616.0  // 2^64
 // The header's token count is below 2^62: no run trains on that many, and the metrics' signed counts stay exact.
 #define CKPT_TOKENS_MAX ((uint64_t)1 << 62)
+// ckpt_onebit_bytes: the bytes of 1-bit Adam errors an older checkpoint holds after its state (onebit_world <=
+// 65536: ckpt_open).
+static uint64_t ckpt_onebit_bytes(const CkptHeader* h) {
+    return h->onebit_world > 0 ? ((uint64_t)h->onebit_world + 1) * h->numel * sizeof(float) : 0;
+}
 // The body's regions in file order (CkptHeader's comment): fp32 master weights, AdamW m, AdamW v, the bf16 weights
 // (x_bytes 2 only), then --comm onebit's errors: onebit_world workers' and the servers' (fp32, numel each).
 enum { CKPT_MASTER, CKPT_M, CKPT_V, CKPT_BF16, CKPT_ONEBIT };
@@ -198,8 +207,6 @@ static int save_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, const 
     h.version = CKPT_VERSION, h.header_bytes = sizeof h;
     h.cfg = m->cfg, h.T = m->T, h.step = m->step, h.x_bytes = (int32_t)sizeof(floatX);
     h.numel = m->p.numel, h.body_bytes = ckpt_body_bytes(m), h.tokens = ck->tokens, h.data = *data;
-    h.onebit_world = gr->onebit ? gr->onebit->world : 0;
-    h.body_bytes += onebit_ckpt_bytes(h.numel, h.onebit_world);
     unsigned char* buf = writer ? (unsigned char*)malloc(CKPT_CHUNK) : NULL;
     int fd = buf ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
     int ok = fd >= 0 && write_all(fd, &h, sizeof h), why = buf ? errno : ENOMEM;  // why: errno of the failure
@@ -225,23 +232,7 @@ static int save_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, const 
         // kill lands while the checkpoint is half written
         if (ok && r == 0 && getenv("MLM_TEST_CKPT_DELAY_MS")) usleep(1000 * atoi(getenv("MLM_TEST_CKPT_DELAY_MS")));
     }
-    if (gr->zero) bert_zero_grad(m);                              // the gradient buffer was the staging area
-    for (int q = 0; gr->onebit && q <= gr->onebit->world; q++) {  // every rank: the workers' errors, the servers'
-        if (q < gr->onebit->world)
-            onebit_fetch_worker(gr->onebit, gr->comm, q, m->grad, m->stream);
-        else
-            onebit_fetch_servers(gr->onebit, gr->comm, m->grad, m->stream);
-        size_t n = m->p.numel * sizeof(float);
-        for (size_t off = 0; ok && off < n; off += CKPT_CHUNK) {
-            size_t k = n - off < CKPT_CHUNK ? n - off : CKPT_CHUNK;
-            CUDA_CHECK(cudaMemcpy(buf, (const char*)m->grad + off, k, cudaMemcpyDeviceToHost));
-            crc = crc32_update(crc, buf, k);
-            if ((bad = ckpt_first_bad(&h, buf, k, pos + off, &x)) != UINT64_MAX) ok = 0;
-            if (ok && !(ok = write_all(fd, buf, k))) why = errno;
-        }
-        pos += n;
-    }
-    if (gr->onebit) bert_zero_grad(m);
+    if (gr->zero) bert_zero_grad(m);  // the gradient buffer was the staging area
     if (!writer) return 1;
     uint32_t trailer[2] = {crc, 0};
     if (ok && !(ok = write_all(fd, trailer, sizeof trailer) && fsync(fd) == 0)) why = errno;
@@ -284,18 +275,16 @@ static const char* ckpt_whats_on_disk(const Ckpts* ck, char* buf, size_t n) {
     return buf;
 }
 
-// ckpt_verify: 1 when path is an intact checkpoint: a regular file, whole, whose CRC matches and whose
-// state passes the gate (ckpt_value_ok: weights and AdamW m finite, v >= 0, 1-bit Adam errors bounded; header in
-// *h); else 0 and why.
-static int ckpt_verify(const char* path, CkptHeader* h, char* why, size_t n) {
+// ckpt_open: path opened for reading when it is a regular file that starts with a header of this trainer's
+// version whose sizes agree with the file's (the header in *h); else -1 and why.
+static int ckpt_open(const char* path, CkptHeader* h, char* why, size_t n) {
     int fd = open(path, O_RDONLY | O_NONBLOCK);  // (a FIFO named like a checkpoint must not block: refused below)
     if (fd < 0) {
         snprintf(why, n, "cannot open: %s", strerror(errno));
-        return 0;
+        return -1;
     }
     struct stat st;
     int ok = 0;
-    unsigned char* buf = NULL;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
         snprintf(why, n, "not a regular file");
     else if ((size_t)st.st_size < sizeof *h + 8 || !read_all(fd, h, sizeof *h))
@@ -308,39 +297,78 @@ static int ckpt_verify(const char* path, CkptHeader* h, char* why, size_t n) {
     else if (h->body_bytes != (uint64_t)st.st_size - sizeof *h - 8)
         snprintf(why, n, "truncated or trailing bytes: %lld bytes, the header says %llu", (long long)st.st_size,
                  (unsigned long long)(sizeof *h + h->body_bytes + 8));
-    else if ((h->x_bytes != 2 && h->x_bytes != 4) ||
-             h->body_bytes != h->numel * (12 + (h->x_bytes == 4 ? 0 : (uint64_t)h->x_bytes)) +
-                                  onebit_ckpt_bytes(h->numel, h->onebit_world))
+    else if ((h->x_bytes != 2 && h->x_bytes != 4) || h->onebit_world < 0 || h->onebit_world > 65536 ||
+             h->numel > ((uint64_t)1 << 40) ||
+             h->body_bytes != h->numel * (12 + (h->x_bytes == 4 ? 0 : (uint64_t)h->x_bytes)) + ckpt_onebit_bytes(h))
         snprintf(why, n, "its header is inconsistent: %llu body bytes for %llu parameters of %d-byte weights",
                  (unsigned long long)h->body_bytes, (unsigned long long)h->numel, h->x_bytes);
-    else if (!(buf = (unsigned char*)malloc(CKPT_CHUNK)))
-        snprintf(why, n, "out of host memory");
-    else {
-        uint32_t crc = crc32_update(0, h, sizeof *h), trailer[2];
-        uint64_t left = h->body_bytes, bad = UINT64_MAX;  // bad: the body offset of the first value refused
-        float x = 0;                                      // that value
+    else
         ok = 1;
-        while (ok && left) {
-            uint64_t pos = h->body_bytes - left, end = ckpt_region_end(h, pos);  // (chunks within a region)
-            size_t k = end - pos < CKPT_CHUNK ? (size_t)(end - pos) : CKPT_CHUNK;
-            ok = read_all(fd, buf, k);
-            crc = crc32_update(crc, buf, k);
-            if (ok && bad == UINT64_MAX) bad = ckpt_first_bad(h, buf, k, pos, &x);
-            left -= k;
+    if (!ok) close(fd);
+    return ok ? fd : -1;
+}
+
+// Where ckpt_body puts a checkpoint's state as it streams past (NULL: read through, as ckpt_verify does): region r
+// of ckpt_regions at dev[r]; under ZeRO-1 a sharded region goes through the gradient buffer and this rank keeps
+// its shard (zero_scatter, at the region's end).
+typedef struct {
+    BertModel* m;
+    const GradReduce* gr;
+    void* dev[4];
+} CkptSink;
+
+// ckpt_body: streams the body of the checkpoint open on fd (header *h, read) through its CRC and the gate
+// (ckpt_value_ok), and into sink's buffers where sink is not NULL (the older files' 1-bit Adam errors are read
+// through). 1 when the CRC matches and every value passes; else 0 and why (a read error: *read_error set too).
+static int ckpt_body(int fd, const CkptHeader* h, CkptSink* sink, char* why, size_t n, int* read_error) {
+    unsigned char* buf = (unsigned char*)malloc(CKPT_CHUNK);
+    if (!buf) {
+        snprintf(why, n, "out of host memory");
+        return *read_error = 0, 0;
+    }
+    uint32_t crc = crc32_update(0, h, sizeof *h), trailer[2];
+    uint64_t left = h->body_bytes, bad = UINT64_MAX;  // bad: the body offset of the first value refused
+    float x = 0;                                      // that value
+    int ok = 1;
+    while (ok && left) {
+        uint64_t pos = h->body_bytes - left, start, end = ckpt_region_end(h, pos);  // (chunks within a region)
+        size_t k = end - pos < CKPT_CHUNK ? (size_t)(end - pos) : CKPT_CHUNK;
+        int size, r = ckpt_region_of(h, pos, &start, &size);
+        ok = read_all(fd, buf, k);
+        crc = crc32_update(crc, buf, k);
+        if (ok && bad == UINT64_MAX) bad = ckpt_first_bad(h, buf, k, pos, &x);
+        if (ok && sink && r < CKPT_ONEBIT) {
+            int shard = ckpt_sharded(sink->gr, r);
+            char* dst = shard ? (char*)sink->m->grad : (char*)sink->dev[r];
+            CUDA_CHECK(cudaMemcpy(dst + (pos - start), buf, k, cudaMemcpyHostToDevice));
+            if (shard && pos + k == end) zero_scatter(sink->gr, sink->m->grad, (float*)sink->dev[r], sink->m->stream);
         }
-        if (!ok || !read_all(fd, trailer, sizeof trailer))
-            ok = 0, snprintf(why, n, "read error: %s", strerror(errno));
-        else if (trailer[0] != crc)
-            ok = 0, snprintf(why, n, "checksum mismatch (stored %08x, computed %08x): corrupted", trailer[0], crc);
-        else if (trailer[1] != 0)
-            ok = 0, snprintf(why, n, "the 4 bytes after the CRC are %08x, not zero: corrupted", trailer[1]);
-        else if (bad != UINT64_MAX) {
-            ckpt_describe_bad(h, bad, x, why, n);
-            size_t len = strlen(why);
-            ok = 0, snprintf(why + len, n - len, ": not intact");
-        }
+        left -= k;
     }
     free(buf);
+    *read_error = !ok || !read_all(fd, trailer, sizeof trailer);
+    if (*read_error)
+        snprintf(why, n, "read error: %s", strerror(errno));
+    else if (trailer[0] != crc)
+        snprintf(why, n, "checksum mismatch (stored %08x, computed %08x): corrupted", trailer[0], crc);
+    else if (trailer[1] != 0)
+        snprintf(why, n, "the 4 bytes after the CRC are %08x, not zero: corrupted", trailer[1]);
+    else if (bad != UINT64_MAX) {
+        ckpt_describe_bad(h, bad, x, why, n);
+        size_t len = strlen(why);
+        snprintf(why + len, n - len, ": not intact");
+    } else
+        return 1;
+    return 0;
+}
+
+// ckpt_verify: 1 when path is an intact checkpoint: a regular file, whole, whose CRC matches and whose
+// state passes the gate (ckpt_value_ok: weights and AdamW m finite, v >= 0, 1-bit Adam errors bounded; header in
+// *h); else 0 and why.
+static int ckpt_verify(const char* path, CkptHeader* h, char* why, size_t n) {
+    int fd = ckpt_open(path, h, why, n), read_error;
+    if (fd < 0) return 0;
+    int ok = ckpt_body(fd, h, NULL, why, n, &read_error);
     close(fd);
     return ok;
 }
@@ -395,7 +423,7 @@ static void ckpt_check_run(const char* path, const CkptHeader* h, const BertMode
     } else if (!ckpt_layout_ok(h, buf, sizeof buf)) {
         why = buf;
     } else if (h->x_bytes != (int32_t)sizeof(floatX) ||
-               h->body_bytes != ckpt_body_bytes(m) + onebit_ckpt_bytes(h->numel, h->onebit_world)) {
+               h->body_bytes != ckpt_body_bytes(m) + ckpt_onebit_bytes(h)) {
         snprintf(buf, sizeof buf, "saved by a trainer with %d-byte weights; this one is %s", h->x_bytes, FLOATX_NAME);
         why = buf;
     } else if (h->step < 0 || h->step > steps) {
@@ -410,78 +438,33 @@ static void ckpt_check_run(const char* path, const CkptHeader* h, const BertMode
     }
 }
 
-// ckpt_load_onebit: the checkpoint's 1-bit Adam errors (h->onebit_world ranks' worth; read through for the CRC
-// in any case): this rank's into gr->onebit when it runs --comm onebit on that many ranks (the servers' through
-// the gradient buffer, every rank's by slab index); else its errors stay zero (rank 0 says why, when the
-// checkpoint had errors or the run is past its warm-up). Gives 0 on a read error. Every value passes the gate
-// (ckpt_value_ok; *pos: the body offset, kept current): the first that does not is in *bad and *x.
-static int ckpt_load_onebit(int fd, BertModel* m, const GradReduce* gr, const CkptHeader* h, unsigned char* buf,
-                            uint32_t* crc, uint64_t* pos, uint64_t* bad, float* x) {
-    OneBit* ob = gr->onebit;
-    int W = h->onebit_world, use = ob && W == ob->world;
-    if (gr->comm->rank == 0 && ob && !use && (W || h->step > ob->warmup))
-        printf("--resume: %s; 1-bit Adam starts from zero errors\n",
-               W ? "the checkpoint's 1-bit Adam errors are for another number of ranks"
-                 : "the checkpoint has no 1-bit Adam errors (written without --comm onebit)");
-    for (int q = 0; W > 0 && q <= W; q++) {  // the workers' errors, then the servers' (q = W)
-        size_t n = h->numel * sizeof(float);
-        char* dst = !use ? NULL : q == W ? (char*)m->grad : q == gr->comm->rank ? (char*)ob->worker_err[ob->cur] : NULL;
-        for (size_t off = 0; off < n; off += CKPT_CHUNK) {
-            size_t k = n - off < CKPT_CHUNK ? n - off : CKPT_CHUNK;
-            if (!read_all(fd, buf, k)) return 0;
-            *crc = crc32_update(*crc, buf, k);
-            if (*bad == UINT64_MAX) *bad = ckpt_first_bad(h, buf, k, *pos, x);
-            *pos += k;
-            if (dst) CUDA_CHECK(cudaMemcpy(dst + off, buf, k, cudaMemcpyHostToDevice));
-        }
-    }
-    if (use) {
-        onebit_take_servers(ob, m->grad, m->stream);
-        bert_zero_grad(m);
-    }
-    return 1;
-}
-
-// ckpt_load: streams a verified checkpoint's body to the device (checking its CRC again on the way). Under
-// ZeRO-1 a full array goes through the gradient buffer, and this rank keeps its shard of it. The values pass the
-// gate again (ckpt_first_bad), as they are loaded: a value refused is an error, exit 1, before any step.
-static void ckpt_load(const char* path, BertModel* m, const GradReduce* gr, CkptHeader* h) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK);
-    unsigned char* buf = (unsigned char*)malloc(CKPT_CHUNK);
-    int ok = fd >= 0 && buf && read_all(fd, h, sizeof *h);
-    uint32_t crc = crc32_update(0, h, sizeof *h), trailer[2] = {0, 1};
-    uint64_t pos = 0, bad = UINT64_MAX;  // the body offset; the first value the gate refuses
-    float x = 0;
-    void* dev[4];
+// ckpt_read: --resume's and --eval's one read of a checkpoint: its header checked (ckpt_open), its body streamed to
+// the device through the CRC and the gate (ckpt_body), then, for --resume (steps: --steps), the header against
+// the run (ckpt_check_run: exit 1 when it is another model's; --eval gives steps -1 and made the model from the
+// header). A header whose sizes are not this model's is read through (an intact one is another model's). 1 when
+// it is intact and loaded; else 0 and why,
+// the device state then undefined (the caller reads an older checkpoint over it, or stops). A read error after
+// the header is fatal (exit 1): another rank may have read it whole, and the ranks must take the same checkpoint.
+static int ckpt_read(const char* path, BertModel* m, const GradReduce* gr, CkptHeader* h, int steps, char* why,
+                     size_t n) {
+    int fd = ckpt_open(path, h, why, n), read_error = 0;
+    if (fd < 0) return 0;
+    CkptSink sink = {m, gr, {NULL, NULL, NULL, NULL}};
     size_t bytes[4];
-    for (int r = 0, k = ckpt_regions(m, dev, bytes); ok && r < k; r++) {
-        char* dst = ckpt_sharded(gr, r) ? (char*)m->grad : (char*)dev[r];
-        for (size_t off = 0; ok && off < bytes[r]; off += CKPT_CHUNK) {
-            size_t n = bytes[r] - off < CKPT_CHUNK ? bytes[r] - off : CKPT_CHUNK;
-            ok = read_all(fd, buf, n);
-            crc = crc32_update(crc, buf, n);
-            if (ok && bad == UINT64_MAX) bad = ckpt_first_bad(h, buf, n, pos, &x);
-            pos += n;
-            if (ok) CUDA_CHECK(cudaMemcpy(dst + off, buf, n, cudaMemcpyHostToDevice));
-        }
-        if (ok && ckpt_sharded(gr, r)) zero_scatter(gr, m->grad, (float*)dev[r], m->stream);
-    }
-    if (gr->zero) bert_zero_grad(m);
-    ok = ok && ckpt_load_onebit(fd, m, gr, h, buf, &crc, &pos, &bad, &x);
-    ok = ok && read_all(fd, trailer, sizeof trailer) && trailer[0] == crc;
-    free(buf);
-    if (fd >= 0) close(fd);
-    if (!ok) {
-        fprintf(stderr, "trainer: %s changed while it was being read\n", path);
+    ckpt_regions(m, sink.dev, bytes);
+    int fits = h->x_bytes == (int32_t)sizeof(floatX) && h->body_bytes == ckpt_body_bytes(m) + ckpt_onebit_bytes(h);
+    int ok = ckpt_body(fd, h, fits ? &sink : NULL, why, n, &read_error);
+    if (gr->zero) bert_zero_grad(m);  // (the staging area)
+    close(fd);
+    if (read_error) {
+        fprintf(stderr, "trainer: %s: %s (did it change while it was being read?)\n", path, why);
         exit(1);
     }
-    if (bad != UINT64_MAX) {
-        char why[256];
-        ckpt_describe_bad(h, bad, x, why, sizeof why);
-        fprintf(stderr, "trainer: %s: %s: refused, no step taken\n", path, why);
-        exit(1);
-    }
+    if (ok && steps >= 0) ckpt_check_run(path, h, m, steps);
+    if (ok && !fits) snprintf(why, n, "its sizes are not this model's (%llu body bytes)", (unsigned long long)h->body_bytes);
+    if (!ok || !fits) return 0;
     m->step = h->step;
+    return 1;
 }
 
 // ckpt_candidates: the checkpoint files in dir, newest first, as --resume tries them: INT_MAX for
@@ -537,7 +520,7 @@ static void resume_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, Dat
         if (cand[tried] != INT_MAX) snprintf(path, sizeof path, "%s/checkpoint-%d.bin", ck->dir, cand[tried]);
         CkptHeader h;
         char why[256];
-        if (!ckpt_verify(path, &h, why, sizeof why)) {
+        if (!ckpt_read(path, m, gr, &h, steps, why, sizeof why)) {
             if (verbose) fprintf(stderr, "trainer: --resume: skipped %s: %s\n", path, why);
             size_t len = strlen(skipped);  // the list in the final error (paths shortened to their file names)
             const char* name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
@@ -545,8 +528,8 @@ static void resume_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, Dat
                 snprintf(skipped + len, sizeof skipped - len, "%s%.64s: %.200s", len ? "; " : "", name, why);
             continue;
         }
-        ckpt_check_run(path, &h, m, steps);
-        ckpt_load(path, m, gr, &h);
+        if (verbose && gr->onebit && h.step > gr->onebit->warmup)
+            printf("--resume: 1-bit Adam's errors start from zero (checkpoints do not hold them)\n");
         if (dataloader_restore(train, &h.data)) {
             fprintf(stderr, "trainer: --resume: %s: %s\n", path, train->error);
             exit(1);

@@ -14,27 +14,25 @@
 //
 // The slab is cut into parts (onebit_layout: the gradient buckets of comm.h merged up to ONEBIT_PART_BUCKETS, those
 // final only after layer 0's backward one part), and each part goes through steps 1 to 3 and the all-gather on
-// the communication stream. --comm onebit launches them after the step's host sync, when the step's norm and so
-// --clip's factor c are known, in the forward's order, and updates each part's weights there too (step 4), so the
-// next step's forward, which waits for each layer's part, runs under the exchange of the layers above
-// (onebit_step_forward); --comm onebit-overlap launches each as soon as the last micro-batch's backward has
-// made its gradients, while the backward goes on (as the fp32 buckets), before c is known: it sends the unclipped
-// momentum, and c enters at the update, exactly without compression: b1 m + (1 - b1) c g = c (b1 m + (1 - b1) g)
-// + (1 - c) b1 m, and m (the last step's) is the same on every rank. (With compression it is not the same: the
-// errors then carry unclipped values from step to step; in the 500-step mini runs onebit-overlap ended 1.2% and
-// 2.0% above fp32 where onebit ended 0.9% to 1.1% above: README.)
-//   1. worker (every rank r, its accumulated gradient g_r): x = D (b1 m + (1 - b1) c' g_r) + e_r, where m is the
-//      averaged momentum of the last step, e_r this rank's worker error and c' = c (onebit) or 1 (onebit-overlap);
+// the communication stream, after the step's host sync, when the step's norm and so --clip's factor c are known,
+// in the forward's order, and updates each part's weights there too (step 4), so the next step's forward, which
+// waits for each layer's part, runs under the exchange of the layers above (onebit_step_forward). (An
+// --comm onebit-overlap that sent the parts during the backward, unclipped, was deleted on 2026-11-28: in the 500-step mini
+// runs, seeds 1337 and 42, it ended 0.02 to 0.07 points further from fp32's loss than this, at the same bytes.)
+//   1. worker (every rank r, its accumulated gradient g_r): x = D (b1 m + (1 - b1) c g_r) + e_r, where m is the
+//      averaged momentum of the last step and e_r this rank's worker error;
 //      x is compressed (below) and e_r = x - decompress(compress(x)).
 //   2. all-to-all (ncclSend/ncclRecv in a group): the part, padded to P chunks of `chunk` elements, is cut
 //      into P chunks; rank j receives every rank's compressed chunk j.
 //   3. server (rank j): y = (1/P) sum_q decompress(q's chunk j) + s_j (its server error), compressed again,
 //      s_j = y - decompress(compress(y)).
-//   4. all-gather of the P compressed chunks: every rank decompresses the same bits, u, takes u' = u (onebit) or
-//      u' = c u + (1 - c) b1 D m (onebit-overlap) as the averaged momentum m = u' / D and applies
-//      w -= lr (u' / bc1 + wd w).
-// The errors are written to second buffers and become current only when the step updates the weights, so a
-// step that is skipped (a non-finite loss or norm) or dropped (a stop) leaves the state as it was.
+//   4. all-gather of the P compressed chunks: every rank decompresses the same bits, u, takes it as the averaged
+//      momentum m = u / D and applies w -= lr (u / bc1 + wd w).
+// A step runs all four or none: it starts after the host sync has found the step's loss and norm finite, so a
+// skipped step never touches the errors (they are updated in place).
+// The errors are not in checkpoints: a resumed run starts them from zero, as DeepSpeed does ("occasionally
+// resetting the compression error at checkpoint loading does not affect the convergence"; measured here:
+// docs/scaling.md), so a checkpoint is the same size on 1 rank or 256.
 // Compression of a group of n elements x: one bit per element, set when x >= 0, and the scale
 // s = |x|_1 / n; decompressed, x_i ~ (bit ? s : -s). (|x|_1 / n is the scale that minimizes the squared
 // error of s * sign(x).) Elements past the part's end (the last chunk's padding) are 0 and not counted.
@@ -123,11 +121,10 @@ __host__ __device__ inline size_t onebit_at(size_t j, size_t lo, size_t n1, size
 
 // onebit_worker: step 1 for a part's n elements (slab indices onebit_at(j, lo, n1, lo2)), padded to `groups`
 // groups (world chunks of `chunk`):
-//   x = (b1 m + (1 - b1) clip g) / (sqrt(v / bc2) + eps) + err_in     (m: the last step's averaged momentum)
-//   msgs: the compressed x, chunk j at j * onebit_msg_bytes(chunk); err_out = x - decompressed (j < n).
-// err_in and err_out are two buffers (the step commits err_out only when it updates the weights).
+//   x = (b1 m + (1 - b1) clip g) / (sqrt(v / bc2) + eps) + err     (m: the last step's averaged momentum)
+//   msgs: the compressed x, chunk j at j * onebit_msg_bytes(chunk); err = x - decompressed (j < n), in place.
 // Layout: one block of 256 threads per group (grid-stride over groups); thread t: elements k * 256 + t.
-__global__ void onebit_worker(unsigned char* msgs, float* err_out, const float* err_in, const float* g, const float* m,
+__global__ void onebit_worker(unsigned char* msgs, float* err, const float* g, const float* m,
                               const float* v, size_t lo, size_t n1, size_t lo2, size_t n, size_t chunk, size_t groups,
                               float b1, float clip, float bc2, float eps) {
     __shared__ float red[ONEBIT_THREADS / 32];
@@ -140,22 +137,22 @@ __global__ void onebit_worker(unsigned char* msgs, float* err_out, const float* 
         float x[ONEBIT_PER_THREAD], q[ONEBIT_PER_THREAD];
         for (int k = 0; k < ONEBIT_PER_THREAD; k++) {
             size_t e = base + k * ONEBIT_THREADS + threadIdx.x, i = onebit_at(e, lo, n1, lo2);
-            x[k] = e < n ? (b1 * m[i] + (1.f - b1) * clip * g[i]) / (sqrtf(v[i] / bc2) + eps) + err_in[i] : 0.f;
+            x[k] = e < n ? (b1 * m[i] + (1.f - b1) * clip * g[i]) / (sqrtf(v[i] / bc2) + eps) + err[i] : 0.f;
         }
         onebit_compress_group(x, n_valid, words, scale, red, q);
         for (int k = 0; k < ONEBIT_PER_THREAD; k++) {
             size_t e = base + k * ONEBIT_THREADS + threadIdx.x;
-            if (e < n) err_out[onebit_at(e, lo, n1, lo2)] = x[k] - q[k];
+            if (e < n) err[onebit_at(e, lo, n1, lo2)] = x[k] - q[k];
         }
     }
 }
 
 // onebit_server: step 3 on this rank's chunk of a part of n elements (the chunk's elements start at the part's
 // element `first`): recv holds the world ranks' messages for it, rank q's at q * onebit_msg_bytes(chunk);
-//   y = (sum over q = 0 .. world-1, in that order, of q's decompressed value) / world + err_in
-// compressed into out (one message); err_out = y - decompressed (elements first + e < n only; past the part's
+//   y = (sum over q = 0 .. world-1, in that order, of q's decompressed value) / world + err
+// compressed into out (one message); err = y - decompressed (in place) (elements first + e < n only; past the part's
 // end y = 0). Layout: one block of 256 threads per group of the chunk (grid-stride); thread t: k * 256 + t.
-__global__ void onebit_server(unsigned char* out, float* err_out, const float* err_in, const unsigned char* recv,
+__global__ void onebit_server(unsigned char* out, float* err, const unsigned char* recv,
                               int world, size_t chunk, size_t first, size_t n) {
     __shared__ float red[ONEBIT_THREADS / 32];
     size_t per_chunk = chunk / ONEBIT_GROUP, mb = onebit_msg_bytes(chunk);
@@ -172,37 +169,36 @@ __global__ void onebit_server(unsigned char* out, float* err_out, const float* e
         }
         for (int k = 0; k < ONEBIT_PER_THREAD; k++) {
             int e = k * ONEBIT_THREADS + threadIdx.x;
-            y[k] = e < n_valid ? y[k] / (float)world + err_in[G * ONEBIT_GROUP + e] : 0.f;
+            y[k] = e < n_valid ? y[k] / (float)world + err[G * ONEBIT_GROUP + e] : 0.f;
         }
         onebit_compress_group(y, n_valid, (uint32_t*)out + G * (ONEBIT_GROUP / 32), (float*)(out + chunk / 8) + G, red,
                               q);
         for (int k = 0; k < ONEBIT_PER_THREAD; k++) {
             int e = k * ONEBIT_THREADS + threadIdx.x;
-            if (e < n_valid) err_out[G * ONEBIT_GROUP + e] = y[k] - q[k];
+            if (e < n_valid) err[G * ONEBIT_GROUP + e] = y[k] - q[k];
         }
     }
 }
 
 // onebit_adam_update: step 4 for a part's n elements (slab indices onebit_at(j, lo, n1, lo2)): u = the
-// decompressed average (all: the world messages, chunk c at c * onebit_msg_bytes(chunk)) of the unclipped
-// D (b1 m + (1 - b1) g), D = 1 / (sqrt(v / bc2) + eps) with the frozen v; with the step's clip factor `clip` the
-// clipped momentum D (b1 m + (1 - b1) clip g) is clip u + (1 - clip) b1 D m (m: this step's input, the same on
-// every rank), so
-//   u' = clip u + (1 - clip) b1 D m;  w -= lr * (u' / bc1 + wd * w)   (weight decay on the first n_decay);  m = u' / D
+// decompressed average (all: the world messages, chunk c at c * onebit_msg_bytes(chunk)) of the ranks' clipped
+// D (b1 m + (1 - b1) c g), D = 1 / (sqrt(v / bc2) + eps) with the frozen v, is the averaged momentum in the
+// update's units:
+//   w -= lr * (u / bc1 + wd * w)   (weight decay on the first n_decay);  m = u / D
 // and the floatX copy of w refreshed with stochastic rounding, hashed as adamw_update hashes (slab index,
 // step). Layout: one thread per element, grid-stride.
 __global__ void onebit_adam_update(float* master, floatX* params, float* m, const float* v, const unsigned char* all,
                                    size_t lo, size_t n1, size_t lo2, size_t n, size_t n_decay, size_t chunk, float lr,
-                                   float b1, float eps, float wd, float clip, float bc1, float bc2, uint32_t seed) {
+                                   float eps, float wd, float bc1, float bc2, uint32_t seed) {
     size_t mb = onebit_msg_bytes(chunk);
     uint32_t hs = hash_u32(seed);
     for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += (size_t)gridDim.x * blockDim.x) {
         size_t c = j / chunk, e = j % chunk, i = onebit_at(j, lo, n1, lo2);
         const unsigned char* msg = all + c * mb;
         float ui = onebit_sign((const uint32_t*)msg, ((const float*)(msg + chunk / 8))[e / ONEBIT_GROUP], (int)e);
-        float d = sqrtf(v[i] / bc2) + eps, u = clip * ui + (1.f - clip) * b1 * m[i] / d, w = master[i];
-        w -= lr * (u / bc1 + (i < n_decay ? wd * w : 0.f));
-        m[i] = u * d;
+        float d = sqrtf(v[i] / bc2) + eps, w = master[i];
+        w -= lr * (ui / bc1 + (i < n_decay ? wd * w : 0.f));
+        m[i] = ui * d;
         master[i] = w;
         store_rounded(params + i, w, hash_u32((uint32_t)i * 0x9E3779B9u ^ hs));
     }
@@ -231,12 +227,9 @@ typedef struct OneBit {
     OneBitPart* part;     // (n_parts)
     size_t msg_total;     // bytes of world messages of every part (the size of send, recv and gathered)
     size_t server_total;  // elements of this rank's server errors (its chunk of every part)
-    // the device side (onebit_alloc). The errors are double buffered: a step reads err[cur] and writes
-    // err[1 - cur], and onebit_update (a step that updates the weights) makes those current.
-    int cur;
-    size_t err_elems;         // elements of each worker error buffer: max(numel, server_total) (onebit_fetch_servers)
-    float* worker_err[2];     // (numel) this rank's worker error e_r, by slab index
-    float* server_err[2];     // (server_total) this rank's server error s_j for its chunk j = rank of every part
+    // the device side (onebit_alloc)
+    float* worker_err;        // (numel) this rank's worker error e_r, by slab index
+    float* server_err;        // (server_total) this rank's server error s_j for its chunk j = rank of every part
     unsigned char* send;      // (msg_total) this rank's compressed x, part p's chunk j for rank j
     unsigned char* recv;      // (msg_total) every rank's compressed chunk `rank` of every part
     unsigned char* gathered;  // (msg_total) the compressed averaged momentum, part p's chunk j from rank j
@@ -337,7 +330,6 @@ static inline void onebit_layout(OneBit* ob, const GradReduce* g, int rank, int 
         ob->msg_total += (size_t)ob->world * p->msg_bytes;
         ob->server_total += p->chunk;
     }
-    ob->err_elems = ob->numel > ob->server_total ? ob->numel : ob->server_total;
 }
 
 // onebit_part_of: the part that holds slab element x (-1: none).
@@ -351,7 +343,7 @@ static inline int onebit_part_of(const OneBit* ob, size_t x) {
 
 // onebit_device_bytes: what onebit_alloc allocates (for the memory plan).
 static inline size_t onebit_device_bytes(const OneBit* ob) {
-    return 2 * (ob->err_elems + ob->server_total) * sizeof(float) + 3 * ob->msg_total;
+    return (ob->numel + ob->server_total) * sizeof(float) + 3 * ob->msg_total;
 }
 
 // onebit_step_bytes: bytes this rank sends in one compressed step (every part's all-to-all and all-gather).
@@ -362,12 +354,10 @@ static inline uint64_t onebit_step_bytes(const OneBit* ob) {
 }
 
 static inline void onebit_alloc(OneBit* ob) {
-    for (int k = 0; k < 2; k++) {
-        CUDA_CHECK(cudaMalloc((void**)&ob->worker_err[k], ob->err_elems * sizeof(float)));
-        CUDA_CHECK(cudaMalloc((void**)&ob->server_err[k], ob->server_total * sizeof(float)));
-        CUDA_CHECK(cudaMemset(ob->worker_err[k], 0, ob->err_elems * sizeof(float)));
-        CUDA_CHECK(cudaMemset(ob->server_err[k], 0, ob->server_total * sizeof(float)));
-    }
+    CUDA_CHECK(cudaMalloc((void**)&ob->worker_err, ob->numel * sizeof(float)));
+    CUDA_CHECK(cudaMalloc((void**)&ob->server_err, ob->server_total * sizeof(float)));
+    CUDA_CHECK(cudaMemset(ob->worker_err, 0, ob->numel * sizeof(float)));
+    CUDA_CHECK(cudaMemset(ob->server_err, 0, ob->server_total * sizeof(float)));
     unsigned char** bufs[3] = {&ob->send, &ob->recv, &ob->gathered};
     for (int k = 0; k < 3; k++) {
         CUDA_CHECK(cudaMalloc((void**)bufs[k], ob->msg_total));
@@ -378,7 +368,7 @@ static inline void onebit_alloc(OneBit* ob) {
 }
 
 static inline void onebit_free(OneBit* ob) {
-    for (int k = 0; k < 2; k++) cudaFree(ob->worker_err[k]), cudaFree(ob->server_err[k]);
+    cudaFree(ob->worker_err), cudaFree(ob->server_err);
     cudaFree(ob->send);
     cudaFree(ob->recv);
     cudaFree(ob->gathered);
@@ -412,25 +402,23 @@ static inline void onebit_exchange(OneBit* ob, const OneBitPart* p, Comm* c, cud
     c->calls++;
 }
 
-// onebit_part_launch: steps 1 to 3 and the all-gather of part i (onebit_launch), on g's communication stream after
-// the part's backward event.
+// onebit_part_launch: steps 1 to 3 and the all-gather of part i of a compressed step of the model's step m_step
+// (counted from 1, > warmup), on g's communication stream after the part's backward event. grad, m, v: the slab's
+// gradient and AdamW moments; clip scales grad.
 static inline void onebit_part_launch(OneBit* ob, GradReduce* g, int i, int m_step, const float* grad, const float* m,
                                       const float* v, float b1, float b2, float eps, float clip) {
     Comm* c = g->comm;
     cudaStream_t s = g->stream;
-    int in = ob->cur, out = 1 - ob->cur;
     float bc2 = 1.f - powf(b2, (float)onebit_v_step(ob, m_step));
     const OneBitPart* p = &ob->part[i];
     size_t groups = (size_t)ob->world * p->chunk / ONEBIT_GROUP;
     unsigned char* mine = ob->gathered + p->msg_off + (size_t)ob->rank * p->msg_bytes;
     CUDA_CHECK(cudaStreamWaitEvent(s, g->ready[p->event], 0));
-    launch(onebit_worker, onebit_grid(groups), dim3(ONEBIT_THREADS), 0, s, ob->send + p->msg_off, ob->worker_err[out],
-           (const float*)ob->worker_err[in], grad, m, v, p->lo, p->n1, p->lo2, p->n, p->chunk, groups, b1, clip, bc2,
-           eps);
+    launch(onebit_worker, onebit_grid(groups), dim3(ONEBIT_THREADS), 0, s, ob->send + p->msg_off, ob->worker_err, grad,
+           m, v, p->lo, p->n1, p->lo2, p->n, p->chunk, groups, b1, clip, bc2, eps);
     onebit_exchange(ob, p, c, s);
     launch(onebit_server, onebit_grid(p->chunk / ONEBIT_GROUP), dim3(ONEBIT_THREADS), 0, s, mine,
-           ob->server_err[out] + p->server_off, (const float*)ob->server_err[in] + p->server_off,
-           (const unsigned char*)ob->recv + p->msg_off, ob->world, p->chunk, (size_t)ob->rank * p->chunk, p->n);
+           ob->server_err + p->server_off, (const unsigned char*)ob->recv + p->msg_off, ob->world, p->chunk, (size_t)ob->rank * p->chunk, p->n);
     if (ob->world > 1) {
         comm_check(c, ncclAllGather(mine, ob->gathered + p->msg_off, p->msg_bytes, ncclUint8, c->nccl, s),
                    "1-bit all-gather");
@@ -438,44 +426,15 @@ static inline void onebit_part_launch(OneBit* ob, GradReduce* g, int i, int m_st
     }
 }
 
-// onebit_launch: steps 1 to 3 and the all-gather of a compressed step of the model's step m_step (counted from 1,
-// > warmup), part by part on g's communication stream, each after its backward event (as grad_reduce_launch
-// does for fp32: call it after the last micro-batch's backward was enqueued with BertModel.grad_ready =
-// g->ready; or after the step's host sync, when the events have long passed); then onebit_wait before the weights
-// are updated. grad, m, v: the slab's gradient and AdamW moments; clip scales grad (1 when the clip factor is not
-// known yet: onebit_update applies it). The errors written are not current until onebit_update.
-static inline void onebit_launch(OneBit* ob, GradReduce* g, int m_step, const float* grad, const float* m,
-                                 const float* v, float b1, float b2, float eps, float clip) {
-    for (int i = 0; i < ob->n_parts; i++) onebit_part_launch(ob, g, i, m_step, grad, m, v, b1, b2, eps, clip);
-    CUDA_CHECK(cudaEventRecord(g->done, g->stream));
-}
-
-// onebit_wait: the compute stream waits for the last part's all-gather (one rank too: its parts run on the
-// communication stream as well).
-static inline void onebit_wait(GradReduce* g, cudaStream_t compute) {
-    CUDA_CHECK(cudaStreamWaitEvent(compute, g->done, 0));
-}
-
-// onebit_part_update: step 4 of part i (onebit_update), on stream s.
+// onebit_part_update: step 4 of part i, on stream s.
 static inline void onebit_part_update(OneBit* ob, cudaStream_t s, int i, int m_step, float* master, floatX* w, float* m,
-                                      const float* v, size_t n_decay, float lr, float b1, float b2, float eps, float wd,
-                                      float clip) {
+                                      const float* v, size_t n_decay, float lr, float b1, float b2, float eps,
+                                      float wd) {
     float bc1 = 1.f - powf(b1, (float)m_step), bc2 = 1.f - powf(b2, (float)onebit_v_step(ob, m_step));
     const OneBitPart* p = &ob->part[i];
     launch(onebit_adam_update, onebit_grid((p->n + 255) / 256), dim3(256), 0, s, master, w, m, v,
-           (const unsigned char*)ob->gathered + p->msg_off, p->lo, p->n1, p->lo2, p->n, n_decay, p->chunk, lr, b1, eps,
-           wd, clip, bc1, bc2, (uint32_t)m_step);
-}
-
-// onebit_update: step 4 of the step onebit_launch exchanged, on stream s: every part's decompressed average updates
-// m, master and w (onebit_adam_update) with the clip factor `clip` (the step's own, known only now), and the errors
-// that step wrote become current.
-static inline void onebit_update(OneBit* ob, cudaStream_t s, int m_step, float* master, floatX* w, float* m,
-                                 const float* v, size_t n_decay, float lr, float b1, float b2, float eps, float wd,
-                                 float clip) {
-    for (int i = 0; i < ob->n_parts; i++)
-        onebit_part_update(ob, s, i, m_step, master, w, m, v, n_decay, lr, b1, b2, eps, wd, clip);
-    ob->cur = 1 - ob->cur;
+           (const unsigned char*)ob->gathered + p->msg_off, p->lo, p->n1, p->lo2, p->n, n_decay, p->chunk, lr, eps, wd,
+           bc1, bc2, (uint32_t)m_step);
 }
 
 // onebit_step_forward: --comm onebit's whole compressed step after the host sync (the clip factor known), on g's
@@ -491,12 +450,11 @@ static inline void onebit_step_forward(OneBit* ob, GradReduce* g, int m_step, fl
                                        float eps, float wd, float clip) {
     for (int i = ob->n_parts - 1; i >= 0; i--) {
         onebit_part_launch(ob, g, i, m_step, grad, m, v, b1, b2, eps, clip);
-        onebit_part_update(ob, g->stream, i, m_step, master, w, m, v, n_decay, lr, b1, b2, eps, wd, 1.f);
+        onebit_part_update(ob, g->stream, i, m_step, master, w, m, v, n_decay, lr, b1, b2, eps, wd);
         CUDA_CHECK(cudaEventRecord(ob->updated[i], g->stream));
     }
     CUDA_CHECK(cudaMemsetAsync(grad, 0, ob->numel * sizeof(float), g->stream));
     CUDA_CHECK(cudaEventRecord(g->done, g->stream));
-    ob->cur = 1 - ob->cur;
 }
 
 // onebit_refresh_update: a refresh step (onebit_is_refresh(ob, m_step)) of the slab: adamw_update of the averaged
@@ -512,69 +470,3 @@ static inline void onebit_refresh_update(const OneBit* ob, cudaStream_t s, int m
 }
 
 // ----------------------------------------------------------------------------
-// Checkpoints. The compression state is each rank's worker error (numel) and server error (its chunk of every
-// part); the momentum m is the same on every rank and v is AdamW's, both already in the checkpoint. The trainer
-// appends, after the AdamW regions, rank 0's worker error, rank 1's, ..., then the server errors of all ranks by
-// slab index (each element of the slab is in exactly one rank's chunk of one part; with one part, as before the
-// parts, that is rank 0's chunk, rank 1's, ...): (world + 1) numel floats in all (onebit_ckpt_bytes). A run
-// resumed on the same number of ranks continues with the very errors (byte-identical to an uninterrupted run).
-
-static inline uint64_t onebit_ckpt_bytes(size_t numel, int world) {
-    return world > 0 ? ((uint64_t)world + 1) * numel * sizeof(float) : 0;
-}
-
-// onebit_bcast: n floats of rank q's src into dst on every rank (ncclBroadcast; one rank: a copy), on stream s.
-static inline void onebit_bcast(OneBit* ob, Comm* c, int q, const float* src, float* dst, size_t n, cudaStream_t s) {
-    if (!n) return;
-    if (ob->world == 1) {
-        CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, s));
-        return;
-    }
-    comm_check(c, ncclBroadcast(src, dst, n, ncclFloat32, q, c->nccl, s), "checkpoint Broadcast (1-bit Adam)");
-    comm_count(c, COMM_BROADCAST, n * sizeof(float), q);
-}
-
-// onebit_part_copy: elements [j0, j0 + n) of part p between an array by slab index and a compact array (element
-// j0 + e at compact[e]): to_slab 1 copies compact -> slab, 0 slab -> compact. On stream s.
-static inline void onebit_part_copy(const OneBitPart* p, float* slab, float* compact, size_t j0, size_t n, int to_slab,
-                                    cudaStream_t s) {
-    for (size_t e = 0; e < n;) {  // at most two runs: the part's two ranges
-        size_t j = j0 + e, run = j < p->n1 ? p->n1 - j : p->n - j;
-        if (run > n - e) run = n - e;
-        float *a = slab + onebit_at(j, p->lo, p->n1, p->lo2), *b = compact + e;
-        CUDA_CHECK(cudaMemcpyAsync(to_slab ? a : b, to_slab ? b : a, run * sizeof(float), cudaMemcpyDeviceToDevice, s));
-        e += run;
-    }
-}
-
-// onebit_fetch_worker: rank q's worker error (numel floats) into dst on every rank. Synchronizes s.
-static inline void onebit_fetch_worker(OneBit* ob, Comm* c, int q, float* dst, cudaStream_t s) {
-    onebit_bcast(ob, c, q, ob->worker_err[ob->cur], dst, ob->numel, s);
-    comm_wait(c, s, "checkpoint Broadcast (1-bit Adam)");
-}
-
-// onebit_fetch_servers: every rank's server errors by slab index into dst (numel floats) on every rank; the
-// unused worker error buffer holds each rank's in turn. Synchronizes s.
-static inline void onebit_fetch_servers(OneBit* ob, Comm* c, float* dst, cudaStream_t s) {
-    float* stage = ob->worker_err[1 - ob->cur];
-    for (int q = 0; q < ob->world; q++) {
-        onebit_bcast(ob, c, q, ob->server_err[ob->cur], stage, ob->server_total, s);
-        for (int i = 0; i < ob->n_parts; i++) {
-            const OneBitPart* p = &ob->part[i];
-            onebit_part_copy(p, dst, stage + p->server_off, (size_t)q * p->chunk,
-                             onebit_server_elems(p->n, p->chunk, q), 1, s);
-        }
-    }
-    comm_wait(c, s, "checkpoint Broadcast (1-bit Adam)");
-}
-
-// onebit_take_servers: this rank's server errors out of src, every rank's by slab index (numel floats).
-static inline void onebit_take_servers(OneBit* ob, float* src, cudaStream_t s) {
-    for (int i = 0; i < ob->n_parts; i++) {
-        const OneBitPart* p = &ob->part[i];
-        CUDA_CHECK(cudaMemsetAsync(ob->server_err[ob->cur] + p->server_off, 0, p->chunk * sizeof(float), s));
-        onebit_part_copy(p, src, ob->server_err[ob->cur] + p->server_off, (size_t)ob->rank * p->chunk,
-                         onebit_server_elems(p->n, p->chunk, ob->rank), 0, s);
-    }
-    CUDA_CHECK(cudaStreamSynchronize(s));
-}

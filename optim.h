@@ -8,8 +8,7 @@
 //   lamb    the same exchange; LAMB, each tensor's AdamW step scaled by its trust ratio (model.h)
 //   zero1   gradients reduce-scattered, each rank's AdamW on its shard of the weights, then all-gathered (comm.h)
 //   onebit  1-bit Adam (compress.h): AdamW for the warm-up; then only the momentum's signs and scales are
-//           exchanged, under the next forward (or, --comm onebit-overlap, during the backward), with a refresh step
-//           every --comm-refresh steps. Which of these a step is, optimizer_begin says at the step's start.
+//           exchanged, under the next forward, with a refresh step every --comm-refresh steps. Which of these a step is, optimizer_begin says at the step's start.
 // Part of trainer.cu (one translation unit): included after model.h, comm.h and compress.h.
 #pragma once
 
@@ -19,7 +18,7 @@ struct Optimizer {
     GradReduce* gr;
     OneBit* ob;                   // onebit: its state (compress.h); else NULL
     float b1, b2, eps, wd, clip;  // --beta1, --beta2, --eps, --wd, --clip
-    int bf16, overlap;            // --comm bf16; --comm onebit-overlap
+    int bf16;                     // --comm bf16
     int compressed;               // this step (onebit, after the warm-up, not a refresh): no gradient reduced
     int sumsq_div;                // the norm is sqrt(the sync's sum of squares / sumsq_div); 0: m->norm
     void (*exchange)(Optimizer* op, BertModel* m);
@@ -60,16 +59,10 @@ static void update_zero1(Optimizer* op, BertModel* m, float lr, float norm) {
 // onebit: after the warm-up a step reduces no gradient: the norm (for the log, clipping and the non-finite check)
 // is sqrt(mean over ranks of |g_r|^2), from the ranks' local sums of squares in the step's sync; then
 // onebit_step_forward exchanges the clipped momentum part by part and updates the weights on the communication
-// stream, under the next step's forward. --comm onebit-overlap launches the parts while the last backward runs, as
-// the fp32 buckets are, and clips at the update. A refresh step (and the warm-up) reduces the gradients, in bf16
+// stream, under the next step's forward. A refresh step (and the warm-up) reduces the gradients, in bf16
 // after the warm-up (half fp32's bytes, on the step that costs onebit most), and updates the frozen variance lazily.
 static void exchange_onebit(Optimizer* op, BertModel* m) {
-    if (op->compressed && op->overlap) {
-        onebit_launch(op->ob, op->gr, m->step + 1, m->grad, m->adam_m, m->adam_v, op->b1, op->b2, op->eps, 1.f);
-        onebit_wait(op->gr, m->stream);
-    } else if (!op->compressed) {
-        exchange_buckets(op, m);
-    }
+    if (!op->compressed) exchange_buckets(op, m);  // (a compressed step's parts leave at the update)
 }
 static void norm_onebit(Optimizer* op, BertModel* m, float* sumsq) {
     if (!op->compressed) {
@@ -85,12 +78,9 @@ static void update_onebit(Optimizer* op, BertModel* m, float lr, float norm) {
     OneBit* ob = op->ob;
     if (op->compressed) {
         float clip = op->clip > 0.f && norm > op->clip ? op->clip / norm : 1.f;  // --clip's factor
-        if (op->overlap)
-            onebit_update(ob, m->stream, m->step + 1, m->master, m->w, m->adam_m, m->adam_v, m->p.n_decay, lr, op->b1,
-                          op->b2, op->eps, op->wd, clip);
-        else  // the parts leave now, clipped, and update the weights under the next step's forward
-            onebit_step_forward(ob, op->gr, m->step + 1, m->grad, m->master, m->w, m->adam_m, m->adam_v, m->p.n_decay,
-                                lr, op->b1, op->b2, op->eps, op->wd, clip);
+        // the parts leave now, clipped, and update the weights under the next step's forward
+        onebit_step_forward(ob, op->gr, m->step + 1, m->grad, m->master, m->w, m->adam_m, m->adam_v, m->p.n_decay, lr,
+                            op->b1, op->b2, op->eps, op->wd, clip);
         m->step++;
     } else if (m->step + 1 > ob->warmup) {  // a refresh step: v decays by b2^K (K steps since its last update)
         m->step++;
@@ -103,11 +93,11 @@ static void update_onebit(Optimizer* op, BertModel* m, float lr, float norm) {
 
 // optimizer_setup: the implementation the flags ask for (they were checked: onebit is not with lamb or --zero 1,
 // lamb not with --zero 1).
-static Optimizer optimizer_setup(GradReduce* gr, OneBit* ob, int lamb, int bf16, int overlap, float b1, float b2,
-                                 float eps, float wd, float clip) {
+static Optimizer optimizer_setup(GradReduce* gr, OneBit* ob, int lamb, int bf16, float b1, float b2, float eps,
+                                 float wd, float clip) {
     Optimizer op;
     memset(&op, 0, sizeof op);
-    op.gr = gr, op.ob = ob, op.bf16 = bf16, op.overlap = overlap;
+    op.gr = gr, op.ob = ob, op.bf16 = bf16;
     op.b1 = b1, op.b2 = b2, op.eps = eps, op.wd = wd, op.clip = clip;
     op.name = ob ? "onebit" : gr->zero ? "zero1" : lamb ? "lamb" : "adamw";
     op.exchange = ob ? exchange_onebit : exchange_buckets;
@@ -124,8 +114,8 @@ static void optimizer_begin(Optimizer* op, const BertModel* m) {
     op->sumsq_div = op->compressed ? op->gr->comm->world : op->gr->zero ? 1 : 0;
 }
 
-// optimizer_end: the gradients zeroed for the next step (a compressed step without overlap leaves that to
-// onebit_step_forward, on the communication stream once the parts have left).
+// optimizer_end: the gradients zeroed for the next step (a compressed step leaves that to onebit_step_forward, on
+// the communication stream once the parts have left).
 static void optimizer_end(Optimizer* op, BertModel* m, int skipped) {
-    if (!op->compressed || op->overlap || skipped) bert_zero_grad(m);
+    if (!op->compressed || skipped) bert_zero_grad(m);
 }

@@ -39,7 +39,6 @@ typedef struct {
     const char* comm;                  // --comm fp32 | bf16 | onebit (--grad-reduce: its old name)
     int grad_reduce_bf16, zero;        // --comm bf16; --zero 1 (ZeRO-1)
     int onebit, comm_warmup;           // --comm onebit (1-bit Adam, compress.h); --comm-warmup (0: default)
-    int onebit_overlap;                // --comm onebit-overlap: the parts exchanged during the backward
     int comm_refresh;                  // --comm-refresh K: an fp32 step updates v every K steps (0: never)
     const char* optimizer_name;        // --optimizer adamw | lamb
     int optimizer;                     // OPT_ADAMW or OPT_LAMB (from optimizer_name)
@@ -143,13 +142,11 @@ static const Flag flags[] = {
     {"--optimizer", "adamw|lamb", F_CHOICE, AT(optimizer_name), 0, 0, "adamw",
      "adamw, or lamb: AdamW's moments and decay, each tensor's step scaled by its trust\n"
      "ratio |w| / |update| (for large global batches; not with --zero 1)"},
-    {"--comm", "fp32|bf16|onebit|onebit-overlap", F_CHOICE, AT(comm), 0, 0, "fp32",
+    {"--comm", "fp32|bf16|onebit", F_CHOICE, AT(comm), 0, 0, "fp32",
      "fp32: buckets all-reduced in fp32; bf16: half the bytes; onebit: 1-bit Adam,\n"
      "after --comm-warmup steps of fp32 AdamW the variance is frozen and only the\n"
      "momentum's signs and one scale per 256 elements are sent, about 28x fewer bytes\n"
-     "than fp32 (also on one GPU, to see its effect); onebit-overlap: the same sent\n"
-     "during the backward, clipped after the exchange (faster on a slow network, a\n"
-     "loss further from fp32's: README)"},
+     "than fp32 (also on one GPU, to see its effect)"},
     {"--grad-reduce", "fp32|bf16", F_CHOICE, AT(comm), 0, 0, NULL, "the older name of --comm fp32 | bf16"},
     {"--comm-warmup", "N", F_INT, AT(comm_warmup), 1, INT_MAX, NULL,
      "--comm onebit: steps of fp32 AdamW before compression (default\n" STRINGIFY(
@@ -594,8 +591,7 @@ static Options parse_options(int argc, char** argv) {
     o.seq_given = given[find_flag("--seq") - flags], o.seed_given = given[find_flag("--seed") - flags];
     o.timeout_given = given[find_flag("--nccl-timeout") - flags];
     o.preset_given = given[find_flag("--preset") - flags], o.accum_given = given[find_flag("--grad-accum") - flags];
-    o.grad_reduce_bf16 = !strcmp(o.comm, "bf16"), o.onebit_overlap = !strcmp(o.comm, "onebit-overlap");
-    o.onebit = o.onebit_overlap || !strcmp(o.comm, "onebit");
+    o.grad_reduce_bf16 = !strcmp(o.comm, "bf16"), o.onebit = !strcmp(o.comm, "onebit");
     o.optimizer = !strcmp(o.optimizer_name, "lamb") ? OPT_LAMB : OPT_ADAMW;
     if (!o.preset) o.preset = o.bench ? "bert-base,bert-large" : "bert-base";
     check_options(&o);

@@ -28,16 +28,13 @@
 //       micro-batch (4 of a weight's 6 FLOPs), its events at the share of its FLOPs done (the head, then
 //       layer by layer). --zero 1: a reduce-scatter per bucket instead (same overlap), then after the
 //       optimizer an all-gather of the bf16 weights per bucket, never overlapped.
-//     onebit, onebit-overlap (1-bit Adam, after --comm-warmup steps at fp32): compress.h's parts (the buckets
+//     onebit (1-bit Adam, after --comm-warmup steps at fp32): compress.h's parts (the buckets
 //       merged up to ONEBIT_PART_BUCKETS buckets, and one part for all the buckets final after layer 0's backward:
 //       the embeddings, layer 0 and the vector region), each its compression (memory-bound:
 //       SCALING_ONEBIT_WORKER_BYTES of device memory per element), one all-to-all and one all-gather of P messages
 //       of C/8 bytes of signs + 4 bytes of scale per group of 256 (C = the part's n/P rounded up to 256:
-//       compress.h's onebit_msg_bytes) and its update (SCALING_ONEBIT_UPDATE_BYTES per parameter).
-//       onebit-overlap: on the communication stream in launch order, each from its backward event as the
-//       buckets, then the updates. (The overlapped compression shares the GPU with the backward; the model does
-//       not slow the backward for it: a memory-bound pass over the gradients, about 1% of a bert-base backward.)
-//       onebit: after the backward (and the host sync, which the model puts after them: latency only), in the
+//       compress.h's onebit_msg_bytes) and its update (SCALING_ONEBIT_UPDATE_BYTES per parameter),
+//       after the backward (and the host sync, which the model puts after them: latency only), in the
 //       forward's order, each updated as it arrives; the next step's forward runs layer by layer (the head
 //       event_frac[0] of it, the layers the rest in equal shares), layer l no sooner than the part that holds
 //       its weights (layer_part): exposed = how much later that forward ends than alone.
@@ -107,12 +104,11 @@ typedef struct {
     int warmup_as_fp32;  // 1: the first --comm-warmup steps run as fp32
 } ScalingModeDesc;
 
-enum { SCALING_FP32, SCALING_BF16, SCALING_ONEBIT, SCALING_ONEBIT_OVERLAP, SCALING_NUM_MODES };
+enum { SCALING_FP32, SCALING_BF16, SCALING_ONEBIT, SCALING_NUM_MODES };
 static const ScalingModeDesc scaling_modes[SCALING_NUM_MODES] = {
     {"fp32", 4, 1, 0, 0},
     {"bf16", 2, 1, 0, 0},
     {"onebit", 0, 0, 1, 1},
-    {"onebit-overlap", 0, 1, 1, 1},
 };
 
 typedef struct {
@@ -214,7 +210,7 @@ static inline double scaling_exposed(const ScalingCluster* c, const ScalingWork*
      p->bytes_sent += scaling_sent(kind_, bytes_, P), t_)  // the collective's time
     double t, exposed = 0;
     double hbm = SCALING_HBM_GBS * 1e9;
-    if (m->compressed && !m->overlapped) {
+    if (m->compressed) {
         // onebit: the parts leave after the backward, in the forward's order (the layout's, reversed), each updated
         // as soon as it is in; the next step's forward runs layer l once the part with its weights is in (the
         // head: all of them), timed from the backward's end; exposed = how much later the forward ends than alone
@@ -231,17 +227,6 @@ static inline double scaling_exposed(const ScalingCluster* c, const ScalingWork*
             f = (end > f ? end : f) + share * fwd;
         }
         exposed = f - fwd;
-    } else if (m->compressed) {
-        // onebit-overlap: the parts on the communication stream, timed from the start of the last backward
-        double bwd = SCALING_OVERLAP * micro_s, end = 0;
-        for (int i = 0; i < w->n_parts; i++) {
-            double n = w->part_elems[i], ready = w->event_frac[w->part_event[i]] * bwd;
-            double bytes = P * scaling_onebit_msg_bytes(n, P);  // every rank's message
-            end = (ready > end ? ready : end) + n * SCALING_ONEBIT_WORKER_BYTES / hbm;
-            end += SC_ADD(SCALING_ALLTOALL, bytes, t);
-            end += SC_ADD(SCALING_ALLGATHER, bytes, t);
-        }
-        exposed = (end > bwd ? end - bwd : 0) + w->params * SCALING_ONEBIT_UPDATE_BYTES / hbm;
     } else {
         // the buckets on the communication stream, timed from the start of the last backward
         double bwd = SCALING_OVERLAP * micro_s, end = 0;
@@ -359,9 +344,7 @@ static inline void scaling_print(const ScalingCluster* c, const ScalingWork* w, 
     for (int mi = 0; mi < SCALING_NUM_MODES; mi++) {
         const ScalingModeDesc* m = &scaling_modes[mi];
         printf("\n--comm %s: %s\n", m->name,
-               m->compressed && m->overlapped
-                   ? "1-bit Adam: all-to-all + all-gather of the signs per part during the last backward"
-               : m->compressed ? "1-bit Adam: all-to-all + all-gather of the signs per part after the backward"
+               m->compressed ? "1-bit Adam: all-to-all + all-gather of the signs per part after the backward"
                : w->zero       ? "reduce-scatter per bucket during the last backward, weight all-gather after the step"
                                : "all-reduce per bucket during the last backward");
         printf(

@@ -719,7 +719,6 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
         comm_flag_int("--global-batch", o->global_batch),
         comm_flag_int("--max-global-batch", o->max_global_batch),
         comm_flag_int("--comm onebit (1: given)", o->onebit),
-        comm_flag_int("--comm onebit-overlap (1: given)", o->onebit_overlap),
         comm_flag_int("--comm-warmup", o->comm_warmup),
         comm_flag_int("--comm-refresh", o->comm_refresh),
         comm_flag_int("--optimizer (0: adamw, 1: lamb)", o->optimizer),
@@ -833,8 +832,7 @@ static void scaling_work_free(ScalingWork* w) {
 
 // scaling_mode_of: the scaling.h mode this run communicates in (--comm).
 static const ScalingModeDesc* scaling_mode_of(const Options* o) {
-    return &scaling_modes[o->onebit_overlap     ? SCALING_ONEBIT_OVERLAP
-                          : o->onebit           ? SCALING_ONEBIT
+    return &scaling_modes[o->onebit             ? SCALING_ONEBIT
                           : o->grad_reduce_bf16 ? SCALING_BF16
                                                 : SCALING_FP32];
 }
@@ -1233,10 +1231,12 @@ static int eval_source(Options* o, const ShardHeader* vh, BertConfig* cfg, CkptH
                 o->eval);
         return 0;
     }
-    if (!*is_dir && !ckpt_verify(o->eval, h, why, sizeof why)) {
+    int fd = *is_dir ? -1 : ckpt_open(o->eval, h, why, sizeof why);  // (the header; the body: eval_run's ckpt_read)
+    if (!*is_dir && fd < 0) {
         fprintf(stderr, "trainer: --eval %s: %s\n", o->eval, why);
         return 0;
     }
+    if (fd >= 0) close(fd);
     if (!*is_dir && !ckpt_layout_ok(h, why, sizeof why)) {
         fprintf(stderr, "trainer: --eval %s: %s\n", o->eval, why);
         return 0;
@@ -1318,7 +1318,7 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
     float* w = NULL;
     int is_dir;
     if (!eval_source(o, &vh, &cfg, &h, &hp, &w, &is_dir)) return 1;
-    GradReduce gr;  // (no gradients are reduced: make_plan and ckpt_load take the layout)
+    GradReduce gr;  // (no gradients are reduced: make_plan and ckpt_read take the layout)
     grad_reduce_setup(&gr, &cfg, comm, o);
     Plan plan;
     if (!plan_for_run(&cfg, o, 1, &gr, free_bytes, total_bytes, prop, comm, (samples + comm->world - 1) / comm->world,
@@ -1340,7 +1340,11 @@ static int run_eval(Options* o, Comm* comm, const cudaDeviceProp* prop, size_t f
         free(w);
         bert_params_free(&hp);
     } else {
-        ckpt_load(o->eval, &model, &gr, &h);  // every state region, so the bf16 weights are the run's own
+        char why[256];  // every state region, so the bf16 weights are the run's own
+        if (!ckpt_read(o->eval, &model, &gr, &h, -1, why, sizeof why)) {
+            fprintf(stderr, "trainer: --eval %s: %s\n", o->eval, why);
+            return 1;
+        }
     }
     CommBootstrap boot = {o->bootstrap, o->out, o->out, started};
     comm_init(comm, &boot);
@@ -1522,22 +1526,19 @@ static void onebit_setup(Run* r) {
     ob->refresh = r->o.comm_refresh;
     onebit_alloc(ob);
     r->gr.onebit = ob;
-    if (!r->o.onebit_overlap) {  // the next forward waits for each layer's part only (onebit_step_forward)
-        int L = r->cfg.layers;
-        ob->weights_ready = (cudaEvent_t*)malloc((L + 1) * sizeof(cudaEvent_t));
-        for (int l = 0; l < L; l++) ob->weights_ready[l] = ob->updated[onebit_layer_part(ob, &r->model.p, l)];
-        ob->weights_ready[L] = r->gr.done;  // the head: every part, and the gradients zeroed
-        r->model.weights_ready = ob->weights_ready;
-    }
+    // the next forward waits for each layer's part only (onebit_step_forward)
+    int L = r->cfg.layers;
+    ob->weights_ready = (cudaEvent_t*)malloc((L + 1) * sizeof(cudaEvent_t));
+    for (int l = 0; l < L; l++) ob->weights_ready[l] = ob->updated[onebit_layer_part(ob, &r->model.p, l)];
+    ob->weights_ready[L] = r->gr.done;  // the head: every part, and the gradients zeroed
+    r->model.weights_ready = ob->weights_ready;
     uint64_t fp32 =
         r->comm.world > 1 ? 2 * (uint64_t)(r->comm.world - 1) * (r->model.p.numel * 4) / (uint64_t)r->comm.world : 0;
     if (r->main_rank)
         printf(
             "comm: %s (1-bit Adam): fp32 AdamW for %d steps, then the momentum's signs and scales in %d parts "
-            "%s: %llu bytes sent per rank per step (fp32 all-reduce: %llu)\n",
-            r->o.comm, ob->warmup, ob->n_parts,
-            r->o.onebit_overlap ? "during the backward" : "after the backward, under the next forward",
-            (unsigned long long)onebit_step_bytes(ob), (unsigned long long)fp32);
+            "after the backward, under the next forward: %llu bytes sent per rank per step (fp32 all-reduce: %llu)\n",
+            r->o.comm, ob->warmup, ob->n_parts, (unsigned long long)onebit_step_bytes(ob), (unsigned long long)fp32);
 }
 
 // loader_thread_cap: the most loader threads --loader-threads auto may start: this rank's share of the CPUs it
@@ -1598,7 +1599,7 @@ static int allocate_run(Run* r) {
     grad_reduce_start(&r->gr);
     if (o->onebit) onebit_setup(r);
     r->opt = optimizer_setup(&r->gr, o->onebit ? &r->ob : NULL, o->optimizer == OPT_LAMB, o->grad_reduce_bf16,
-                             o->onebit_overlap, o->beta1, o->beta2, o->eps, o->wd, o->clip);
+                             o->beta1, o->beta2, o->eps, o->wd, o->clip);
     r->scratch = batch_maker_alloc(&r->bm, &r->plan, r->data_h.pad_id);  // the step's sums: see S_LOSS
 
     DataLoaderConfig dcfg = dataloader_default_config(r->train_pattern, B, T);
