@@ -8,7 +8,7 @@
 #   - --device takes a short name (H100, h200, ...) and plans its memory with --plan-only; an unknown name is refused
 #     with the known ones listed; --help lists them;
 #   - a one-process run's timeout does not blame a dead rank, and without --nccl-timeout it has none;
-#   - the ranks agree on --comm's value (onebit against onebit-overlap).
+#   - the ranks agree on --comm's value (onebit against bf16).
 # Run by tests/run.sh; needs ./trainer_cpu and tools/requirements.txt. Prints "N passed, N failed" last.
 cd "$(dirname "$0")/.."
 pass=0; fail=0
@@ -77,15 +77,15 @@ MLM_TEST_STALL=2 timeout -k 2 8 ./trainer_cpu "${D[@]}" --batch 8 --steps 4 --ou
 check '[ $rc = 124 ] || [ $rc = 137 ] && grep -q "MLM_TEST_STALL: step 2" "$W/s2.log" && ! grep -q "no progress" "$W/s2.log"' \
   "one process without --nccl-timeout, stalled (exit $rc, want the timeout's 124): $(tail -n 2 "$W/s2.log")"
 
-# the ranks agree on --comm's value: onebit on one and onebit-overlap on the other stop both at the start, naming it
+# the ranks agree on --comm's value: onebit on one and bf16 on the other stop both at the start, naming it
 for r in 0 1; do
-  c=$([ $r = 0 ] && echo onebit || echo onebit-overlap)
+  c=$([ $r = 0 ] && echo onebit || echo bf16)
   SLURM_NTASKS=2 SLURM_PROCID=$r SLURM_LOCALID=0 NCCL_EMU_TIMEOUT_S=60 timeout 120 ./trainer_cpu "${D[@]}" --batch 8 \
     --steps 6 --comm $c --out "$W/c" >"$W/c$r.log" 2>&1 &
 done
 wait
-check 'grep -q "onebit-overlap" "$W/c0.log" && ! grep -qE "^step +[0-9]+/" "$W/c0.log" "$W/c1.log"' \
-  "--comm onebit on rank 0, onebit-overlap on rank 1: $(grep -h "trainer:" "$W/c0.log" "$W/c1.log" | head -n 2)"
+check 'grep -q -- "--comm" "$W/c0.log" && ! grep -qE "^step +[0-9]+/" "$W/c0.log" "$W/c1.log"' \
+  "--comm onebit on rank 0, bf16 on rank 1: $(grep -h "trainer:" "$W/c0.log" "$W/c1.log" | head -n 2)"
 
 echo "$pass passed, $fail failed"
 [ $fail -eq 0 ]

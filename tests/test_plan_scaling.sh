@@ -36,7 +36,7 @@ rc=$?
 B=$(sed -n -E 's/^memory plan \(B=([0-9]+), T=([0-9]+).*/\1/p' "$W/gb.log")
 check '[ $rc -eq 0 ] && [ -n "$B" ]' "--plan-only on the paper cluster failed (exit $rc): $(tail -n 2 "$W/gb.log")"
 numel=$(sed -n -E 's/^scaling prediction: .* ([0-9]+) gradients in ([0-9]+) buckets.*/\1/p' "$W/gb.log")
-for m in fp32 bf16 onebit onebit-overlap; do
+for m in fp32 bf16 onebit; do
   rows "$W/gb.log" $m >"$W/$m.rows"
   check '[ "$(awk "{print \$1}" "$W/$m.rows" | tr "\n" " ")" = "1 2 4 8 16 32 64 128 " ]' \
     "$m: node counts in the table: $(awk '{print $1}' "$W/$m.rows" | tr '\n' ' ')"
@@ -52,11 +52,7 @@ echo "paper-120m, 256 GPUs, global batch 65,536: efficiency fp32 $e32, bf16 $e16
 check 'awk -v a="$e32" -v b="$e16" -v c="$e1" "BEGIN { exit !(a > 0 && a < b && b < c && c < 1) }"' \
   "efficiencies do not rank fp32 < bf16 < onebit: $e32 $e16 $e1"
 # the issue's target, at least 90% on the seed cluster: onebit (its parts after the backward, under the next forward)
-# and onebit-overlap (the same parts during the backward: more, at the same bytes)
-eo=$(result "$W/gb.log" onebit-overlap efficiency); bo=$(result "$W/gb.log" onebit-overlap bytes_per_step)
-echo "onebit-overlap: efficiency $eo"
-check 'awk -v c="$e1" -v o="$eo" -v a="$b1" -v b="$bo" "BEGIN { exit !(c >= 0.90 && o > c && o < 1 && a == b) }"' \
-  "onebit: efficiency $e1 (want >= 0.90); onebit-overlap: $eo (want above onebit's), bytes $bo (want onebit's $b1)"
+check 'awk -v c="$e1" "BEGIN { exit !(c >= 0.90) }"' "onebit: efficiency $e1 (want >= 0.90)"
 # fp32: every gradient (the slab's numel) 2 x 255/256 x 4 bytes, and the host sync's 32 bytes
 check 'awk -v b="$b32" -v n="$numel" "BEGIN { w = 2 * 255 / 256 * (4 * n + 32); exit !(b >= w - 1 && b <= w + 1) }"' \
   "fp32 bytes_per_step $b32 is not 2 x 255/256 x (4 x $numel + 32)"

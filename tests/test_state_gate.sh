@@ -4,8 +4,9 @@
 # (python3, zlib.crc32 over every byte before the CRC, as ckpt_verify checks it):
 #   - AdamW v holding a negative value: --resume and --eval refuse it, naming the file, the buffer, the element and
 #     the value (exit 1, no step); an AdamW run and a LAMB run (the same buffer);
-#   - a --comm onebit checkpoint (2 ranks) with a NaN in rank 1's worker errors, and one with 1e30 (finite, beyond
-#     2^64) in the servers' errors: --resume on 2 ranks refuses it by name, exit 1, no step;
+#   - a --comm onebit checkpoint (2 ranks) holds no 1-bit Adam errors; made into one of the older files that did
+#     (olderrors: the errors appended), it resumes (the errors read through and not used); with a NaN in rank 1's
+#     worker errors, or 1e30 (finite, beyond 2^64) in the servers' errors: --resume refuses it by name, exit 1;
 #   - a token count of 2^63: --resume refuses it (exit 1), no negative tokens in the metrics;
 #   - the writer: a checkpoint whose AdamW m holds 3e38 (finite; the gate lets it in) makes the next step's weights
 #     infinite: the checkpoint of that step is not written, no export either, exit code 2 with the divergence
@@ -29,8 +30,9 @@ VAL=(--val "$W/data/train_*.bin" --batch 8 --val-batches 1)
 run() { timeout 120 "$TRAINER" "$@"; }
 
 # ckpt_forge FILE WHAT INDEX VALUE: sets one value of a checkpoint and makes its CRC right again. WHAT: master, m, v
-# (fp32, element INDEX), worker:Q (rank Q's 1-bit Adam errors), server (the servers' errors), or tokens (the
-# header's token count: INDEX is ignored, VALUE an integer). The layout is CkptHeader's (checkpoint.h): header_bytes
+# (fp32, element INDEX), worker:Q (rank Q's 1-bit Adam errors), server (the servers' errors), tokens (the
+# header's token count: INDEX is ignored, VALUE an integer), or olderrors (INDEX ranks' errors, all VALUE, appended
+# as the files written before 2026-11-28 held them: header.onebit_world = INDEX, the body that much longer). The layout is CkptHeader's (checkpoint.h): header_bytes
 # at 12, x_bytes at 56, numel at 64, the token count 72 bytes before the body (the data position, 64, after it).
 ckpt_forge() {
   python3 - "$@" <<'EOF'
@@ -41,6 +43,10 @@ hb = struct.unpack_from("<I", d, 12)[0]
 xb, world, numel = struct.unpack_from("<iiQ", d, 56)
 if what == "tokens":
     struct.pack_into("<Q", d, hb - 72, int(v))
+elif what == "olderrors":
+    struct.pack_into("<i", d, 60, i)
+    struct.pack_into("<Q", d, 72, struct.unpack_from("<Q", d, 72)[0] + (i + 1) * numel * 4)
+    d[-8:-8] = struct.pack("<f", float(v)) * ((i + 1) * numel)
 else:
     bf16 = 2 * numel if xb == 2 else 0
     start = {"master": 0, "m": 4 * numel, "v": 8 * numel}.get(what)
@@ -103,7 +109,7 @@ out=$(run "${COMMON[@]}" --out "$d" --steps 8 --ckpt-every 1 --resume 2>&1); rc=
 check '[ $rc = 2 ] && echo "$out" | grep -qF "trainer: diverged: step 5 left the state not finite" && ! echo "$out" | grep -qE "^step +6/"' \
   "a step that made the weights infinite before the last: exit $rc, $(echo "$out" | grep -v '^step' | tail -n 2)"
 
-# 4. --comm onebit on 2 ranks: a NaN in rank 1's worker errors, 1e30 in the servers' errors
+# 4. --comm onebit on 2 ranks: no errors in the checkpoint; an older file's errors read through, and gated
 runn() {  # runn DIR LOG ARGS...: 2 ranks (SLURM_* by hand, as tests/test_onebit.sh); logs LOG.0, LOG.1; exit codes LOG.rc
   local dir=$1 log=$2 r; shift 2
   for r in 0 1; do
@@ -114,13 +120,20 @@ runn() {  # runn DIR LOG ARGS...: 2 ranks (SLURM_* by hand, as tests/test_onebit
 }
 runn "$W/o" "$W/o.log" --comm onebit --comm-warmup 2 --steps 4 --ckpt-every 4
 check '[ "$(cat "$W/o.log.rc0")" = 0 ] && [ -f "$W/o/checkpoint.bin" ]' "the onebit run failed: $(tail -n 2 "$W/o.log.0")"
+world=$(python3 -c 'import struct,sys; print(struct.unpack_from("<i", open(sys.argv[1],"rb").read(64), 60)[0])' "$W/o/checkpoint.bin")
+check '[ "$world" = 0 ]' "a onebit checkpoint says it holds the errors of $world ranks, want 0"
+d="$W/o_old"; mkdir -p "$d" && cp "$W/o/checkpoint.bin" "$d/" && ckpt_forge "$d/checkpoint.bin" olderrors 2 0.001
+runn "$d" "$d.log" --comm onebit --comm-warmup 2 --steps 6 --resume
+check '[ "$(cat "$d.log.rc0")" = 0 ] && grep -qE "^step +6/6" "$d.log.0" && grep -q "errors start from zero" "$d.log.0"' \
+  "an older onebit checkpoint (with errors) did not resume: exit $(cat "$d.log.rc0"), $(grep -v '^step' "$d.log.0" | tail -n 2)"
 for c in "worker:1|7|nan|1-bit Adam worker errors of rank 1 hold a value that is not finite (NaN or Inf) at element 7 of $N (nan)" \
   "server|9|1e30|1-bit Adam server errors hold a value beyond +-2^64 (no error a run makes) at element 9 of $N (1e+30)"; do
   IFS='|' read -r what i v why <<<"$c"; d="$W/o_${what%%:*}"
-  mkdir -p "$d" && cp "$W/o/checkpoint.bin" "$d/" && ckpt_forge "$d/checkpoint.bin" "$what" "$i" "$v"
+  mkdir -p "$d" && cp "$W/o/checkpoint.bin" "$d/" && ckpt_forge "$d/checkpoint.bin" olderrors 2 0.001 &&
+    ckpt_forge "$d/checkpoint.bin" "$what" "$i" "$v"
   runn "$d" "$d.log" --comm onebit --comm-warmup 2 --steps 6 --resume
   check '[ "$(cat "$d.log.rc0")" = 1 ] && [ "$(cat "$d.log.rc1")" = 1 ] && grep -qF "checkpoint.bin: its $why: not intact" "$d.log.0" && ! grep -q "^step" "$d.log.0"' \
-    "--comm onebit with a bad error buffer ($what): exit $(cat "$d.log.rc0") $(cat "$d.log.rc1"), $(grep -v '^step' "$d.log.0" | tail -n 2)"
+    "an older --comm onebit checkpoint with a bad error buffer ($what): exit $(cat "$d.log.rc0") $(cat "$d.log.rc1"), $(grep -v '^step' "$d.log.0" | tail -n 2)"
 done
 
 echo "$pass passed, $fail failed"

@@ -6,7 +6,6 @@
 #   fp32    --comm fp32 (the unchanged path), STEPS steps of RANKS x BATCH rows of SEQ tokens, AdamW at LR
 #   bf16    --comm bf16, the same
 #   onebit  --comm onebit (1-bit Adam), the same (skipped, with a note, when the trainer has no --comm onebit)
-#   onebit-overlap  (only when MODES names it) --comm onebit-overlap, the same
 #   lamb    --optimizer lamb at LAMB_ACCUM x the global batch (--grad-accum LAMB_ACCUM), STEPS / LAMB_ACCUM
 #           steps (the same tokens), at LAMB_LR
 #   adamw-big  (only when MODES names it) the control: AdamW at lamb's global batch and steps, at LR x 2
@@ -93,7 +92,7 @@ for mode in $MODES; do
   case $mode in
     fp32 | bf16)
       run "$mode" "$STEPS" $COMM "$mode" --lr "$LR" --warmup "$WARMUP" || exit 1 ;;
-    onebit | onebit-overlap)
+    onebit)
       if [ $COMM != --comm ] || ! grep -q -- "$mode" <<<"$HELP"; then
         echo "$mode: skipped: $TRAINER has no --comm $mode"
         continue
@@ -105,7 +104,7 @@ for mode in $MODES; do
     adamw-big)  # the control: AdamW at lamb's global batch and steps (LR x 2)
       run adamw-big $((STEPS / LAMB_ACCUM)) --grad-accum "$LAMB_ACCUM" --lr "$(awk -v x="$LR" 'BEGIN { printf "%g", 2 * x }')" \
         --warmup $((WARMUP / LAMB_ACCUM)) --val-every $(((VAL_EVERY + LAMB_ACCUM - 1) / LAMB_ACCUM)) || exit 1 ;;
-    *) die "MODES: unknown mode '$mode' (expected fp32, bf16, onebit, onebit-overlap, lamb, adamw-big)" ;;
+    *) die "MODES: unknown mode '$mode' (expected fp32, bf16, onebit, lamb, adamw-big)" ;;
   esac
   runs+=("$OUT/$mode")
 done
