@@ -196,8 +196,8 @@ static const Flag flags[] = {
 
     {NULL, NULL, F_HELP, 0, 0, 0, NULL, 0, "the memory plan and the scaling prediction:"},
     {"--plan-only", NULL, F_SWITCH, AT(plan_only), 0, 0, NULL, M_PLAN,
-     "print the memory plan and the scaling prediction, then exit (--data and --out\n"
-     "optional: without --data the preset's vocabulary)"},
+     "print the memory plan and the scaling prediction of the run's flags, then exit\n"
+     "(--data and --out optional: without --data the preset's vocabulary; no --resume)"},
     {"--nodes", "N", F_INT, AT(nodes), 1, 1 << 16, NULL, M_RUN,
      "nodes predicted (--plan-only: default 1; a run: SLURM_NNODES)"},
     {"--gpus-per-node", "G", F_INT, AT(gpus_per_node), 1, 1024, NULL, M_RUN,
@@ -237,7 +237,8 @@ static const Flag flags[] = {
     {"--bench-warmup", "N", F_INT, AT(bench_warmup), 0, 1 << 20, "3", M_BENCH, "untimed steps before them"},
 
     {NULL, NULL, F_HELP, 0, 0, 0, NULL, 0,
-     "\nusage: trainer --eval SRC --val GLOB [--batch B] [--seq T] [--val-batches N] [--out DIR]"},
+     "\nusage: trainer --eval SRC --val GLOB [--batch B] [--seq T] [--val-batches N] [--out DIR]\n"
+     "  (and --bootstrap, --nccl-timeout with several processes; a training flag is refused)"},
     {"--eval", "SRC", F_STR, AT(eval), 0, 0, NULL, M_EVAL,
      "evaluate SRC, a checkpoint file (DIR/checkpoint.bin) or a Hugging Face export\n"
      "directory (config.json + model.safetensors), on the validation shards as training\n"
