@@ -13,8 +13,22 @@ static void test_int64(void) {
     CHECK(parse_int64("+5", 0, 10, &x) && x == 5, "+5: %lld", x);
     CHECK(parse_int64("1099511627776", 1, 1LL << 40, &x) && x == (1LL << 40), "2^40: %lld", x);
     x = 99;  // refused: blanks, garbage, empty, outside the range or a long long, not base-10 integers
-    const char* bad[] = {"", " 3", "3 ", "\t3", "3\n", "12abc", "abc", "1e3", "3.0", "0x10", "--3", "101", "-1",
-                         "9223372036854775808", "-9223372036854775809", "99999999999999999999"};
+    const char* bad[] = {"",
+                         " 3",
+                         "3 ",
+                         "\t3",
+                         "3\n",
+                         "12abc",
+                         "abc",
+                         "1e3",
+                         "3.0",
+                         "0x10",
+                         "--3",
+                         "101",
+                         "-1",
+                         "9223372036854775808",
+                         "-9223372036854775809",
+                         "99999999999999999999"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         CHECK(!parse_int64(bad[i], 0, 100, &x) && x == 99, "'%s' must be refused in [0, 100] (x %lld)", bad[i], x);
     CHECK(!parse_int64(NULL, 0, 100, &x), "NULL must be refused");
@@ -40,8 +54,8 @@ static void test_double(void) {
     CHECK(parse_double("1e30", 0, 1e30, &x) && x == 1e30, "1e30 at the top of its range: %g", x);
     CHECK(parse_double("1e-400", 0, 1, &x) && x >= 0 && x < 1e-300, "1e-400 (underflow) is about 0: %g", x);
     x = 7;
-    const char* bad[] = {"", " 1", "1 ", "\t0.5", "0.5\n", "12abc", "abc", "1,5", "nan", "NaN", "-nan", "inf",
-                         "-inf", "infinity", "1e400", "-1e400", "1.5", "-0.1"};
+    const char* bad[] = {"",    " 1",   "1 ",  "\t0.5", "0.5\n",    "12abc", "abc",    "1,5", "nan",
+                         "NaN", "-nan", "inf", "-inf",  "infinity", "1e400", "-1e400", "1.5", "-0.1"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         CHECK(!parse_double(bad[i], 0, 1, &x) && x == 7, "'%s' must be refused in [0, 1] (x %g)", bad[i], x);
     CHECK(!parse_double("1e400", -INFINITY, INFINITY, &x) && x == 7, "1e400 is infinite even in (-inf, inf)");
