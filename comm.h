@@ -30,6 +30,7 @@
 // Gradients are averaged in buckets that overlap the backward, optionally with ZeRO-1 (the last section). See NCCL's
 // user guide, "Creating a communicator with options" and "Fault tolerance".
 #pragma once
+#include "parse.h"  // the one reading of a number: the launchers' variables, MASTER_PORT
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -112,13 +113,12 @@ static inline void comm_sleep_s(double s) {
 static inline int comm_env_int(const char* name, int dflt) {
     const char* s = getenv(name);
     if (!s || !*s) return dflt;
-    char* end;
-    long v = strtol(s, &end, 10);
-    if (*end || v < 0 || v > 1000000) {
-        fprintf(stderr, "comm: environment variable %s=%s is not a non-negative integer\n", name, s);
+    int v;
+    if (!parse_int(s, 0, 1000000, &v)) {
+        fprintf(stderr, "comm: environment variable %s=%s is not a non-negative integer (at most 1000000)\n", name, s);
         exit(1);
     }
-    return (int)v;
+    return v;
 }
 
 static inline int comm_env_set(const char* name) { return getenv(name) && *getenv(name); }
@@ -235,13 +235,12 @@ static inline uint64_t comm_launch_tag(const Comm* c, const char* out) {
 static inline int comm_port(uint64_t tag, char* err, size_t n) {
     const char* s = getenv("MASTER_PORT");
     if (!s || !*s) return 20000 + (int)(tag % 20000);
-    char* end;
-    long v = strtol(s, &end, 10);
-    if (*end || v < 1 || v > 65535) {
+    int v;
+    if (!parse_int(s, 1, 65535, &v)) {
         snprintf(err, n, "MASTER_PORT=%s: expected a TCP port in [1, 65535]", s);
         return -1;
     }
-    return (int)v;
+    return v;
 }
 
 // comm_master_addr: MASTER_ADDR, else the first host of SLURM_STEP_NODELIST or SLURM_JOB_NODELIST,

@@ -50,13 +50,21 @@ typedef struct {
     int overwrite;                     // --overwrite: a new run may replace the run already in --out
     int seed_given, preset_given;      // --seed, --preset were given (checked against --resume, --init-from)
     int accum_given;                   // --grad-accum was given (--global-batch is its alternative)
+    int max_global_given;              // --max-global-batch was given (only with --grad-accum auto)
 } Options;
 enum { OPT_ADAMW, OPT_LAMB };
 
 // How a flag's value is read (read_flag): a switch takes none; a string is kept as given; a choice is one of
-// the words of Flag.value ("tcp|file"); numbers must lie in [lo, hi]; INT_AUTO also takes "auto" (as 0); COUNT
-// is a number of tokens with a K/M/B/T suffix; DOUBLE is read as a float and kept in a double.
+// the words of Flag.value ("tcp|file"); a number (parse.h) must lie in [lo, hi] on its field's type: INT into
+// an int, LL into a long long, FLOAT and DOUBLE read as a double, then kept in a float or a double; INT_AUTO also
+// takes "auto" (as 0); COUNT is a number of tokens with a K/M/B/T suffix.
 enum { F_SWITCH, F_STR, F_CHOICE, F_INT, F_INT_AUTO, F_LL, F_FLOAT, F_DOUBLE, F_COUNT, F_HELP };
+// The modes that read a flag (Flag.modes): a training run; --plan-only, the plan of that run (it takes the run's
+// flags, but --resume: it reads no checkpoint); --bench; --eval. A flag given to a mode that does not read it is
+// an error naming both (check_modes), not a flag quietly ignored.
+enum { M_TRAIN = 1, M_PLAN = 2, M_BENCH = 4, M_EVAL = 8 };
+#define M_RUN (M_TRAIN | M_PLAN)
+#define M_ALL (M_RUN | M_BENCH | M_EVAL)
 typedef struct {
     const char* name;   // "--seq"; NULL: a heading in --help (help is its text)
     const char* value;  // the value's name in --help ("T"); an F_CHOICE's words; NULL for a switch
@@ -64,6 +72,7 @@ typedef struct {
     size_t at;          // where the value goes: offsetof(Options, field)
     double lo, hi;      // a number's range
     const char* def;    // the default, read as a given value is (NULL: 0, or what the help says)
+    int modes;          // M_*: the modes that read it
     const char* help;   // --help's text; '\n' starts a new, indented line
 } Flag;
 #define AT(field) offsetof(Options, field)
@@ -71,156 +80,163 @@ typedef struct {
 #define STRINGIFY(x) STRINGIFY_(x)
 
 static const Flag flags[] = {
-    {"--data", "GLOB", F_STR, AT(data), 0, 0, NULL, "training shards (tools/prepare.py makes them)"},
-    {"--val", "GLOB", F_STR, AT(val), 0, 0, NULL,
+    {"--data", "GLOB", F_STR, AT(data), 0, 0, NULL, M_RUN, "training shards (tools/prepare.py makes them)"},
+    {"--val", "GLOB", F_STR, AT(val), 0, 0, NULL, M_RUN | M_EVAL,
      "validation shards: MLM loss and masked-token accuracy every --val-every steps, on\n"
      "every validation sequence once (a fixed masking) whatever the number of GPUs"},
-    {"--out", "DIR", F_STR, AT(out), 0, 0, NULL,
+    {"--out", "DIR", F_STR, AT(out), 0, 0, NULL, M_ALL,
      "(created with its parents) checkpoint.bin, metrics.jsonl (a JSON object per logged\n"
      "step and per validation), the final Hugging Face export (model.safetensors,\n"
      "config.json) and the tokenizer files (tokenizer.json + tokenizer_config.json +\n"
      "special_tokens_map.json for text shards, byte_tokenizer.json for byte shards)"},
-    {"--preset", "NAME", F_STR, AT(preset), 0, 0, NULL,
+    {"--preset", "NAME", F_STR, AT(preset), 0, 0, NULL, M_RUN | M_BENCH,
      "default bert-base; the vocabulary size comes from the shards:"},  // usage() lists the presets here
-    {"--init-from", "DIR", F_STR, AT(init_from), 0, 0, NULL,
+    {"--init-from", "DIR", F_STR, AT(init_from), 0, 0, NULL, M_RUN,
      "start from a Hugging Face BertForMaskedLM checkpoint instead"},
-    {"--resume", NULL, F_SWITCH, AT(resume), 0, 0, NULL,
+    {"--resume", NULL, F_SWITCH, AT(resume), 0, 0, NULL, M_TRAIN,
      "continue from DIR/checkpoint.bin (weights, optimizer, data position)"},
-    {"--overwrite", NULL, F_SWITCH, AT(overwrite), 0, 0, NULL,
+    {"--overwrite", NULL, F_SWITCH, AT(overwrite), 0, 0, NULL, M_RUN,
      "start a new run in an --out that holds another run's checkpoints or export,\n"
      "deleting them and its metrics first (without it, or --resume, it is refused)"},
-    {"--seq", "T", F_INT, AT(T), 2, 1 << 16, "512", "tokens per row"},
-    {"--batch", "B", F_INT, AT(B), 0, 1 << 20, NULL,
+    {"--seq", "T", F_INT, AT(T), 2, 1 << 16, "512", M_ALL, "tokens per row"},
+    {"--batch", "B", F_INT, AT(B), 0, 1 << 20, NULL, M_ALL,
      "rows per micro-batch per GPU (default 0: the largest that fits in GPU memory; at\n"
      "most 4096 tokens on a device of unknown speed, such as the CPU build's)"},
-    {"--grad-accum", "N", F_INT_AUTO, AT(grad_accum), 1, SCALING_MAX_ACCUM, "1",
+    {"--grad-accum", "N", F_INT_AUTO, AT(grad_accum), 1, SCALING_MAX_ACCUM, "1", M_RUN | M_BENCH,
      "micro-batches per optimizer step; auto: the fewest that hide the gradient\n"
      "all-reduce behind compute (predicted, see --plan-only)"},
-    {"--steps", "N", F_INT, AT(steps), 1, 1 << 30, NULL, "optimizer steps; or instead:"},
-    {"--tokens", "N", F_COUNT, AT(tokens), 1, 1e15, NULL,
+    {"--steps", "N", F_INT, AT(steps), 1, 1 << 30, NULL, M_RUN, "optimizer steps; or instead:"},
+    {"--tokens", "N", F_COUNT, AT(tokens), 1, 1e15, NULL, M_RUN,
      "about N real tokens (1e9, 500M, 2B: K M B T suffixes), as steps of the global batch"},
-    {"--epochs", "E", F_DOUBLE, AT(epochs), 1e-6, 1e6, NULL,
+    {"--epochs", "E", F_DOUBLE, AT(epochs), 1e-6, 1e6, NULL, M_RUN,
      "E passes over the training shards (E x their tokens / tokens per step, rounded up)"},
-    {"--lr", "X", F_FLOAT, AT(lr), 0, 1, "5e-4", "peak learning rate, linear warmup then linear decay to 0"},
-    {"--warmup", "N", F_INT, AT(warmup), 0, 1 << 30, NULL, "warmup steps (default 1% of --steps)"},
-    {"--wd", "X", F_FLOAT, AT(wd), 0, 1, "0.01", "AdamW's weight decay (not on biases and LayerNorm)"},
-    {"--beta1", "X", F_FLOAT, AT(beta1), 0, 0.999999, "0.9", "AdamW's momentum decay"},
-    {"--beta2", "X", F_FLOAT, AT(beta2), 0, 0.999999, "0.98", "AdamW's variance decay"},
-    {"--eps", "X", F_FLOAT, AT(eps), 1e-30, 1, "1e-6", "AdamW's epsilon"},
-    {"--clip", "X", F_FLOAT, AT(clip), 0, 1e30, "1.0", "the gradient norm is clipped to X (0: no clipping)"},
-    {"--seed", "N", F_LL, AT(seed), 0, (double)(1LL << 62), "1337", "data order, masking and initialisation"},
-    {"--log-every", "N", F_INT, AT(log_every), 1, 1 << 30, "1", "a log line (and metrics record) every N steps"},
-    {"--val-every", "N", F_INT, AT(val_every), 0, 1 << 30, NULL,
+    {"--lr", "X", F_FLOAT, AT(lr), 0, 1, "5e-4", M_RUN | M_BENCH,
+     "peak learning rate, linear warmup then linear decay to 0"},
+    {"--warmup", "N", F_INT, AT(warmup), 0, 1 << 30, NULL, M_RUN, "warmup steps (default 1% of --steps)"},
+    {"--wd", "X", F_FLOAT, AT(wd), 0, 1, "0.01", M_RUN | M_BENCH, "AdamW's weight decay (not on biases and LayerNorm)"},
+    {"--beta1", "X", F_FLOAT, AT(beta1), 0, 0.999999, "0.9", M_RUN | M_BENCH, "AdamW's momentum decay"},
+    {"--beta2", "X", F_FLOAT, AT(beta2), 0, 0.999999, "0.98", M_RUN | M_BENCH, "AdamW's variance decay"},
+    {"--eps", "X", F_FLOAT, AT(eps), 1e-30, 1, "1e-6", M_RUN | M_BENCH, "AdamW's epsilon"},
+    {"--clip", "X", F_FLOAT, AT(clip), 0, 1e30, "1.0", M_RUN | M_BENCH,
+     "the gradient norm is clipped to X (0: no clipping)"},
+    {"--seed", "N", F_LL, AT(seed), 0, (double)(1LL << 62), "1337", M_RUN | M_BENCH,
+     "data order, masking and initialisation"},
+    {"--log-every", "N", F_INT, AT(log_every), 1, 1 << 30, "1", M_RUN, "a log line (and metrics record) every N steps"},
+    {"--val-every", "N", F_INT, AT(val_every), 0, 1 << 30, NULL, M_RUN,
      "validation every N steps and at the last (default 0: none while training)"},
-    {"--val-batches", "N", F_INT, AT(val_batches), 0, 1 << 20, NULL,
+    {"--val-batches", "N", F_INT, AT(val_batches), 0, 1 << 20, NULL, M_RUN | M_EVAL,
      "a sample of N micro-batches of B rows (over all GPUs together), spread evenly over\n"
      "the validation split, the same at every validation; 0, the default: the whole split"},
-    {"--ckpt-every", "N", F_INT, AT(ckpt_every), 0, 1 << 30, NULL,
+    {"--ckpt-every", "N", F_INT, AT(ckpt_every), 0, 1 << 30, NULL, M_RUN,
      "a checkpoint every N steps (default 0: only at the end)"},
-    {"--ckpt-minutes", "X", F_FLOAT, AT(ckpt_minutes), 0, 1e6, "30",
+    {"--ckpt-minutes", "X", F_FLOAT, AT(ckpt_minutes), 0, 1e6, "30", M_RUN,
      "also a checkpoint when X minutes passed since the last one (0: off)"},
-    {"--keep", "K", F_INT, AT(keep), 1, 1000, "2",
+    {"--keep", "K", F_INT, AT(keep), 1, 1000, "2", M_RUN,
      "checkpoints kept: DIR/checkpoint.bin and the K-1 before it as checkpoint-STEP.bin;\n"
      "--resume takes the newest intact one (each has a CRC-32)"},
-    {"--max-bad-steps", "N", F_INT, AT(max_bad_steps), 1, 1 << 30, "3",
+    {"--max-bad-steps", "N", F_INT, AT(max_bad_steps), 1, 1 << 30, "3", M_RUN,
      "a step whose loss or gradient norm is not finite is skipped (weights and AdamW\n"
      "state untouched); N in a row stop the run with exit code 2"},
-    {"--run-steps", "N", F_INT, AT(run_steps), 1, 1 << 30, NULL,
+    {"--run-steps", "N", F_INT, AT(run_steps), 1, 1 << 30, NULL, M_RUN,
      "stop after N steps of this run, with a checkpoint (to fit a job's time limit;\n"
      "--resume continues)"},
-    {"--help", NULL, F_HELP, 0, 0, 0, NULL, "this text (also -h)"},
+    {"--help", NULL, F_HELP, 0, 0, 0, NULL, M_ALL, "this text (also -h)"},
 
-    {NULL, NULL, F_HELP, 0, 0, 0, NULL, "the data loader:"},
-    {"--loader-threads", "N", F_INT_AUTO, AT(loader_threads), 1, 256, "auto",
+    {NULL, NULL, F_HELP, 0, 0, 0, NULL, 0, "the data loader:"},
+    {"--loader-threads", "N", F_INT_AUTO, AT(loader_threads), 1, 256, "auto", M_RUN | M_BENCH,
      "threads preparing batches; auto: as many as the step needs, from one thread's measured\n"
      "rate and the predicted micro-batch time (printed with the reason)"},
-    {"--ring", "N", F_INT, AT(ring_slots), 2, 1024, "4", "slots of prepared batches in the loaders' ring"},
-    {"--stage-dir", "DIR", F_STR, AT(stage_dir), 0, 0, NULL,
+    {"--ring", "N", F_INT, AT(ring_slots), 2, 1024, "4", M_RUN | M_BENCH,
+     "slots of prepared batches in the loaders' ring"},
+    {"--stage-dir", "DIR", F_STR, AT(stage_dir), 0, 0, NULL, M_RUN,
      "copy the shards to this node-local directory first, once per node"},
 
-    {NULL, NULL, F_HELP, 0, 0, 0, NULL, "communication and the optimizer at scale (docs/scaling.md):"},
-    {"--optimizer", "adamw|lamb", F_CHOICE, AT(optimizer_name), 0, 0, "adamw",
+    {NULL, NULL, F_HELP, 0, 0, 0, NULL, 0, "communication and the optimizer at scale (docs/scaling.md):"},
+    {"--optimizer", "adamw|lamb", F_CHOICE, AT(optimizer_name), 0, 0, "adamw", M_RUN | M_BENCH,
      "adamw, or lamb: AdamW's moments and decay, each tensor's step scaled by its trust\n"
      "ratio |w| / |update| (for large global batches; not with --zero 1)"},
-    {"--comm", "fp32|bf16|onebit", F_CHOICE, AT(comm), 0, 0, "fp32",
+    {"--comm", "fp32|bf16|onebit", F_CHOICE, AT(comm), 0, 0, "fp32", M_RUN | M_BENCH,
      "fp32: buckets all-reduced in fp32; bf16: half the bytes; onebit: 1-bit Adam,\n"
      "after --comm-warmup steps of fp32 AdamW the variance is frozen and only the\n"
      "momentum's signs and one scale per 256 elements are sent, about 28x fewer bytes\n"
      "than fp32 (also on one GPU, to see its effect)"},
-    {"--grad-reduce", "fp32|bf16", F_CHOICE, AT(comm), 0, 0, NULL, "the older name of --comm fp32 | bf16"},
-    {"--comm-warmup", "N", F_INT, AT(comm_warmup), 1, INT_MAX, NULL,
+    {"--grad-reduce", "fp32|bf16", F_CHOICE, AT(comm), 0, 0, NULL, M_RUN | M_BENCH,
+     "the older name of --comm fp32 | bf16"},
+    {"--comm-warmup", "N", F_INT, AT(comm_warmup), 1, INT_MAX, NULL, M_RUN,
      "--comm onebit: steps of fp32 AdamW before compression (default\n" STRINGIFY(
          ONEBIT_WARMUP_PERCENT) "% of --steps, at least 1; must be below --steps)"},
-    {"--comm-refresh", "K", F_INT, AT(comm_refresh), 0, INT_MAX, NULL,
+    {"--comm-refresh", "K", F_INT, AT(comm_refresh), 0, INT_MAX, NULL, M_RUN,
      "--comm onebit: every K steps after the warm-up one fp32 AdamW step updates the\n"
      "frozen variance as if the K steps since had seen its g^2 (v = b2^K v + (1 - b2^K) g^2;\n"
      "default " STRINGIFY(
          ONEBIT_REFRESH_DEFAULT) "; 0: never, as 1-bit Adam; K >= 18 keeps 16x fewer bytes than fp32)"},
-    {"--bucket-mb", "X", F_FLOAT, AT(bucket_mb), 0.001, 1 << 20, "25",
+    {"--bucket-mb", "X", F_FLOAT, AT(bucket_mb), 0.001, 1 << 20, "25", M_RUN | M_BENCH,
      "gradients are reduced over GPUs in buckets of X MB (fp32), each as soon as the\n"
      "backward has made it, overlapping the rest of the backward"},
-    {"--zero", "N", F_INT, AT(zero), 0, 1, NULL,
+    {"--zero", "N", F_INT, AT(zero), 0, 1, NULL, M_RUN | M_BENCH,
      "1: ZeRO-1, each GPU keeps 1/world of the fp32 master weights and AdamW state\n"
      "(gradients reduce-scattered, weights all-gathered); 0: off (default)"},
 
-    {NULL, NULL, F_HELP, 0, 0, 0, NULL,
+    {NULL, NULL, F_HELP, 0, 0, 0, NULL, 0,
      "several processes (srun -K ./trainer ..., or RANK/WORLD_SIZE/LOCAL_RANK as torchrun sets them):"},
-    {"--bootstrap", "tcp|file", F_CHOICE, AT(bootstrap), 0, 0, "tcp",
+    {"--bootstrap", "tcp|file", F_CHOICE, AT(bootstrap), 0, 0, "tcp", M_ALL,
      "how the ranks get rank 0's NCCL id: tcp from MASTER_ADDR:MASTER_PORT, by default\n"
      "the first host of the Slurm node list and a port from the job and step id; file:\n"
      "through --out, which must be on a file system every rank sees"},
-    {"--nccl-timeout", "S", F_FLOAT, AT(nccl_timeout), 0.1, 1e7, STRINGIFY(COMM_DEFAULT_TIMEOUT_S),
+    {"--nccl-timeout", "S", F_FLOAT, AT(nccl_timeout), 0.1, 1e7, STRINGIFY(COMM_DEFAULT_TIMEOUT_S), M_ALL,
      "a rank that waits S seconds for the others (start-up, a collective) aborts the\n"
      "communicator and exits 1 naming the step and collective; while rank 0 writes a\n"
      "checkpoint or the export, 60 s + its size at 20 MB/s more; one process (no other rank\n"
      "to wait for) waits on its own device without a deadline unless it is given"},
-    {"--info", NULL, F_SWITCH, AT(info), 0, 0, NULL,
+    {"--info", NULL, F_SWITCH, AT(info), 0, 0, NULL, 0,
      "print the device and this process's place in the job, then exit (alone)"},
 
-    {NULL, NULL, F_HELP, 0, 0, 0, NULL, "the memory plan and the scaling prediction:"},
-    {"--plan-only", NULL, F_SWITCH, AT(plan_only), 0, 0, NULL,
-     "print the memory plan and the scaling prediction, then exit (--data and --out\n"
-     "optional: without --data the preset's vocabulary)"},
-    {"--nodes", "N", F_INT, AT(nodes), 1, 1 << 16, NULL,
+    {NULL, NULL, F_HELP, 0, 0, 0, NULL, 0, "the memory plan and the scaling prediction:"},
+    {"--plan-only", NULL, F_SWITCH, AT(plan_only), 0, 0, NULL, M_PLAN,
+     "print the memory plan and the scaling prediction of the run's flags, then exit\n"
+     "(--data and --out optional: without --data the preset's vocabulary; no --resume)"},
+    {"--nodes", "N", F_INT, AT(nodes), 1, 1 << 16, NULL, M_RUN,
      "nodes predicted (--plan-only: default 1; a run: SLURM_NNODES)"},
-    {"--gpus-per-node", "G", F_INT, AT(gpus_per_node), 1, 1024, NULL,
+    {"--gpus-per-node", "G", F_INT, AT(gpus_per_node), 1, 1024, NULL, M_RUN,
      "GPUs per node predicted (--plan-only: default 1; a run: its ranks over the nodes)"},
-    {"--net-gbps", "X", F_FLOAT, AT(net_gbps), 1e-3, 1e6, NULL, "network between nodes, Gbit/s one way (default 25)"},
-    {"--nvlink-gbps", "X", F_FLOAT, AT(nvlink_gbps), 1e-3, 1e6, NULL,
+    {"--net-gbps", "X", F_FLOAT, AT(net_gbps), 1e-3, 1e6, NULL, M_RUN,
+     "network between nodes, Gbit/s one way (default 25)"},
+    {"--nvlink-gbps", "X", F_FLOAT, AT(nvlink_gbps), 1e-3, 1e6, NULL, M_RUN,
      "inside a node, Gbit/s one way (default 2400: H100 NVL's NVLink bridge)"},
-    {"--mfu", "X", F_FLOAT, AT(mfu), 1e-4, 1, NULL,
+    {"--mfu", "X", F_FLOAT, AT(mfu), 1e-4, 1, NULL, M_RUN,
      "share of the device's bf16 peak a step reaches (default 0.404: paper-120m on\n"
      "an H100; ./trainer --bench prints it as mfu=)"},
-    {"--link-efficiency", "X", F_FLOAT, AT(link_efficiency), 1e-3, 1, NULL,
+    {"--link-efficiency", "X", F_FLOAT, AT(link_efficiency), 1e-3, 1, NULL, M_RUN,
      "share of --net-gbps NCCL reaches on large messages (default 0.6: NCCL over TCP)"},
-    {"--alpha-us", "X", F_FLOAT, AT(alpha_us), 0, 1e7, NULL,
+    {"--alpha-us", "X", F_FLOAT, AT(alpha_us), 0, 1e7, NULL, M_RUN,
      "latency of one network step of a collective, microseconds (default 40: TCP)"},
-    {"--micro-ms", "X", F_FLOAT, AT(micro_ms), 1e-6, 1e9, NULL,
+    {"--micro-ms", "X", F_FLOAT, AT(micro_ms), 1e-6, 1e9, NULL, M_RUN,
      "predict from a measured micro-batch (forward + backward of B, ms) instead of MFU"},
-    {"--global-batch", "S", F_LL, AT(global_batch), 1, (double)(1LL << 40), NULL,
+    {"--global-batch", "S", F_LL, AT(global_batch), 1, (double)(1LL << 40), NULL, M_RUN,
      "sequences per optimizer step over all GPUs: the accumulation S / (GPUs x B)\n"
      "(--plan-only: per node count, with a smaller B where one micro-batch exceeds S)"},
     {"--max-global-batch", "S", F_LL, AT(max_global_batch), 1, (double)(1LL << 40), STRINGIFY(SCALING_MAX_GLOBAL_BATCH),
-     "the largest global batch --grad-accum auto may choose"},
-    {"--device", "NAME", F_STR, AT(device), 0, 0, NULL,
+     M_RUN, "the largest global batch --grad-accum auto may choose"},
+    {"--device", "NAME", F_STR, AT(device), 0, 0, NULL, M_RUN,
      "predict for this device instead of this one: its memory (--plan-only) and bf16\n"
      "peak; one of these, or its full name (\"NVIDIA H100 NVL\"):"},
-    {"--device-mem", "GB", F_FLOAT, AT(device_mem), 0.001, 1e6, NULL,
+    {"--device-mem", "GB", F_FLOAT, AT(device_mem), 0.001, 1e6, NULL, M_PLAN,
      "with --plan-only: plan for this much device memory instead of this one's"},
 
-    {NULL, NULL, F_HELP, 0, 0, 0, NULL,
+    {NULL, NULL, F_HELP, 0, 0, 0, NULL, 0,
      "\nusage: trainer --bench [--preset A,B,..] [--seq T] [--batch B] [options]   (no shards needed)\n"
      "  times the training step on synthetic packed batches and prints, for each preset (default\n"
      "  bert-base,bert-large with the preset's vocabulary), the time per phase, tokens/s, MFU and the\n"
      "  planner's largest micro-batch; --batch picks the micro-batch run (default: that largest one);\n"
      "  --out DIR is needed only with several processes and --bootstrap file"},
-    {"--bench", NULL, F_SWITCH, AT(bench), 0, 0, NULL, "time the training step (no --data, --out or --steps)"},
-    {"--bench-steps", "N", F_INT, AT(bench_steps), 1, 1 << 20, "10", "timed steps"},
-    {"--bench-warmup", "N", F_INT, AT(bench_warmup), 0, 1 << 20, "3", "untimed steps before them"},
+    {"--bench", NULL, F_SWITCH, AT(bench), 0, 0, NULL, M_BENCH, "time the training step (no --data, --out or --steps)"},
+    {"--bench-steps", "N", F_INT, AT(bench_steps), 1, 1 << 20, "10", M_BENCH, "timed steps"},
+    {"--bench-warmup", "N", F_INT, AT(bench_warmup), 0, 1 << 20, "3", M_BENCH, "untimed steps before them"},
 
-    {NULL, NULL, F_HELP, 0, 0, 0, NULL,
-     "\nusage: trainer --eval SRC --val GLOB [--batch B] [--seq T] [--val-batches N] [--out DIR]"},
-    {"--eval", "SRC", F_STR, AT(eval), 0, 0, NULL,
+    {NULL, NULL, F_HELP, 0, 0, 0, NULL, 0,
+     "\nusage: trainer --eval SRC --val GLOB [--batch B] [--seq T] [--val-batches N] [--out DIR]\n"
+     "  (and --bootstrap, --nccl-timeout with several processes; a training flag is refused)"},
+    {"--eval", "SRC", F_STR, AT(eval), 0, 0, NULL, M_EVAL,
      "evaluate SRC, a checkpoint file (DIR/checkpoint.bin) or a Hugging Face export\n"
      "directory (config.json + model.safetensors), on the validation shards as training\n"
      "validates, without training; prints \"eval: loss X | accuracy Y | N masked tokens\n"
@@ -289,40 +305,44 @@ static void usage(void) {
         "  128+N a signal N (SIGTERM, SIGINT, SIGHUP, SIGUSR1) before step 1: no checkpoint or export was written\n");
 }
 
-// parse_int / parse_float: the value of flag `name`, or exit with a message naming flag and value.
-static long long parse_int(const char* name, const char* v, long long lo, long long hi) {
-    char* end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (errno || *end || end == v || x < lo || x > hi) {
-        fprintf(stderr, "trainer: %s %s: expected an integer in [%lld, %lld]\n", name, v, lo, hi);
+// parse_count: --tokens: a count such as 1000000, 1e9, 500M or 2B (suffixes K, M, B or G, T: powers of 1000) in
+// [1, 1e15], rounded up to a whole token. 1 with *x set, else 0.
+static int parse_count(const char* v, long long* x) {
+    const char* suffixes = "KMBGT";
+    const double scale[] = {1e3, 1e6, 1e9, 1e9, 1e12};
+    size_t n = strlen(v);
+    const char* at = n ? strchr(suffixes, toupper((unsigned char)v[n - 1])) : NULL;
+    char num[64];
+    double y;
+    if (at) n--;
+    if (n >= sizeof num) return 0;
+    memcpy(num, v, n), num[n] = 0;
+    if (!parse_double(num, 0, 1e15, &y)) return 0;
+    y *= at ? scale[at - suffixes] : 1;
+    if (!(y >= 1 && y <= 1e15)) return 0;
+    *x = (long long)ceil(y);
+    return 1;
+}
+
+// env_int / env_real: the number in environment variable `name` (dflt when it is unset or empty), read by
+// parse.h in [lo, hi]; else exit 1 naming the variable, its value and the range.
+static long long env_int(const char* name, long long dflt, long long lo, long long hi) {
+    const char* v = getenv(name);
+    long long x = dflt;
+    if (v && *v && !parse_int64(v, lo, hi, &x)) {
+        fprintf(stderr, "trainer: %s=%s: expected an integer in [%lld, %lld]\n", name, v, lo, hi);
         exit(1);
     }
     return x;
 }
-// parse_count: --tokens: a count such as 1000000, 1e9, 500M or 2B (suffixes K, M, B or G, T: powers of 1000).
-static long long parse_count(const char* name, const char* v) {
-    char* end;
-    double x = strtod(v, &end);
-    const char* suffixes = "KMBGT";
-    const double scale[] = {1e3, 1e6, 1e9, 1e9, 1e12};
-    const char* at = *end ? strchr(suffixes, toupper((unsigned char)*end)) : NULL;
-    if (at && end[1] == 0) x *= scale[at - suffixes], end++;
-    if (*end || end == v || !(x >= 1 && x <= 1e15)) {
-        fprintf(stderr, "trainer: %s %s: expected a count of tokens in [1, 1e15], such as 5000000, 1e9, 500M or 2B\n",
-                name, v);
+static double env_real(const char* name, double dflt, double lo, double hi) {
+    const char* v = getenv(name);
+    double x = dflt;
+    if (v && *v && !parse_double(v, lo, hi, &x)) {
+        fprintf(stderr, "trainer: %s=%s: expected a number in [%g, %g]\n", name, v, lo, hi);
         exit(1);
     }
-    return (long long)ceil(x);
-}
-static float parse_float(const char* name, const char* v, double lo, double hi) {
-    char* end;
-    double x = strtod(v, &end);
-    if (*end || end == v || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "trainer: %s %s: expected a number in [%g, %g]\n", name, v, lo, hi);
-        exit(1);
-    }
-    return (float)x;
+    return x;
 }
 
 // Test hooks, for tests/test_checkpoints.sh: MLM_TEST_INF_GRAD=FIRST[:COUNT] makes the gradient of steps
@@ -332,14 +352,15 @@ static void test_hook_env(const char* name, int h[2]) {
     const char* v = getenv(name);
     h[0] = h[1] = 0;
     if (!v) return;
-    char* end;
-    long first = strtol(v, &end, 10), count = 1;
-    if (*end == ':') count = strtol(end + 1, &end, 10);
-    if (*end || first < 1 || count < 0 || first > INT_MAX || count > INT_MAX) {
+    char first[32] = "";
+    const char* colon = strchr(v, ':');
+    size_t n = colon ? (size_t)(colon - v) : strlen(v);
+    if (n < sizeof first) memcpy(first, v, n), first[n] = 0;
+    h[1] = 1;
+    if (!parse_int(first, 1, INT_MAX, &h[0]) || (colon && !parse_int(colon + 1, 0, INT_MAX, &h[1]))) {
         fprintf(stderr, "trainer: %s=%s: expected FIRST[:COUNT] (steps, FIRST >= 1)\n", name, v);
         exit(1);
     }
-    h[0] = (int)first, h[1] = (int)count;
 }
 static int test_hook_on(const int h[2], int step) {
     return h[0] > 0 && step >= h[0] && (h[1] == 0 || step < h[0] + h[1]);
@@ -354,6 +375,8 @@ static void check_flag_combinations(const Options* o) {
         why = "--init-from: not with --resume (the checkpoint holds the weights; drop --init-from)";
     else if (o->overwrite && o->resume)
         why = "--overwrite: not with --resume (--resume continues the run in --out, --overwrite replaces it)";
+    else if (o->max_global_given && o->grad_accum != 0)  // (--global-batch or --grad-accum N fix the global batch)
+        why = "--max-global-batch: only with --grad-accum auto (it caps the global batch auto chooses)";
     if (why) {
         fprintf(stderr, "trainer: %s\n", why);
         exit(1);
@@ -444,18 +467,50 @@ static void resolve_comm_warmup(Options* o) {
     }
 }
 
-// check_options: what the flags mean together: one line and exit 1 for a combination that cannot run (or
-// would silently ignore a flag); then the mode's required flags; --comm onebit's warm-up; the test hooks.
-static void check_options(Options* o) {
+// check_modes: every flag given is one the mode reads (Flag.modes): --eval takes no --lr, --plan-only no --resume,
+// a training run no --bench-steps. Else one line naming the flag and the mode, and exit 1.
+static void check_modes(const Options* o, const unsigned char* given) {
+    const char* names[] = {"a training run", "--plan-only", "--bench", "--eval"};  // M_TRAIN, M_PLAN, ... by bit
+    int m = o->eval ? 3 : o->bench ? 2 : o->plan_only ? 1 : 0;
+    for (int i = 0; i < N_FLAGS; i++) {
+        const Flag* f = &flags[i];
+        if (!given[i] || (f->modes & (1 << m))) continue;
+        if (m) {
+            fprintf(stderr, "trainer: %s: not with %s, which ignores it (see --help)\n", f->name, names[m]);
+        } else {
+            fprintf(stderr, "trainer: %s: only with", f->name);
+            for (int b = 1, n = 0; b < 4; b++)
+                if (f->modes & (1 << b)) fprintf(stderr, "%s %s", n++ ? " or" : "", names[b]);
+            fprintf(stderr, "\n");
+        }
+        exit(1);
+    }
+}
+
+// micro_batch_ok: a micro-batch of B rows of T tokens holds at most MAX_MICRO_TOKENS positions, the data loader's
+// limit (data.h), which also keeps every count of its positions (B x T, the MLM head's rows) within an int.
+#define MAX_MICRO_TOKENS (1 << 26)
+static int micro_batch_ok(int B, int T) {
+    if ((long long)B * T <= MAX_MICRO_TOKENS) return 1;
+    fprintf(stderr,
+            "trainer: --batch %d: %d rows of %d tokens = %lld tokens a micro-batch, more than 2^26 = %d (the data "
+            "loader's limit): a smaller --batch or --seq\n",
+            B, B, T, (long long)B * T, MAX_MICRO_TOKENS);
+    return 0;
+}
+
+// check_options: what the flags mean together: one line and exit 1 for a flag the mode ignores or a combination
+// that cannot run (or would silently ignore a flag); then the mode's required flags; --comm onebit's warm-up;
+// the test hooks and the test variables checkpoint.h reads.
+static void check_options(Options* o, const unsigned char* given) {
     const char* why = NULL;
-    if (o->info)
-        why = "--info: give it alone (trainer --info)";
-    else if (o->device_mem > 0 && !o->plan_only)
-        why = "--device-mem: only with --plan-only (a real run plans for its device)";
-    else if (o->global_batch && o->accum_given)
+    if (o->info) {
+        fprintf(stderr, "trainer: --info: give it alone (trainer --info)\n");
+        exit(1);
+    }
+    check_modes(o, given);
+    if (o->global_batch && o->accum_given)
         why = "--global-batch and --grad-accum are alternatives: give one of them";
-    else if (o->global_batch && o->bench)
-        why = "--global-batch: not with --bench; give --grad-accum";
     else if (o->optimizer == OPT_LAMB && o->zero)  // LAMB's trust ratios need each tensor's whole norms
         why =
             "--optimizer lamb: not with --zero 1 (its per-tensor trust ratios need whole tensors; ZeRO-1 splits them "
@@ -472,14 +527,12 @@ static void check_options(Options* o) {
         fprintf(stderr, "trainer: %s\n", why);
         exit(1);
     }
+    if (o->B && (!o->eval || o->seq_given) && !micro_batch_ok(o->B, o->T)) exit(1);  // (--eval: T may be the source's)
     check_comm_options(o);
     if (o->bench) return;  // --bench needs no shards, output directory or step count
-    if (o->eval) {         // --eval: only the evaluation's flags
-        if (!o->val || o->data || o->steps || o->tokens || o->epochs || o->resume || o->init_from) {
-            fprintf(stderr,
-                    "trainer: --eval %s: needs --val GLOB and takes no --data, --steps, --tokens, --epochs, "
-                    "--resume or --init-from (see --help)\n",
-                    o->eval);
+    if (o->eval) {
+        if (!o->val) {
+            fprintf(stderr, "trainer: --eval %s: needs --val GLOB, the shards to evaluate on (see --help)\n", o->eval);
             exit(1);
         }
         return;
@@ -498,6 +551,11 @@ static void check_options(Options* o) {
     test_hook_env("MLM_TEST_INF_GRAD", o->inf_grad);
     test_hook_env("MLM_TEST_INF_LOSS", o->inf_loss);
     test_hook_env("MLM_TEST_STALL", o->stall);
+    // the other test variables, checked before step 1: checkpoint.h reads these two with atoi / atof, which
+    // then read a number; finish_run reads MLM_TEST_WEIGHTS_CRC after the last step
+    env_int("MLM_TEST_CKPT_DELAY_MS", 0, 0, 60000);
+    env_real("MLM_TEST_SLOW_WRITE_S", 0, 0, 3600);
+    env_int("MLM_TEST_WEIGHTS_CRC", 0, 0, 1);
 }
 
 // find_flag: flags[]'s entry for the argument a (NULL: not a flag).
@@ -522,39 +580,45 @@ static const char* choice(const Flag* f, const char* v) {
 }
 
 // read_flag: flag f's value v (NULL for a switch) into its field of o, or exit 1 with a line naming the flag,
-// the value and what was expected.
+// the value and what was expected. A number's range is cut to its field's type (a range wider than an int's
+// could not be checked on the int the value is kept in).
 static void read_flag(Options* o, const Flag* f, const char* v) {
     char* at = (char*)o + f->at;
-    long long lo = (long long)f->lo, hi = (long long)f->hi;
-    switch (f->kind) {
-        case F_SWITCH:
-            *(int*)at = 1;
-            break;
-        case F_STR:
-            *(const char**)at = v;
-            break;
-        case F_CHOICE:
-            *(const char**)at = choice(f, v);
-            break;
-        case F_INT:
-            *(int*)at = (int)parse_int(f->name, v, lo, hi);
-            break;
-        case F_INT_AUTO:
-            *(int*)at = !strcmp(v, "auto") ? 0 : (int)parse_int(f->name, v, lo, hi);
-            break;
-        case F_LL:
-            *(long long*)at = parse_int(f->name, v, lo, hi);
-            break;
-        case F_FLOAT:
-            *(float*)at = parse_float(f->name, v, f->lo, f->hi);
-            break;
-        case F_DOUBLE:
-            *(double*)at = parse_float(f->name, v, f->lo, f->hi);
-            break;
-        case F_COUNT:
-            *(long long*)at = parse_count(f->name, v);
-            break;
-    }
+    double lo = f->lo, hi = f->hi, d = 0;
+    int ok = 1, integer = f->kind == F_INT || f->kind == F_INT_AUTO || f->kind == F_LL;
+    if (f->kind == F_INT || f->kind == F_INT_AUTO) lo = fmax(lo, INT_MIN), hi = fmin(hi, INT_MAX);
+    if (f->kind == F_LL) lo = fmax(lo, -0x1p62), hi = fmin(hi, 0x1p62);
+    if (f->kind == F_FLOAT) lo = fmax(lo, -FLT_MAX), hi = fmin(hi, FLT_MAX);
+    if (f->kind == F_SWITCH)
+        *(int*)at = 1;
+    else if (f->kind == F_STR)
+        *(const char**)at = v;
+    else if (f->kind == F_CHOICE)
+        *(const char**)at = choice(f, v);
+    else if (f->kind == F_INT_AUTO && !strcmp(v, "auto"))
+        *(int*)at = 0;
+    else if (f->kind == F_INT || f->kind == F_INT_AUTO)
+        ok = parse_int(v, (int)lo, (int)hi, (int*)at);
+    else if (f->kind == F_LL)
+        ok = parse_int64(v, (long long)lo, (long long)hi, (long long*)at);
+    else if (f->kind == F_FLOAT && (ok = parse_double(v, lo, hi, &d)))
+        *(float*)at = (float)d;
+    else if (f->kind == F_DOUBLE)
+        ok = parse_double(v, lo, hi, (double*)at);
+    else if (f->kind == F_COUNT)
+        ok = parse_count(v, (long long*)at);
+    if (ok) return;
+    const char* q = !*v || strpbrk(v, " \t\n") ? "'" : "";  // "", " 3": quoted, to be seen
+    if (f->kind == F_COUNT)
+        fprintf(stderr,
+                "trainer: %s %s%s%s: expected a count of tokens in [1, 1e15], such as 5000000, 1e9, 500M or 2B\n",
+                f->name, q, v, q);
+    else if (integer)
+        fprintf(stderr, "trainer: %s %s%s%s: expected an integer in [%.0f, %.0f]%s\n", f->name, q, v, q, lo, hi,
+                f->kind == F_INT_AUTO ? " or auto" : "");
+    else
+        fprintf(stderr, "trainer: %s %s%s%s: expected a number in [%g, %g]\n", f->name, q, v, q, lo, hi);
+    exit(1);
 }
 
 // parse_options: the defaults of flags[], then argv read by flags[], then the checks of what they mean together.
@@ -591,10 +655,11 @@ static Options parse_options(int argc, char** argv) {
     o.seq_given = given[find_flag("--seq") - flags], o.seed_given = given[find_flag("--seed") - flags];
     o.timeout_given = given[find_flag("--nccl-timeout") - flags];
     o.preset_given = given[find_flag("--preset") - flags], o.accum_given = given[find_flag("--grad-accum") - flags];
+    o.max_global_given = given[find_flag("--max-global-batch") - flags];
     o.grad_reduce_bf16 = !strcmp(o.comm, "bf16"), o.onebit = !strcmp(o.comm, "onebit");
     o.optimizer = !strcmp(o.optimizer_name, "lamb") ? OPT_LAMB : OPT_ADAMW;
     if (!o.preset) o.preset = o.bench ? "bert-base,bert-large" : "bert-base";
-    check_options(&o);
+    check_options(&o, given);
     if (o.comm_refresh < 0) o.comm_refresh = o.onebit ? ONEBIT_REFRESH_DEFAULT : 0;
     return o;
 }

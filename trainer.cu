@@ -6,6 +6,7 @@
 #include "model.h"         // the BERT configuration, parameter table, memory plan, forward/backward/AdamW
 #include "hf.h"            // the Hugging Face export and import (model.safetensors, config.json)
 #include "data.h"          // token shards, the ring of loader threads, MLM masking
+#include "parse.h"         // the one reading of a number: every flag and environment variable
 #include "comm.h"          // rank and world size; NCCL gradient averaging
 #include "scaling.h"       // the scaling predictor: compute, all-reduce and overlap on N nodes
 #include "compress.h"      // --comm onebit: 1-bit Adam's compressed momentum all-reduce
@@ -16,6 +17,7 @@
 #include <libgen.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <limits.h>
 #include <poll.h>
 #include <sched.h>
@@ -132,8 +134,10 @@ static Plan choose_batch(const BertConfig* c, int T, int loaders, const GradRedu
                          size_t total_bytes) {
     size_t reserve = total_bytes / 20 > ((size_t)1 << 30) ? total_bytes / 20 : ((size_t)1 << 30);
     size_t budget = free_bytes > reserve ? free_bytes - reserve : 0;
+    int cap = MAX_MICRO_TOKENS / T < (1 << 20) ? MAX_MICRO_TOKENS / T : (1 << 20);  // the loader's and --batch's
     int lo = 0, hi = 1;
-    while (make_plan(c, hi, T, loaders, gr).total <= budget && hi < (1 << 20)) lo = hi, hi *= 2;
+    while (hi <= cap && make_plan(c, hi, T, loaders, gr).total <= budget) lo = hi, hi *= 2;
+    if (hi > cap + 1) hi = cap + 1;
     while (hi - lo > 1) {  // largest B with plan <= budget is in [lo, hi)
         int mid = lo + (hi - lo) / 2;
         if (make_plan(c, mid, T, loaders, gr).total <= budget)
@@ -839,8 +843,7 @@ static const ScalingModeDesc* scaling_mode_of(const Options* o) {
 
 // job_nodes: the nodes this job runs on: --nodes, else Slurm's SLURM_NNODES, else 1.
 static int job_nodes(const Options* o) {
-    const char* env = getenv("SLURM_NNODES");
-    return o->nodes ? o->nodes : env && atoi(env) > 0 ? atoi(env) : 1;
+    return o->nodes ? o->nodes : (int)env_int("SLURM_NNODES", 1, 1, 1 << 16);  // (--nodes' range)
 }
 
 // predict_scaling: --plan-only prints the scaling tables (scaling.h) for --nodes x --gpus-per-node, one per
@@ -1007,6 +1010,17 @@ static void resolve_run_length(Options* o, const Comm* comm, int B, double epoch
         exit(1);
     }
     o->steps = steps < 1 ? 1 : (int)steps;
+    if (o->steps * per_step >= (double)CKPT_TOKENS_MAX) {  // (2^30 steps x 2^20 x B x T can pass it)
+        fprintf(stderr,
+                "trainer: %s: %d steps of %.0f tokens (%lld sequences of %d) = %.3g tokens, more than 2^62 (the "
+                "most a checkpoint counts): fewer steps or a smaller %s\n",
+                o->tokens       ? "--tokens"
+                : o->epochs > 0 ? "--epochs"
+                                : "--steps",
+                o->steps, per_step, rows, o->T, o->steps * per_step,
+                o->global_batch ? "--global-batch" : "--grad-accum or --batch");
+        exit(1);
+    }
     if (o->warmup < 0) o->warmup = o->steps / 100;
     if (!verbose) return;
     printf(
@@ -1253,7 +1267,7 @@ static int eval_source(Options* o, const ShardHeader* vh, BertConfig* cfg, CkptH
                 cfg->max_position);
         return 0;
     }
-    return 1;
+    return !o->B || micro_batch_ok(o->B, o->T);  // (check_options checked a --seq given)
 }
 
 // eval_report: --eval's line on stdout and, with --out, its "eval" record in DIR/metrics.jsonl (rank 0).
@@ -1676,7 +1690,7 @@ static int train(Run* r) {
     Options* o = &r->o;
     BertModel* m = &r->model;
     int main_rank = r->main_rank;
-    int last_step = o->run_steps && m->step + o->run_steps < o->steps ? m->step + o->run_steps : o->steps;
+    int last_step = o->run_steps && (long long)m->step + o->run_steps < o->steps ? m->step + o->run_steps : o->steps;
     if (!start_log(r, last_step)) return 1;
     double flops_token = bert_flops_per_token(&r->cfg, o->T, 0.15).model,
            peak_tflops = device_peak_tflops(r->prop.name);
@@ -1736,7 +1750,7 @@ static int finish_run(Run* r) {
                stop_requested ? "on a signal" : "--run-steps", o->out);
     // test hook (tests/test_data_parallel.sh): MLM_TEST_WEIGHTS_CRC=1 makes every rank print checksums of the
     // weights it holds, which must be the same on all ranks
-    int crc = getenv("MLM_TEST_WEIGHTS_CRC") != NULL;
+    int crc = (int)env_int("MLM_TEST_WEIGHTS_CRC", 0, 0, 1);
     float* w = m->step == o->steps || crc ? (float*)malloc(m->p.numel * sizeof(float)) : NULL;
     if (m->step == o->steps || crc) model_get_params(m, &r->gr, w);  // every rank: under ZeRO-1 they gather
     if (w && crc) print_weights_crc(m, w, r->comm.rank);

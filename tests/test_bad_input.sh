@@ -73,6 +73,39 @@ NCCL_EMU_TIMEOUT_S=-1 is out of range|(SLURM_NTASKS=2 SLURM_PROCID=1 SLURM_LOCAL
 --global-batch 17179869184: 4294967296 micro-batches of B=4 .*--grad-accum's limit|$TRAINER ${T[*]} --out $W/x11 --global-batch 17179869184
 --global-batch 1099511627776: 274877906944 micro-batches of B=4 .*a smaller --global-batch (at most 4194304)|$TRAINER ${T[*]} --out $W/x12 --global-batch 1099511627776
 --global-batch 1099511627776: .*more than --grad-accum's limit|$TRAINER ${T[*]} --out $W/x13 --global-batch 1099511627776 --plan-only
+--steps ' 3': expected an integer in \[1, 1073741824\]|$TRAINER ${T[*]} --out $W/o --steps ' 3'
+--lr ' 0.001': expected a number in \[0, 1\]|$TRAINER ${T[*]} --out $W/o --lr ' 0.001'
+--tokens ' 5M': expected a count of tokens|$TRAINER ${T[*]} --out $W/o --tokens ' 5M'
+--batch 1048576: 1048576 rows of 128 tokens = 134217728 tokens a micro-batch, more than 2^26|$TRAINER --preset mini --seq 128 --batch 1048576 --plan-only
+--steps: 1073741824 steps of 8589934592 tokens .* more than 2^62 .*a smaller --grad-accum or --batch|timeout 60 $TRAINER --data "$D" --preset tiny --seq 32 --batch 256 --grad-accum 1048576 --steps 1073741824 --out $W/x14
+SLURM_NNODES=2x: expected an integer in \[1, 65536\]|SLURM_NNODES=2x $TRAINER ${T[*]} --out $W/x15
+MLM_TEST_INF_GRAD=2:: expected FIRST\[:COUNT\]|MLM_TEST_INF_GRAD=2: $TRAINER ${T[*]} --out $W/x16
+MLM_TEST_CKPT_DELAY_MS=abc: expected an integer in \[0, 60000\]|MLM_TEST_CKPT_DELAY_MS=abc $TRAINER ${T[*]} --out $W/x17
+MLM_TEST_SLOW_WRITE_S=nan: expected a number in \[0, 3600\]|MLM_TEST_SLOW_WRITE_S=nan $TRAINER ${T[*]} --out $W/x18
+MLM_TEST_WEIGHTS_CRC=yes: expected an integer in \[0, 1\]|MLM_TEST_WEIGHTS_CRC=yes $TRAINER ${T[*]} --out $W/x19
+environment variable SLURM_PROCID= 0 is not a non-negative integer|SLURM_NTASKS=1 SLURM_PROCID=' 0' $TRAINER ${T[*]} --out $W/x20
+--comm: not with --eval, which ignores it|$TRAINER --eval $W/none.bin --val "$D" --comm bf16
+--optimizer: not with --eval|$TRAINER --eval $W/none.bin --val "$D" --optimizer lamb
+--lr: not with --eval|$TRAINER --eval $W/none.bin --val "$D" --lr 1e-3
+--warmup: not with --eval|$TRAINER --eval $W/none.bin --val "$D" --warmup 3
+--wd: not with --eval|$TRAINER --eval $W/none.bin --val "$D" --wd 0
+--steps: not with --eval|$TRAINER --eval $W/none.bin --val "$D" --steps 3
+--run-steps: not with --eval|$TRAINER --eval $W/none.bin --val "$D" --run-steps 3
+--overwrite: not with --eval|$TRAINER --eval $W/none.bin --val "$D" --overwrite
+--grad-accum: not with --eval|$TRAINER --eval $W/none.bin --val "$D" --grad-accum 2
+--global-batch: not with --eval|$TRAINER --eval $W/none.bin --val "$D" --global-batch 8
+--max-global-batch: not with --eval|$TRAINER --eval $W/none.bin --val "$D" --max-global-batch 8
+--ckpt-every: not with --eval|$TRAINER --eval $W/none.bin --val "$D" --ckpt-every 8
+--ckpt-minutes: not with --eval|$TRAINER --eval $W/none.bin --val "$D" --ckpt-minutes 8
+--preset: not with --eval|$TRAINER --eval $W/none.bin --val "$D" --preset tiny
+--seed: not with --eval|$TRAINER --eval $W/none.bin --val "$D" --seed 3
+--resume: not with --plan-only, which ignores it|$TRAINER ${T[*]} --out $W/o --plan-only --resume
+--max-global-batch: only with --grad-accum auto|$TRAINER ${T[*]} --out $W/o --plan-only --max-global-batch 64
+--max-global-batch: only with --grad-accum auto|$TRAINER ${T[*]} --out $W/x21 --grad-accum 2 --max-global-batch 64
+--steps: not with --bench, which ignores it|$TRAINER --bench --preset tiny --seq 32 --batch 2 --bench-warmup 0 --bench-steps 1 --steps 3
+--data: not with --bench|$TRAINER --bench --preset tiny --seq 32 --batch 2 --bench-warmup 0 --bench-steps 1 --data "$D"
+--plan-only: not with --bench|$TRAINER --bench --preset tiny --seq 32 --batch 2 --bench-warmup 0 --bench-steps 1 --plan-only
+--bench-steps: only with --bench|$TRAINER ${T[*]} --out $W/x22 --bench-steps 3
 missing its value|$TRAINER ${T[*]} --out
 MLM_TEST_INF_GRAD=abc: expected FIRST\[:COUNT\]|MLM_TEST_INF_GRAD=abc $TRAINER ${T[*]} --out $W/o
 MLM_TEST_INF_LOSS=0: expected FIRST\[:COUNT\]|MLM_TEST_INF_LOSS=0 $TRAINER ${T[*]} --out $W/o
@@ -146,8 +179,8 @@ fi
 # a plan that the device cannot allocate names --batch (on the CPU build a huge allocation fails at once;
 # with overcommit_memory=1 it would succeed, so that case is skipped there)
 if [ "$OVERCOMMIT" != 1 ]; then
-  out=$(EMU_DEVICE_BYTES=1e16 "$TRAINER" --data "$D" --preset bert-base --seq 512 --batch 200000 --out "$W/o" --steps 2 2>&1); rc=$?
-  if [ $rc = 1 ] && echo "$out" | grep -q "cannot allocate the .* GiB of device memory planned for B=200000: use a smaller --batch"; then ok; else
+  out=$(EMU_DEVICE_BYTES=1e16 "$TRAINER" --data "$D" --preset bert-base --seq 512 --batch 131072 --out "$W/o" --steps 2 2>&1); rc=$?
+  if [ $rc = 1 ] && echo "$out" | grep -q "cannot allocate the .* GiB of device memory planned for B=131072: use a smaller --batch"; then ok; else
     bad "an allocation that fails: exit $rc, $(echo "$out" | tail -n 1)"
   fi
 else
