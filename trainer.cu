@@ -924,6 +924,14 @@ static int predict_scaling(Options* o, const BertConfig* cfg, const Plan* plan, 
         if (comm->rank == 0)
             scaling_print(&c, &w, o->grad_accum, o->global_batch, o->max_global_batch,
                           o->init_from ? o->init_from : o->preset);
+    } else if (o->grad_accum == 0 && (long long)comm->world * plan->B > o->max_global_batch) {
+        if (comm->rank == 0)  // (an automatic B was made to fit: global_batch_rows)
+            fprintf(stderr,
+                    "trainer: --grad-accum auto: one micro-batch of --batch %d on %d GPU(s) is %lld sequences, above "
+                    "--max-global-batch %lld: a --batch of at most %lld, or a larger --max-global-batch\n",
+                    plan->B, comm->world, (long long)comm->world * plan->B, o->max_global_batch,
+                    o->max_global_batch / comm->world > 0 ? o->max_global_batch / comm->world : 1);
+        ok = 0;
     } else if (o->grad_accum == 0) {
         ScalingPrediction p = scaling_predict(&c, &w, scaling_mode_of(o), 0, plan->B, o->max_global_batch);
         o->grad_accum = p.accum;
@@ -934,12 +942,7 @@ static int predict_scaling(Options* o, const BertConfig* cfg, const Plan* plan, 
                 p.accum, c.nodes, c.gpus_per_node, device, scaling_mode_of(o)->name, p.collectives, p.comm_s * 1e3,
                 p.exposed_s * 1e3, p.step_s * 1e3, 100 * p.efficiency, (long long)comm->world * p.accum * plan->B,
                 (double)comm->world * p.accum * plan->B * plan->T);
-            if ((long long)comm->world * plan->B > o->max_global_batch)
-                printf(
-                    "--grad-accum auto: one micro-batch of B=%d on %d GPU(s) is already above --max-global-batch "
-                    "%lld; a smaller --batch or --global-batch keeps it\n",
-                    plan->B, comm->world, o->max_global_batch);
-            else if (p.capped)
+            if (p.capped)
                 printf(
                     "--grad-accum auto: --max-global-batch %lld keeps it at %d micro-batch(es), short of its target "
                     "(exposed communication at most %.0f%% of the step)\n",
@@ -1469,6 +1472,17 @@ static int choose_model(Run* r) {
     return 1;
 }
 
+// global_batch_rows: the automatic micro-batch B (rows a GPU) for a run on `world` GPUs whose global batch is fixed
+// (--global-batch G) or capped (--grad-accum auto, --max-global-batch S): at most G / world, the largest that divides
+// it (predict_scaling checks what still does not); at most S / world (and 1). Else B.
+static int global_batch_rows(const Options* o, int world, int B) {
+    long long g = o->global_batch ? o->global_batch : o->grad_accum == 0 ? o->max_global_batch : 0;
+    if (g <= 0 || (long long)world * B <= g) return B;
+    int b = g / world > 0 ? (int)(g / world) : 1;
+    while (o->global_batch && b > 1 && o->global_batch % ((long long)world * b)) b--;
+    return b;
+}
+
 // plan_run: the gradient buckets, the memory plan and the micro-batch it allows (the seed paper's
 // recommendation 5): the same on every rank, the smallest any rank can hold; then the scaling prediction.
 static int plan_run(Run* r) {
@@ -1481,6 +1495,15 @@ static int plan_run(Run* r) {
     *plan = o->plan_only && !o->B
                 ? choose_batch(&r->cfg, o->T, loaders, gr, r->free_bytes, r->total_bytes)
                 : auto_batch(&r->cfg, o, loaders, gr, r->free_bytes, r->total_bytes, r->prop.name, 0, why, sizeof why);
+    if (!o->plan_only && !o->B) {  // a global batch below one micro-batch on every GPU: a smaller micro-batch
+        int b = global_batch_rows(o, r->comm.world, plan->B);
+        if (b < plan->B) {
+            *plan = make_plan(&r->cfg, b, o->T, loaders, gr);
+            snprintf(why, sizeof why, "%s %lld sequences on %d GPU(s)",
+                     o->global_batch ? "--global-batch" : "--max-global-batch",
+                     o->global_batch ? o->global_batch : o->max_global_batch, r->comm.world);
+        }
+    }
     if (!o->plan_only)
         *plan = make_plan(&r->cfg, agree(&r->comm, o, &r->cfg, plan->B, r->data_fp, r->val_fp), o->T, loaders, gr);
     if (o->val) plan_add_validation(plan, o->val_batches, o->val);

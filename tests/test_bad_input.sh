@@ -102,6 +102,7 @@ environment variable SLURM_PROCID= 0 is not a non-negative integer|SLURM_NTASKS=
 --resume: not with --plan-only, which ignores it|$TRAINER ${T[*]} --out $W/o --plan-only --resume
 --max-global-batch: only with --grad-accum auto|$TRAINER ${T[*]} --out $W/o --plan-only --max-global-batch 64
 --max-global-batch: only with --grad-accum auto|$TRAINER ${T[*]} --out $W/x21 --grad-accum 2 --max-global-batch 64
+--grad-accum auto: one micro-batch of --batch 4 on 1 GPU(s) is 4 sequences, above --max-global-batch 2: a --batch of at most 2|$TRAINER ${T[*]} --out $W/x22 --device H200 --grad-accum auto --max-global-batch 2
 --steps: not with --bench, which ignores it|$TRAINER --bench --preset tiny --seq 32 --batch 2 --bench-warmup 0 --bench-steps 1 --steps 3
 --data: not with --bench|$TRAINER --bench --preset tiny --seq 32 --batch 2 --bench-warmup 0 --bench-steps 1 --data "$D"
 --plan-only: not with --bench|$TRAINER --bench --preset tiny --seq 32 --batch 2 --bench-warmup 0 --bench-steps 1 --plan-only

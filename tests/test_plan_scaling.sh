@@ -168,5 +168,16 @@ bad_flag "--global-batch 20: not a multiple of 1 GPU(s) x B=8 = 8 sequences; --b
 bad_flag "--device-mem: only with --plan-only" --preset tiny --device-mem 80 --data "$W/data/train_*.bin" --out "$W/bad" --steps 1
 bad_flag "--grad-accum auto: not with --bench" --bench --preset tiny --grad-accum auto
 
+# a run whose global batch is below one automatic micro-batch on every GPU takes a smaller micro-batch (not a
+# silent larger global batch): --grad-accum auto with --max-global-batch 4, --global-batch 6
+python3 tools/prepare.py bytes --input cpu --out "$W/data" --seq-len 32 --val-fraction 0 >"$W/prep.log" 2>&1
+RUN=(--data "$W/data/train_*.bin" --preset tiny --seq 32 --steps 1)
+./trainer_cpu "${RUN[@]}" --out "$W/ga" --device H200 --grad-accum auto --max-global-batch 4 >"$W/ga.log" 2>&1; rc=$?
+check '[ $rc = 0 ] && grep -q "for B=4 (--max-global-batch 4 sequences on 1 GPU(s))" "$W/ga.log" && grep -q "global batch 4 sequences" "$W/ga.log"' \
+  "--grad-accum auto --max-global-batch 4 (exit $rc): $(grep -E "B=|global batch" "$W/ga.log" | head -n 3)"
+./trainer_cpu "${RUN[@]}" --out "$W/gb6" --global-batch 6 >"$W/gb6.log" 2>&1; rc=$?
+check '[ $rc = 0 ] && grep -q "for B=6 (--global-batch 6 sequences on 1 GPU(s))" "$W/gb6.log"' \
+  "--global-batch 6 (exit $rc): $(grep -E "B=|global" "$W/gb6.log" | head -n 3)"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
