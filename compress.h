@@ -1,7 +1,8 @@
 // compress.h: --comm onebit, 1-bit Adam (Tang et al. 2021, "1-bit Adam: Communication Efficient Large-Scale
 // Training with Adam's Convergence Speed"; DeepSpeed's OnebitAdam).
 //
-// The first --comm-warmup steps are plain AdamW with fp32 gradient all-reduce (comm.h's buckets). At the end
+// The first --comm-warmup steps are plain AdamW with the bf16 gradient all-reduce (comm.h's buckets, as --comm
+// bf16: as good as fp32 in the mini runs of docs/scaling.md, at half the bytes). At the end
 // of the warm-up the variance v is frozen; from then on no gradient crosses the network, only the momentum,
 // as one bit per element plus one fp32 scale per group of ONEBIT_GROUP elements. With v frozen the update
 // w -= lr (m / bc1 D + wd w), D = 1 / (sqrt(v / bc2) + eps) (bc2 = 1 - b2^warmup frozen too; bc1 = 1 - b1^t
@@ -56,7 +57,7 @@
 // +0.96% of fp32's validation loss (every 10, 40 or 50 steps: the same within 0.1%), at 25x fewer bytes than fp32
 // instead of 28x.
 #define ONEBIT_REFRESH_DEFAULT 100
-// --comm-warmup's default: the first 20% of --steps (at least 1) are AdamW with the fp32 all-reduce. 1-bit Adam
+// --comm-warmup's default: the first 20% of --steps (at least 1) are AdamW with the bf16 all-reduce. 1-bit Adam
 // freezes v at the warm-up's end and assumes it has settled by then. In the 500-step 4-rank mini runs (README,
 // seed 7) v frozen at step 50 (10%) left onebit 1.7% above fp32's loss at steps 201-250 (2.3% at the end), and
 // the same run with no compression at all (the exchange carrying every value exactly, a temporary build) 2.1%:
@@ -219,8 +220,8 @@ typedef struct {
 } OneBitPart;
 
 typedef struct OneBit {
-    int refresh;  // --comm-refresh: every `refresh` steps after the warm-up an fp32 AdamW step updates v (0: never)
-    int warmup;   // --comm-warmup: steps of AdamW with fp32 all-reduce; v is frozen after step `warmup`
+    int refresh;  // --comm-refresh: every `refresh` steps after the warm-up an AdamW step updates v (0: never)
+    int warmup;   // --comm-warmup: steps of AdamW with the bf16 all-reduce; v is frozen after step `warmup`
     int world, rank;
     size_t numel;         // the slab's elements
     int n_parts;          // parts, in launch order

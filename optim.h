@@ -7,7 +7,7 @@
 //   adamw   gradients all-reduced in buckets (fp32, or bf16 with --comm bf16), AdamW (model.h)
 //   lamb    the same exchange; LAMB, each tensor's AdamW step scaled by its trust ratio (model.h)
 //   zero1   gradients reduce-scattered, each rank's AdamW on its shard of the weights, then all-gathered (comm.h)
-//   onebit  1-bit Adam (compress.h): AdamW for the warm-up; then only the momentum's signs and scales are
+//   onebit  1-bit Adam (compress.h): AdamW (the bf16 all-reduce) for the warm-up; then only the momentum's signs and scales are
 //           exchanged, under the next forward, with a refresh step every --comm-refresh steps. Which of these a step is, optimizer_begin says at the step's start.
 // Part of trainer.cu (one translation unit): included after model.h, comm.h and compress.h.
 #pragma once
@@ -59,8 +59,8 @@ static void update_zero1(Optimizer* op, BertModel* m, float lr, float norm) {
 // onebit: after the warm-up a step reduces no gradient: the norm (for the log, clipping and the non-finite check)
 // is sqrt(mean over ranks of |g_r|^2), from the ranks' local sums of squares in the step's sync; then
 // onebit_step_forward exchanges the clipped momentum part by part and updates the weights on the communication
-// stream, under the next step's forward. A refresh step (and the warm-up) reduces the gradients, in bf16
-// after the warm-up (half fp32's bytes, on the step that costs onebit most), and updates the frozen variance lazily.
+// stream, under the next step's forward. A refresh step (and the warm-up) reduces the gradients in bf16 (half
+// fp32's bytes, as --comm bf16), and a refresh updates the frozen variance lazily.
 static void exchange_onebit(Optimizer* op, BertModel* m) {
     if (!op->compressed) exchange_buckets(op, m);  // (a compressed step's parts leave at the update)
 }
@@ -110,7 +110,7 @@ static Optimizer optimizer_setup(GradReduce* gr, OneBit* ob, int lamb, int bf16,
 static void optimizer_begin(Optimizer* op, const BertModel* m) {
     int t = m->step + 1;
     op->compressed = op->ob && t > op->ob->warmup && !onebit_is_refresh(op->ob, t);
-    op->gr->bf16 = op->bf16 || (op->ob && t > op->ob->warmup && !op->compressed);
+    op->gr->bf16 = op->bf16 || op->ob;  // (onebit: the warm-up's and the refreshes' all-reduce in bf16)
     op->sumsq_div = op->compressed ? op->gr->comm->world : op->gr->zero ? 1 : 0;
 }
 

@@ -157,16 +157,16 @@ static const Flag flags[] = {
      "ratio |w| / |update| (for large global batches; not with --zero 1)"},
     {"--comm", "fp32|bf16|onebit", F_CHOICE, AT(comm), 0, 0, "fp32", M_RUN | M_BENCH,
      "fp32: buckets all-reduced in fp32; bf16: half the bytes; onebit: 1-bit Adam,\n"
-     "after --comm-warmup steps of fp32 AdamW the variance is frozen and only the\n"
+     "after --comm-warmup steps of AdamW (bf16 all-reduce) the variance is frozen; only the\n"
      "momentum's signs and one scale per 256 elements are sent, about 28x fewer bytes\n"
      "than fp32 (also on one GPU, to see its effect)"},
     {"--grad-reduce", "fp32|bf16", F_CHOICE, AT(comm), 0, 0, NULL, M_RUN | M_BENCH,
      "the older name of --comm fp32 | bf16"},
     {"--comm-warmup", "N", F_INT, AT(comm_warmup), 1, INT_MAX, NULL, M_RUN,
-     "--comm onebit: steps of fp32 AdamW before compression (default\n" STRINGIFY(
+     "--comm onebit: steps of AdamW (bf16 all-reduce) before compression (default\n" STRINGIFY(
          ONEBIT_WARMUP_PERCENT) "% of --steps, at least 1; must be below --steps)"},
     {"--comm-refresh", "K", F_INT, AT(comm_refresh), 0, INT_MAX, NULL, M_RUN,
-     "--comm onebit: every K steps after the warm-up one fp32 AdamW step updates the\n"
+     "--comm onebit: every K steps after the warm-up one AdamW step (bf16) updates the\n"
      "frozen variance as if the K steps since had seen its g^2 (v = b2^K v + (1 - b2^K) g^2;\n"
      "default " STRINGIFY(
          ONEBIT_REFRESH_DEFAULT) "; 0: never, as 1-bit Adam; K >= 18 keeps 16x fewer bytes than fp32)"},
@@ -399,7 +399,7 @@ static void check_comm_options(const Options* o) {
             "--comm onebit with --zero 1: 1-bit Adam keeps the whole momentum and its error on every rank (no "
             "ZeRO-1 shards); use one of them";
     else if (o->onebit && o->bench)
-        why = "--comm onebit: not with --bench (its steps are the fp32 warm-up's; time a short training run instead)";
+        why = "--comm onebit: not with --bench (its steps are the warm-up's; time a short training run instead)";
     if (why) {
         fprintf(stderr, "trainer: %s\n", why);
         exit(1);

@@ -43,7 +43,7 @@
 //     every mode: the step's host sync, one all-reduce of a few floats (latency only).
 //   exposed = the communication still running when the last backward ends + what runs after it
 //   step = compute + exposed; efficiency = compute / step (time per sample on 1 GPU / per GPU on P).
-//   onebit's whole-run average: the warm-up share of the steps at fp32's step time, the rest at onebit's.
+//   onebit's whole-run average: the warm-up share of the steps at bf16's step time, the rest at onebit's.
 // --grad-accum auto: the smallest accumulation whose exposed time is at most 5% of the step, capped so that
 // the global batch stays within --max-global-batch (default 65,536 sequences).
 #pragma once
@@ -101,7 +101,7 @@ typedef struct {
     double grad_bytes;   // bytes per gradient element in each bucket's collective (0: not per bucket)
     int overlapped;      // 1: the buckets are reduced while the last micro-batch's backward runs
     int compressed;      // 1: 1-bit Adam: per part an all-to-all and an all-gather of n/8 bytes + 4 per group
-    int warmup_as_fp32;  // 1: the first --comm-warmup steps run as fp32
+    int warmup_bf16;     // 1: the first --comm-warmup steps run as bf16 (AdamW, the bf16 all-reduce)
 } ScalingModeDesc;
 
 enum { SCALING_FP32, SCALING_BF16, SCALING_ONEBIT, SCALING_NUM_MODES };
@@ -144,7 +144,7 @@ typedef struct {
     int collectives;           // collectives per step
     double exposed_s, step_s;  // not hidden by the backward; the whole step
     double efficiency;         // compute_s / step_s
-    double run_efficiency;     // onebit: with the fp32 warm-up steps; else = efficiency
+    double run_efficiency;     // onebit: with the bf16 warm-up steps; else = efficiency
     double tokens_per_s;       // all GPUs together
     double bytes_sent;         // bytes one rank sends per step
     int capped;                // --grad-accum auto stopped by --max-global-batch short of its 5% target
@@ -282,10 +282,10 @@ static inline ScalingPrediction scaling_predict(const ScalingCluster* c, const S
     p.step_s = p.compute_s + p.exposed_s;
     p.efficiency = p.compute_s / p.step_s;
     p.run_efficiency = p.efficiency;
-    if (m->warmup_as_fp32 && w->warmup_share > 0) {  // total compute / total time over the run
+    if (m->warmup_bf16 && w->warmup_share > 0) {  // total compute / total time over the run
         ScalingPrediction f;
-        double fp32_step = p.compute_s + scaling_exposed(c, w, &scaling_modes[SCALING_FP32], p.micro_s, &f);
-        p.run_efficiency = p.compute_s / (w->warmup_share * fp32_step + (1 - w->warmup_share) * p.step_s);
+        double bf16_step = p.compute_s + scaling_exposed(c, w, &scaling_modes[SCALING_BF16], p.micro_s, &f);
+        p.run_efficiency = p.compute_s / (w->warmup_share * bf16_step + (1 - w->warmup_share) * p.step_s);
     }
     p.tokens_per_s = (double)p.global_batch * w->T / p.step_s;
     return p;
@@ -350,9 +350,9 @@ static inline void scaling_print(const ScalingCluster* c, const ScalingWork* w, 
         printf(
             "| nodes | GPUs | B | accum | global batch (seqs) | compute ms | collectives | comm ms | exposed ms | "
             "step ms | efficiency |%s MB sent/GPU | tokens/s |\n",
-            m->warmup_as_fp32 ? " with warm-up |" : "");
+            m->warmup_bf16 ? " after the warm-up |" : "");
         printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |%s ---: | ---: |\n",
-               m->warmup_as_fp32 ? " ---: |" : "");
+               m->warmup_bf16 ? " ---: |" : "");
         ScalingPrediction last;
         last.B = 0;
         for (int n = 1;; n = n * 2 > c->nodes && n < c->nodes ? c->nodes : n * 2) {
@@ -362,29 +362,31 @@ static inline void scaling_print(const ScalingCluster* c, const ScalingWork* w, 
             p.capped |= accum == 0 && global_batch <= 0 && max_global > 0 && (long long)p.gpus * w->B > max_global;
             if (p.B == 0) {
                 printf("| %d | %d | - | - | (below one sequence per GPU) | | | | | | |%s | |\n", n, p.gpus,
-                       m->warmup_as_fp32 ? " |" : "");
+                       m->warmup_bf16 ? " |" : "");
             } else {
-                char run[32] = "";
-                if (m->warmup_as_fp32) snprintf(run, sizeof run, " %.1f%% |", 100 * p.run_efficiency);
+                char run[32] = "";  // (1-bit Adam: the whole run first, the compressed phase after it)
+                if (m->warmup_bf16) snprintf(run, sizeof run, " %.1f%% |", 100 * p.efficiency);
                 printf("| %d | %d | %d | %d%s | %lld | %.1f | %d | %.1f | %.1f | %.1f | %.1f%% |%s %.2f | %.3g |\n", n,
                        p.gpus, p.B, p.accum, p.capped ? " (cap)" : "", p.global_batch, p.compute_s * 1e3, p.collectives,
-                       p.comm_s * 1e3, p.exposed_s * 1e3, p.step_s * 1e3, 100 * p.efficiency, run, p.bytes_sent / 1e6,
+                       p.comm_s * 1e3, p.exposed_s * 1e3, p.step_s * 1e3, 100 * p.run_efficiency, run, p.bytes_sent / 1e6,
                        p.tokens_per_s);
             }
             last = p;
             if (n >= c->nodes) break;
         }
-        if (m->warmup_as_fp32 && last.B)
-            printf("%s at %d GPUs: %.1f%% after the warm-up, %.1f%% over the whole run (%.0f%% of the steps at fp32)\n",
-                   m->name, P, 100 * last.efficiency, 100 * last.run_efficiency, 100 * w->warmup_share);
+        if (m->warmup_bf16 && last.B)
+            printf("%s at %d GPUs: %.1f%% over the whole run (%.0f%% of the steps the bf16 warm-up's), %.1f%% after the "
+                   "warm-up\n",
+                   m->name, P, 100 * last.run_efficiency, 100 * w->warmup_share, 100 * last.efficiency);
         if (accum == 0 && global_batch <= 0 && last.B && last.capped)
             printf(
                 "%s at %d GPUs: --max-global-batch %lld keeps --grad-accum auto at %d micro-batch(es) of B=%d, short "
                 "of its 5%% target\n",
                 m->name, P, max_global, last.accum, last.B);
         printf(
-            "scaling-result preset=%s nodes=%d gpus=%d global_batch=%lld comm=%s efficiency=%.4f bytes_per_step=%.0f\n",
-            preset, c->nodes, P, last.B ? last.global_batch : 0, m->name, last.B ? last.efficiency : 0,
-            last.B ? last.bytes_sent : 0);
+            "scaling-result preset=%s nodes=%d gpus=%d global_batch=%lld comm=%s efficiency=%.4f "
+            "after_warmup=%.4f bytes_per_step=%.0f\n",
+            preset, c->nodes, P, last.B ? last.global_batch : 0, m->name, last.B ? last.run_efficiency : 0,
+            last.B ? last.efficiency : 0, last.B ? last.bytes_sent : 0);
     }
 }

@@ -1573,7 +1573,7 @@ static void onebit_setup(Run* r) {
         r->comm.world > 1 ? 2 * (uint64_t)(r->comm.world - 1) * (r->model.p.numel * 4) / (uint64_t)r->comm.world : 0;
     if (r->main_rank)
         printf(
-            "comm: %s (1-bit Adam): fp32 AdamW for %d steps, then the momentum's signs and scales in %d parts "
+            "comm: %s (1-bit Adam): AdamW (bf16 all-reduce) for %d steps, then the momentum's signs and scales in %d parts "
             "after the backward, under the next forward: %llu bytes sent per rank per step (fp32 all-reduce: %llu)\n",
             r->o.comm, ob->warmup, ob->n_parts, (unsigned long long)onebit_step_bytes(ob), (unsigned long long)fp32);
 }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # test_onebit.sh: --comm onebit (1-bit Adam, compress.h) end to end on the CPU build, 4 processes (NCCL over
 # shared memory, rank and world from hand-set SLURM_* variables), tiny model, T=32, B=8, 16 steps:
-#   - the same run with --comm fp32 and with --comm onebit --comm-warmup 4: identical losses during the warm-up
-#     (it is fp32 AdamW); after it each step's loss within 5% of fp32's at the same step (measured: at most
+#   - the same run with --comm fp32, bf16 and --comm onebit --comm-warmup 4: onebit's losses during the warm-up
+#     identical to bf16's (it is AdamW with the bf16 all-reduce); after it each step's loss within 5% of fp32's at the same step (measured: at most
 #     2.8% to 3.6% above it in three runs; the shards are made from cpu/ and tests/, so the figure moves a
 #     little as those files change; the test prints it), and falling (the last step's below the warm-up's last);
 #   - comm_bytes (the trainer's own count, in the log and metrics.jsonl): after the warm-up at least 16x fewer
@@ -73,6 +73,7 @@ same_weights() {
 
 # 1. fp32 and onebit on 4 ranks
 runn fp32 4 --comm fp32
+runn bf16 4 --comm bf16
 runn onebit 4 --comm onebit --comm-warmup 4
 for m in fp32 onebit; do
   check 'grep -qE "^step +16/16" "$W/$m.0.log" && [ -f "$W/$m/model.safetensors" ]' \
@@ -81,8 +82,8 @@ for m in fp32 onebit; do
   check 'same_weights $m 4' "--comm $m: the ranks' weights differ"
 done
 for s in 1 2 3 4; do
-  check '[ "$(loss_at $s "$W/fp32.0.log")" = "$(loss_at $s "$W/onebit.0.log")" ]' \
-    "step $s (warm-up): onebit's loss $(loss_at $s "$W/onebit.0.log") differs from fp32's $(loss_at $s "$W/fp32.0.log")"
+  check '[ -n "$(loss_at $s "$W/bf16.0.log")" ] && [ "$(loss_at $s "$W/bf16.0.log")" = "$(loss_at $s "$W/onebit.0.log")" ]' \
+    "step $s (warm-up): onebit's loss $(loss_at $s "$W/onebit.0.log") differs from bf16's $(loss_at $s "$W/bf16.0.log")"
 done
 for s in $(seq 5 16); do
   a=$(loss_at $s "$W/fp32.0.log"); b=$(loss_at $s "$W/onebit.0.log")
@@ -160,9 +161,11 @@ refreshes() {
   echo "$got"
 }
 check '[ "$(refreshes "$W/refresh.0.log")" = " 7 10 13 16" ]' "--comm-refresh 3: bf16-sized steps '$(refreshes "$W/refresh.0.log")', want ' 7 10 13 16'"
-b2=$(bytes_at 2 "$W/refresh.0.log") b7=$(bytes_at 7 "$W/refresh.0.log")  # a warm-up step (fp32), a refresh (bf16)
-check '[ -n "$b2" ] && [ -n "$b7" ] && [ $((2 * b7)) -ge $((b2 - 64)) ] && [ $((2 * b7)) -le $((b2 + 64)) ]' \
-  "a refresh step sent $b7 bytes, want half of the fp32 warm-up step's $b2 (bf16)"
+b2=$(bytes_at 2 "$W/refresh.0.log") b7=$(bytes_at 7 "$W/refresh.0.log")  # a warm-up step, a refresh: both bf16
+check '[ -n "$b2" ] && [ "$b7" = "$b2" ]' "a refresh step sent $b7 bytes, a warm-up step $b2: want the same (bf16)"
+w1=$(bytes_at 2 "$W/onebit.0.log") w32=$(bytes_at 2 "$W/fp32.0.log")  # 4 ranks: the warm-up's bf16 is half fp32's
+check '[ -n "$w1" ] && [ -n "$w32" ] && [ $((2 * w1)) -ge $((w32 - 64)) ] && [ $((2 * w1)) -le $((w32 + 64)) ]' \
+  "a warm-up step sent $w1 bytes, want half of fp32's $w32 (bf16)"
 check 'counts_agree refresh 2' "--comm-refresh 3: the trainer's byte counts differ from the CPU NCCL's"
 # ... stopped after step 8 (between the refreshes of steps 7 and 10) and resumed: the lazy refresh's v and its
 # bias correction depend on the step alone, so the resumed run refreshes at steps 10, 13 and 16 too
