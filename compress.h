@@ -57,6 +57,10 @@
 // +0.96% of fp32's validation loss (every 10, 40 or 50 steps: the same within 0.1%), at 25x fewer bytes than fp32
 // instead of 28x.
 #define ONEBIT_REFRESH_DEFAULT 100
+// The deadline of the start-up all-to-all that opens 1-bit Adam's point-to-point connections (the trainer's
+// onebit_setup): NCCL connects a pair of ranks on its first exchange, and the first all-to-all at 240 GPUs took
+// minutes (nccl-tests issue 78); 10 minutes, or --nccl-timeout where that is longer.
+#define ONEBIT_CONNECT_S 600.0
 // --comm-warmup's default: the first 20% of --steps (at least 1) are AdamW with the bf16 all-reduce. 1-bit Adam
 // freezes v at the warm-up's end and assumes it has settled by then. In the 500-step 4-rank mini runs (README,
 // seed 7) v frozen at step 50 (10%) left onebit 1.7% above fp32's loss at steps 201-250 (2.3% at the end), and

@@ -50,11 +50,16 @@
 #include <math.h>
 #include <stdio.h>
 
-// The model FLOP utilisation mlm.c reaches on one GPU: paper-120m, T=512, B=571 (the planner's), 664,867
-// tokens/s = 40.4% of an H100 SXM's 989 TFLOP/s (`./trainer --bench --preset paper-120m,paper-350m`, code of
-// c3b3b7d, 2026-11-23; paper-350m: 46.0%). Assumed the same on an H100 NVL (835 TFLOP/s) and at smaller
-// micro-batches. --mfu overrides it (e.g. with the mfu= that ./trainer --bench prints on the target GPU).
-#define SCALING_MFU 0.404
+// The model FLOP utilisation mlm.c reaches on one GPU, measured: `./trainer --bench` (T=512, default flags, the
+// planner's largest micro-batch) on an H200, 2026-11-28, commit bcb0c42: bert-base 47.8% (B=860), bert-large 53.5%
+// (B=324) of 989 TFLOP/s. The predictor takes the first for a model of hidden size up to 768 and the second above
+// (scaling_default_mfu), on every device: the other Hopper parts were not measured at this commit (an H100 SXM gave
+// 40.4% and 46.0% for paper-120m and paper-350m on 2026-11-23, with the kernels of then). --mfu overrides it (the
+// mfu= that ./trainer --bench prints on the target GPU).
+#define SCALING_MFU_BASE 0.478
+#define SCALING_MFU_LARGE 0.535
+#define SCALING_MFU_SOURCE "./trainer --bench on an H200, 2026-11-28"
+static inline double scaling_default_mfu(int hidden) { return hidden <= 768 ? SCALING_MFU_BASE : SCALING_MFU_LARGE; }
 // NVLink between the two GPUs of an H100 NVL pair: 600 GB/s bidirectional over the NVLink bridge (NVIDIA's
 // H100 datasheet), 300 GB/s = 2400 Gbit/s each way.
 #define SCALING_NVLINK_GBPS 2400.0
@@ -85,6 +90,10 @@
 #define SCALING_MAX_EVENTS 1024
 #define SCALING_MAX_BUCKETS 65536
 
+// An all-to-all (1-bit Adam's: ncclSend/ncclRecv to every rank in one group) is not one network latency: NCCL
+// runs a group's point-to-point operations in rounds of a few peers at a time, about 16 (16 rounds for the 254 peers
+// off the node at 128 nodes of 2: 0.64 ms at 40 us a round). An estimate of NCCL's schedule, not measured here.
+#define SCALING_A2A_PEERS_PER_ROUND 16
 typedef enum { SCALING_ALLREDUCE, SCALING_REDUCE_SCATTER, SCALING_ALLGATHER, SCALING_ALLTOALL } ScalingColl;
 
 typedef struct {
@@ -115,6 +124,7 @@ typedef struct {
     double flops_per_token;  // model FLOPs per token (bert_flops_per_token(...).model)
     double peak_tflops;      // the device's dense bf16 peak
     double mfu;              // the share of the peak the training step reaches
+    int mfu_given;           // 1: --mfu; 0: scaling_default_mfu's measurement
     double micro_s_at_B;     // > 0: one micro-batch of B measured (--micro-ms), instead of FLOPs / (peak x MFU)
     int B, T;                // the largest micro-batch (sequences) and the sequence length
     double params;           // gradient elements (the slab)
@@ -182,7 +192,9 @@ static inline double scaling_coll_s(const ScalingCluster* c, ScalingColl k, doub
         int steps = k == SCALING_ALLTOALL ? 1 : k == SCALING_ALLREDUCE ? 2 * (P - 1) : P - 1;
         return c->base_s + steps * c->alpha_nvlink_s + sent / nvl;
     }
-    if (k == SCALING_ALLTOALL) return c->base_s + c->alpha_net_s + (double)G * (P - G) / P * bytes / net;
+    if (k == SCALING_ALLTOALL)  // the P - G peers off the node in rounds, each a network latency
+        return c->base_s + ceil((double)(P - G) / SCALING_A2A_PEERS_PER_ROUND) * c->alpha_net_s +
+               (double)G * (P - G) / P * bytes / net;
     int steps = k == SCALING_ALLREDUCE ? 2 * (P - 1) : P - 1, net_steps = k == SCALING_ALLREDUCE ? 2 * (N - 1) : N - 1;
     double ring = c->base_s + (steps - net_steps) * c->alpha_nvlink_s + net_steps * c->alpha_net_s + sent / net;
     if (k != SCALING_ALLREDUCE) return ring;
@@ -328,7 +340,8 @@ static inline void scaling_print(const ScalingCluster* c, const ScalingWork* w, 
     if (w->micro_s_at_B > 0)
         snprintf(speed, sizeof speed, "a micro-batch of B=%d in %.1f ms (--micro-ms)", w->B, 1e3 * w->micro_s_at_B);
     else
-        snprintf(speed, sizeof speed, "%.0f TFLOP/s peak x MFU %.1f%%", w->peak_tflops, 100 * w->mfu);
+        snprintf(speed, sizeof speed, "%.0f TFLOP/s peak x MFU %.1f%% (%s)", w->peak_tflops, 100 * w->mfu,
+                 w->mfu_given ? "--mfu" : SCALING_MFU_SOURCE);
     printf("scaling prediction: %s, %.3g model FLOPs/token, %.0f gradients in %d buckets%s\n", speed,
            w->flops_per_token, w->params, w->n_buckets,
            w->zero ? " (ZeRO-1: reduce-scatter, then an all-gather of the weights)" : "");

@@ -786,7 +786,7 @@ static ScalingWork scaling_work(const Options* o, const BertConfig* cfg, const P
     BertFlops f = bert_flops_per_token(cfg, plan->T, 0.15);
     w.flops_per_token = f.model;
     w.peak_tflops = device_peak_tflops(device);
-    w.mfu = o->mfu > 0 ? o->mfu : SCALING_MFU;
+    w.mfu = o->mfu > 0 ? o->mfu : scaling_default_mfu(cfg->hidden), w.mfu_given = o->mfu > 0;
     w.micro_s_at_B = o->micro_ms * 1e-3;
     if (w.micro_s_at_B > 0 && w.peak_tflops <= 0) w.peak_tflops = 1;  // no peak needed
     w.B = plan->B, w.T = plan->T;
@@ -1563,6 +1563,17 @@ static void onebit_setup(Run* r) {
     ob->refresh = r->o.comm_refresh;
     onebit_alloc(ob);
     r->gr.onebit = ob;
+    // NCCL connects two ranks on their first point-to-point exchange: the first compressed step's all-to-all would
+    // open P - 1 connections per rank inside a collective watched by --nccl-timeout, minutes at 240 GPUs (nccl-tests
+    // issue 78). One all-to-all of the first part's messages now, at start-up, opens them all, under a deadline of
+    // its own (ONEBIT_CONNECT_S, or --nccl-timeout where that is longer).
+    if (r->comm.world > 1) {
+        double t0 = now_s();
+        onebit_exchange(ob, &ob->part[0], &r->comm, r->gr.stream);
+        comm_poll(&r->comm, r->gr.stream, "1-bit Adam's first all-to-all (its connections to every rank, at start-up)",
+                  r->comm.timeout_s > ONEBIT_CONNECT_S ? r->comm.timeout_s : ONEBIT_CONNECT_S);
+        if (r->main_rank) printf("comm: 1-bit Adam's all-to-all connections to %d ranks in %.1f s\n", r->comm.world - 1, now_s() - t0);
+    }
     // the next forward waits for each layer's part only (onebit_step_forward)
     int L = r->cfg.layers;
     ob->weights_ready = (cudaEvent_t*)malloc((L + 1) * sizeof(cudaEvent_t));

@@ -9,7 +9,7 @@
 #     than fp32's per step (measured: 6,090 against 169,242 bytes, 27.8x: the step's loss all-reduce is in both);
 #   - every rank's total ("comm: rank R sent B bytes in N NCCL calls") equals the CPU NCCL's own count
 #     (NCCL_EMU_STATS), in both modes;
-#   - every rank ends with the same weights (MLM_TEST_WEIGHTS_CRC);
+#   - every rank ends with the same weights (MLM_TEST_WEIGHTS_CRC); the all-to-all's connections opened before step 1;
 #   - --comm-refresh 1 (a lazy refresh every step is AdamW, reduced in bf16) on one rank: every step's loss and the
 #     final weights (their CRC) equal fp32's;
 #   - checkpoints hold no 1-bit Adam errors: a onebit run's checkpoint.bin is the size of an fp32 run's; a run
@@ -95,6 +95,9 @@ for s in $(seq 5 16); do
 done
 check 'awk -v a="$(loss_at 4 "$W/onebit.0.log")" -v b="$(loss_at 16 "$W/onebit.0.log")" "BEGIN { exit !(b < a - 0.1) }"' \
   "onebit's loss did not fall after the warm-up: $(loss_at 4 "$W/onebit.0.log") at step 4, $(loss_at 16 "$W/onebit.0.log") at 16"
+# the all-to-all's connections are opened at start-up, before step 1 (not inside the first compressed step)
+check 'awk "/all-to-all connections to 3 ranks/ { c = NR } /^step +1\// { s = NR } END { exit !(c && s && c < s) }" "$W/onebit.0.log"' \
+  "no start-up all-to-all before step 1: $(grep -m1 "connections" "$W/onebit.0.log")"
 check 'grep -q "\"comm_bytes\":$(bytes_at 16 "$W/onebit.0.log")}" "$W/onebit/metrics.jsonl"' \
   "metrics.jsonl lacks step 16's comm_bytes $(bytes_at 16 "$W/onebit.0.log"): $(tail -n 1 "$W/onebit/metrics.jsonl")"
 worst=$(for s in $(seq 5 16); do echo "$(loss_at $s "$W/fp32.0.log") $(loss_at $s "$W/onebit.0.log") $s"; done |
