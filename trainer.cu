@@ -117,7 +117,7 @@ static void grad_reduce_setup(GradReduce* gr, const BertConfig* cfg, Comm* comm,
     // one process has nothing to shard: --zero 1 then trains as without it
     grad_reduce_layout(gr, comm, p.numel, p.n_decay, ready_lo, n_events, bucket_elems, o->zero && comm->world > 1,
                        o->grad_reduce_bf16 || o->onebit);
-    gr->bf16 = o->grad_reduce_bf16;  // onebit: only its refresh steps reduce in bf16 (train_step), with this staging
+    gr->bf16 = o->grad_reduce_bf16;  // onebit: its warm-up and refresh steps reduce in bf16 (optimizer_begin)
     if (o->onebit) {                 // the buffers of compress.h, for the plan
         OneBit ob;
         onebit_layout(&ob, gr, comm->rank, 1, onebit_part_elems(o));
