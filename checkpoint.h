@@ -208,7 +208,7 @@ static int save_checkpoint(Ckpts* ck, BertModel* m, const GradReduce* gr, const 
     h.cfg = m->cfg, h.T = m->T, h.step = m->step, h.x_bytes = (int32_t)sizeof(floatX);
     h.numel = m->p.numel, h.body_bytes = ckpt_body_bytes(m), h.tokens = ck->tokens, h.data = *data;
     unsigned char* buf = writer ? (unsigned char*)malloc(CKPT_CHUNK) : NULL;
-    int fd = buf ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644) : -1;
+    int fd = buf ? create_fresh(tmp) : -1;  // (files.h: a link left at the .tmp name is replaced, not written through)
     int ok = fd >= 0 && write_all(fd, &h, sizeof h), why = buf ? errno : ENOMEM;  // why: errno of the failure
     uint32_t crc = crc32_update(0, &h, sizeof h);
     uint64_t pos = 0, bad = UINT64_MAX;  // the body offset; the first value the gate refuses
@@ -278,24 +278,23 @@ static const char* ckpt_whats_on_disk(const Ckpts* ck, char* buf, size_t n) {
 // ckpt_open: path opened for reading when it is a regular file that starts with a header of this trainer's
 // version whose sizes agree with the file's (the header in *h); else -1 and why.
 static int ckpt_open(const char* path, CkptHeader* h, char* why, size_t n) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK);  // (a FIFO named like a checkpoint must not block: refused below)
+    char err[FILES_ERR_LEN];
+    long long size = 0;  // (files.h: a FIFO named like a checkpoint must not block, it is refused)
+    int fd = open_regular(path, "an mlm.c checkpoint", FILE_MAX_CHECKPOINT, &size, err);
     if (fd < 0) {
-        snprintf(why, n, "cannot open: %s", strerror(errno));
+        snprintf(why, n, "%s", err);
         return -1;
     }
-    struct stat st;
     int ok = 0;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-        snprintf(why, n, "not a regular file");
-    else if ((size_t)st.st_size < sizeof *h + 8 || !read_all(fd, h, sizeof *h))
-        snprintf(why, n, "truncated: %lld bytes, shorter than a header", (long long)st.st_size);
+    if ((size_t)size < sizeof *h + 8 || !read_all(fd, h, sizeof *h))
+        snprintf(why, n, "truncated: %lld bytes, shorter than a header", size);
     else if (!memcmp(h->magic, "MLMCKPT2", 8))
         snprintf(why, n, "an mlm.c checkpoint of version 2 (no token count); this trainer reads version %d",
                  CKPT_VERSION);
     else if (memcmp(h->magic, CKPT_MAGIC, 8) || h->version != CKPT_VERSION || h->header_bytes != sizeof *h)
         snprintf(why, n, "not an mlm.c checkpoint of version %d (magic %.8s)", CKPT_VERSION, CKPT_MAGIC);
-    else if (h->body_bytes != (uint64_t)st.st_size - sizeof *h - 8)
-        snprintf(why, n, "truncated or trailing bytes: %lld bytes, the header says %llu", (long long)st.st_size,
+    else if (h->body_bytes != (uint64_t)size - sizeof *h - 8)
+        snprintf(why, n, "truncated or trailing bytes: %lld bytes, the header says %llu", size,
                  (unsigned long long)(sizeof *h + h->body_bytes + 8));
     else if ((h->x_bytes != 2 && h->x_bytes != 4) || h->onebit_world < 0 || h->onebit_world > 65536 ||
              h->numel > ((uint64_t)1 << 40) ||
@@ -422,8 +421,7 @@ static void ckpt_check_run(const char* path, const CkptHeader* h, const BertMode
         why = buf;
     } else if (!ckpt_layout_ok(h, buf, sizeof buf)) {
         why = buf;
-    } else if (h->x_bytes != (int32_t)sizeof(floatX) ||
-               h->body_bytes != ckpt_body_bytes(m) + ckpt_onebit_bytes(h)) {
+    } else if (h->x_bytes != (int32_t)sizeof(floatX) || h->body_bytes != ckpt_body_bytes(m) + ckpt_onebit_bytes(h)) {
         snprintf(buf, sizeof buf, "saved by a trainer with %d-byte weights; this one is %s", h->x_bytes, FLOATX_NAME);
         why = buf;
     } else if (h->step < 0 || h->step > steps) {
@@ -461,7 +459,8 @@ static int ckpt_read(const char* path, BertModel* m, const GradReduce* gr, CkptH
         exit(1);
     }
     if (ok && steps >= 0) ckpt_check_run(path, h, m, steps);
-    if (ok && !fits) snprintf(why, n, "its sizes are not this model's (%llu body bytes)", (unsigned long long)h->body_bytes);
+    if (ok && !fits)
+        snprintf(why, n, "its sizes are not this model's (%llu body bytes)", (unsigned long long)h->body_bytes);
     if (!ok || !fits) return 0;
     m->step = h->step;
     return 1;
@@ -561,10 +560,10 @@ static const char* ckpt_set_aside(const Ckpts* ck, int first_bad, int last, char
         snprintf(path, sizeof path, "%s/checkpoint.bin", ck->dir);
         if (cand[i] != INT_MAX) snprintf(path, sizeof path, "%s/checkpoint-%d.bin", ck->dir, cand[i]);
         CkptHeader h;
-        int fd = open(path, O_RDONLY | O_NONBLOCK);
-        struct stat st;
-        int got = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && read_all(fd, &h, sizeof h) &&
-                  !memcmp(h.magic, CKPT_MAGIC, 8);
+        char err[FILES_ERR_LEN];
+        long long size = 0;
+        int fd = open_regular(path, "an mlm.c checkpoint", FILE_MAX_CHECKPOINT, &size, err);
+        int got = fd >= 0 && read_all(fd, &h, sizeof h) && !memcmp(h.magic, CKPT_MAGIC, 8);
         if (fd >= 0) close(fd);
         if (!got || h.step < first_bad - 1 || h.step > last) continue;
         snprintf(to, sizeof to, "%s/checkpoint-%d.bin.diverged", ck->dir, h.step);

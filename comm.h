@@ -39,6 +39,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include "files.h"
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -458,10 +459,10 @@ static inline void comm_id_path(char* path, size_t n, const char* dir) {
 static inline int comm_write_id_file(const char* path, const CommIdFile* f) {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE* fp = fopen(tmp, "wb");
-    if (!fp) return -1;
-    int ok = fwrite(f, sizeof *f, 1, fp) == 1;
-    if (fclose(fp) != 0) ok = 0;
+    int fd = create_fresh(tmp);
+    if (fd < 0) return -1;
+    int ok = write(fd, f, sizeof *f) == (ssize_t)sizeof *f;
+    if (close(fd) != 0) ok = 0;
     if (ok && rename(tmp, path) == 0) return 0;
     unlink(tmp);
     return -1;
@@ -527,12 +528,15 @@ static inline int comm_file_id(const Comm* c, const char* dir, uint64_t tag, ncc
     uint64_t seen_beat = 0;
     ncclUniqueId seen_id;
     memset(&seen_id, 0, sizeof seen_id);
+    char why[FILES_ERR_LEN];
     while (comm_now_s() < deadline) {
-        FILE* fp = fopen(path, "rb");
-        if (fp) {
-            size_t got = fread(&f, sizeof f, 1, fp);
-            fclose(fp);
-            if (got != 1)
+        long long size = 0;  // (a FIFO or a directory named like it must not block the wait: refused, said)
+        int fd = open_regular(path, "an NCCL id file", FILE_MAX_SMALL, &size, why);
+        if (fd < 0 && errno != ENOENT) last = why;
+        if (fd >= 0) {
+            int got = size >= (long long)sizeof f && read_fd(fd, &f, sizeof f, 0);
+            close(fd);
+            if (!got)
                 last = "truncated";
             else if (memcmp(f.magic, COMM_FILE_MAGIC, 8) != 0)
                 last = "not an NCCL id file";

@@ -30,6 +30,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include "files.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "data.h reads little-endian shards in place: a big-endian host would need byte swaps"
@@ -291,8 +292,12 @@ static inline int shard_write(const char* path, ShardHeader* h, const uint32_t* 
     char tmp[4200];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
         return data_err(err, "data: %.200s...: path too long (at most %zu characters)", path, sizeof tmp - 5);
-    FILE* f = fopen(tmp, "wb");
-    if (!f) return data_err(err, "data: %s: cannot create: %s", tmp, strerror(errno));
+    int fd = create_fresh(tmp);
+    FILE* f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!f) {
+        if (fd >= 0) close(fd);
+        return data_err(err, "data: %s: cannot create: %s", tmp, strerror(errno));
+    }
     uint8_t header[SHARD_HEADER_BYTES] = {0};
     fwrite(header, 1, SHARD_HEADER_BYTES, f);  // placeholder until the checksum is known
     uint32_t crc = 0;
@@ -346,30 +351,27 @@ typedef struct {
 static inline int shard_open(const char* path, Shard* s, int header_only, char* err) {
     memset(s, 0, sizeof(*s));
     s->path = strdup(path);
-    int fd = open(path, O_RDONLY | O_NONBLOCK);  // a FIFO named like a shard must not block: refused below
-    if (fd < 0) return data_err(err, "data: %s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    char why[FILES_ERR_LEN];
+    long long size = 0;
+    int fd = open_regular(path, "a shard written by tools/prepare.py", FILE_MAX_SHARD, &size, why);
+    if (fd < 0) return data_err(err, "data: %s: %s", path, why);
+    if (size < SHARD_HEADER_BYTES) {
         close(fd);
-        return data_err(err, "data: %s: not a regular file (expected a shard written by tools/prepare.py)", path);
-    }
-    if (st.st_size < SHARD_HEADER_BYTES) {
-        close(fd);
-        return data_err(err, "data: %s: truncated: %lld bytes, smaller than the %d-byte shard header", path,
-                        (long long)st.st_size, SHARD_HEADER_BYTES);
+        return data_err(err, "data: %s: truncated: %lld bytes, smaller than the %d-byte shard header", path, size,
+                        SHARD_HEADER_BYTES);
     }
     if (header_only) {
         uint8_t hdr[SHARD_HEADER_BYTES];
-        ssize_t got = pread(fd, hdr, SHARD_HEADER_BYTES, 0);
+        int got = read_fd(fd, hdr, SHARD_HEADER_BYTES, 0);
         close(fd);
-        if (got != SHARD_HEADER_BYTES) return data_err(err, "data: %s: cannot read the header", path);
-        return shard_check_header(hdr, (size_t)st.st_size, path, &s->h, err);
+        if (!got) return data_err(err, "data: %s: cannot read the header", path);
+        return shard_check_header(hdr, (size_t)size, path, &s->h, err);
     }
-    void* m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    void* m = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
     close(fd);  // the mapping keeps the file
     if (m == MAP_FAILED) return data_err(err, "data: %s: mmap failed: %s", path, strerror(errno));
     s->map = (uint8_t*)m;
-    s->bytes = (size_t)st.st_size;
+    s->bytes = (size_t)size;
     if (shard_check_layout(s->map, s->bytes, path, &s->h, err)) return -1;
     s->tokens = s->map + SHARD_HEADER_BYTES;
     s->offsets = (const uint64_t*)(s->map + shard_offsets_pos(s->h.num_tokens, s->h.token_bytes));
@@ -1380,18 +1382,24 @@ static inline int data_mkdirs(const char* dir, char* err) {
     return 0;
 }
 
+// data_read_marker: the fingerprint in a staging marker; 0 when there is none (or not a regular file: a FIFO named
+// like it must not block the ranks, it is replaced).
 static inline int data_read_marker(const char* path, uint64_t* fp) {
-    FILE* f = fopen(path, "r");
-    if (!f) return 0;
+    char buf[FILE_MAX_SMALL + 1], why[FILES_ERR_LEN];
+    long long n = 0;
+    int fd = open_regular(path, "a staging marker", FILE_MAX_SMALL, &n, why);
+    if (fd < 0) return 0;
+    int got = read_fd(fd, buf, (size_t)n, 0);
+    close(fd);
+    buf[got ? n : 0] = 0;
     unsigned long long v = 0;
-    int ok = fscanf(f, "%llx", &v) == 1;
-    fclose(f);
+    int ok = got && sscanf(buf, "%llx", &v) == 1;
     *fp = v;
     return ok;
 }
 
 static inline int stage_copy(const Shard* s, const char* dst, const char* tmp, char* err) {
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int fd = create_fresh(tmp);
     if (fd < 0) return data_err(err, "data: %s: cannot create: %s", tmp, strerror(errno));
     uint32_t crc = 0;
     const size_t CHUNK = 4 << 20;
@@ -1489,7 +1497,9 @@ static inline int dataloader_stage(const char* pattern, const char* local_dir, i
             if (stage_copy(&shards[i], dst, tmp, err)) goto done;
         }
         snprintf(tmp, sizeof(tmp), "%s.tmp", marker);
-        FILE* f = fopen(tmp, "w");
+        int mfd = create_fresh(tmp);
+        FILE* f = mfd >= 0 ? fdopen(mfd, "w") : NULL;
+        if (!f && mfd >= 0) close(mfd);
         int bad = !f;
         if (f) {
             bad = fprintf(f, "%016llx\n", (unsigned long long)want) < 0;

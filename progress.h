@@ -85,9 +85,19 @@ static int metrics_open(MetricsFile* mf, const char* dir, int rewrite, int keep_
     snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     *elapsed0 = 0;
-    FILE* old = rewrite ? fopen(path, "r") : NULL;
+    char err[FILES_ERR_LEN];
+    long long size = 0;  // (files.h: not a FIFO, which would block; a directory there is refused by run_dir_check)
+    int ofd = rewrite ? open_regular(path, "a metrics.jsonl", FILE_MAX_METRICS, &size, err) : -1;
+    if (rewrite && ofd < 0 && errno != ENOENT) {
+        fprintf(stderr, "trainer: %s: %s\n", path, err);
+        return 0;
+    }
+    FILE* old = ofd >= 0 ? fdopen(ofd, "r") : NULL;
+    if (ofd >= 0 && !old) close(ofd);
     if (old) {
-        FILE* out = fopen(tmp, "w");
+        int tfd = create_fresh(tmp);
+        FILE* out = tfd >= 0 ? fdopen(tfd, "w") : NULL;
+        if (tfd >= 0 && !out) close(tfd);
         int ok = out != NULL;
         char* line = NULL;
         size_t cap = 0;
@@ -111,8 +121,8 @@ static int metrics_open(MetricsFile* mf, const char* dir, int rewrite, int keep_
     memset(mf, 0, sizeof *mf);
     snprintf(mf->path, sizeof mf->path, "%s", path);
     test_hook_env("MLM_TEST_METRICS_FAIL", mf->fail_hook);
-    mf->fd = open(path, O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-    if (mf->fd < 0) fprintf(stderr, "trainer: cannot append to %s: %s\n", path, strerror(errno));
+    mf->fd = open_in_place(path, O_RDWR | O_APPEND | O_CREAT, err);  // (files.h: a symbolic link is refused)
+    if (mf->fd < 0) fprintf(stderr, "trainer: cannot append to %s: %s\n", path, err);
     if (mf->fd >= 0) metrics_cut_partial(mf);
     return mf->fd >= 0;
 }
