@@ -2,6 +2,9 @@
 // (bert_save_hf) and read by --init-from and --eval (bert_load_hf), with the few file and JSON helpers they need.
 // model.h has the model; this file only moves its parameters in and out.
 #pragma once
+#include <glob.h>
+#include <libgen.h>
+#include "files.h"
 #include "model.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -100,8 +103,10 @@ static inline void bj_skip(BertJson* j) {  // any value
 static inline int bert_write_file(const char* path, const void* a, size_t na, const void* b, size_t nb) {
     char tmp[4200];
     snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-    FILE* f = fopen(tmp, "wb");
+    int fd = create_fresh(tmp);  // (a link left at path.tmp is replaced, not written through)
+    FILE* f = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (!f) {
+        if (fd >= 0) close(fd);
         fprintf(stderr, "model: cannot write %s: %s\n", tmp, strerror(errno));
         return 0;
     }
@@ -177,52 +182,20 @@ static inline int bert_save_hf(const char* dir, const BertParams* p, const float
     return ok;
 }
 
-// bert_read_file: the whole of a regular file (with a 0 after it, not counted in *size), malloc'd; NULL with
-// one line naming the file when it cannot be opened or read, or is not a regular file (a directory, a FIFO:
-// opened without blocking, refused without reading).
-static inline char* bert_read_file(const char* path, size_t* size) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK);
-    if (fd < 0) {
-        fprintf(stderr, "model: cannot open %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        fprintf(stderr, "model: %s: %s (expected a regular file)\n", path,
-                S_ISDIR(st.st_mode) ? "is a directory" : "not a regular file");
-        close(fd);
-        return NULL;
-    }
-    size_t n = (size_t)st.st_size, got = 0;
-    char* buf = (char*)malloc(n + 1);
-    int why = 0;  // errno of a failed read
-    while (buf && got < n) {
-        ssize_t r = read(fd, buf + got, n - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            why = r < 0 ? errno : 0;
-            break;
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    if (!buf || got != n) {
-        fprintf(stderr, "model: cannot read %s (%zu bytes): %s\n", path, n,
-                !buf  ? "out of host memory"
-                : why ? strerror(why)
-                      : "shorter than its size (changed while read?)");
-        free(buf);
-        return NULL;
-    }
-    buf[n] = 0;
-    *size = n;
+// bert_read_file: the whole of a regular file of at most max_bytes (files.h: read_whole_file; `what` it should be),
+// malloc'd with a 0 after it (not counted in *size); NULL with one line naming the file when it cannot be opened or
+// read, is not a regular file (a directory, a FIFO: opened without blocking, refused without reading) or is larger.
+static inline char* bert_read_file(const char* path, const char* what, long long max_bytes, size_t* size) {
+    char err[FILES_ERR_LEN];
+    char* buf = read_whole_file(path, what, max_bytes, size, err);
+    if (!buf) fprintf(stderr, "model: %s: %s\n", path, err);
     return buf;
 }
 
 // bert_read_config: reads a Hugging Face config.json into c. Gives 1 on success.
 static inline int bert_read_config(const char* path, BertConfig* c) {
     size_t n;
-    char* buf = bert_read_file(path, &n);
+    char* buf = bert_read_file(path, "a Hugging Face config.json", FILE_MAX_JSON, &n);
     if (!buf) return 0;
     memset(c, 0, sizeof(*c));
     c->type_vocab_size = 2;
@@ -430,11 +403,11 @@ static inline int bert_st_layout_ok(const char* path, const BertSt* st) {
     return ok;
 }
 
-// bert_st_open: reads and validates a safetensors file. Gives 1 on success.
-static inline int bert_st_open(const char* path, BertSt* st) {
+// bert_st_open_max: reads and validates a safetensors file of at most max_bytes. Gives 1 on success.
+static inline int bert_st_open_max(const char* path, BertSt* st, long long max_bytes) {
     memset(st, 0, sizeof(*st));
     size_t n;
-    st->buf = bert_read_file(path, &n);
+    st->buf = bert_read_file(path, "a safetensors file", max_bytes, &n);
     if (!st->buf) return 0;
     uint64_t hl = 0;
     if (n >= 8)
@@ -525,6 +498,8 @@ static inline int bert_st_open(const char* path, BertSt* st) {
     if (!ok) bert_st_free(st);
     return ok;
 }
+// bert_st_open: bert_st_open_max with the bound of the largest model this trainer runs (2e10 F32 parameters).
+static inline int bert_st_open(const char* path, BertSt* st) { return bert_st_open_max(path, st, 80ll << 30); }
 static inline const BertStEntry* bert_st_find(const BertSt* st, const char* name) {
     for (int i = 0; i < st->n; i++)
         if (!strcmp(st->e[i].name, name)) return &st->e[i];
@@ -577,9 +552,11 @@ static inline int bert_params_all_finite(const char* path, const BertParams* p, 
 
 // bert_read_safetensors: reads the tensors of table p from path into the host fp32 slab w
 // (p->numel floats, zeroed first). Every tensor of the table must be present with its shape.
+// The file may be at most twice the table's F32 bytes and 64 MiB (the header, tensors this model does not have): a
+// larger one is not this model's, and is refused before it is read into memory.
 static inline int bert_read_safetensors(const char* path, const BertParams* p, float* w) {
     BertSt st;
-    if (!bert_st_open(path, &st)) return 0;
+    if (!bert_st_open_max(path, &st, (long long)p->numel * 8 + (64ll << 20))) return 0;
     memset(w, 0, p->numel * sizeof(float));
     int ok = 1;
     for (int i = 0; ok && i < p->n; i++) {
@@ -628,4 +605,116 @@ static inline int bert_load_hf(const char* dir, BertConfig* cfg, BertParams* p, 
         return 0;
     }
     return 1;
+}
+
+// bert_tokenizer_vocab: the vocabulary of a Hugging Face tokenizer.json: 1 + the highest id of its model's vocab (an
+// object of token: id, as WordPiece, WordLevel and BPE write it, or a list of [token, score], Unigram's, ids by
+// position) and of its added_tokens. -1 when the JSON is malformed, an id is not a whole number below 2^31, or there
+// is no model.vocab.
+static inline long long bert_tokenizer_vocab(const char* json, size_t n) {
+    BertJson j = {json, json + n, 0};
+    char key[64];
+    long long top = -1;
+    int have_vocab = 0;
+    bj_eat(&j, '{');
+    while (!j.err && bj_peek(&j) != '}') {
+        bj_string(&j, key, sizeof key);
+        bj_eat(&j, ':');
+        int model = !strcmp(key, "model") && bj_peek(&j) == '{', added = !strcmp(key, "added_tokens");
+        if (!model && !(added && bj_peek(&j) == '[')) {
+            bj_skip(&j);
+            if (bj_peek(&j) == ',') j.s++;
+            continue;
+        }
+        j.s++;  // model: {"vocab": ...}; added_tokens: [{"id": N, ...}, ...]
+        while (!j.err && bj_peek(&j) != (model ? '}' : ']')) {
+            if (added) bj_eat(&j, '{');
+            while (!j.err && bj_peek(&j) != '}') {
+                bj_string(&j, key, sizeof key);
+                bj_eat(&j, ':');
+                int c = bj_peek(&j), list = c == '[';
+                if (added && !strcmp(key, "id")) {
+                    double id = bj_number(&j);
+                    if (!(id >= 0 && id < 2147483648.0 && id == floor(id))) j.err = 1;
+                    if (id > top) top = (long long)id;
+                } else if (model && !strcmp(key, "vocab") && (c == '{' || list)) {
+                    have_vocab = 1;
+                    j.s++;
+                    for (long long i = 0; !j.err && bj_peek(&j) != (list ? ']' : '}'); i++) {
+                        double id = (double)i;  // a list: the position
+                        if (list)
+                            bj_skip(&j);
+                        else {
+                            char tok[8];
+                            bj_string(&j, tok, sizeof tok);
+                            bj_eat(&j, ':');
+                            id = bj_number(&j);
+                        }
+                        if (!(id >= 0 && id < 2147483648.0 && id == floor(id))) j.err = 1;
+                        if (id > top) top = (long long)id;
+                        if (bj_peek(&j) == ',') j.s++;
+                    }
+                    bj_eat(&j, list ? ']' : '}');
+                } else
+                    bj_skip(&j);
+                if (bj_peek(&j) == ',') j.s++;
+            }
+            if (added) {
+                bj_eat(&j, '}');
+                if (bj_peek(&j) == ',') j.s++;
+            } else
+                break;
+        }
+        bj_eat(&j, model ? '}' : ']');
+        if (bj_peek(&j) == ',') j.s++;
+    }
+    return j.err || !have_vocab ? -1 : top + 1;
+}
+
+// BertTokenizer: the tokenizer.json beside the training shards (tools/prepare.py leaves it there), read whole at
+// start-up and kept for the export, which copies it beside the model: one that cannot be read, or the tokenizer of
+// another vocabulary, fails before step 1, not at the export after the whole run.
+typedef struct {
+    char path[4200];  // DIR/tokenizer.json, DIR: the first shard's directory
+    char* json;       // its n bytes; NULL: there is none
+    size_t n;
+} BertTokenizer;
+
+// bert_tokenizer_load: t from the directory of the first shard of data_glob, whose vocabulary has `vocab` ids. Gives 1
+// (t->json NULL when there is no tokenizer.json), or 0 after a message.
+static inline int bert_tokenizer_load(const char* data_glob, long long vocab, BertTokenizer* t) {
+    memset(t, 0, sizeof *t);
+    glob_t g;
+    int rc = glob(data_glob, 0, NULL, &g);
+    if (rc != 0 || g.gl_pathc == 0) {  // (data.h has said why)
+        if (rc == 0) globfree(&g);
+        return 1;
+    }
+    char first[4096], err[FILES_ERR_LEN];
+    snprintf(first, sizeof first, "%s", g.gl_pathv[0]);
+    globfree(&g);
+    snprintf(t->path, sizeof t->path, "%s/tokenizer.json", dirname(first));
+    struct stat st;
+    if (stat(t->path, &st) != 0 && errno == ENOENT) return 1;  // none (the export says what it has instead)
+    t->json = read_whole_file(t->path, "a Hugging Face tokenizer.json", FILE_MAX_TOKENIZER, &t->n, err);
+    long long have = t->json ? bert_tokenizer_vocab(t->json, t->n) : 0;
+    if (!t->json)
+        fprintf(stderr, "trainer: --data %s: %s: %s; the export copies it beside the model: fix or remove it\n",
+                data_glob, t->path, err);
+    else if (have < 0)
+        fprintf(stderr,
+                "trainer: --data %s: %s: not a Hugging Face tokenizer.json (malformed JSON, or no model.vocab of "
+                "whole ids); the export copies it beside the model: fix or remove it\n",
+                data_glob, t->path);
+    else if (have != vocab)
+        fprintf(stderr,
+                "trainer: --data %s: %s has a vocabulary of %lld ids, the shards have %lld: the tokenizer of other "
+                "shards, which the export would pair with this model; put the one that wrote these shards there, or "
+                "remove it\n",
+                data_glob, t->path, have, vocab);
+    else
+        return 1;
+    free(t->json);
+    t->json = NULL;
+    return 0;
 }

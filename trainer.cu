@@ -1110,31 +1110,19 @@ static int export_byte_tokenizer(const char* out, const ShardHeader* h, int T) {
 }
 
 // export_tokenizer: the tokenizer beside the Hugging Face export, so that it is usable as it is. Text
-// shards (tools/prepare.py leaves their tokenizer.json beside them): a copy of that tokenizer.json, and
+// shards (tools/prepare.py leaves their tokenizer.json beside them): a copy of that tokenizer.json (tok: read and
+// checked at start-up, bert_tokenizer_load), and
 // tokenizer_config.json + special_tokens_map.json, which transformers' AutoTokenizer.from_pretrained(DIR)
 // needs to load it as a fast tokenizer with BERT's special tokens. Byte shards (ids 0..255 are the
 // bytes; no [UNK]): byte_tokenizer.json, the mapping and the special ids of the shard header, which
 // tools/fill_mask.py reads, and the same as Hugging Face files (export_byte_tokenizer). model_max_length is
 // T, the length the run trained at (positions past it were never trained). Each file is written atomically.
 // Gives 1, or 0 after a message.
-static int export_tokenizer(const char* out, const char* data_glob, const ShardHeader* h, int T) {
-    char first[4096], src[4200], path[4200], buf[2048];
-    glob_t g;
-    if (glob(data_glob, 0, NULL, &g) != 0 || g.gl_pathc == 0) {
-        globfree(&g);
-        fprintf(stderr, "trainer: --data %s: the shards are gone: no tokenizer exported\n", data_glob);
-        return 0;
-    }
-    snprintf(first, sizeof first, "%s", g.gl_pathv[0]);
-    globfree(&g);
-    snprintf(src, sizeof src, "%s/tokenizer.json", dirname(first));
-    if (access(src, F_OK) == 0) {
-        size_t n;
-        char* tok = bert_read_file(src, &n);
-        int ok = tok != NULL;
+static int export_tokenizer(const char* out, const BertTokenizer* tok, const ShardHeader* h, int T) {
+    char path[4200], buf[2048];
+    if (tok->json) {
         snprintf(path, sizeof path, "%s/tokenizer.json", out);
-        ok = ok && bert_write_file(path, tok, n, NULL, 0);
-        free(tok);
+        int ok = bert_write_file(path, tok->json, tok->n, NULL, 0);
         static const char specials[] =
             "\"pad_token\": \"[PAD]\", \"unk_token\": \"[UNK]\", \"cls_token\": \"[CLS]\", \"sep_token\": \"[SEP]\", "
             "\"mask_token\": \"[MASK]\"";
@@ -1146,7 +1134,7 @@ static int export_tokenizer(const char* out, const char* data_glob, const ShardH
         k = snprintf(buf, sizeof buf, "{%s}\n", specials);
         snprintf(path, sizeof path, "%s/special_tokens_map.json", out);
         ok = ok && bert_write_file(path, buf, (size_t)k, NULL, 0);
-        if (!ok) fprintf(stderr, "trainer: cannot export the tokenizer %s to %s\n", src, out);
+        if (!ok) fprintf(stderr, "trainer: cannot export the tokenizer %s to %s\n", tok->path, out);
         return ok;
     }
     if (h->unk_id < 0 && h->vocab_size == 260 && h->pad_id >= 256 && h->cls_id >= 256 && h->sep_id >= 256 &&
@@ -1160,7 +1148,7 @@ static int export_tokenizer(const char* out, const char* data_glob, const ShardH
         return export_byte_tokenizer(out, h, T);
     }
     printf("note: no tokenizer.json beside the shards (%s) and not a byte vocabulary: the export has no tokenizer\n",
-           src);
+           tok->path);
     return 1;
 }
 
@@ -1168,7 +1156,7 @@ static int export_tokenizer(const char* out, const char* data_glob, const ShardH
 // written whole (each flushed) into DIR/.export.tmp/, then every file there renamed into DIR, the weights last. A
 // failure (a full disk) leaves the earlier export as it was, never a config.json without its weights. 1, or 0 after a
 // message.
-static int export_run(const char* out, const BertParams* p, const float* w, int pad_id, const char* data_glob,
+static int export_run(const char* out, const BertParams* p, const float* w, int pad_id, const BertTokenizer* tok,
                       const ShardHeader* h, int T) {
     char stage[4064], from[4400], to[4400];  // (stage: room for bert_save_hf's names within PATH_MAX)
     snprintf(stage, sizeof stage, "%s/%s", out, EXPORT_STAGING);
@@ -1177,7 +1165,7 @@ static int export_run(const char* out, const BertParams* p, const float* w, int 
         fprintf(stderr, "trainer: cannot create %s: %s\n", stage, strerror(errno));
         return 0;
     }
-    int ok = bert_save_hf(stage, p, w, pad_id) && export_tokenizer(stage, data_glob, h, T);
+    int ok = bert_save_hf(stage, p, w, pad_id) && export_tokenizer(stage, tok, h, T);
     for (int last = 0; ok && last < 2; last++) {  // every file staged, model.safetensors in the second pass
         DIR* d = opendir(stage);
         struct dirent* e;
@@ -1203,7 +1191,7 @@ static int export_run(const char* out, const BertParams* p, const float* w, int 
 // export failed (rank 0 said why), or -1 when the weights are not finite (bert_params_all_finite named the first
 // value that is not): no export is written of them.
 static int export_now(const Options* o, Comm* comm, Ckpts* ck, BertModel* model, const float* w,
-                      const ShardHeader* data_h, const BertConfig* cfg) {
+                      const ShardHeader* data_h, const BertTokenizer* tok) {
     char what[4600];
     WriteWatch ww = write_begin(comm, ck, (double)model->p.numel * sizeof(float));
     int ok = 1;
@@ -1214,7 +1202,7 @@ static int export_now(const Options* o, Comm* comm, Ckpts* ck, BertModel* model,
             ok = 0;
         } else if (!bert_params_all_finite(o->out, &model->p, w)) {
             ok = -1;
-        } else if (!export_run(o->out, &model->p, w, data_h->pad_id, o->data, data_h, o->T)) {
+        } else if (!export_run(o->out, &model->p, w, data_h->pad_id, tok, data_h, o->T)) {
             fprintf(stderr,
                     "trainer: cannot write the Hugging Face export to %s (see above; none of its files was replaced, "
                     "any earlier export is untouched); %s\n",
@@ -1400,6 +1388,7 @@ typedef struct {
     float* init_w;                   // --init-from: its weights on the host until load_weights
     BertParams init_p;               // --init-from: their table
     ShardHeader data_h;              // the training shards' vocabulary and special ids
+    BertTokenizer tok;               // the tokenizer.json beside them, read at start-up for the export (hf.h)
     double epoch_tokens;             // real tokens in the training shards: one epoch
     uint64_t data_fp, val_fp;        // fingerprints of --data and --val, compared over the ranks
     GradReduce gr;                   // the gradient buckets (comm.h)
@@ -1438,9 +1427,10 @@ static int open_run(Run* r) {
     else if (d && o->plan_only)
         r->free_bytes = r->total_bytes = (size_t)(d->mem_gb * 1e9);
     if (o->out && !make_out_dir(o->out)) return 0;  // (--plan-only may have none)
-    if (!o->plan_only && (run_lock(o->out, r->comm.rank) < 0 || !run_dir_check(o->out, o))) return 0;
+    if (!o->plan_only && (run_lock(o->out, &r->comm) < 0 || !run_dir_check(o->out, o))) return 0;
     CommBootstrap boot = {o->bootstrap, o->out, o->out, r->started};
     if (!o->plan_only) comm_init(&r->comm, &boot);
+    lock_watch_stop();  // the communicator is formed: byte 0 is this launch's
     return 1;
 }
 
@@ -1450,6 +1440,7 @@ static int choose_model(Run* r) {
     if (o->data) r->data_fp = data_fingerprint("--data", o->data, &r->data_h, &r->epoch_tokens);
     if (o->val) r->val_fp = data_fingerprint("--val", o->val, NULL, NULL);
     int data_vocab = (int)r->data_h.vocab_size;  // no --data (--plan-only): 0, the preset's
+    if (o->data && !o->plan_only && !bert_tokenizer_load(o->data, data_vocab, &r->tok)) return 0;
     if (o->init_from) {
         if (!bert_load_hf(o->init_from, &r->cfg, &r->init_p, &r->init_w)) {
             fprintf(stderr, "trainer: --init-from %s: cannot load config.json + model.safetensors\n", o->init_from);
@@ -1788,10 +1779,11 @@ static int finish_run(Run* r) {
     float* w = m->step == o->steps || crc ? (float*)malloc(m->p.numel * sizeof(float)) : NULL;
     if (m->step == o->steps || crc) model_get_params(m, &r->gr, w);  // every rank: under ZeRO-1 they gather
     if (w && crc) print_weights_crc(m, w, r->comm.rank);
-    int exported = m->step == o->steps ? export_now(o, &r->comm, &r->ck, m, w, &r->data_h, &r->cfg) : 1;
+    int exported = m->step == o->steps ? export_now(o, &r->comm, &r->ck, m, w, &r->data_h, &r->tok) : 1;
     if (exported == 0) return 1;
     if (exported == -1) return diverged_state(&r->ck, m->step, "its final weights, named above", r->main_rank);
     free(w);
+    free(r->tok.json);
     dataloader_free(&r->train);
     if (o->val) validation_free(&r->val);
     if (r->lg.f && r->lg.f->lost)

@@ -120,7 +120,7 @@ CASES=$(cat <<EOF
 data: $W/fifo/train_00001.bin: not a regular file|--data $W/fifo/train_*.bin --preset tiny --seq 32 --batch 8 --out $W/o2 --steps 2
 $W/fifo_out/checkpoint.bin is a special file, not a file|${COMMON[*]} --out $W/fifo_out --steps 4 --resume
 --eval $W/fifo.bin: not a regular file|--eval $W/fifo.bin ${VAL[*]}
-model: $W/hfdir/model.safetensors: is a directory (expected a regular file)|${COMMON[*]} --out $W/o3 --steps 2 --init-from $W/hfdir
+model: $W/hfdir/model.safetensors: not a regular file but a directory (expected a safetensors file)|${COMMON[*]} --out $W/o3 --steps 2 --init-from $W/hfdir
 model: $W/hffifo/model.safetensors: not a regular file|${COMMON[*]} --out $W/o4 --steps 2 --init-from $W/hffifo
 EOF
 )

@@ -372,10 +372,11 @@ static void test_nonfinite(const BertConfig* c) {
     unlink(path);
     mkdir(path, 0755);
     expect_refused("a directory named model.safetensors",
-                   "model.safetensors: is a directory (expected a regular file)");
+                   "model.safetensors: not a regular file but a directory (expected a safetensors file)");
     rmdir(path);
     mkfifo(path, 0644);
-    expect_refused("a FIFO named model.safetensors", "model.safetensors: not a regular file (expected a regular file)");
+    expect_refused("a FIFO named model.safetensors",
+                   "model.safetensors: not a regular file but a FIFO (expected a safetensors file)");
     unlink(path);
     unlink(cfgpath);
     mkfifo(cfgpath, 0644);
