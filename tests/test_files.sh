@@ -4,9 +4,9 @@
 #     over its bound (sparse) named like a checkpoint (--eval, --resume), model.safetensors (--init-from), a shard,
 #     tokenizer.json, the NCCL id file (--bootstrap file) or the staging marker (--stage-dir) is refused at once with
 #     one line naming the path and what was expected (or, the id file and the marker, passed over), never waited on;
-#   - tokenizer.json beside the shards is read at start-up: broken or of another vocabulary (300 ids beside 260-id
-#     byte shards), the run stops before step 1; a good one is exported as it was at the start, even when the file
-#     is replaced by a FIFO mid-run;
+#   - tokenizer.json beside the shards is read at start-up: broken (also cut short) or of another vocabulary (300
+#     ids beside 260-id byte shards), the run stops before step 1; a good one (WordLevel, Unigram) is exported as it
+#     was at the start, even when the file is replaced by a FIFO mid-run;
 #   - where it writes: DIR/lock a symbolic link is refused, the file it points to untouched; so is metrics.jsonl for
 #     --eval --out; links left at checkpoint.bin.tmp and run.json.tmp are replaced, never written through;
 #   - a stale DIR/.export.tmp holding a subdirectory (and a link out of it) is removed whole at the start;
@@ -89,17 +89,20 @@ refused "a shard over 1 TiB" \
   --data "$W/s_big/train_*.bin" "${COMMON[@]}" --out "$W/o2" --steps 2
 
 # 2. tokenizer.json beside the shards: read at start-up
-tokenizer() {  # tokenizer FILE IDS: a WordLevel tokenizer.json of IDS ids (the last 4 as added tokens)
-  python3 - "$1" "$2" <<'EOF'
+tokenizer() {  # tokenizer FILE IDS [unigram]: a WordLevel (or Unigram) tokenizer.json of IDS ids, 4 of them added
+  python3 - "$@" <<'EOF'
 import json, sys
 n = int(sys.argv[2])
 vocab = {f"t{i}": i for i in range(n - 4)}
+model = {"type": "WordLevel", "vocab": vocab, "unk_token": "[PAD]"}
+if sys.argv[3:] == ["unigram"]:  # a list of [token, score]: the ids are the positions
+    model = {"type": "Unigram", "unk_id": 0, "vocab": [[f"t\"{i}", -1.5] for i in range(n - 4)]}
 added = [{"id": n - 4 + i, "content": s, "special": True} for i, s in enumerate(["[PAD]", "[CLS]", "[SEP]", "[MASK]"])]
-json.dump({"version": "1.0", "added_tokens": added, "normalizer": None,
-           "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[PAD]"}}, open(sys.argv[1], "w"))
+json.dump({"version": "1.0", "added_tokens": added, "normalizer": None, "model": model}, open(sys.argv[1], "w"))
 EOF
 }
-for k in fifo dir zero big foreign good swap; do mkdir -p "$W/t_$k" && cp "$SHARD" "$W/t_$k/"; done
+for k in fifo dir zero big foreign good swap uni bad; do mkdir -p "$W/t_$k" && cp "$SHARD" "$W/t_$k/"; done
+tokenizer "$W/t_uni/tokenizer.json" 260 unigram; echo '{"model": {"vocab": {"a": 0, "b": ' >"$W/t_bad/tokenizer.json"
 mkfifo "$W/t_fifo/tokenizer.json"; mkdir "$W/t_dir/tokenizer.json"; ln -s /dev/zero "$W/t_zero/tokenizer.json"
 truncate -s 300M "$W/t_big/tokenizer.json"; tokenizer "$W/t_foreign/tokenizer.json" 300
 tokenizer "$W/t_good/tokenizer.json" 260; tokenizer "$W/t_swap/tokenizer.json" 260
@@ -113,9 +116,13 @@ refused "tokenizer.json over 256 MiB" \
 refused "a tokenizer.json of 300 ids beside 260-id shards" \
   "$W/t_foreign/tokenizer.json has a vocabulary of 300 ids, the shards have 260" \
   --data "$W/t_foreign/train_*.bin" "${COMMON[@]}" --out "$W/o_foreign" --steps 2
-out=$(run --data "$W/t_good/train_*.bin" "${COMMON[@]}" --out "$W/o_good" --steps 2 2>&1); rc=$?
-check '[ $rc = 0 ] && cmp -s "$W/t_good/tokenizer.json" "$W/o_good/tokenizer.json"' "a tokenizer.json of 260 ids: exported" \
-  "exit $rc: $(echo "$out" | tail -n 2)"
+refused "a tokenizer.json cut short" "$W/t_bad/tokenizer.json: not a Hugging Face tokenizer.json (malformed JSON" \
+  --data "$W/t_bad/train_*.bin" "${COMMON[@]}" --out "$W/o_bad" --steps 2
+for k in good uni; do
+  out=$(run --data "$W/t_$k/train_*.bin" "${COMMON[@]}" --out "$W/o_$k" --steps 2 2>&1); rc=$?
+  check '[ $rc = 0 ] && cmp -s "$W/t_$k/tokenizer.json" "$W/o_$k/tokenizer.json"' "a tokenizer.json of 260 ids ($k): exported" \
+    "exit $rc: $(echo "$out" | tail -n 2)"
+done
 cp "$W/t_swap/tokenizer.json" "$W/swap.json"
 run --data "$W/t_swap/train_*.bin" "${COMMON[@]}" --out "$W/o_swap" --steps 30 >"$W/swap.log" 2>&1 &
 pid=$!; PIDS+=($pid)
