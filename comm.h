@@ -39,7 +39,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include "files.h"
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -51,6 +50,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include "files.h"  // open_regular, create_fresh: the id file
 
 typedef struct {
     int rank;               // 0 .. world-1, over all nodes

@@ -16,14 +16,14 @@
 
 #define FILES_ERR_LEN 512  // every message of this file fits in this
 
+// The bounds, per use. A checkpoint: 2e10 parameters (model.h's limit) x 14 bytes, and the 1-bit Adam errors of up to
+// 50 ranks.
 #define FILE_MAX_JSON (1ll << 20)         // config.json, run.json: a few hundred bytes written
 #define FILE_MAX_TOKENIZER (256ll << 20)  // a tokenizer.json (a large multilingual one is about 35 MB)
-#define FILE_MAX_SHARD (1ll << 40)        // a shard (tools/prepare.py writes about 100 MB each)
-#define FILE_MAX_CHECKPOINT \
-    (1ll << 42)                       // a checkpoint: 2e10 parameters (model.h's limit) x 14 bytes, and the
-                                      // 1-bit Adam errors of a few ranks
-#define FILE_MAX_METRICS (1ll << 40)  // metrics.jsonl: 2^30 steps of records of about 300 bytes
-#define FILE_MAX_SMALL 4096           // a marker, an id file
+#define FILE_MAX_SHARD (1ll << 40)        // a shard
+#define FILE_MAX_CHECKPOINT (1ll << 42)   // a checkpoint
+#define FILE_MAX_METRICS (1ll << 40)      // metrics.jsonl: 2^30 steps of records of about 300 bytes
+#define FILE_MAX_SMALL 4096               // a marker, an id file
 
 // file_size_str: n bytes as the bound is said ("256 MiB").
 static inline const char* file_size_str(long long n, char* buf, size_t cap) {
@@ -49,23 +49,25 @@ static inline const char* file_kind(mode_t m) {
 // size in *size, or -1 with what is wrong in err (FILES_ERR_LEN; without the path: the caller names it) and errno set
 // (EISDIR, EINVAL: another kind of file, EFBIG: larger).
 static inline int open_regular(const char* path, const char* what, long long max_bytes, long long* size, char* err) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC), e = errno;  // e: errno to leave
     if (fd < 0) {
-        snprintf(err, FILES_ERR_LEN, "cannot open: %s (expected %s)", strerror(errno), what);
+        snprintf(err, FILES_ERR_LEN, "cannot open: %s (expected %s)", strerror(e), what);
+        errno = e;
         return -1;
     }
     struct stat st;
     char b[32];
-    int e = 0;  // errno to leave
-    if (fstat(fd, &st) != 0)
-        e = errno, snprintf(err, FILES_ERR_LEN, "cannot stat: %s", strerror(errno));
-    else if (!S_ISREG(st.st_mode))
-        e = S_ISDIR(st.st_mode) ? EISDIR : EINVAL,
+    if (fstat(fd, &st) != 0) {
+        e = errno;
+        snprintf(err, FILES_ERR_LEN, "cannot stat: %s", strerror(e));
+    } else if (!S_ISREG(st.st_mode)) {
+        e = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
         snprintf(err, FILES_ERR_LEN, "not a regular file but %s (expected %s)", file_kind(st.st_mode), what);
-    else if (st.st_size > max_bytes)
-        e = EFBIG, snprintf(err, FILES_ERR_LEN, "%lld bytes, more than the %s (%lld bytes) %s may have",
-                            (long long)st.st_size, file_size_str(max_bytes, b, sizeof b), max_bytes, what);
-    else {
+    } else if (st.st_size > max_bytes) {
+        e = EFBIG;
+        snprintf(err, FILES_ERR_LEN, "%lld bytes, more than the %s (%lld bytes) %s may have", (long long)st.st_size,
+                 file_size_str(max_bytes, b, sizeof b), max_bytes, what);
+    } else {
         *size = (long long)st.st_size;
         return fd;
     }
