@@ -188,7 +188,10 @@ static inline int bert_save_hf(const char* dir, const BertParams* p, const float
 static inline char* bert_read_file(const char* path, const char* what, long long max_bytes, size_t* size) {
     char err[FILES_ERR_LEN];
     char* buf = read_whole_file(path, what, max_bytes, size, err);
-    if (!buf) fprintf(stderr, "model: %s: %s\n", path, err);
+    if (!buf && !strncmp(err, "cannot open: ", 13))  // (a missing file, said as it always was)
+        fprintf(stderr, "model: cannot open %s: %s\n", path, err + 13);
+    else if (!buf)
+        fprintf(stderr, "model: %s: %s\n", path, err);
     return buf;
 }
 

@@ -105,7 +105,7 @@ static int lock_zero(int fd, uint64_t tag) {
 static int lock_refused(const char* dir, const char* path, int fd, off_t at) {
     char line[512] = "", host[256] = "?", job[128] = "?";
     int pid = lock_held(fd, at), hpid = 0;
-    if (at != 0) {
+    if (at != 0 || pid == -1) {  // (byte 0 free: its line is an earlier run's)
         char who[64] = "another process";
         if (pid > 0) snprintf(who, sizeof who, "pid %d", pid);
         fprintf(stderr,
