@@ -168,26 +168,33 @@ check '[ $rc = 0 ] && [ -f "$W/st/model.safetensors" ] && [ ! -e "$W/st/.export.
   "exit $rc: $(echo "$out" | grep -v '^step' | tail -n 2)"
 
 # 6. two 2-rank launches into one --out, MASTER_PORTs apart: y's rank 1 takes its byte first, then x's rank 0
-# byte 0, then the other two start. x runs; y's ranks stop at once (rank 0: byte 0 held; rank 1: it sees that)
+# byte 0, then the other two start. The launch whose rank 0 has byte 0 (x, unless the machine is slow) runs; the
+# other's ranks stop at once (its rank 0: byte 0 is held; its rank 1 sees that, before or in the bootstrap)
 P=$((21000 + RANDOM % 18000))
-launch() {  # launch NAME PORT RANK
-  MASTER_PORT=$2 SLURM_NTASKS=2 SLURM_PROCID=$3 SLURM_LOCALID=$3 NCCL_EMU_TIMEOUT_S=60 timeout 60 "$TRAINER" "${T[@]}" \
-    --out "$W/two" --steps 3 --nccl-timeout 20 >"$W/two_$1.log" 2>&1 &
+launch() {  # launch NAME PORT RANK: its exit code and end time go to two_NAME.rc
+  (MASTER_PORT=$2 SLURM_NTASKS=2 SLURM_PROCID=$3 SLURM_LOCALID=$3 NCCL_EMU_TIMEOUT_S=60 timeout 60 "$TRAINER" "${T[@]}" \
+    --out "$W/two" --steps 3 --nccl-timeout 20 >"$W/two_$1.log" 2>&1; echo "$? $(date +%s)" >"$W/two_$1.rc") &
   PIDS+=($!)
 }
 mkdir -p "$W/two"
 start=$(date +%s)
-launch y1 $((P + 1)) 1; y1=$!; sleep 0.5
-launch x0 $P 0; x0=$!; sleep 0.5
-launch x1 $P 1; x1=$!; launch y0 $((P + 1)) 0; y0=$!
-wait $y1; ry1=$?; wait $y0; ry0=$?; secs=$(($(date +%s) - start))
-wait $x0; rx0=$?; wait $x1; rx1=$?
-check '[ $ry0 = 1 ] && [ $ry1 = 1 ] && [ $secs -lt 15 ] && grep -q "another run is using it: $W/two/lock is held by pid" "$W/two_y0.log" &&
-  grep -q "another run is using it: $W/two/lock is held by pid" "$W/two_y1.log"' \
-  "two launches at once: the one without byte 0 stops at once, naming the lock" \
-  "exit $ry0 and $ry1 after ${secs}s: $(tail -q -n 1 "$W/two_y0.log" "$W/two_y1.log" | tr '\n' '|')"
-check '[ $rx0 = 0 ] && [ $rx1 = 0 ] && [ -f "$W/two/model.safetensors" ]' "two launches at once: the one with byte 0 runs" \
-  "exit $rx0 and $rx1: $(tail -q -n 1 "$W/two_x0.log" "$W/two_x1.log" | tr '\n' '|')"
+launch y1 $((P + 1)) 1; sleep 0.5
+launch x0 $P 0; sleep 0.5
+launch x1 $P 1; launch y0 $((P + 1)) 0
+wait
+declare -A rc secs
+for k in x0 x1 y0 y1; do read -r rc[$k] end <"$W/two_$k.rc"; secs[$k]=$((end - start)); done
+won=""; lost=""
+for l in x y; do
+  if [ "${rc[${l}0]}" = 0 ] && [ "${rc[${l}1]}" = 0 ]; then won="$won$l"; else lost="$lost$l"; fi
+done
+check '[ ${#won} = 1 ] && [ -f "$W/two/model.safetensors" ]' "two launches at once: one of them runs" \
+  "exits x ${rc[x0]} ${rc[x1]}, y ${rc[y0]} ${rc[y1]}: $(tail -q -n 1 "$W"/two_*.log | tr '\n' '|')"
+check '[ ${#lost} = 1 ] && [ "${rc[${lost}0]}" = 1 ] && [ "${rc[${lost}1]}" = 1 ] && [ ${secs[${lost}0]} -lt 15 ] &&
+  [ ${secs[${lost}1]} -lt 15 ] && grep -q "another run is using it: $W/two/lock is held by pid" "$W/two_${lost}0.log" &&
+  grep -q "another run is using it: $W/two/lock is held by pid" "$W/two_${lost}1.log"' \
+  "two launches at once: the other one's ranks stop at once, naming the lock" \
+  "exits ${rc[${lost}0]} ${rc[${lost}1]} after ${secs[${lost}0]} s and ${secs[${lost}1]} s: $(tail -q -n 1 "$W/two_${lost}0.log" "$W/two_${lost}1.log" | tr '\n' '|')"
 
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
