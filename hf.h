@@ -128,8 +128,9 @@ static inline void bj_skip_in(BertJson* j, int depth) {
             return;
         }
     }
-    if (c == 't' || c == 'f' || c == 'n') {
-        while (j->s < j->end && *j->s >= 'a' && *j->s <= 'z') j->s++;
+    if (c == '-' && j->s + 1 < j->end && j->s[1] == 'I') j->s++, c = 'I';  // Python's -Infinity
+    if (c == 't' || c == 'f' || c == 'n' || c == 'N' || c == 'I') {        // true, false, null; Python's NaN, Infinity
+        while (j->s < j->end && ((*j->s >= 'a' && *j->s <= 'z') || (*j->s >= 'A' && *j->s <= 'Z'))) j->s++;
         return;
     }
     bj_number(j);
