@@ -372,12 +372,27 @@ static int ckpt_verify(const char* path, CkptHeader* h, char* why, size_t n) {
     return ok;
 }
 
-// ckpt_layout_ok: whether the checkpoint's slab is laid out as this trainer lays out its configuration. Since
-// 2026-11-24 the word embeddings take bert_vocab_rows(V) rows (a multiple of 8; before, V rows), so a checkpoint
-// of a model with V % 8 != 0 saved before that is refused, with what to do instead.
+// ckpt_layout_ok: whether the checkpoint's configuration is one this trainer can run (--eval runs it, and its
+// sequence length T, 2 to the model's positions, as --seq takes them) and its slab is laid out as this trainer
+// lays out that configuration. Since 2026-11-24 the word embeddings take bert_vocab_rows(V) rows (a multiple of
+// 8; before, V rows), so a checkpoint of a model with V % 8 != 0 saved before that is refused, with what to do
+// instead.
 static int ckpt_layout_ok(const CkptHeader* h, char* why, size_t n) {
     if (!bert_config_check(&h->cfg)) {  // (it says why on stderr)
         snprintf(why, n, "its model configuration is not one this trainer can run");
+        return 0;
+    }
+    // (what bert_config_check lets through: an intermediate size below 1 lays out a slab of wrapped sizes)
+    if (h->cfg.intermediate < 1 || !(h->cfg.ln_eps < 1)) {
+        snprintf(why, n,
+                 "its model configuration is not one this trainer can run (intermediate size %d, expected "
+                 "at least 1; layer_norm_eps %g, expected below 1)",
+                 h->cfg.intermediate, (double)h->cfg.ln_eps);
+        return 0;
+    }
+    if (h->T < 2 || h->T > h->cfg.max_position) {
+        snprintf(why, n, "its sequence length %d is out of range (2 to the model's %d positions)", h->T,
+                 h->cfg.max_position);
         return 0;
     }
     BertParams p;

@@ -51,18 +51,51 @@ static inline int bj_string(BertJson* j, char* out, size_t cap) {
     if (cap) out[n] = 0;
     return bj_eat(j, '"');
 }
+static inline int bj_digits(BertJson* j, const char** p) {  // [0-9]* from *p; gives how many
+    const char* d = *p;
+    while (*p < j->end && **p >= '0' && **p <= '9') (*p)++;
+    return (int)(*p - d);
+}
+// a number as JSON writes one, -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?: not strtod's hex, inf, nan or "+1"
 static inline double bj_number(BertJson* j) {
     bj_ws(j);
-    char* e;
-    double v = strtod(j->s, &e);
-    if (e == j->s || e > j->end) {
+    const char* p = j->s + (j->s < j->end && *j->s == '-');
+    const char* first = p;
+    int n = bj_digits(j, &p), ok = n > 0 && !(n > 1 && *first == '0');
+    if (ok && p < j->end && *p == '.') p++, ok = bj_digits(j, &p) > 0;
+    if (ok && p < j->end && (*p == 'e' || *p == 'E')) {
+        p++;
+        if (p < j->end && (*p == '+' || *p == '-')) p++;
+        ok = bj_digits(j, &p) > 0;
+    }
+    char* e = NULL;
+    double v = ok ? strtod(j->s, &e) : 0;
+    if (!ok || e != p) {
         j->err = 1;
         return 0;
     }
-    j->s = e;
+    j->s = p;
     return v;
 }
-static inline void bj_skip(BertJson* j) {  // any value
+// bj_sep: after a member or an element, the ',' before the next one (consumed), or the closing character (not):
+// a trailing comma, or two values without one between them, are malformed
+static inline void bj_sep(BertJson* j, char close) {
+    if (bj_peek(j) == ',') {
+        j->s++;
+        if (bj_peek(j) == close) j->err = 1;
+    } else if (bj_peek(j) != close) {
+        j->err = 1;
+    }
+}
+// bj_end: the closing character of the outermost object, then nothing but whitespace
+static inline void bj_end(BertJson* j) {
+    bj_eat(j, '}');
+    if (bj_peek(j) != -1) j->err = 1;
+}
+// bj_skip: any value, nested at most BJ_MAX_DEPTH deep (deeper is malformed here: neither file needs it, and
+// a recursion as deep as a hostile file's nesting would overflow the stack)
+#define BJ_MAX_DEPTH 64
+static inline void bj_skip_in(BertJson* j, int depth) {
     int c = bj_peek(j);
     char tmp[8];
     if (c == '"') {
@@ -71,6 +104,10 @@ static inline void bj_skip(BertJson* j) {  // any value
     }
     if (c == '{' || c == '[') {
         char close = c == '{' ? '}' : ']';
+        if (depth >= BJ_MAX_DEPTH) {
+            j->err = 1;
+            return;
+        }
         j->s++;
         if (bj_peek(j) == close) {
             j->s++;
@@ -81,7 +118,7 @@ static inline void bj_skip(BertJson* j) {  // any value
                 bj_string(j, tmp, sizeof(tmp));
                 bj_eat(j, ':');
             }
-            bj_skip(j);
+            bj_skip_in(j, depth + 1);
             if (j->err) return;
             if (bj_peek(j) == ',') {
                 j->s++;
@@ -91,12 +128,14 @@ static inline void bj_skip(BertJson* j) {  // any value
             return;
         }
     }
-    if (c == 't' || c == 'f' || c == 'n') {
-        while (j->s < j->end && *j->s >= 'a' && *j->s <= 'z') j->s++;
+    if (c == '-' && j->s + 1 < j->end && j->s[1] == 'I') j->s++, c = 'I';  // Python's -Infinity
+    if (c == 't' || c == 'f' || c == 'n' || c == 'N' || c == 'I') {        // true, false, null; Python's NaN, Infinity
+        while (j->s < j->end && ((*j->s >= 'a' && *j->s <= 'z') || (*j->s >= 'A' && *j->s <= 'Z'))) j->s++;
         return;
     }
     bj_number(j);
 }
+static inline void bj_skip(BertJson* j) { bj_skip_in(j, 0); }
 
 // bert_write_file: path holds a then b, atomically: written to path.tmp, flushed to disk, renamed over path
 // (so a crash or a full disk leaves the old file whole, or no file). Gives 1 on success.
@@ -206,7 +245,8 @@ static inline int bert_read_config(const char* path, BertConfig* c) {
     c->max_position = 512;
     BertJson j = {buf, buf + n, 0};
     char key[128], str[64];
-    int ok = bj_eat(&j, '{');
+    int ok = 1;  // (malformed JSON sets j.err: said below)
+    bj_eat(&j, '{');
     while (ok && !j.err && bj_peek(&j) != '}') {
         bj_string(&j, key, sizeof(key));
         bj_eat(&j, ':');
@@ -270,8 +310,9 @@ static inline int bert_read_config(const char* path, BertConfig* c) {
             }
         } else
             bj_skip(&j);
-        if (bj_peek(&j) == ',') j.s++;
+        bj_sep(&j, '}');
     }
+    if (ok && !j.err) bj_end(&j);
     free(buf);
     if (ok && j.err) {
         fprintf(stderr, "model: %s: malformed JSON\n", path);
@@ -279,6 +320,11 @@ static inline int bert_read_config(const char* path, BertConfig* c) {
     }
     if (ok && !c->vocab_size) {
         fprintf(stderr, "model: %s: no vocab_size\n", path);
+        ok = 0;
+    }
+    if (ok && c->intermediate < 1) {  // (bert_config_check lets 0 through: a layer without its MLP)
+        fprintf(stderr, "model: %s: intermediate_size %d (or none): expected a positive integer\n", path,
+                c->intermediate);
         ok = 0;
     }
     return ok && bert_config_check(c);
@@ -368,25 +414,42 @@ static inline int bert_st_entry_ok(const char* path, const BertStEntry* en, int 
     return 0;
 }
 
-// bert_st_layout_ok: the tensors' byte ranges, in offset order, tile the data exactly, as the safetensors
-// format requires (its library refuses the rest): no two overlap, no byte is left between them or after the
-// last. Prints the first problem and gives 0.
+// bert_st_by_range, bert_st_by_name: qsort's orders of entry pointers (a hostile header may hold millions of
+// entries: no quadratic sort)
+static inline int bert_st_by_range(const void* a, const void* b) {
+    const BertStEntry *x = *(const BertStEntry*const*)a, *y = *(const BertStEntry*const*)b;
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    return x < y ? -1 : x > y;  // ties in the header's order
+}
+static inline int bert_st_by_name(const void* a, const void* b) {
+    return strcmp((*(const BertStEntry* const*)a)->name, (*(const BertStEntry* const*)b)->name);
+}
+
+// bert_st_layout_ok: every tensor named once (which of two would be meant cannot be known), and the tensors'
+// byte ranges, in offset order, tile the data exactly, as the safetensors format requires (its library refuses
+// the rest): no two overlap, no byte is left between them or after the last. Prints the first problem and
+// gives 0.
 static inline int bert_st_layout_ok(const char* path, const BertSt* st) {
-    int* order = (int*)malloc((st->n + 1) * sizeof(int));
-    if (!order) return 0;
-    for (int i = 0; i < st->n; i++) {  // insertion sort by (begin, end): a few hundred entries
-        int k = i;
-        while (k > 0 && (st->e[order[k - 1]].begin > st->e[i].begin ||
-                         (st->e[order[k - 1]].begin == st->e[i].begin && st->e[order[k - 1]].end > st->e[i].end)))
-            order[k] = order[k - 1], k--;
-        order[k] = i;
+    const BertStEntry** order = (const BertStEntry**)malloc((st->n + 1) * sizeof(*order));
+    if (!order) {
+        fprintf(stderr, "model: %s: out of host memory for %d entries\n", path, st->n);
+        return 0;
     }
-    size_t at = 0;  // the end of the bytes covered so far
+    for (int i = 0; i < st->n; i++) order[i] = &st->e[i];
     int ok = 1;
+    qsort(order, st->n, sizeof(*order), bert_st_by_name);
+    for (int k = 1; ok && k < st->n; k++)
+        if (!strcmp(order[k]->name, order[k - 1]->name)) {
+            fprintf(stderr, "model: %s: tensor %s appears twice in the header\n", path, order[k]->name);
+            ok = 0;
+        }
+    qsort(order, st->n, sizeof(*order), bert_st_by_range);
+    size_t at = 0;  // the end of the bytes covered so far
     for (int k = 0; ok && k < st->n; k++) {
-        const BertStEntry* e = &st->e[order[k]];
+        const BertStEntry* e = order[k];
         if (e->begin < at) {
-            const BertStEntry* p = &st->e[order[k - 1]];
+            const BertStEntry* p = order[k - 1];
             fprintf(stderr, "model: %s: %s (data_offsets [%zu, %zu]) overlaps %s ([%zu, %zu])\n", path, e->name,
                     e->begin, e->end, p->name, p->begin, p->end);
             ok = 0;
@@ -439,7 +502,7 @@ static inline int bert_st_open_max(const char* path, BertSt* st, long long max_b
         bj_eat(&j, ':');
         if (!strcmp(en.name, "__metadata__")) {
             bj_skip(&j);
-            if (bj_peek(&j) == ',') j.s++;
+            bj_sep(&j, '}');
             continue;
         }
         double off[2] = {-1, -1};
@@ -457,12 +520,12 @@ static inline int bert_st_open_max(const char* path, BertSt* st, long long max_b
                     double v = bj_number(&j);
                     int whole = v >= 0 && v <= 9e15 && v == floor(v);  // an exact non-negative integer
                     if (is_shape) {
-                        if (k < 4) en.shape[k] = (long long)v;
+                        if (k < 4) en.shape[k] = whole ? (long long)v : -1;
                         bad_shape |= !whole;
                     } else if (k < 2)
                         off[k] = whole ? v : -1;
                     k++;
-                    if (bj_peek(&j) == ',') j.s++;
+                    bj_sep(&j, ']');
                 }
                 bj_eat(&j, ']');
                 if (is_shape)
@@ -471,10 +534,10 @@ static inline int bert_st_open_max(const char* path, BertSt* st, long long max_b
                     n_off = k;
             } else
                 bj_skip(&j);
-            if (bj_peek(&j) == ',') j.s++;
+            bj_sep(&j, '}');
         }
         bj_eat(&j, '}');
-        if (bj_peek(&j) == ',') j.s++;
+        bj_sep(&j, '}');
         if (j.err) break;
         if (!bert_st_entry_ok(path, &en, bad_shape, n_off, off, st->data_len)) {
             ok = 0;
@@ -493,6 +556,7 @@ static inline int bert_st_open_max(const char* path, BertSt* st, long long max_b
         }
         st->e[st->n++] = en;
     }
+    if (ok && !j.err) bj_end(&j);
     if (j.err) {
         fprintf(stderr, "model: %s: malformed header\n", path);
         ok = 0;
@@ -554,14 +618,17 @@ static inline int bert_params_all_finite(const char* path, const BertParams* p, 
 }
 
 // bert_read_safetensors: reads the tensors of table p from path into the host fp32 slab w
-// (p->numel floats, zeroed first). Every tensor of the table must be present with its shape.
+// (p->numel floats, zeroed first). Every tensor of the table must be present with its shape and a float dtype:
+// all are checked before the slab is touched (a config.json of a huge model beside a small file is refused
+// here, not after zeroing gigabytes).
 // The file may be at most twice the table's F32 bytes and 64 MiB (the header, tensors this model does not have): a
 // larger one is not this model's, and is refused before it is read into memory.
 static inline int bert_read_safetensors(const char* path, const BertParams* p, float* w) {
     BertSt st;
     if (!bert_st_open_max(path, &st, (long long)p->numel * 8 + (64ll << 20))) return 0;
-    memset(w, 0, p->numel * sizeof(float));
-    int ok = 1;
+    const BertStEntry** found = (const BertStEntry**)malloc((p->n + 1) * sizeof(*found));
+    int ok = found != NULL;
+    if (!ok) fprintf(stderr, "model: %s: out of host memory\n", path);
     for (int i = 0; ok && i < p->n; i++) {
         const BertTensor* t = &p->t[i];
         const BertStEntry* e = bert_st_find(&st, t->name);
@@ -569,20 +636,21 @@ static inline int bert_read_safetensors(const char* path, const BertParams* p, f
         if (!e) {
             fprintf(stderr, "model: %s: missing tensor %s\n", path, t->name);
             ok = 0;
-            break;
-        }
-        if (e->rank != t->rank || e->shape[0] != t->shape[0] || (t->rank == 2 && e->shape[1] != t->shape[1])) {
+        } else if (e->rank != t->rank || e->shape[0] != t->shape[0] || (t->rank == 2 && e->shape[1] != t->shape[1])) {
             fprintf(stderr, "model: %s: %s has the wrong shape for this config\n", path, t->name);
             ok = 0;
-            break;
-        }
-        if (!bert_st_read_f32(&st, e, w + t->offset)) {
+        } else if (strcmp(e->dtype, "F32") && strcmp(e->dtype, "BF16") && strcmp(e->dtype, "F16")) {
             fprintf(stderr, "model: %s: %s has dtype %s (F32, BF16 or F16 expected)\n", path, t->name, e->dtype);
             ok = 0;
-        } else {
-            ok = bert_all_finite(path, t->name, w + t->offset, t->numel);
         }
+        if (ok) found[i] = e;
     }
+    if (ok) memset(w, 0, p->numel * sizeof(float));
+    for (int i = 0; ok && i < p->n; i++) {
+        const BertTensor* t = &p->t[i];
+        ok = bert_st_read_f32(&st, found[i], w + t->offset) && bert_all_finite(path, t->name, w + t->offset, t->numel);
+    }
+    free(found);
     bert_st_free(&st);
     return ok;
 }

@@ -36,7 +36,10 @@
 //   communicator: "blocking" is about init and enqueueing, as in NCCL). Its errors are the
 //   communicator's, sticky: ncclCommGetAsyncError reports them and later calls return them; a
 //   collective that was queued before ncclCommAbort fails at once when its turn comes, and Abort
-//   waits for it. On the legacy default stream (NULL) a call runs when it is called (blocking) or
+//   waits for it. A collective on a stream that failed keeps its stream busy until ncclCommAbort
+//   (or ncclCommDestroy of the failed communicator), as NCCL's kernel spins until the abort flag
+//   stops it: cudaStreamQuery says cudaErrorNotReady meanwhile (hold_until_abort).
+//   On the legacy default stream (NULL) a call runs when it is called (blocking) or
 //   in the communicator's thread (non-blocking, below). Buffers are plain host memory.
 //   Non-blocking communicators (ncclCommInitRankConfig with config.blocking = 0), as NCCL's user
 //   guide describes them ("Creating a communicator with options", "Fault tolerance"): init
@@ -1024,6 +1027,15 @@ static ncclResult_t enqueue(const Call* k) {
     return ncclInProgress;
 }
 
+// hold_until_abort: a collective on a stream that failed (a peer died, left, timed out or called something
+// else; or the communicator had failed before its turn) keeps its stream busy until ncclCommAbort, as NCCL's
+// kernel spins for data that never comes until the abort flag stops it: cudaStreamQuery says
+// cudaErrorNotReady and the synchronizing calls block, so no host code reads a sum that never happened,
+// while ncclCommGetAsyncError reports the error. ncclCommDestroy of the failed communicator ends it too.
+static void hold_until_abort(ncclComm* c) {
+    while (!LOAD(&c->aborting)) sleep_s(0.001);
+}
+
 // stream_enqueue: a collective on a stream (not the legacy one) runs on the stream's worker, in stream
 // order, as NCCL's kernel runs on its stream: the call returns once it is enqueued. Its errors are the
 // communicator's (sticky): ncclCommGetAsyncError reports them, and later calls fail with them.
@@ -1040,7 +1052,7 @@ static ncclResult_t stream_enqueue(const Call* k) {
     __atomic_fetch_add(&c->on_streams, 1, __ATOMIC_SEQ_CST);
     Call copy = *k;
     emu_stream_enqueue(k->stream, 0, [copy] {
-        run_call(&copy);
+        if (run_call(&copy) != ncclSuccess) hold_until_abort(copy.comm);
         __atomic_fetch_sub(&copy.comm->on_streams, 1, __ATOMIC_SEQ_CST);
     });
     return ncclSuccess;
@@ -1558,7 +1570,10 @@ ncclResult_t ncclCommFinalize(ncclComm_t comm) {
         (__atomic_load_n(&comm->pending, __ATOMIC_SEQ_CST) > 0 ||
          __atomic_load_n(&comm->on_streams, __ATOMIC_SEQ_CST) > 0))
         return ncclInProgress;
-    while (comm->blocking && __atomic_load_n(&comm->on_streams, __ATOMIC_SEQ_CST) > 0) sleep_s(0.001);
+    // (a failed collective holds its stream until the abort: the error is the answer, not a wait)
+    while (comm->blocking && __atomic_load_n(&comm->on_streams, __ATOMIC_SEQ_CST) > 0 &&
+           !__atomic_load_n(&comm->error, __ATOMIC_SEQ_CST))
+        sleep_s(0.001);
     return (ncclResult_t)__atomic_load_n(&comm->error, __ATOMIC_SEQ_CST);
 }
 
@@ -1593,7 +1608,13 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
         stop_worker(comm, 0);
         pthread_join(comm->worker, NULL);
     }
-    while (__atomic_load_n(&comm->on_streams, __ATOMIC_SEQ_CST) > 0) sleep_s(0.001);  // their waits are bounded too
+    // Their waits are bounded too; but a collective that failed holds its stream until an abort
+    // (hold_until_abort): on a failed communicator Destroy ends them as ncclCommAbort does, where NCCL
+    // would wait for them forever.
+    while (__atomic_load_n(&comm->on_streams, __ATOMIC_SEQ_CST) > 0) {
+        if (__atomic_load_n(&comm->error, __ATOMIC_SEQ_CST)) __atomic_store_n(&comm->aborting, 1, __ATOMIC_SEQ_CST);
+        sleep_s(0.001);
+    }
     if (comm->hdr) write_stats(comm);
     release(comm);
     return ncclSuccess;

@@ -6,7 +6,9 @@
 //   2. `extern __shared__` declared inside a template kernel.
 //   3. __activemask() gives the lanes converged with the caller (never a lane of the other side of
 //      a branch); a warp collective whose mask names lanes that have exited completes for the rest
-//      (CUDA requires only the non-exited lanes of the mask to take part).
+//      (CUDA requires only the non-exited lanes of the mask to take part), and a vote counts only them
+//      (the Programming Guide's warp vote functions evaluate the predicate "for all non-exited threads in
+//      mask"): __all_sync(full, 1) is 1 and __any_sync(full, 0) is 0 after some lanes returned.
 //   4. The fast-math intrinsics within the error bounds of the Programming Guide's intrinsics
 //      tables, and their documented special cases; the _rn operations correctly rounded.
 // The checks test the documented contract (bounds, subsets), not the CPU runtime's exact values.
@@ -128,19 +130,22 @@ __global__ void warp_masks(unsigned* out, int live) {
     unsigned after = __activemask();
     int v = __shfl_xor_sync(0xffffffffu, lane, 1);  // lanes < live read lanes < live (live is even)
     unsigned ballot = __ballot_sync(0xffffffffu, 1);
-    out[lane * 4 + 0] = branch;
-    out[lane * 4 + 1] = after;
-    out[lane * 4 + 2] = (unsigned)v;
-    out[lane * 4 + 3] = ballot;
+    int all = __all_sync(0xffffffffu, 1) != 0, any = __any_sync(0xffffffffu, 0) != 0;  // (CUDA: "non-zero")
+    out[lane * 6 + 0] = branch;
+    out[lane * 6 + 1] = after;
+    out[lane * 6 + 2] = (unsigned)v;
+    out[lane * 6 + 3] = ballot;
+    out[lane * 6 + 4] = (unsigned)all;
+    out[lane * 6 + 5] = (unsigned)any;
 }
 
 static void check_warp_convergence(void) {
     const int lives[2] = {32, 20};
     unsigned* dout;
-    CUDA_OK(cudaMalloc(&dout, 32 * 4 * sizeof(unsigned)));
+    CUDA_OK(cudaMalloc(&dout, 32 * 6 * sizeof(unsigned)));
     for (int k = 0; k < 2; k++) {
         int live = lives[k];
-        unsigned live_mask = live == 32 ? 0xffffffffu : (1u << live) - 1, got[32 * 4];
+        unsigned live_mask = live == 32 ? 0xffffffffu : (1u << live) - 1, got[32 * 6];
         CUDA_OK(cudaMemset(dout, 0, sizeof got));
         launch(warp_masks, dim3(1), dim3(32), 0, (cudaStream_t)0, dout, live);
         cudaError_t e = cudaGetLastError();
@@ -149,13 +154,15 @@ static void check_warp_convergence(void) {
         CHECK(e == cudaSuccess, "warp collectives with %d of 32 lanes live: %s", live, cudaGetErrorName(e));
         if (e != cudaSuccess) continue;
         CUDA_OK(cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost));
-        int bad_branch = 0, bad_after = 0, bad_shfl = 0, bad_ballot = 0;
+        int bad_branch = 0, bad_after = 0, bad_shfl = 0, bad_ballot = 0, bad_all = 0, bad_any = 0;
         for (int l = 0; l < live; l++) {
             unsigned side = (l < 8 ? 0xffu : ~0xffu) & live_mask, me = 1u << l;
-            bad_branch += !(got[l * 4] & me) || (got[l * 4] & ~side);  // own bit, nothing from the other side
-            bad_after += !(got[l * 4 + 1] & me) || (got[l * 4 + 1] & ~live_mask);  // never an exited lane
-            bad_shfl += got[l * 4 + 2] != (unsigned)(l ^ 1);
-            bad_ballot += got[l * 4 + 3] != live_mask;  // exited lanes vote 0
+            bad_branch += !(got[l * 6] & me) || (got[l * 6] & ~side);  // own bit, nothing from the other side
+            bad_after += !(got[l * 6 + 1] & me) || (got[l * 6 + 1] & ~live_mask);  // never an exited lane
+            bad_shfl += got[l * 6 + 2] != (unsigned)(l ^ 1);
+            bad_ballot += got[l * 6 + 3] != live_mask;  // exited lanes vote 0
+            bad_all += got[l * 6 + 4] != 1;             // ... and are not asked: all of the live lanes' 1
+            bad_any += got[l * 6 + 5] != 0;
         }
         CHECK(bad_branch == 0, "%d live lanes: __activemask in a branch names lanes outside it (%d lanes)", live,
               bad_branch);
@@ -163,6 +170,10 @@ static void check_warp_convergence(void) {
         CHECK(bad_shfl == 0, "%d live lanes: full-mask __shfl_xor_sync after exits wrong on %d lanes", live, bad_shfl);
         CHECK(bad_ballot == 0, "%d live lanes: full-mask __ballot_sync after exits wrong on %d lanes", live,
               bad_ballot);
+        CHECK(bad_all == 0 && bad_any == 0,
+              "%d live lanes: __all_sync(full, 1) is not 1 on %d lanes, __any_sync(full, 0) not 0 on %d (exited "
+              "lanes take no part)",
+              live, bad_all, bad_any);
     }
     cudaFree(dout);
 }

@@ -9,7 +9,8 @@
 // counts larger than the shared-memory chunk; groups; ncclSend/ncclRecv in groups (an all-to-all, a
 // ring shift); two ranks as threads of one process; and on
 // the CPU emulation also the failures:
-// a rank killed with SIGKILL in the middle, a rank that exits without ncclCommDestroy, a rank that
+// a rank killed with SIGKILL in the middle (also under a collective on a stream: the stream stays busy until
+// ncclCommAbort, as NCCL's kernel does), a rank that exits without ncclCommDestroy, a rank that
 // stays away (timeout), a rank that never joins, ncclCommAbort from another thread, and ranks
 // that call mismatched collectives or mismatched ncclSend/ncclRecv counts (the error after a peer's exit or
 // death names that peer), and the bytes each rank sent (NCCL_EMU_STATS). The emulation's sums are checked
@@ -1034,6 +1035,59 @@ static void stream_abort_child(int rank, int nranks, const ncclUniqueId* id, con
     cudaFree(buf);
 }
 
+// A collective on a stream whose peer died (arg: 1 for a non-blocking communicator, the trainer's kind). On a
+// GPU NCCL's kernel spins for data that never comes until ncclCommAbort stops it: the stream stays busy
+// (cudaStreamQuery: cudaErrorNotReady, and an event recorded after it stays pending) while
+// ncclCommGetAsyncError reports the error, so the host never reads a sum that never happened. The
+// abort then ends the collective and the stream is done (and usable: a later copy runs).
+static void stream_dead_child(int rank, int nranks, const ncclUniqueId* id, const void* arg, Report* rep) {
+    int nonblocking = *(const int*)arg;
+    setenv("NCCL_EMU_TIMEOUT_S", "600", 1);
+    ncclComm_t comm = NULL;
+    ncclResult_t r0 = ncclSuccess;
+    if (nonblocking) {
+        comm = nonblocking_init(nranks, id, rank, &r0);
+        CHECK(comm && poll_comm(comm, 10) == ncclSuccess, "rank %d: non-blocking init failed", rank);
+    } else {
+        NCCL_OK(ncclCommInitRank(&comm, nranks, *id, rank));
+    }
+    if (!comm) return;
+    cudaStream_t s;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaEvent_t ev;
+    CUDA_OK(cudaEventCreate(&ev));
+    size_t n = 1000;
+    void* buf = dev_alloc(n * 4);
+    CUDA_OK(cudaMemset(buf, 0, n * 4));
+    NCCL_OK(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, comm, s));
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess, "rank %d: the first AllReduce on a stream", rank);
+    if (rank == 1) kill(getpid(), SIGKILL);  // both ranks are past the first AllReduce
+    ncclResult_t r = ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, comm, s);
+    CHECK(r == ncclSuccess, "rank 0: enqueueing an AllReduce on a stream gave %s", ncclGetErrorString(r));
+    CUDA_OK(cudaEventRecord(ev, s));
+    ncclResult_t ae = ncclSuccess;
+    double t0 = now_s();
+    while (now_s() - t0 < 5 && ncclCommGetAsyncError(comm, &ae) == ncclSuccess && ae == ncclSuccess) sleep_s(0.001);
+    CHECK(is_remote_failure(ae), "rank 0: ncclCommGetAsyncError with a dead peer gave %s, want a remote/system error",
+          ncclGetErrorString(ae));
+    sleep_s(0.2);  // time enough for a wrongly finished collective to let its stream go
+    CHECK(cudaStreamQuery(s) == cudaErrorNotReady,
+          "rank 0: the stream of an AllReduce whose peer died is done before ncclCommAbort (want cudaErrorNotReady)");
+    CHECK(cudaEventQuery(ev) == cudaErrorNotReady,
+          "rank 0: an event after the failed AllReduce completed before the abort");
+    double t_abort = now_s();
+    NCCL_OK(ncclCommAbort(comm));
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess, "rank 0: cudaStreamSynchronize after ncclCommAbort");
+    rep->seconds = now_s() - t_abort;
+    CHECK(rep->seconds < 1.0, "rank 0: the stream was done %.3f s after ncclCommAbort", rep->seconds);
+    CHECK(cudaEventQuery(ev) == cudaSuccess, "rank 0: the event after the aborted AllReduce is not done");
+    CHECK(cudaMemsetAsync(buf, 0, n * 4, s) == cudaSuccess && cudaStreamSynchronize(s) == cudaSuccess,
+          "rank 0: the stream is not usable after ncclCommAbort");
+    cudaEventDestroy(ev);
+    cudaStreamDestroy(s);
+    cudaFree(buf);
+}
+
 // Non-blocking, a peer that stops (SIGSTOP) without dying: with NCCL_EMU_TIMEOUT_S large only the
 // caller's own deadline can catch it. Rank 0's AllReduce must stay ncclInProgress (no hang inside the
 // call), and ncclCommAbort must end it at once; rank 1, continued, then fails at once too.
@@ -1227,6 +1281,12 @@ int main(void) {
     run_ranks(2, 2, stream_abort_child, NULL, 20, reps, st);
     absorb("abort, collective on a stream", 2, reps, st, -1);
     printf("ncclCommAbort with a collective blocked on a stream: the stream was done after %.3f s\n", reps[0].seconds);
+    for (int nb = 0; nb < 2; nb++) {
+        const char* what = nb ? "dead peer, collective on a stream, non-blocking" : "dead peer, collective on a stream";
+        run_ranks(2, 2, stream_dead_child, &nb, 20, reps, st);
+        absorb(what, 2, reps, st, 1);
+        printf("%s: busy until ncclCommAbort, done %.3f s after it\n", what, reps[0].seconds);
+    }
     shared_pid = (int*)(shared_kill_time + 1);
     run_ranks(2, 2, stopped_child, NULL, 20, reps, st);
     absorb("non-blocking, stopped peer", 2, reps, st, -1);

@@ -91,8 +91,14 @@ static inline unsigned __activemask(void) { return emu_activemask(); }
 static inline unsigned __ballot_sync(unsigned mask, int p) {
     return (unsigned)emu_warp_collective(EMU_VOTE_BALLOT, mask, p != 0, 0, 32, "__ballot_sync");
 }
-static inline int __any_sync(unsigned mask, int p) { return (__ballot_sync(mask, p) & mask) != 0; }
-static inline int __all_sync(unsigned mask, int p) { return (__ballot_sync(mask, p) & mask) == mask; }
+// Votes count "all non-exited threads in mask" (CUDA's warp vote functions): an exited lane is no vote,
+// so all is "no live lane voted false", not "every lane of the mask voted true".
+static inline int __any_sync(unsigned mask, int p) {
+    return emu_warp_collective(EMU_VOTE_BALLOT, mask, p != 0, 0, 32, "__any_sync") != 0;
+}
+static inline int __all_sync(unsigned mask, int p) {
+    return emu_warp_collective(EMU_VOTE_BALLOT, mask, p == 0, 0, 32, "__all_sync") == 0;
+}
 
 // Shuffles move up to 8 bytes of any trivially copyable type, as the CUDA templates do.
 template <typename T>
