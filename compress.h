@@ -18,8 +18,8 @@
 // the communication stream, after the step's host sync, when the step's norm and so --clip's factor c are known,
 // in the forward's order, and updates each part's weights there too (step 4), so the next step's forward, which
 // waits for each layer's part, runs under the exchange of the layers above (onebit_step_forward). (An
-// --comm onebit-overlap that sent the parts during the backward, unclipped, was deleted on 2026-11-28: in the 500-step mini
-// runs, seeds 1337 and 42, it ended 0.02 to 0.07 points further from fp32's loss than this, at the same bytes.)
+// --comm onebit-overlap that sent the parts during the backward, unclipped, was deleted on 2026-11-28: in the 500-step
+// mini runs, seeds 1337 and 42, it ended 0.02 to 0.07 points further from fp32's loss than this, at the same bytes.)
 //   1. worker (every rank r, its accumulated gradient g_r): x = D (b1 m + (1 - b1) c g_r) + e_r, where m is the
 //      averaged momentum of the last step and e_r this rank's worker error;
 //      x is compressed (below) and e_r = x - decompress(compress(x)).
@@ -129,9 +129,9 @@ __host__ __device__ inline size_t onebit_at(size_t j, size_t lo, size_t n1, size
 //   x = (b1 m + (1 - b1) clip g) / (sqrt(v / bc2) + eps) + err     (m: the last step's averaged momentum)
 //   msgs: the compressed x, chunk j at j * onebit_msg_bytes(chunk); err = x - decompressed (j < n), in place.
 // Layout: one block of 256 threads per group (grid-stride over groups); thread t: elements k * 256 + t.
-__global__ void onebit_worker(unsigned char* msgs, float* err, const float* g, const float* m,
-                              const float* v, size_t lo, size_t n1, size_t lo2, size_t n, size_t chunk, size_t groups,
-                              float b1, float clip, float bc2, float eps) {
+__global__ void onebit_worker(unsigned char* msgs, float* err, const float* g, const float* m, const float* v,
+                              size_t lo, size_t n1, size_t lo2, size_t n, size_t chunk, size_t groups, float b1,
+                              float clip, float bc2, float eps) {
     __shared__ float red[ONEBIT_THREADS / 32];
     size_t per_chunk = chunk / ONEBIT_GROUP, mb = onebit_msg_bytes(chunk);
     for (size_t G = blockIdx.x; G < groups; G += gridDim.x) {
@@ -157,8 +157,8 @@ __global__ void onebit_worker(unsigned char* msgs, float* err, const float* g, c
 //   y = (sum over q = 0 .. world-1, in that order, of q's decompressed value) / world + err
 // compressed into out (one message); err = y - decompressed (in place) (elements first + e < n only; past the part's
 // end y = 0). Layout: one block of 256 threads per group of the chunk (grid-stride); thread t: k * 256 + t.
-__global__ void onebit_server(unsigned char* out, float* err, const unsigned char* recv,
-                              int world, size_t chunk, size_t first, size_t n) {
+__global__ void onebit_server(unsigned char* out, float* err, const unsigned char* recv, int world, size_t chunk,
+                              size_t first, size_t n) {
     __shared__ float red[ONEBIT_THREADS / 32];
     size_t per_chunk = chunk / ONEBIT_GROUP, mb = onebit_msg_bytes(chunk);
     for (size_t G = blockIdx.x; G < per_chunk; G += gridDim.x) {
@@ -233,13 +233,13 @@ typedef struct OneBit {
     size_t msg_total;     // bytes of world messages of every part (the size of send, recv and gathered)
     size_t server_total;  // elements of this rank's server errors (its chunk of every part)
     // the device side (onebit_alloc)
-    float* worker_err;        // (numel) this rank's worker error e_r, by slab index
-    float* server_err;        // (server_total) this rank's server error s_j for its chunk j = rank of every part
-    unsigned char* send;      // (msg_total) this rank's compressed x, part p's chunk j for rank j
-    unsigned char* recv;      // (msg_total) every rank's compressed chunk `rank` of every part
-    unsigned char* gathered;  // (msg_total) the compressed averaged momentum, part p's chunk j from rank j
-    cudaEvent_t* updated;     // (n_parts) --comm onebit: recorded on the communication stream once part p's weights
-                              // are updated (onebit_step_forward)
+    float* worker_err;           // (numel) this rank's worker error e_r, by slab index
+    float* server_err;           // (server_total) this rank's server error s_j for its chunk j = rank of every part
+    unsigned char* send;         // (msg_total) this rank's compressed x, part p's chunk j for rank j
+    unsigned char* recv;         // (msg_total) every rank's compressed chunk `rank` of every part
+    unsigned char* gathered;     // (msg_total) the compressed averaged momentum, part p's chunk j from rank j
+    cudaEvent_t* updated;        // (n_parts) --comm onebit: recorded on the communication stream once part p's weights
+                                 // are updated (onebit_step_forward)
     cudaEvent_t* weights_ready;  // --comm onebit: BertModel.weights_ready (the trainer's onebit_setup; NULL: none)
 } OneBit;
 
@@ -423,7 +423,8 @@ static inline void onebit_part_launch(OneBit* ob, GradReduce* g, int i, int m_st
            m, v, p->lo, p->n1, p->lo2, p->n, p->chunk, groups, b1, clip, bc2, eps);
     onebit_exchange(ob, p, c, s);
     launch(onebit_server, onebit_grid(p->chunk / ONEBIT_GROUP), dim3(ONEBIT_THREADS), 0, s, mine,
-           ob->server_err + p->server_off, (const unsigned char*)ob->recv + p->msg_off, ob->world, p->chunk, (size_t)ob->rank * p->chunk, p->n);
+           ob->server_err + p->server_off, (const unsigned char*)ob->recv + p->msg_off, ob->world, p->chunk,
+           (size_t)ob->rank * p->chunk, p->n);
     if (ob->world > 1) {
         comm_check(c, ncclAllGather(mine, ob->gathered + p->msg_off, p->msg_bytes, ncclUint8, c->nccl, s),
                    "1-bit all-gather");

@@ -7,8 +7,10 @@
 //   adamw   gradients all-reduced in buckets (fp32, or bf16 with --comm bf16), AdamW (model.h)
 //   lamb    the same exchange; LAMB, each tensor's AdamW step scaled by its trust ratio (model.h)
 //   zero1   gradients reduce-scattered, each rank's AdamW on its shard of the weights, then all-gathered (comm.h)
-//   onebit  1-bit Adam (compress.h): AdamW (the bf16 all-reduce) for the warm-up; then only the momentum's signs and scales are
-//           exchanged, under the next forward, with a refresh step every --comm-refresh steps. Which of these a step is, optimizer_begin says at the step's start.
+//   onebit  1-bit Adam (compress.h): AdamW (the bf16 all-reduce) for the warm-up; then only the momentum's signs and
+//   scales are
+//           exchanged, under the next forward, with a refresh step every --comm-refresh steps. Which of these a step
+//           is, optimizer_begin says at the step's start.
 // Part of trainer.cu (one translation unit): included after model.h, comm.h and compress.h.
 #pragma once
 

@@ -107,10 +107,10 @@ typedef struct {
 // How a communication mode crosses the network (one per --comm mode; scaling_modes below).
 typedef struct {
     const char* name;
-    double grad_bytes;   // bytes per gradient element in each bucket's collective (0: not per bucket)
-    int overlapped;      // 1: the buckets are reduced while the last micro-batch's backward runs
-    int compressed;      // 1: 1-bit Adam: per part an all-to-all and an all-gather of n/8 bytes + 4 per group
-    int warmup_bf16;     // 1: the first --comm-warmup steps run as bf16 (AdamW, the bf16 all-reduce)
+    double grad_bytes;  // bytes per gradient element in each bucket's collective (0: not per bucket)
+    int overlapped;     // 1: the buckets are reduced while the last micro-batch's backward runs
+    int compressed;     // 1: 1-bit Adam: per part an all-to-all and an all-gather of n/8 bytes + 4 per group
+    int warmup_bf16;    // 1: the first --comm-warmup steps run as bf16 (AdamW, the bf16 all-reduce)
 } ScalingModeDesc;
 
 enum { SCALING_FP32, SCALING_BF16, SCALING_ONEBIT, SCALING_NUM_MODES };
@@ -358,8 +358,8 @@ static inline void scaling_print(const ScalingCluster* c, const ScalingWork* w, 
         const ScalingModeDesc* m = &scaling_modes[mi];
         printf("\n--comm %s: %s\n", m->name,
                m->compressed ? "1-bit Adam: all-to-all + all-gather of the signs per part after the backward"
-               : w->zero       ? "reduce-scatter per bucket during the last backward, weight all-gather after the step"
-                               : "all-reduce per bucket during the last backward");
+               : w->zero     ? "reduce-scatter per bucket during the last backward, weight all-gather after the step"
+                             : "all-reduce per bucket during the last backward");
         printf(
             "| nodes | GPUs | B | accum | global batch (seqs) | compute ms | collectives | comm ms | exposed ms | "
             "step ms | efficiency |%s MB sent/GPU | tokens/s |\n",
@@ -381,16 +381,17 @@ static inline void scaling_print(const ScalingCluster* c, const ScalingWork* w, 
                 if (m->warmup_bf16) snprintf(run, sizeof run, " %.1f%% |", 100 * p.efficiency);
                 printf("| %d | %d | %d | %d%s | %lld | %.1f | %d | %.1f | %.1f | %.1f | %.1f%% |%s %.2f | %.3g |\n", n,
                        p.gpus, p.B, p.accum, p.capped ? " (cap)" : "", p.global_batch, p.compute_s * 1e3, p.collectives,
-                       p.comm_s * 1e3, p.exposed_s * 1e3, p.step_s * 1e3, 100 * p.run_efficiency, run, p.bytes_sent / 1e6,
-                       p.tokens_per_s);
+                       p.comm_s * 1e3, p.exposed_s * 1e3, p.step_s * 1e3, 100 * p.run_efficiency, run,
+                       p.bytes_sent / 1e6, p.tokens_per_s);
             }
             last = p;
             if (n >= c->nodes) break;
         }
         if (m->warmup_bf16 && last.B)
-            printf("%s at %d GPUs: %.1f%% over the whole run (%.0f%% of the steps the bf16 warm-up's), %.1f%% after the "
-                   "warm-up\n",
-                   m->name, P, 100 * last.run_efficiency, 100 * w->warmup_share, 100 * last.efficiency);
+            printf(
+                "%s at %d GPUs: %.1f%% over the whole run (%.0f%% of the steps the bf16 warm-up's), %.1f%% after the "
+                "warm-up\n",
+                m->name, P, 100 * last.run_efficiency, 100 * w->warmup_share, 100 * last.efficiency);
         if (accum == 0 && global_batch <= 0 && last.B && last.capped)
             printf(
                 "%s at %d GPUs: --max-global-batch %lld keeps --grad-accum auto at %d micro-batch(es) of B=%d, short "

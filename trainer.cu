@@ -836,9 +836,7 @@ static void scaling_work_free(ScalingWork* w) {
 
 // scaling_mode_of: the scaling.h mode this run communicates in (--comm).
 static const ScalingModeDesc* scaling_mode_of(const Options* o) {
-    return &scaling_modes[o->onebit             ? SCALING_ONEBIT
-                          : o->grad_reduce_bf16 ? SCALING_BF16
-                                                : SCALING_FP32];
+    return &scaling_modes[o->onebit ? SCALING_ONEBIT : o->grad_reduce_bf16 ? SCALING_BF16 : SCALING_FP32];
 }
 
 // job_nodes: the nodes this job runs on: --nodes, else Slurm's SLURM_NNODES, else 1.
@@ -1563,7 +1561,9 @@ static void onebit_setup(Run* r) {
         onebit_exchange(ob, &ob->part[0], &r->comm, r->gr.stream);
         comm_poll(&r->comm, r->gr.stream, "1-bit Adam's first all-to-all (its connections to every rank, at start-up)",
                   r->comm.timeout_s > ONEBIT_CONNECT_S ? r->comm.timeout_s : ONEBIT_CONNECT_S);
-        if (r->main_rank) printf("comm: 1-bit Adam's all-to-all connections to %d ranks in %.1f s\n", r->comm.world - 1, now_s() - t0);
+        if (r->main_rank)
+            printf("comm: 1-bit Adam's all-to-all connections to %d ranks in %.1f s\n", r->comm.world - 1,
+                   now_s() - t0);
     }
     // the next forward waits for each layer's part only (onebit_step_forward)
     int L = r->cfg.layers;
@@ -1575,7 +1575,8 @@ static void onebit_setup(Run* r) {
         r->comm.world > 1 ? 2 * (uint64_t)(r->comm.world - 1) * (r->model.p.numel * 4) / (uint64_t)r->comm.world : 0;
     if (r->main_rank)
         printf(
-            "comm: %s (1-bit Adam): AdamW (bf16 all-reduce) for %d steps, then the momentum's signs and scales in %d parts "
+            "comm: %s (1-bit Adam): AdamW (bf16 all-reduce) for %d steps, then the momentum's signs and scales in %d "
+            "parts "
             "after the backward, under the next forward: %llu bytes sent per rank per step (fp32 all-reduce: %llu)\n",
             r->o.comm, ob->warmup, ob->n_parts, (unsigned long long)onebit_step_bytes(ob), (unsigned long long)fp32);
 }
@@ -1637,8 +1638,8 @@ static int allocate_run(Run* r) {
     choose_attention(&r->model, &r->prop, r->main_rank);
     grad_reduce_start(&r->gr);
     if (o->onebit) onebit_setup(r);
-    r->opt = optimizer_setup(&r->gr, o->onebit ? &r->ob : NULL, o->optimizer == OPT_LAMB, o->grad_reduce_bf16,
-                             o->beta1, o->beta2, o->eps, o->wd, o->clip);
+    r->opt = optimizer_setup(&r->gr, o->onebit ? &r->ob : NULL, o->optimizer == OPT_LAMB, o->grad_reduce_bf16, o->beta1,
+                             o->beta2, o->eps, o->wd, o->clip);
     r->scratch = batch_maker_alloc(&r->bm, &r->plan, r->data_h.pad_id);  // the step's sums: see S_LOSS
 
     DataLoaderConfig dcfg = dataloader_default_config(r->train_pattern, B, T);

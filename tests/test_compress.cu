@@ -248,7 +248,7 @@ static void test_pipeline(void) {
     unsigned char *send_ref = (unsigned char*)calloc(P, P * mb), *send_got = (unsigned char*)calloc(P, P * mb);
     float* x_ref = (float*)malloc(P * n * sizeof(float));
     float clip_w = 0.7f;  // the step's clip factor (the worker's)
-    int outside = 0;                      // slab elements outside the part that a kernel changed
+    int outside = 0;      // slab elements outside the part that a kernel changed
     float *m_slab = to_slab(m, n, 0.f), *v_slab = to_slab(v, n, 1.f);
     float* d_m = (float*)up(m_slab, PSLAB * 4);
     float* d_v = (float*)up(v_slab, PSLAB * 4);
@@ -264,8 +264,9 @@ static void test_pipeline(void) {
         unsigned char* d_msgs = (unsigned char*)dalloc(P * mb);
         CUDA_OK(cudaMemset(d_msgs, 0xab, P * mb));
         size_t groups = P * chunk / ONEBIT_GROUP;
-        launch(onebit_worker, dim3(2), dim3(ONEBIT_THREADS), 0, (cudaStream_t)0, d_msgs, d_e, (const float*)d_g, (const float*)d_m, (const float*)d_v, (size_t)PLO, (size_t)PN1, (size_t)PLO2, n,
-               chunk, groups, b1, clip_w, bc2, eps);
+        launch(onebit_worker, dim3(2), dim3(ONEBIT_THREADS), 0, (cudaStream_t)0, d_msgs, d_e, (const float*)d_g,
+               (const float*)d_m, (const float*)d_v, (size_t)PLO, (size_t)PN1, (size_t)PLO2, n, chunk, groups, b1,
+               clip_w, bc2, eps);
         down(send_got + r * P * mb, d_msgs, P * mb);
         float* e_got = from_slab(d_e, n, &outside, 3.f);  // the new error, in place
         free(g_slab), free(e_slab);
@@ -316,8 +317,8 @@ static void test_pipeline(void) {
     floatX* d_x = (floatX*)dalloc(PSLAB * sizeof(floatX));
     unsigned char* d_all = (unsigned char*)up(gathered_got, P * mb);
     launch(onebit_adam_update, dim3(3), dim3(256), 0, (cudaStream_t)0, d_w, d_x, d_m, (const float*)d_v,
-           (const unsigned char*)d_all, (size_t)PLO, (size_t)PN1, (size_t)PLO2, n, n_decay, chunk, lr, eps, wd, bc1, bc2,
-           42u);
+           (const unsigned char*)d_all, (size_t)PLO, (size_t)PN1, (size_t)PLO2, n, n_decay, chunk, lr, eps, wd, bc1,
+           bc2, 42u);
     float *w_want = (float*)malloc(n * 4), *m_want = (float*)malloc(n * 4);
     float *w_got = from_slab(d_w, n, &outside, 2.f), *m_got = from_slab(d_m, n, &outside, 0.f);
     floatX* x_slab = (floatX*)malloc(PSLAB * sizeof(floatX));

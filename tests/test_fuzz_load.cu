@@ -342,8 +342,7 @@ static void fuzz_checkpoints(int iters) {
                  ckpt_counters_ok(&h, why, sizeof why);
         // what ckpt_check_run refuses for this run (it exits): another model, precision or step
         int runs = ok && !memcmp(&h.cfg, &cfg, sizeof cfg) && h.T == 8 && h.x_bytes == (int32_t)sizeof(floatX) &&
-                   h.body_bytes == ckpt_body_bytes(&model) + ckpt_onebit_bytes(&h) &&
-                   h.step >= 0 && h.step <= steps;
+                   h.body_bytes == ckpt_body_bytes(&model) + ckpt_onebit_bytes(&h) && h.step >= 0 && h.step <= steps;
         char why2[256] = "";
         if (runs && !ckpt_read(path, &model, &gr, &h, steps, why2, sizeof why2))
             fail_input(&t, "verified, then not read: %s", why2);

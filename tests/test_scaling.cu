@@ -54,8 +54,8 @@ int main(void) {
     ScalingCluster big = c;
     big.nodes = 128;
     double a2a256 = 1e-6 + 16 * 10e-6 + 2.0 * 254 / 256 * 1000 / 5e8;
-    CHECK(near(scaling_coll_s(&big, SCALING_ALLTOALL, 1000), a2a256), "all-to-all on 256 GPUs: %.9f, want %.9f (16 rounds)",
-          scaling_coll_s(&big, SCALING_ALLTOALL, 1000), a2a256);
+    CHECK(near(scaling_coll_s(&big, SCALING_ALLTOALL, 1000), a2a256),
+          "all-to-all on 256 GPUs: %.9f, want %.9f (16 rounds)", scaling_coll_s(&big, SCALING_ALLTOALL, 1000), a2a256);
     ScalingCluster one = c;
     one.nodes = 1;  // 2 GPUs over NVLink: 1 + 2 x 1 us + 1e9 / 1e10 (no link efficiency)
     CHECK(near(scaling_coll_s(&one, SCALING_ALLREDUCE, 1e9), 0.1 + 3e-6), "all-reduce in one node: %.9f",
