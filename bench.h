@@ -178,8 +178,8 @@ static int bench_run(const Options* o, const char* preset, GradReduce* gr, const
     if (!bert_alloc_sharded(&model, &cfg, B, T, plan.M, stream, gr->zero ? gr->state_numel : 0, gr->slack)) return 1;
     choose_attention(&model, prop, main_rank);
     grad_reduce_start(gr);
-    Optimizer opt = optimizer_setup(gr, NULL, o->optimizer == OPT_LAMB, o->grad_reduce_bf16, o->beta1, o->beta2, o->eps,
-                                    o->wd, o->clip);  // (--bench refuses --comm onebit)
+    Optimizer opt = optimizer_setup(gr, NULL, o->grad_reduce_bf16, o->beta1, o->beta2, o->eps, o->wd,
+                                    o->clip);  // (--bench refuses --comm onebit)
     BatchMaker bm;
     float* scratch = batch_maker_alloc(&bm, &plan, 0);
     float* w = (float*)malloc(model.p.numel * sizeof(float));

@@ -61,8 +61,8 @@ static uint64_t ckpt_body_bytes(const BertModel* m) {
 }
 
 // The gate for the numbers in a checkpoint's state (ckpt_read at --resume and --eval, ckpt_verify,
-// save_checkpoint before it writes): the weights (fp32 master, bf16) and AdamW's m finite, AdamW's v (LAMB's too: the
-// same buffer) finite and >= 0 (a mean of squares; -0 is zero), --comm onebit's 1-bit Adam errors finite and within
+// save_checkpoint before it writes): the weights (fp32 master, bf16) and AdamW's m finite, AdamW's v finite and >= 0 (a
+// mean of squares; -0 is zero), --comm onebit's 1-bit Adam errors finite and within
 // +-CKPT_ONEBIT_ERR_MAX. The errors are in the units of Adam's update (compress.h: u = m / (sqrt(v) + eps), of
 // order 1 per element, at most |m| / eps); compression sums |x| over groups of ONEBIT_GROUP of them in fp32 and the
 // server averages the ranks', so an error above 2^64 (1.8e19) is no error a run makes, and below it those sums

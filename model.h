@@ -418,7 +418,6 @@ typedef struct {
     size_t act_saved_per_token_layer;  // bytes kept from forward to backward per token per layer
     size_t cublas_workspace;
     size_t norm_scratch;  // the gradient norm's partial sums and result
-    size_t lamb_scratch;  // LAMB's tensor table, per-tensor partial norms and trust ratios (bert_lamb_scratch)
     size_t total;
     // the MLM head's logits (in acts): (head_R, Vp) floatX, where the whole (M, Vp) would take head_logits_whole
     size_t head_logits, head_logits_whole;
@@ -426,24 +425,6 @@ typedef struct {
 } BertMemPlan;
 
 #define BERT_CUBLAS_WORKSPACE ((size_t)32 << 20)
-// LAMB's per-tensor norms: each tensor is cut into at most BERT_LAMB_PARTS slices of a block each
-#define BERT_LAMB_PARTS 32
-// bert_lamb_parts: the slices per tensor: enough for the largest tensor's elements at 1024 per block
-static inline int bert_lamb_parts(const BertParams* p) {
-    size_t most = 0;
-    for (int i = 0; i < p->n; i++) most = p->t[i].numel > most ? p->t[i].numel : most;
-    size_t parts = (most + 1023) / 1024;
-    return parts < BERT_LAMB_PARTS ? (int)(parts ? parts : 1) : BERT_LAMB_PARTS;
-}
-// bert_lamb_scratch: bytes of LAMB's device scratch: the table (LambTensor per tensor), then 2 partial sums per
-// tensor and slice, then a trust ratio per tensor
-static inline size_t bert_lamb_scratch(const BertConfig* c) {
-    BertParams p;
-    bert_params_build(&p, c);
-    size_t bytes = (size_t)p.n * sizeof(LambTensor) + ((size_t)p.n * bert_lamb_parts(&p) * 2 + p.n) * sizeof(float);
-    bert_params_free(&p);
-    return bytes;
-}
 // bert_mem_plan_sharded: the plan of a process that holds state_numel elements of the master weights and
 // AdamW m, v (ZeRO-1: its shard; 0: all of them). The floatX weights and the gradients stay whole, with
 // `slack` more elements after the slab (a collective's padding may write there). A sharded master cannot
@@ -470,9 +451,7 @@ static inline BertMemPlan bert_mem_plan_sharded(const BertConfig* c, int B, int 
     m.head_logits_whole = (size_t)M * a.Vp * xsize;
     m.cublas_workspace = BERT_CUBLAS_WORKSPACE;
     m.norm_scratch = (launch_grid_cap() + 1) * sizeof(float);
-    m.lamb_scratch = bert_lamb_scratch(c);
-    m.total =
-        m.params_master + m.params_x + m.grads + m.adam + m.acts + m.cublas_workspace + m.norm_scratch + m.lamb_scratch;
+    m.total = m.params_master + m.params_x + m.grads + m.adam + m.acts + m.cublas_workspace + m.norm_scratch;
     return m;
 }
 static inline BertMemPlan bert_mem_plan(const BertConfig* c, int B, int T, int M, int xsize) {
@@ -605,10 +584,6 @@ typedef struct {
     unsigned char* acts;  // act.total bytes
     float* norm_partial;  // grad-norm scratch (launch_grid_cap() floats) and norm[0] at the end
     float* norm;
-    LambTensor* lamb_tensors;  // LAMB (bert_lamb_step): the parameter table on the device (p.n entries)
-    float* lamb_partial;       // (p.n, lamb_parts, 2) partial sums of |w|^2 and |u|^2
-    float* lamb_ratio;         // (p.n) trust ratios
-    int lamb_parts;            // slices per tensor (bert_lamb_parts)
     Blas blas;
     cudaStream_t stream;
     int step;
@@ -646,23 +621,6 @@ static inline int bert_grad_ready_count(const BertParams* p) { return p->cfg.lay
 #define ACT_XL(m, field, l) ((floatX*)((m)->acts + (m)->act.field + (size_t)(l) * (m)->act.layer_stride))
 #define ACT_FL(m, field, l) ((float*)((m)->acts + (m)->act.field + (size_t)(l) * (m)->act.layer_stride))
 
-// bert_lamb_alloc: LAMB's scratch (bytes from the plan) with the parameter table copied into it.
-static inline void bert_lamb_alloc(BertModel* m, size_t bytes) {
-    const BertParams* p = &m->p;
-    m->lamb_parts = bert_lamb_parts(p);
-    CUDA_CHECK(cudaMalloc((void**)&m->lamb_tensors, bytes));
-    m->lamb_partial = (float*)(m->lamb_tensors + p->n);
-    m->lamb_ratio = m->lamb_partial + (size_t)p->n * m->lamb_parts * 2;
-    LambTensor* host = (LambTensor*)calloc((size_t)p->n, sizeof(LambTensor));
-    for (int i = 0; i < p->n; i++) {
-        host[i].off = p->t[i].offset;
-        host[i].n = p->t[i].slab;  // with the slab's padding (zeros)
-        host[i].decay = p->t[i].decay;
-    }
-    CUDA_CHECK(cudaMemcpy(m->lamb_tensors, host, (size_t)p->n * sizeof(LambTensor), cudaMemcpyHostToDevice));
-    free(host);
-}
-
 // bert_alloc_sharded: allocates everything bert_mem_plan_sharded counts, for at most B rows of T tokens and M
 // masked positions, with state_numel elements of master weights and AdamW state (0: all) and `slack` elements
 // after the slab's gradients and floatX weights.
@@ -695,7 +653,6 @@ static inline int bert_alloc_sharded(BertModel* m, const BertConfig* cfg, int B,
     CUDA_CHECK(cudaMalloc((void**)&m->acts, pl.acts));
     CUDA_CHECK(cudaMalloc((void**)&m->norm_partial, pl.norm_scratch));
     m->norm = m->norm_partial + launch_grid_cap();
-    bert_lamb_alloc(m, pl.lamb_scratch);
     CUDA_CHECK(cudaMemset(m->grad, 0, pl.grads));
     CUDA_CHECK(cudaMemset(m->adam_m, 0, pl.adam / 2));
     CUDA_CHECK(cudaMemset(m->adam_v, 0, pl.adam / 2));
@@ -715,7 +672,6 @@ static inline void bert_free(BertModel* m) {
     cudaFree(m->adam_v);
     cudaFree(m->acts);
     cudaFree(m->norm_partial);
-    cudaFree(m->lamb_tensors);
     blas_free(&m->blas);
     bert_params_free(&m->p);
     memset(m, 0, sizeof(*m));
@@ -937,23 +893,4 @@ static inline void bert_adamw_range(BertModel* m, size_t lo, size_t n, size_t st
 static inline void bert_adamw_step(BertModel* m, float lr, float b1, float b2, float eps, float wd, float max_norm) {
     m->step++;
     bert_adamw_range(m, 0, m->p.numel, 0, lr, b1, b2, eps, wd, max_norm);
-}
-
-// bert_lamb_step: one LAMB step (You et al. 2019; step counts from 1) on the whole slab (not a ZeRO-1 shard: the
-// trust ratios need whole tensors), with gradient clipping to max_norm (<= 0: none) by the norm bert_grad_norm
-// computed. Adam's moments with bias correction (as NVIDIA's LAMB recipe, apex FusedLAMB's default), then per
-// tensor of the table u = m_hat / (sqrt(v_hat) + eps) + wd * w (wd on the tensors AdamW decays), the trust
-// ratio r = |w| / |u| (1 when either is 0) and w -= lr * r * u. The gradients are left holding u.
-static inline void bert_lamb_step(BertModel* m, float lr, float b1, float b2, float eps, float wd, float max_norm) {
-    m->step++;
-    float bc1 = 1.f - powf(b1, (float)m->step), bc2 = 1.f - powf(b2, (float)m->step);
-    int n = m->p.n;
-    dim3 grid(m->lamb_parts, n);
-    launch(lamb_moments, grid, dim3(256), 0, m->stream, (const float*)m->master, m->grad, m->adam_m, m->adam_v,
-           (const LambTensor*)m->lamb_tensors, m->lamb_partial, b1, b2, eps, wd, bc1, bc2, (const float*)m->norm,
-           max_norm);
-    launch(lamb_trust_ratio, dim3((n + 255) / 256), dim3(256), 0, m->stream, m->lamb_ratio,
-           (const float*)m->lamb_partial, n, m->lamb_parts);
-    launch(lamb_apply, grid, dim3(256), 0, m->stream, m->master, m->w, (const float*)m->grad,
-           (const LambTensor*)m->lamb_tensors, (const float*)m->lamb_ratio, lr, (uint32_t)m->step);
 }

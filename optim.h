@@ -3,9 +3,8 @@
 //   exchange  the gradients leave for the other ranks (and come back averaged, or compressed);
 //   norm      the gradient norm: on the device (m->norm), or the pieces of its square, added to the step's host sync;
 //   update    the weights, at the step's learning rate (with the norm the sync agreed on).
-// One implementation is chosen once (optimizer_setup), from --optimizer, --zero and --comm:
+// One implementation is chosen once (optimizer_setup), from --zero and --comm; each is AdamW:
 //   adamw   gradients all-reduced in buckets (fp32, or bf16 with --comm bf16), AdamW (model.h)
-//   lamb    the same exchange; LAMB, each tensor's AdamW step scaled by its trust ratio (model.h)
 //   zero1   gradients reduce-scattered, each rank's AdamW on its shard of the weights, then all-gathered (comm.h)
 //   onebit  1-bit Adam (compress.h): AdamW (the bf16 all-reduce) for the warm-up; then only the momentum's signs and
 //   scales are
@@ -28,7 +27,7 @@ struct Optimizer {
     void (*update)(Optimizer* op, BertModel* m, float lr, float norm);
 };
 
-// adamw and lamb: the buckets' all-reduce (launched on the communication stream, waiting for the backward's events:
+// adamw: the buckets' all-reduce (launched on the communication stream, waiting for the backward's events:
 // it overlaps what is left of the backward), the norm of the averaged gradient, the update.
 static void exchange_buckets(Optimizer* op, BertModel* m) {
     grad_reduce_launch(op->gr, m->grad);
@@ -37,9 +36,6 @@ static void exchange_buckets(Optimizer* op, BertModel* m) {
 static void norm_on_device(Optimizer* op, BertModel* m, float* sumsq) { bert_grad_norm(m); }
 static void update_adamw(Optimizer* op, BertModel* m, float lr, float norm) {
     bert_adamw_step(m, lr, op->b1, op->b2, op->eps, op->wd, op->clip);
-}
-static void update_lamb(Optimizer* op, BertModel* m, float lr, float norm) {
-    bert_lamb_step(m, lr, op->b1, op->b2, op->eps, op->wd, op->clip);
 }
 
 // zero1: the same call reduce-scatters (the GradReduce was laid out for ZeRO-1); each rank has only its pieces of
@@ -93,18 +89,17 @@ static void update_onebit(Optimizer* op, BertModel* m, float lr, float norm) {
     }
 }
 
-// optimizer_setup: the implementation the flags ask for (they were checked: onebit is not with lamb or --zero 1,
-// lamb not with --zero 1).
-static Optimizer optimizer_setup(GradReduce* gr, OneBit* ob, int lamb, int bf16, float b1, float b2, float eps,
-                                 float wd, float clip) {
+// optimizer_setup: the implementation the flags ask for (they were checked: onebit is not with --zero 1).
+static Optimizer optimizer_setup(GradReduce* gr, OneBit* ob, int bf16, float b1, float b2, float eps, float wd,
+                                 float clip) {
     Optimizer op;
     memset(&op, 0, sizeof op);
     op.gr = gr, op.ob = ob, op.bf16 = bf16;
     op.b1 = b1, op.b2 = b2, op.eps = eps, op.wd = wd, op.clip = clip;
-    op.name = ob ? "onebit" : gr->zero ? "zero1" : lamb ? "lamb" : "adamw";
+    op.name = ob ? "onebit" : gr->zero ? "zero1" : "adamw";
     op.exchange = ob ? exchange_onebit : exchange_buckets;
     op.norm = ob ? norm_onebit : gr->zero ? norm_zero1 : norm_on_device;
-    op.update = ob ? update_onebit : gr->zero ? update_zero1 : lamb ? update_lamb : update_adamw;
+    op.update = ob ? update_onebit : gr->zero ? update_zero1 : update_adamw;
     return op;
 }
 

@@ -40,8 +40,6 @@ typedef struct {
     int grad_reduce_bf16, zero;        // --comm bf16; --zero 1 (ZeRO-1)
     int onebit, comm_warmup;           // --comm onebit (1-bit Adam, compress.h); --comm-warmup (0: default)
     int comm_refresh;                  // --comm-refresh K: an fp32 step updates v every K steps (0: never)
-    const char* optimizer_name;        // --optimizer adamw | lamb
-    int optimizer;                     // OPT_ADAMW or OPT_LAMB (from optimizer_name)
     long long tokens;                  // --tokens N: about N real tokens, as steps (resolve_run_length)
     double epochs;                     // --epochs E: E passes over the training shards, as steps
     const char* eval;                  // --eval SRC: evaluate a checkpoint or an export on --val; no training
@@ -52,7 +50,6 @@ typedef struct {
     int accum_given;                   // --grad-accum was given (--global-batch is its alternative)
     int max_global_given;              // --max-global-batch was given (only with --grad-accum auto)
 } Options;
-enum { OPT_ADAMW, OPT_LAMB };
 
 // How a flag's value is read (read_flag): a switch takes none; a string is kept as given; a choice is one of
 // the words of Flag.value ("tcp|file"); a number (parse.h) must lie in [lo, hi] on its field's type: INT into
@@ -152,9 +149,6 @@ static const Flag flags[] = {
      "copy the shards to this node-local directory first, once per node"},
 
     {NULL, NULL, F_HELP, 0, 0, 0, NULL, 0, "communication and the optimizer at scale (docs/scaling.md):"},
-    {"--optimizer", "adamw|lamb", F_CHOICE, AT(optimizer_name), 0, 0, "adamw", M_RUN | M_BENCH,
-     "adamw, or lamb: AdamW's moments and decay, each tensor's step scaled by its trust\n"
-     "ratio |w| / |update| (for large global batches; not with --zero 1)"},
     {"--comm", "fp32|bf16|onebit", F_CHOICE, AT(comm), 0, 0, "fp32", M_RUN | M_BENCH,
      "fp32: buckets all-reduced in fp32; bf16: half the bytes; onebit: 1-bit Adam,\n"
      "after --comm-warmup steps of AdamW (bf16 all-reduce) the variance is frozen; only the\n"
@@ -383,14 +377,10 @@ static void check_flag_combinations(const Options* o) {
     }
 }
 
-// check_comm_options: --comm onebit, --comm-warmup and --optimizer against the other flags (one line and exit 1).
+// check_comm_options: --comm onebit, --comm-warmup and --comm-refresh against the other flags (one line and exit 1).
 static void check_comm_options(const Options* o) {
     const char* why = NULL;
-    if (o->optimizer == OPT_LAMB && o->onebit)
-        why =
-            "--optimizer lamb with --comm onebit: 1-bit Adam freezes Adam's variance and compresses its momentum; "
-            "1-bit LAMB is not implemented: use --comm fp32 or bf16 with lamb, or adamw with onebit";
-    else if (o->comm_warmup && !o->onebit)
+    if (o->comm_warmup && !o->onebit)
         why = "--comm-warmup: only with --comm onebit";
     else if (o->comm_refresh >= 0 && !o->onebit)  // (-1: not given)
         why = "--comm-refresh: only with --comm onebit";
@@ -511,10 +501,6 @@ static void check_options(Options* o, const unsigned char* given) {
     check_modes(o, given);
     if (o->global_batch && o->accum_given)
         why = "--global-batch and --grad-accum are alternatives: give one of them";
-    else if (o->optimizer == OPT_LAMB && o->zero)  // LAMB's trust ratios need each tensor's whole norms
-        why =
-            "--optimizer lamb: not with --zero 1 (its per-tensor trust ratios need whole tensors; ZeRO-1 splits them "
-            "over the ranks)";
     else if (o->bench && o->grad_accum == 0)
         why = "--grad-accum auto: not with --bench; give a number";
     if (!why && o->device && !device_spec(o->device)) {
@@ -657,7 +643,6 @@ static Options parse_options(int argc, char** argv) {
     o.preset_given = given[find_flag("--preset") - flags], o.accum_given = given[find_flag("--grad-accum") - flags];
     o.max_global_given = given[find_flag("--max-global-batch") - flags];
     o.grad_reduce_bf16 = !strcmp(o.comm, "bf16"), o.onebit = !strcmp(o.comm, "onebit");
-    o.optimizer = !strcmp(o.optimizer_name, "lamb") ? OPT_LAMB : OPT_ADAMW;
     if (!o.preset) o.preset = o.bench ? "bert-base,bert-large" : "bert-base";
     check_options(&o, given);
     if (o.comm_refresh < 0) o.comm_refresh = o.onebit ? ONEBIT_REFRESH_DEFAULT : 0;

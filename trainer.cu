@@ -10,7 +10,7 @@
 #include "comm.h"          // rank and world size; NCCL gradient averaging
 #include "scaling.h"       // the scaling predictor: compute, all-reduce and overlap on N nodes
 #include "compress.h"      // --comm onebit: 1-bit Adam's compressed momentum all-reduce
-#include "optim.h"  // the optimizer: the gradients' exchange, their norm, the update (AdamW, LAMB, ZeRO-1, 1-bit Adam)
+#include "optim.h"         // the optimizer: the gradients' exchange, their norm, the update (AdamW, ZeRO-1, 1-bit Adam)
 #include <ctype.h>
 #include <dirent.h>
 #include <glob.h>
@@ -725,7 +725,6 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
         comm_flag_int("--comm onebit (1: given)", o->onebit),
         comm_flag_int("--comm-warmup", o->comm_warmup),
         comm_flag_int("--comm-refresh", o->comm_refresh),
-        comm_flag_int("--optimizer (0: adamw, 1: lamb)", o->optimizer),
         comm_flag_int("the floating-point type of the weights (bytes; the build)", (int64_t)sizeof(floatX)),
         comm_flag_int("the model's layers (--preset, --init-from)", cfg->layers),
         comm_flag_int("the model's hidden size (--preset, --init-from)", cfg->hidden),
@@ -1638,8 +1637,8 @@ static int allocate_run(Run* r) {
     choose_attention(&r->model, &r->prop, r->main_rank);
     grad_reduce_start(&r->gr);
     if (o->onebit) onebit_setup(r);
-    r->opt = optimizer_setup(&r->gr, o->onebit ? &r->ob : NULL, o->optimizer == OPT_LAMB, o->grad_reduce_bf16, o->beta1,
-                             o->beta2, o->eps, o->wd, o->clip);
+    r->opt = optimizer_setup(&r->gr, o->onebit ? &r->ob : NULL, o->grad_reduce_bf16, o->beta1, o->beta2, o->eps, o->wd,
+                             o->clip);
     r->scratch = batch_maker_alloc(&r->bm, &r->plan, r->data_h.pad_id);  // the step's sums: see S_LOSS
 
     DataLoaderConfig dcfg = dataloader_default_config(r->train_pattern, B, T);

@@ -85,7 +85,6 @@ MLM_TEST_SLOW_WRITE_S=nan: expected a number in \[0, 3600\]|MLM_TEST_SLOW_WRITE_
 MLM_TEST_WEIGHTS_CRC=yes: expected an integer in \[0, 1\]|MLM_TEST_WEIGHTS_CRC=yes $TRAINER ${T[*]} --out $W/x19
 environment variable SLURM_PROCID= 0 is not a non-negative integer|SLURM_NTASKS=1 SLURM_PROCID=' 0' $TRAINER ${T[*]} --out $W/x20
 --comm: not with --eval, which ignores it|$TRAINER --eval $W/none.bin --val "$D" --comm bf16
---optimizer: not with --eval|$TRAINER --eval $W/none.bin --val "$D" --optimizer lamb
 --lr: not with --eval|$TRAINER --eval $W/none.bin --val "$D" --lr 1e-3
 --warmup: not with --eval|$TRAINER --eval $W/none.bin --val "$D" --warmup 3
 --wd: not with --eval|$TRAINER --eval $W/none.bin --val "$D" --wd 0

@@ -1,24 +1,21 @@
 #!/usr/bin/env bash
-# compare_comm.sh: the convergence evidence for --comm and --optimizer lamb. Four data-parallel runs of the mini
+# compare_comm.sh: the convergence evidence for --comm. Three data-parallel runs of the mini
 # preset on RANKS CPU processes (./trainer_cpu, no srun: rank and world from hand-set SLURM_* variables, NCCL
 # over shared memory), then one figure of their loss curves against tokens and a table of their losses at equal
 # tokens:
 #   fp32    --comm fp32 (the unchanged path), STEPS steps of RANKS x BATCH rows of SEQ tokens, AdamW at LR
 #   bf16    --comm bf16, the same
 #   onebit  --comm onebit (1-bit Adam), the same (skipped, with a note, when the trainer has no --comm onebit)
-#   lamb    --optimizer lamb at LAMB_ACCUM x the global batch (--grad-accum LAMB_ACCUM), STEPS / LAMB_ACCUM
-#           steps (the same tokens), at LAMB_LR
-#   adamw-big  (only when MODES names it) the control: AdamW at lamb's global batch and steps, at LR x 2
 # The shards (this machine's ELF functions, as train.sh makes them, at SEQ) go to data/elf_T$SEQ_$DATA_TOKENS;
 # runs to $OUT/MODE (default runs/compare); a run whose metrics.jsonl already reaches its last step is kept
 # (rerun the script to finish the others; delete a run's folder to redo it). The figure: $FIG (default
 # docs/comm_curves.png) by tools/plot.py --overlay, which also prints the table.
 #
-#   tools/compare_comm.sh                      # all four runs, the figure and the table
-#   MODES="fp32 lamb" STEPS=100 tools/compare_comm.sh   # some of them, shorter
+#   tools/compare_comm.sh                      # all three runs, the figure and the table
+#   MODES="fp32 onebit" STEPS=100 tools/compare_comm.sh   # some of them, shorter
 #
 # Environment (defaults): TRAINER (./trainer_cpu), RANKS (4), SEQ (64), BATCH (8), STEPS (500), LR (2e-3),
-# WARMUP (STEPS / 20), LAMB_ACCUM (8), LAMB_LR (LR x 10: LAMB's step is lr x |w| per tensor), VAL_EVERY (STEPS / 5), MODES ("fp32 bf16 onebit lamb"),
+# WARMUP (STEPS / 20), VAL_EVERY (STEPS / 5), MODES ("fp32 bf16 onebit"),
 # OUT (runs/compare), FIG (docs/comm_curves.png), DATA_TOKENS (4000000), SEED (1337), EXTRA (none: more trainer
 # flags for every run, split at spaces, e.g. EXTRA="--comm-refresh 50" MODES=onebit OUT=runs/r50).
 set -u
@@ -30,10 +27,8 @@ BATCH=${BATCH:-8}
 STEPS=${STEPS:-500}
 LR=${LR:-2e-3}
 WARMUP=${WARMUP:-$((STEPS / 20))}
-LAMB_ACCUM=${LAMB_ACCUM:-8}
-LAMB_LR=${LAMB_LR:-$(awk -v x="$LR" 'BEGIN { printf "%g", 10 * x }')}
 VAL_EVERY=${VAL_EVERY:-$((STEPS / 5))}
-MODES=${MODES:-fp32 bf16 onebit lamb}
+MODES=${MODES:-fp32 bf16 onebit}
 OUT=${OUT:-runs/compare}
 FIG=${FIG:-docs/comm_curves.png}
 DATA_TOKENS=${DATA_TOKENS:-4000000}
@@ -43,10 +38,9 @@ PYTHON=${PYTHON:-python3}
 die() { echo "compare_comm.sh: $*" >&2; exit 1; }
 
 [ -x "$TRAINER" ] || die "no trainer at $TRAINER (./build.sh cpu builds ./trainer_cpu; or set TRAINER)"
-for v in RANKS SEQ BATCH STEPS WARMUP LAMB_ACCUM VAL_EVERY DATA_TOKENS SEED; do
+for v in RANKS SEQ BATCH STEPS WARMUP VAL_EVERY DATA_TOKENS SEED; do
   [[ ${!v} =~ ^[0-9]+$ ]] && [ "${!v}" -gt 0 -o "$v" = WARMUP ] || die "$v=${!v}: expected a positive integer"
 done
-[ $((STEPS / LAMB_ACCUM)) -ge 1 ] || die "STEPS=$STEPS is less than LAMB_ACCUM=$LAMB_ACCUM: the lamb run would have no step"
 HELP=$("$TRAINER" --help)
 # the trainer's name for the gradient reduction's type: --comm (with onebit), or the older --grad-reduce
 if grep -q -- '--comm ' <<<"$HELP"; then COMM=--comm; else COMM=--grad-reduce; fi
@@ -98,13 +92,7 @@ for mode in $MODES; do
         continue
       fi
       run "$mode" "$STEPS" --comm "$mode" --lr "$LR" --warmup "$WARMUP" || exit 1 ;;
-    lamb)
-      run lamb $((STEPS / LAMB_ACCUM)) --optimizer lamb --grad-accum "$LAMB_ACCUM" --lr "$LAMB_LR" \
-        --warmup $((WARMUP / LAMB_ACCUM)) --val-every $(((VAL_EVERY + LAMB_ACCUM - 1) / LAMB_ACCUM)) || exit 1 ;;
-    adamw-big)  # the control: AdamW at lamb's global batch and steps (LR x 2)
-      run adamw-big $((STEPS / LAMB_ACCUM)) --grad-accum "$LAMB_ACCUM" --lr "$(awk -v x="$LR" 'BEGIN { printf "%g", 2 * x }')" \
-        --warmup $((WARMUP / LAMB_ACCUM)) --val-every $(((VAL_EVERY + LAMB_ACCUM - 1) / LAMB_ACCUM)) || exit 1 ;;
-    *) die "MODES: unknown mode '$mode' (expected fp32, bf16, onebit, lamb, adamw-big)" ;;
+    *) die "MODES: unknown mode '$mode' (expected fp32, bf16 or onebit)" ;;
   esac
   runs+=("$OUT/$mode")
 done
