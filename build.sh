@@ -93,7 +93,7 @@ TESTS=$(ls tests/test_*.cu 2>/dev/null || true)
 BENCHES=$(ls tests/bench_*.cu 2>/dev/null || true)   # programs that print figures (CPU build)
 GPU_BENCHES="tests/bench_attention.cu tests/bench_kernels.cu"  # ... of which these are also built for the GPU
 # tests that only make sense on the CPU runtime (they provoke deadlocks and the like); the rest also build for the GPU
-CPU_ONLY_TESTS="tests/test_emulator.cu tests/test_emulated_network.cu tests/test_fuzz_load.cu"  # (the last includes trainer.cu)
+CPU_ONLY_TESTS="tests/test_emulator.cu tests/test_emulated_network.cu tests/test_fuzz_load.cu tests/test_optim.cu"  # (the last two include trainer.cu)
 [ $TESTS_TOO = 1 ] || TESTS="" BENCHES="" GPU_BENCHES=""  # no argument: the trainers only
 
 if [ "$WHAT" = all ] || [ "$WHAT" = cpu ]; then

@@ -2,10 +2,11 @@
 // Training with Adam's Convergence Speed"; DeepSpeed's OnebitAdam).
 //
 // The first --comm-warmup steps are plain AdamW with the bf16 gradient all-reduce (comm.h's buckets, as --comm
-// bf16: as good as fp32 in the mini runs of docs/scaling.md, at half the bytes). At the end
-// of the warm-up the variance v is frozen; from then on no gradient crosses the network, only the momentum,
-// as one bit per element plus one fp32 scale per group of ONEBIT_GROUP elements. With v frozen the update
-// w -= lr (m / bc1 D + wd w), D = 1 / (sqrt(v / bc2) + eps) (bc2 = 1 - b2^warmup frozen too; bc1 = 1 - b1^t
+// bf16: as good as fp32 in the mini runs of docs/scaling.md, at half the bytes). After the warm-up the variance
+// v changes only on the variance steps, AdamW steps ever further apart (0/1 Adam's schedule: onebit_schedule);
+// on every other step no gradient crosses the network, only the momentum, as one bit per element plus one fp32
+// scale per group of ONEBIT_GROUP elements. With v fixed between variance steps the update
+// w -= lr (m / bc1 D + wd w), D = 1 / (sqrt(v / bc2) + eps) (bc2 = 1 - b2^t_v fixed too; bc1 = 1 - b1^t
 // keeps counting, so the step continues the warm-up's AdamW), is linear in m, so averaging m over ranks and
 // then scaling by D is the same as averaging u = D m. mlm.c compresses u, the momentum in the units of the
 // update, rather than m itself as the paper does: within a group every element of u is of the same order
@@ -51,23 +52,30 @@
 #define ONEBIT_GROUP 256  // elements per scale: one block of ONEBIT_THREADS threads, ONEBIT_PER_THREAD each
 #define ONEBIT_THREADS 256
 #define ONEBIT_PER_THREAD (ONEBIT_GROUP / ONEBIT_THREADS)
-// --comm-refresh's default: every 100th step after the warm-up is an AdamW step (its gradients all-reduced in bf16:
-// the trainer's train_step) that refreshes the frozen variance (lazily: v = b2^100 v + (1 - b2^100) g^2). In the
-// 500-step 4-rank mini runs (README, with fp32 refreshes and a 10% warm-up) it brought onebit from +1.62% to
-// +0.96% of fp32's validation loss (every 10, 40 or 50 steps: the same within 0.1%), at 25x fewer bytes than fp32
-// instead of 28x.
+// --comm-refresh's default: once the variance steps (onebit_schedule) are this far apart they stay so: one step in
+// 100 is an AdamW step with the bf16 all-reduce, so after the first 2,000 or so steps 1-bit Adam sends 25x fewer
+// bytes than fp32 instead of 28x. Measured with v frozen after a 10% warm-up (docs/scaling.md): every 10, 40, 50
+// or 100 steps ended within 0.1% of each other and 0.6 points closer to fp32 than none.
 #define ONEBIT_REFRESH_DEFAULT 100
+// --comm-var-steps's default: the variance steps' spacing doubles after every ONEBIT_VAR_SCALER of them (0/1 Adam's
+// kappa, DeepSpeed's var_update_scaler, whose default this is). Measured on one GPU (docs/scaling.md): 8 left the runs
+// 0.5% to 3.8% above fp32, 16 and 32 within 0.3% (16 costs fewer bf16 steps than 32 for the same settling).
+#define ONEBIT_VAR_SCALER 16
 // The deadline of the start-up all-to-all that opens 1-bit Adam's point-to-point connections (the trainer's
 // onebit_setup): NCCL connects a pair of ranks on its first exchange, and the first all-to-all at 240 GPUs took
 // minutes (nccl-tests issue 78); 10 minutes, or --nccl-timeout where that is longer.
 #define ONEBIT_CONNECT_S 600.0
-// --comm-warmup's default: the first 20% of --steps (at least 1) are AdamW with the bf16 all-reduce. 1-bit Adam
-// freezes v at the warm-up's end and assumes it has settled by then. In the 500-step 4-rank mini runs (README,
-// seed 7) v frozen at step 50 (10%) left onebit 1.7% above fp32's loss at steps 201-250 (2.3% at the end), and
-// the same run with no compression at all (the exchange carrying every value exactly, a temporary build) 2.1%:
-// the early v, not the 1-bit messages. Frozen at step 100 (20%) onebit ended 0.21% to 0.46% above fp32 on seeds
-// 7, 1337 and 42 (at 150, 30%: 0.17% to 0.49%, with less of the run compressed).
-#define ONEBIT_WARMUP_PERCENT 20
+// --comm-warmup's default: the learning rate's warm-up (--warmup; its default 1% of --steps), at least 1 step and
+// below --steps: AdamW with the bf16 all-reduce while v changes fastest; after it, the variance steps (below) keep
+// updating v ever more rarely. DeepSpeed's 0/1 Adam ends its variance updates at the end of the learning-rate
+// warm-up too ("var_freeze_step ... is usually the end of the learning rate warmup"). Measured in docs/scaling.md:
+// a warm-up of 1 step left the compressed runs 0.4% to 2.9% above fp32 on some seeds; 20% of --steps (the default
+// before 2026-11-28, with v frozen after it but for a refresh every 100 steps) 2.9% at T=32 on one seed.
+static inline int onebit_default_warmup(int steps, int lr_warmup) {
+    int w = lr_warmup >= 0 ? lr_warmup : steps / 100;
+    if (w > steps - 1) w = steps - 1;
+    return w > 1 ? w : 1;
+}
 // The parts' size before the backward's end (onebit_layout): at most this many of --bucket-mb's fp32 buckets (100 MB
 // at the default 25; a part's messages are 1/28 of that). Each part pays one all-gather latency, about 5 ms at 128
 // nodes over TCP sockets: with a part per 25 MB bucket, paper-350m's 50 parts would keep the communication stream
@@ -187,8 +195,8 @@ __global__ void onebit_server(unsigned char* out, float* err, const unsigned cha
 
 // onebit_adam_update: step 4 for a part's n elements (slab indices onebit_at(j, lo, n1, lo2)): u = the
 // decompressed average (all: the world messages, chunk c at c * onebit_msg_bytes(chunk)) of the ranks' clipped
-// D (b1 m + (1 - b1) c g), D = 1 / (sqrt(v / bc2) + eps) with the frozen v, is the averaged momentum in the
-// update's units:
+// D (b1 m + (1 - b1) c g), D = 1 / (sqrt(v / bc2) + eps) with v as the last variance step left it, is the averaged
+// momentum in the update's units:
 //   w -= lr * (u / bc1 + wd * w)   (weight decay on the first n_decay);  m = u / D
 // and the floatX copy of w refreshed with stochastic rounding, hashed as adamw_update hashes (slab index,
 // step). Layout: one thread per element, grid-stride.
@@ -224,8 +232,9 @@ typedef struct {
 } OneBitPart;
 
 typedef struct OneBit {
-    int refresh;  // --comm-refresh: every `refresh` steps after the warm-up an AdamW step updates v (0: never)
-    int warmup;   // --comm-warmup: steps of AdamW with the bf16 all-reduce; v is frozen after step `warmup`
+    int refresh;    // --comm-refresh: the longest spacing of the variance steps after the warm-up (0: none)
+    int var_steps;  // --comm-var-steps: the variance steps at each spacing below `refresh` (0/1 Adam's kappa)
+    int warmup;     // --comm-warmup: steps of AdamW with the bf16 all-reduce; then the variance steps (onebit_schedule)
     int world, rank;
     size_t numel;         // the slab's elements
     int n_parts;          // parts, in launch order
@@ -257,24 +266,46 @@ static inline size_t onebit_server_elems(size_t numel, size_t chunk, int q) {
     return lo >= numel ? 0 : (numel - lo < chunk ? numel - lo : chunk);
 }
 
-// Variance refresh (--comm-refresh K, default ONEBIT_REFRESH_DEFAULT; 0/1 Adam's idea): steps warmup + K, warmup + 2K,
-// ... are fp32 AdamW steps (the averaged gradient g; m and v updated), the others compressed. A refresh is lazy: v,
-// last updated K steps before, is updated as if each of the K steps since had seen this step's g^2,
-//   v = b2^K v + (1 - b2^K) g^2          (onebit_refresh_decay: b2^K)
-// so that v keeps the horizon of AdamW's (1 / (1 - b2) steps) rather than of K updates, and its bias correction
+// The variance steps (0/1 Adam's policy, Lu et al. 2022, as DeepSpeed's ZeroOneAdam schedules them): after the
+// --comm-warmup steps of AdamW, v is updated only on AdamW steps (the averaged gradient g, all-reduced in bf16; m
+// and v updated), the other steps compressed. Their spacing starts at 1 and doubles after every S of them
+// (--comm-var-steps, default ONEBIT_VAR_SCALER; 1, 2, 4, ...) until it would reach --comm-refresh K; from then on every
+// K steps. An update is lazy: v, last updated I steps before, is updated as if each of the I steps since had seen this
+// step's g^2,
+//   v = b2^I v + (1 - b2^I) g^2          (onebit_var_decay: b2^I)
+// so that v keeps the horizon of AdamW's (1 / (1 - b2) steps) rather than of I updates, and its bias correction
 // is AdamW's at the step of v's last update t_v (onebit_v_step): bc2 = 1 - b2^t_v (if every step's g^2 has the
-// same mean s, E[v] = (1 - b2^t_v) s). The kept share b2^K bounds how far one noisy g^2 can shrink v: an
-// element's step grows at most 1 / sqrt(b2^K) (1.66x at K = 50, b2 = 0.98).
-static inline int onebit_is_refresh(const OneBit* ob, int t) {
-    return ob->refresh > 0 && t > ob->warmup && (t - ob->warmup) % ob->refresh == 0;
+// same mean s, E[v] = (1 - b2^t_v) s).
+// onebit_schedule: for warm-up W, S variance steps at each spacing and longest spacing K (0: no variance step after
+// the warm-up), the last step <= t that updated v (t itself during the warm-up), and in *count the AdamW steps up
+// to t (warm-up included).
+static inline int onebit_schedule(int W, int S, int K, int t, int* count) {
+    int64_t s = W, n = W, gap = 1, span;
+    if (t <= W || K <= 0) {
+        *count = t <= W ? t : W;
+        return t <= W ? t : W;
+    }
+    for (; gap < K && S > 0; gap *= 2, s += span, n += S) {
+        span = (int64_t)S * gap;  // the steps at this spacing
+        if (t - s < span) {
+            *count = (int)(n + (t - s) / gap);
+            return (int)(s + (t - s) / gap * gap);
+        }
+    }
+    *count = (int)(n + (t - s) / K);
+    return (int)(s + (t - s) / K * K);
 }
-// onebit_v_step: the step of v's last update by the end of step t (t itself during the warm-up).
+// onebit_v_step: the step of v's last update by the end of step t.
 static inline int onebit_v_step(const OneBit* ob, int t) {
-    if (t <= ob->warmup) return t;
-    return ob->warmup + (ob->refresh > 0 ? (t - ob->warmup) / ob->refresh * ob->refresh : 0);
+    int n;
+    return onebit_schedule(ob->warmup, ob->var_steps, ob->refresh, t, &n);
 }
-// onebit_refresh_decay: the share b2^K of v that a refresh keeps.
-static inline float onebit_refresh_decay(const OneBit* ob, float b2) { return powf(b2, (float)ob->refresh); }
+// onebit_is_refresh: step t, after the warm-up, is a variance step (an AdamW step).
+static inline int onebit_is_refresh(const OneBit* ob, int t) { return t > ob->warmup && onebit_v_step(ob, t) == t; }
+// onebit_var_decay: the share of v that variance step t keeps: b2^I, I the steps since v's last update.
+static inline float onebit_var_decay(const OneBit* ob, int t, float b2) {
+    return powf(b2, (float)(t - onebit_v_step(ob, t - 1)));
+}
 
 // onebit_tail_event: the first backward event (of n_events: comm.h's) whose buckets go into the last part: layer
 // 0's (bert_grad_ready_lo: after it only the embedding backward runs, a gather with no matmul) and the last.
@@ -463,15 +494,15 @@ static inline void onebit_step_forward(OneBit* ob, GradReduce* g, int m_step, fl
     CUDA_CHECK(cudaEventRecord(g->done, g->stream));
 }
 
-// onebit_refresh_update: a refresh step (onebit_is_refresh(ob, m_step)) of the slab: adamw_update of the averaged
-// gradient g with v's decay b2^K (onebit_refresh_decay) and bc2 = 1 - b2^m_step (onebit_v_step), on stream s:
-//   m = b1 m + (1 - b1) g;  v = b2^K v + (1 - b2^K) g^2;  w -= lr (m / bc1 / (sqrt(v / bc2) + eps) + wd w)
+// onebit_refresh_update: a variance step (onebit_is_refresh(ob, m_step)) of the slab: adamw_update of the averaged
+// gradient g with v's decay b2^I (onebit_var_decay) and bc2 = 1 - b2^m_step (onebit_v_step), on stream s:
+//   m = b1 m + (1 - b1) g;  v = b2^I v + (1 - b2^I) g^2;  w -= lr (m / bc1 / (sqrt(v / bc2) + eps) + wd w)
 static inline void onebit_refresh_update(const OneBit* ob, cudaStream_t s, int m_step, float* master, floatX* w,
                                          const float* g, float* m, float* v, size_t n_decay, const float* norm,
                                          float lr, float b1, float b2, float eps, float wd, float max_norm) {
     float bc1 = 1.f - powf(b1, (float)m_step), bc2 = 1.f - powf(b2, (float)onebit_v_step(ob, m_step));
     launch(adamw_update, onebit_grid((ob->numel + 1023) / 1024), dim3(256), 0, s, master, w, g, m, v, ob->numel,
-           n_decay, lr, b1, onebit_refresh_decay(ob, b2), eps, wd, bc1, bc2, norm, max_norm, (uint32_t)m_step,
+           n_decay, lr, b1, onebit_var_decay(ob, m_step, b2), eps, wd, bc1, bc2, norm, max_norm, (uint32_t)m_step,
            (size_t)0);
 }
 

@@ -39,7 +39,8 @@ typedef struct {
     const char* comm;                  // --comm fp32 | bf16 | onebit (--grad-reduce: its old name)
     int grad_reduce_bf16, zero;        // --comm bf16; --zero 1 (ZeRO-1)
     int onebit, comm_warmup;           // --comm onebit (1-bit Adam, compress.h); --comm-warmup (0: default)
-    int comm_refresh;                  // --comm-refresh K: an fp32 step updates v every K steps (0: never)
+    int comm_refresh;                  // --comm-refresh K: the variance steps' longest spacing (0: none)
+    int comm_var_steps;                // --comm-var-steps S: variance steps at each spacing below K
     long long tokens;                  // --tokens N: about N real tokens, as steps (resolve_run_length)
     double epochs;                     // --epochs E: E passes over the training shards, as steps
     const char* eval;                  // --eval SRC: evaluate a checkpoint or an export on --val; no training
@@ -157,13 +158,16 @@ static const Flag flags[] = {
     {"--grad-reduce", "fp32|bf16", F_CHOICE, AT(comm), 0, 0, NULL, M_RUN | M_BENCH,
      "the older name of --comm fp32 | bf16"},
     {"--comm-warmup", "N", F_INT, AT(comm_warmup), 1, INT_MAX, NULL, M_RUN,
-     "--comm onebit: steps of AdamW (bf16 all-reduce) before compression (default\n" STRINGIFY(
-         ONEBIT_WARMUP_PERCENT) "% of --steps, at least 1; must be below --steps)"},
+     "--comm onebit: steps of AdamW (bf16 all-reduce) before compression (default\n"
+     "--warmup's, at least 1; must be below --steps)"},
     {"--comm-refresh", "K", F_INT, AT(comm_refresh), 0, INT_MAX, NULL, M_RUN,
-     "--comm onebit: every K steps after the warm-up one AdamW step (bf16) updates the\n"
-     "frozen variance as if the K steps since had seen its g^2 (v = b2^K v + (1 - b2^K) g^2;\n"
-     "default " STRINGIFY(
-         ONEBIT_REFRESH_DEFAULT) "; 0: never, as 1-bit Adam; K >= 18 keeps 16x fewer bytes than fp32)"},
+     "--comm onebit: after the warm-up, AdamW steps (bf16) update the variance, " STRINGIFY(
+         ONEBIT_VAR_SCALER) " at\n"
+                            "each spacing 1, 2, 4, ... below K, then every K steps (0/1 Adam's schedule; "
+                            "default\n" STRINGIFY(ONEBIT_REFRESH_DEFAULT) "; 0: none, v frozen as in 1-bit Adam)"},
+    {"--comm-var-steps", "S", F_INT, AT(comm_var_steps), 0, 1 << 20, NULL, M_RUN,
+     "--comm onebit: the variance steps at each spacing before it doubles (0/1 Adam's\n"
+     "kappa; default " STRINGIFY(ONEBIT_VAR_SCALER) "; 0: none, only every K steps)"},
     {"--bucket-mb", "X", F_FLOAT, AT(bucket_mb), 0.001, 1 << 20, "25", M_RUN | M_BENCH,
      "gradients are reduced over GPUs in buckets of X MB (fp32), each as soon as the\n"
      "backward has made it, overlapping the rest of the backward"},
@@ -384,6 +388,8 @@ static void check_comm_options(const Options* o) {
         why = "--comm-warmup: only with --comm onebit";
     else if (o->comm_refresh >= 0 && !o->onebit)  // (-1: not given)
         why = "--comm-refresh: only with --comm onebit";
+    else if (o->comm_var_steps >= 0 && !o->onebit)
+        why = "--comm-var-steps: only with --comm onebit";
     else if (o->onebit && o->zero)
         why =
             "--comm onebit with --zero 1: 1-bit Adam keeps the whole momentum and its error on every rank (no "
@@ -442,12 +448,11 @@ static void test_hooks(const Options* o, Comm* comm, BertModel* m, float* loss_s
         CUDA_CHECK(cudaMemcpyAsync(loss_sum, &inf, sizeof inf, cudaMemcpyHostToDevice, m->stream));
 }
 
-// resolve_comm_warmup: --comm onebit's warm-up once --steps is known: the default (ONEBIT_WARMUP_PERCENT of the
-// steps, at least 1), and an error line when it is not below --steps.
+// resolve_comm_warmup: --comm onebit's warm-up once --steps is known: the default (onebit_default_warmup: the
+// learning rate's warm-up), and an error line when it is not below --steps.
 static void resolve_comm_warmup(Options* o) {
     if (!o->onebit) return;
-    int share = (int)((long long)o->steps * ONEBIT_WARMUP_PERCENT / 100);
-    if (!o->comm_warmup) o->comm_warmup = share > 1 ? share : 1;
+    if (!o->comm_warmup) o->comm_warmup = onebit_default_warmup(o->steps, o->warmup);
     if (o->comm_warmup >= o->steps) {
         fprintf(stderr,
                 "trainer: --comm-warmup %d: the warm-up must end before the run's last step (--steps %d); give a "
@@ -613,7 +618,8 @@ static Options parse_options(int argc, char** argv) {
     memset(&o, 0, sizeof o);
     for (int i = 0; i < N_FLAGS; i++)
         if (flags[i].def) read_flag(&o, &flags[i], flags[i].def);
-    o.warmup = -1, o.alpha_us = -1, o.comm_refresh = -1;  // defaults resolved later (--steps; scaling.h; below)
+    o.warmup = -1, o.alpha_us = -1, o.comm_refresh = -1,
+    o.comm_var_steps = -1;  // defaults resolved later (--steps; scaling.h; below)
     unsigned char given[N_FLAGS];
     memset(given, 0, sizeof given);
     for (int i = 1; i < argc; i++) {
@@ -646,5 +652,6 @@ static Options parse_options(int argc, char** argv) {
     if (!o.preset) o.preset = o.bench ? "bert-base,bert-large" : "bert-base";
     check_options(&o, given);
     if (o.comm_refresh < 0) o.comm_refresh = o.onebit ? ONEBIT_REFRESH_DEFAULT : 0;
+    if (o.comm_var_steps < 0) o.comm_var_steps = o.onebit ? ONEBIT_VAR_SCALER : 0;
     return o;
 }

@@ -38,16 +38,21 @@
 //       forward's order, each updated as it arrives; the next step's forward runs layer by layer (the head
 //       event_frac[0] of it, the layers the rest in equal shares), layer l no sooner than the part that holds
 //       its weights (layer_part): exposed = how much later that forward ends than alone.
-//       With --comm-refresh K (default 100) one step in K is an AdamW step with the bf16 all-reduce instead, so
-//       the time, the communication and the bytes after the warm-up are (K-1)/K onebit's + 1/K bf16's.
+//       Once its variance steps are K apart (--comm-refresh K, default 100), one step in K is an AdamW step with
+//       the bf16 all-reduce instead, so the time, the communication and the bytes of that steady state ("after the
+//       warm-up") are (K-1)/K onebit's + 1/K bf16's.
 //     every mode: the step's host sync, one all-reduce of a few floats (latency only).
 //   exposed = the communication still running when the last backward ends + what runs after it
 //   step = compute + exposed; efficiency = compute / step (time per sample on 1 GPU / per GPU on P).
-//   onebit's whole-run average: the warm-up share of the steps at bf16's step time, the rest at onebit's.
+//   onebit's whole-run average: its AdamW steps (the warm-up and the variance steps, compress.h's onebit_schedule,
+//   over the run's --steps or SCALING_RUN_STEPS) at bf16's step time, the rest at onebit's.
 // --grad-accum auto: the smallest accumulation whose exposed time is at most 5% of the step, capped so that
 // the global batch stays within --max-global-batch (default 65,536 sequences).
 #pragma once
 #include <math.h>
+// The run length the onebit table's whole-run average is of when the run's --steps is not known (--plan-only
+// without it): examples/slurm/paper_cluster.sbatch's.
+#define SCALING_RUN_STEPS 100000
 #include <stdio.h>
 
 // The model FLOP utilisation mlm.c reaches on one GPU, measured: `./trainer --bench` (T=512, default flags, the
@@ -110,7 +115,7 @@ typedef struct {
     double grad_bytes;  // bytes per gradient element in each bucket's collective (0: not per bucket)
     int overlapped;     // 1: the buckets are reduced while the last micro-batch's backward runs
     int compressed;     // 1: 1-bit Adam: per part an all-to-all and an all-gather of n/8 bytes + 4 per group
-    int warmup_bf16;    // 1: the first --comm-warmup steps run as bf16 (AdamW, the bf16 all-reduce)
+    int warmup_bf16;    // 1: some steps (the warm-up, the variance steps) run as bf16 (AdamW, the bf16 all-reduce)
 } ScalingModeDesc;
 
 enum { SCALING_FP32, SCALING_BF16, SCALING_ONEBIT, SCALING_NUM_MODES };
@@ -141,8 +146,9 @@ typedef struct {
     int n_layers;            // onebit: the encoder's layers; layer_part[l]: the part (of part_elems) that holds
     int layer_part[SCALING_MAX_EVENTS];     // layer l's weights (l = n_layers: the head's), which its forward waits for
     double event_frac[SCALING_MAX_EVENTS];  // the share of the backward done when event k is recorded
-    double warmup_share;                    // onebit: the share of the steps at fp32
-    int refresh;                            // onebit: every refresh-th step after the warm-up is bf16 AdamW (0: none)
+    double adamw_share;                     // onebit: the share of the run's steps that are AdamW steps (bf16)
+    int run_steps;                          // onebit: the run's length that share is of
+    int refresh;                            // onebit: in the steady state every refresh-th step is AdamW (0: none)
 } ScalingWork;
 
 typedef struct {
@@ -154,7 +160,7 @@ typedef struct {
     int collectives;           // collectives per step
     double exposed_s, step_s;  // not hidden by the backward; the whole step
     double efficiency;         // compute_s / step_s
-    double run_efficiency;     // onebit: with the bf16 warm-up steps; else = efficiency
+    double run_efficiency;     // onebit: over the whole run, its AdamW steps at bf16's step; else = efficiency
     double tokens_per_s;       // all GPUs together
     double bytes_sent;         // bytes one rank sends per step
     int capped;                // --grad-accum auto stopped by --max-global-batch short of its 5% target
@@ -274,9 +280,11 @@ static inline ScalingPrediction scaling_predict(const ScalingCluster* c, const S
     p.gpus = c->nodes * c->gpus_per_node, p.B = B, p.capped = 0;
     p.micro_s = scaling_micro_s(w, B);
     p.exposed_s = scaling_exposed(c, w, m, p.micro_s, &p);  // independent of accum: only the last one overlaps
-    if (m->compressed && w->refresh > 0) {  // --comm-refresh K: one step in K after the warm-up is bf16's
-        ScalingPrediction f;
-        double fx = scaling_exposed(c, w, &scaling_modes[SCALING_BF16], p.micro_s, &f), K = w->refresh;
+    double pure_x = p.exposed_s, bf16_x = 0;                // (onebit: a compressed step's; an AdamW step's)
+    ScalingPrediction f;
+    if (m->compressed) bf16_x = scaling_exposed(c, w, &scaling_modes[SCALING_BF16], p.micro_s, &f);
+    if (m->compressed && w->refresh > 0) {  // the steady state: one step in K is an AdamW step, bf16's
+        double fx = bf16_x, K = w->refresh;
         p.exposed_s = ((K - 1) * p.exposed_s + fx) / K;
         p.comm_s = ((K - 1) * p.comm_s + f.comm_s) / K;
         p.bytes_sent = ((K - 1) * p.bytes_sent + f.bytes_sent) / K;
@@ -294,10 +302,9 @@ static inline ScalingPrediction scaling_predict(const ScalingCluster* c, const S
     p.step_s = p.compute_s + p.exposed_s;
     p.efficiency = p.compute_s / p.step_s;
     p.run_efficiency = p.efficiency;
-    if (m->warmup_bf16 && w->warmup_share > 0) {  // total compute / total time over the run
-        ScalingPrediction f;
-        double bf16_step = p.compute_s + scaling_exposed(c, w, &scaling_modes[SCALING_BF16], p.micro_s, &f);
-        p.run_efficiency = p.compute_s / (w->warmup_share * bf16_step + (1 - w->warmup_share) * p.step_s);
+    if (m->warmup_bf16 && w->adamw_share > 0) {  // total compute / total time over the run
+        double s = w->adamw_share;
+        p.run_efficiency = p.compute_s / (s * (p.compute_s + bf16_x) + (1 - s) * (p.compute_s + pure_x));
     }
     p.tokens_per_s = (double)p.global_batch * w->T / p.step_s;
     return p;
@@ -389,9 +396,10 @@ static inline void scaling_print(const ScalingCluster* c, const ScalingWork* w, 
         }
         if (m->warmup_bf16 && last.B)
             printf(
-                "%s at %d GPUs: %.1f%% over the whole run (%.0f%% of the steps the bf16 warm-up's), %.1f%% after the "
-                "warm-up\n",
-                m->name, P, 100 * last.run_efficiency, 100 * w->warmup_share, 100 * last.efficiency);
+                "%s at %d GPUs: %.1f%% over the whole run (%d steps, %.1f%% of them AdamW steps with the bf16 "
+                "all-reduce: the warm-up and the variance steps), %.1f%% after the warm-up (one step in %d AdamW's)\n",
+                m->name, P, 100 * last.run_efficiency, w->run_steps, 100 * w->adamw_share, 100 * last.efficiency,
+                w->refresh);
         if (accum == 0 && global_batch <= 0 && last.B && last.capped)
             printf(
                 "%s at %d GPUs: --max-global-batch %lld keeps --grad-accum auto at %d micro-batch(es) of B=%d, short "

@@ -725,6 +725,7 @@ static int agree(Comm* comm, const Options* o, const BertConfig* cfg, int B, uin
         comm_flag_int("--comm onebit (1: given)", o->onebit),
         comm_flag_int("--comm-warmup", o->comm_warmup),
         comm_flag_int("--comm-refresh", o->comm_refresh),
+        comm_flag_int("--comm-var-steps", o->comm_var_steps),
         comm_flag_int("the floating-point type of the weights (bytes; the build)", (int64_t)sizeof(floatX)),
         comm_flag_int("the model's layers (--preset, --init-from)", cfg->layers),
         comm_flag_int("the model's hidden size (--preset, --init-from)", cfg->hidden),
@@ -792,10 +793,14 @@ static ScalingWork scaling_work(const Options* o, const BertConfig* cfg, const P
     w.zero = o->zero && world > 1;
     w.weight_bytes = sizeof(floatX);
     w.sync_bytes = 8 * sizeof(float);  // the step's host sync: a handful of floats (S_STEP_N)
-    // onebit's share of steps at fp32: this run's warm-up when it is known, else the default's
-    w.warmup_share =
-        o->onebit && o->comm_warmup && o->steps > 0 ? (double)o->comm_warmup / o->steps : ONEBIT_WARMUP_PERCENT / 100.0;
-    w.refresh = o->onebit ? o->comm_refresh : ONEBIT_REFRESH_DEFAULT;  // the onebit table: this run's, or the default
+    // the onebit table: this run's schedule when it is known (--steps, --comm-warmup, --comm-refresh), else the
+    // defaults' over SCALING_RUN_STEPS steps; its share of AdamW steps (compress.h's onebit_schedule)
+    w.run_steps = o->steps > 0 ? o->steps : SCALING_RUN_STEPS;
+    w.refresh = o->onebit ? o->comm_refresh : ONEBIT_REFRESH_DEFAULT;
+    int adamw_steps,
+        warmup = o->onebit && o->comm_warmup ? o->comm_warmup : onebit_default_warmup(w.run_steps, o->warmup);
+    onebit_schedule(warmup, o->onebit ? o->comm_var_steps : ONEBIT_VAR_SCALER, w.refresh, w.run_steps, &adamw_steps);
+    w.adamw_share = (double)adamw_steps / w.run_steps;
     BertParams params;
     bert_params_build(&params, cfg);
     w.params = (double)params.numel;
@@ -1548,7 +1553,7 @@ static int stage_shards(Run* r) {
 static void onebit_setup(Run* r) {
     OneBit* ob = &r->ob;
     onebit_layout(ob, &r->gr, r->comm.rank, r->o.comm_warmup, onebit_part_elems(&r->o));
-    ob->refresh = r->o.comm_refresh;
+    ob->refresh = r->o.comm_refresh, ob->var_steps = r->o.comm_var_steps;
     onebit_alloc(ob);
     r->gr.onebit = ob;
     // NCCL connects two ranks on their first point-to-point exchange: the first compressed step's all-to-all would
@@ -1572,12 +1577,16 @@ static void onebit_setup(Run* r) {
     r->model.weights_ready = ob->weights_ready;
     uint64_t fp32 =
         r->comm.world > 1 ? 2 * (uint64_t)(r->comm.world - 1) * (r->model.p.numel * 4) / (uint64_t)r->comm.world : 0;
-    if (r->main_rank)
+    if (r->main_rank) {
+        int adamw;
+        onebit_schedule(ob->warmup, ob->var_steps, ob->refresh, r->o.steps, &adamw);
         printf(
             "comm: %s (1-bit Adam): AdamW (bf16 all-reduce) for %d steps, then the momentum's signs and scales in %d "
-            "parts "
-            "after the backward, under the next forward: %llu bytes sent per rank per step (fp32 all-reduce: %llu)\n",
-            r->o.comm, ob->warmup, ob->n_parts, (unsigned long long)onebit_step_bytes(ob), (unsigned long long)fp32);
+            "parts after the backward, under the next forward: %llu bytes sent per rank per step (fp32 all-reduce: "
+            "%llu); the variance steps (AdamW) at spacings 1, 2, 4, ... up to %d: %d of the %d steps are AdamW's\n",
+            r->o.comm, ob->warmup, ob->n_parts, (unsigned long long)onebit_step_bytes(ob), (unsigned long long)fp32,
+            ob->refresh, adamw, r->o.steps);
+    }
 }
 
 // loader_thread_cap: the most loader threads --loader-threads auto may start: this rank's share of the CPUs it

@@ -13,8 +13,8 @@
 //     the rest one part of two ranges; together they cover the slab once; or the whole slab one part
 //   - error feedback on one rank through onebit_step_forward (2 parts): after T steps the sum of the applied
 //     updates equals the sum of the inputs less the two final errors, and the errors stay bounded
-//   - --comm-refresh K: which steps refresh and the step of v's last update (onebit_is_refresh, onebit_v_step);
-//     one lazy refresh step (onebit_refresh_update, the kernel adamw_update with v's decay b2^K) against plain C
+//   - the variance steps (onebit_schedule) against a step-at-a-time count, for several warm-ups and --comm-refresh;
+//     one lazy variance step (onebit_refresh_update, the kernel adamw_update with v's decay b2^I) against plain C
 //     that updates v K times with the step's g^2 (so v = b2^K v + (1 - b2^K) g^2) and corrects with 1 - b2^t,
 //     with clipping and weight decay; the floatX copy within one step of the master weight
 //   - the sizes: the message is chunk / 8 + 4 chunk / ONEBIT_GROUP bytes, >= 16x fewer than fp32's all-reduce
@@ -412,28 +412,68 @@ static void test_error_feedback(void) {
     cudaFree(d_w), cudaFree(d_x), cudaFree(d_m), cudaFree(d_v), cudaFree(d_g);
 }
 
-// --comm-refresh K (warm-up 5, K = 4): the schedule, and one lazy refresh step at t = 13 against plain C.
+// schedule_ref: the variance steps counted a step at a time, in the form of DeepSpeed's ZeroOneAdam (an interval
+// that doubles after every kappa updates; here measured from the last variance step): after the warm-up of
+// W steps a step is a variance step when its distance from the last one reaches the interval, and the interval
+// doubles after every S of them while it is below K (here: then it stays K; S = 0: every K). Fills is[1..T].
+static void schedule_ref(int W, int S, int K, int T, char* is) {
+    int last = W, gap = 1, count = 0;
+    for (int t = 1; t <= T; t++) {
+        is[t] = t <= W;
+        if (t <= W || K <= 0 || t - last < (S > 0 ? gap : K)) continue;
+        is[t] = 1, last = t;
+        if (gap < K && ++count == S) count = 0, gap *= 2;
+        if (gap > K) gap = K;
+    }
+}
+
+// The variance steps (warm-up W, longest spacing K): onebit_schedule against schedule_ref for every step, the count
+// and the step of v's last update; then one lazy variance step at t = 61 (W = 5, K = 4: spacing 4 there) against
+// plain C.
 static void test_refresh(void) {
-    OneBit ob;
-    memset(&ob, 0, sizeof ob);  // the schedule needs only warmup and refresh, the refresh step numel
-    ob.world = 1, ob.warmup = 5, ob.refresh = 4, ob.numel = 1000;
-    const int steps[] = {3, 5, 6, 8, 9, 10, 12, 13, 16, 17}, want_v[] = {3, 5, 5, 5, 9, 9, 9, 13, 13, 17};
-    const int want_refresh[] = {0, 0, 0, 0, 1, 0, 0, 1, 0, 1};
+    const int T = 3000, Ws[] = {1, 5, 25, 300}, Ks[] = {0, 1, 4, 100, 1000}, Ss[] = {0, 1, 3, 16};
+    char* is = (char*)malloc(T + 1);
     int bad = 0;
-    for (int k = 0; k < 10; k++)
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 5; b++)
+            for (int c = 0; c < 4; c++) {
+                schedule_ref(Ws[a], Ss[c], Ks[b], T, is);
+                int last = 0, count = 0;
+                for (int t = 1; t <= T; t++) {
+                    if (is[t]) last = t, count++;
+                    int n, got = onebit_schedule(Ws[a], Ss[c], Ks[b], t, &n);
+                    if ((got != last || n != count) && bad++ < 5)
+                        printf("  W %d S %d K %d step %d: last variance step %d (want %d), count %d (want %d)\n", Ws[a],
+                               Ss[c], Ks[b], t, got, last, n, count);
+                }
+            }
+    CHECK(bad == 0, "the variance steps: %d steps where onebit_schedule and the counting reference differ", bad);
+    free(is);
+    OneBit ob;
+    memset(&ob, 0, sizeof ob);  // the schedule needs only warmup and refresh, the variance step numel
+    ob.world = 1, ob.warmup = 5, ob.refresh = 4, ob.var_steps = 16, ob.numel = 1000;
+    // W = 5, S = 16: steps 6..21 (spacing 1), 23..53 (2), then 57, 61, ... (K = 4)
+    const int steps[] = {5, 6, 21, 22, 23, 53, 54, 56, 57, 60, 61},
+              want_v[] = {5, 6, 21, 21, 23, 53, 53, 53, 57, 57, 61};
+    const int want_refresh[] = {0, 1, 1, 0, 1, 1, 0, 0, 1, 0, 1};
+    bad = 0;
+    for (int k = 0; k < 11; k++)
         if (onebit_v_step(&ob, steps[k]) != want_v[k] || onebit_is_refresh(&ob, steps[k]) != want_refresh[k]) {
-            printf("  step %d: v_step %d (want %d), refresh %d (want %d)\n", steps[k], onebit_v_step(&ob, steps[k]),
-                   want_v[k], onebit_is_refresh(&ob, steps[k]), want_refresh[k]);
+            printf("  step %d: v_step %d (want %d), variance step %d (want %d)\n", steps[k],
+                   onebit_v_step(&ob, steps[k]), want_v[k], onebit_is_refresh(&ob, steps[k]), want_refresh[k]);
             bad++;
         }
-    CHECK(bad == 0, "refresh every 4 steps after a warm-up of 5: %d steps with the wrong schedule", bad);
+    CHECK(bad == 0, "the variance steps after a warm-up of 5, K = 4: %d steps wrong", bad);
+    CHECK(onebit_var_decay(&ob, 61, 0.5f) == 0.0625f && onebit_var_decay(&ob, 22 + 1, 0.5f) == 0.25f &&
+              onebit_var_decay(&ob, 7, 0.5f) == 0.5f,
+          "the kept share of v: b2^(steps since v's last update)");
     ob.refresh = 0;
-    CHECK(onebit_v_step(&ob, 100) == 5 && !onebit_is_refresh(&ob, 9), "no refresh: v_step(100) = %d, want 5",
+    CHECK(onebit_v_step(&ob, 100) == 5 && !onebit_is_refresh(&ob, 9), "no variance steps: v_step(100) = %d, want 5",
           onebit_v_step(&ob, 100));
     ob.refresh = 4;
 
     const size_t n = 1000, n_decay = 600;
-    const int t = 13, K = 4;
+    const int t = 61, K = 4;
     const float lr = 0.01f, b1 = 0.9f, b2 = 0.9f, eps = 1e-8f, wd = 0.1f, max_norm = 1.f, norm = 2.f;  // clip 0.5
     float *w = frand(n, 1.f), *g = frand(n, 1.f), *m = frand(n, 0.1f), *v = frand(n, 0.01f);
     for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);

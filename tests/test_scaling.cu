@@ -130,7 +130,7 @@ int main(void) {
     CHECK(near(after.exposed_s, tp0 - 0.375 * fwd + sync), "onebit, 30 ms micro-batch: exposed %.9f, want %.9f",
           after.exposed_s, tp0 - 0.375 * fwd + sync);
     CHECK(near(o.run_efficiency, o.efficiency), "no warm-up: the run's average is the step's");
-    w.warmup_share = 0.1;
+    w.adamw_share = 0.1;  // (w.refresh 0: the compressed phase has no AdamW step)
     o = scaling_predict(&c, &w, ob, 1, 15000, 0);
     ScalingPrediction hb = scaling_predict(&c, &w, &scaling_modes[SCALING_BF16], 1, 15000, 0);  // the warm-up's
     double bf16_step = 30 + hb.exposed_s;
@@ -139,6 +139,14 @@ int main(void) {
     CHECK(o.run_efficiency > fmin(hb.efficiency, o.efficiency) && o.run_efficiency < fmax(hb.efficiency, o.efficiency),
           "the run's average %.6f lies between bf16's %.6f and onebit's %.6f (bf16 is faster here)", o.run_efficiency,
           hb.efficiency, o.efficiency);
+    // one step in K = 10 an AdamW step after the warm-up: the steady state mixes 9 compressed steps with 1 bf16 step;
+    // the whole run's share (0.1) counts every AdamW step, so it mixes compressed steps with bf16's, not the steady
+    w.refresh = 10;
+    ScalingPrediction k = scaling_predict(&c, &w, ob, 1, 15000, 0);
+    CHECK(near(k.step_s, 0.9 * o.step_s + 0.1 * bf16_step) && near(k.run_efficiency, o.run_efficiency),
+          "--comm-refresh 10: steady step %.9f (want %.9f), whole run %.9f (want %.9f)", k.step_s,
+          0.9 * o.step_s + 0.1 * bf16_step, k.run_efficiency, o.run_efficiency);
+    w.refresh = 0;
 
     // 4. --grad-accum auto: accum >= exposed x 0.95 / (0.05 x micro), and one less is not enough
     ScalingPrediction a = scaling_predict(&c, &w, fp32, 0, 1500, 0);
