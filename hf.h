@@ -706,8 +706,10 @@ static inline long long bert_tokenizer_vocab(const char* json, size_t n) {
                 int c = bj_peek(&j), list = c == '[';
                 if (added && !strcmp(key, "id")) {
                     double id = bj_number(&j);
-                    if (!(id >= 0 && id < 2147483648.0 && id == floor(id))) j.err = 1;
-                    if (id > top) top = (long long)id;
+                    if (!(id >= 0 && id < 2147483648.0 && id == floor(id)))
+                        j.err = 1;
+                    else if (id > top)  // (only a whole id in range is converted)
+                        top = (long long)id;
                 } else if (model && !strcmp(key, "vocab") && (c == '{' || list)) {
                     have_vocab = 1;
                     j.s++;
@@ -721,8 +723,10 @@ static inline long long bert_tokenizer_vocab(const char* json, size_t n) {
                             bj_eat(&j, ':');
                             id = bj_number(&j);
                         }
-                        if (!(id >= 0 && id < 2147483648.0 && id == floor(id))) j.err = 1;
-                        if (id > top) top = (long long)id;
+                        if (!(id >= 0 && id < 2147483648.0 && id == floor(id)))
+                            j.err = 1;
+                        else if (id > top)
+                            top = (long long)id;
                         if (bj_peek(&j) == ',') j.s++;
                     }
                     bj_eat(&j, list ? ']' : '}');

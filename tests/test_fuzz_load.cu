@@ -1,9 +1,9 @@
 // tests/test_fuzz_load.cu: the loaders of the files the trainer reads, fuzzed. From valid files of a tiny model,
 // thousands of mutated ones (FUZZ_ITERS of each kind, default 3000; FUZZ_SEED picks other mutations):
 //   - checkpoints (checkpoint.h, as --resume and --eval read them: ckpt_verify, ckpt_layout_ok,
-//     ckpt_counters_ok, ckpt_read, with ckpt_check_run), of bf16 and fp32 weights, with and without 1-bit Adam
-//     errors: byte flips, truncations and extensions, header fields set to edge values (numel and body_bytes
-//     0, 1, 2^62, 2^63 and 2^64 - 1, negative x_bytes, onebit_world, step, T and config sizes, an infinite
+//     ckpt_counters_ok, ckpt_read with and without a run to check against), of bf16 and fp32 weights, also older
+//     files with 1-bit Adam errors: byte flips, truncations and extensions, header fields set to edge values (numel and
+//     body_bytes 0, 1, 2^62, 2^63 and 2^64 - 1, negative x_bytes, onebit_world, step, T and config sizes, an infinite
 //     layer_norm_eps, a token count of 2^63), state values the gate refuses (NaN, a negative v), each also
 //     with its CRC recomputed so that the mutation gets past the checksum; and whole checkpoints forged for a
 //     configuration or sequence length with one edge value (sizes, CRC right);
@@ -12,7 +12,8 @@
 //     numbers of shapes and data_offsets set to -1, 1.5, 1e300, 2^64, nan, 0x10; duplicated, dropped and swapped
 //     entries, tensors renamed (non-UTF-8 too), nesting 10^6 deep, JSON cut short, stray characters;
 //   - config.json (bert_read_config): values replaced (negative, fractional, 2^31, strings, null, lists,
-//     deep nesting), keys duplicated or dropped, non-UTF-8 bytes, truncations.
+//     deep nesting), keys duplicated or dropped, non-UTF-8 bytes, truncations; tokenizer.json's vocabulary
+//     (bert_tokenizer_vocab, read at start-up beside the shards) the same ways.
 // Each input must be loaded, holding exactly what the file holds (checkpoints: every state array compared on
 // the device; safetensors whose header was not touched: every weight against the data decoded here; a
 // config.json of the model's sizes: loaded with the export's weights) and what the trainer takes for granted
@@ -162,7 +163,8 @@ static std::string make_ckpt(const BertParams* p, int x_bytes, int W, int T = 8)
     memcpy(h.magic, CKPT_MAGIC, 8);
     h.version = CKPT_VERSION, h.header_bytes = sizeof h, h.cfg = p->cfg, h.T = T, h.step = 3, h.x_bytes = x_bytes;
     h.onebit_world = W, h.numel = p->numel, h.tokens = 1000, h.data.version = DATA_STATE_VERSION;
-    h.body_bytes = p->numel * (12 + (x_bytes == 2 ? 2 : 0)) + ckpt_onebit_bytes(&h);  // (errors: older files')
+    h.body_bytes =
+        p->numel * (12 + (x_bytes == 2 ? 2 : 0)) + (W ? (W + 1) * p->numel * 4 : 0);  // (older files' errors)
     std::string s((const char*)&h, sizeof h);
     std::vector<float> master(p->numel);
     for (size_t r = 0; r < 3 + (size_t)(W ? W + 1 : 0); r++) {  // master, m, v, then the 1-bit errors
@@ -335,18 +337,27 @@ static void fuzz_checkpoints(int iters) {
         else
             mutate_ckpt(s, p.numel);
         write_file(path, s);
-        CkptHeader h;
-        char why[256] = "";
+        CkptHeader h, he;
+        char why[256] = "", why_eval[256] = "";
         quiet_begin();
-        int ok = ckpt_verify(path, &h, why, sizeof why) && ckpt_layout_ok(&h, why, sizeof why) &&
-                 ckpt_counters_ok(&h, why, sizeof why);
-        // what ckpt_check_run refuses for this run (it exits): another model, precision or step
-        int runs = ok && !memcmp(&h.cfg, &cfg, sizeof cfg) && h.T == 8 && h.x_bytes == (int32_t)sizeof(floatX) &&
-                   h.body_bytes == ckpt_body_bytes(&model) + ckpt_onebit_bytes(&h) && h.step >= 0 && h.step <= steps;
-        char why2[256] = "";
-        if (runs && !ckpt_read(path, &model, &gr, &h, steps, why2, sizeof why2))
-            fail_input(&t, "verified, then not read: %s", why2);
+        int intact = ckpt_verify(path, &h, why, sizeof why);
+        int ok = intact && ckpt_layout_ok(&h, why, sizeof why) && ckpt_counters_ok(&h, why, sizeof why);
+        int fits = intact && h.x_bytes == (int32_t)sizeof(floatX) &&
+                   h.body_bytes == ckpt_body_bytes(&model) + ckpt_onebit_bytes(&h);
+        // --eval's read (no run to check against: the state streamed to the device where its sizes are this
+        // model's), for every input
+        int eval_read = ckpt_read(path, &model, &gr, &he, -1, why_eval, sizeof why_eval);
+        int eval_state = eval_read && check_ckpt_loaded(s, &model);
+        // --resume's read of what this run takes (ckpt_check_run exits on another model, precision or step)
+        int runs = ok && fits && !memcmp(&h.cfg, &cfg, sizeof cfg) && h.T == 8 && h.step >= 0 && h.step <= steps;
+        int loaded = runs && ckpt_read(path, &model, &gr, &h, steps, why, sizeof why);
         std::string printed = quiet_end();
+        if (eval_read != fits)
+            fail_input(&t, "--eval's read gave %d for an intact checkpoint of this model's sizes: %d (%s)", eval_read,
+                       fits, why_eval);
+        if (!eval_read && !why_eval[0]) fail_input(&t, "--eval's read refused it without a reason");
+        if (eval_read && !eval_state) fail_input(&t, "--eval's read loaded it, but the model does not hold its state");
+        if (runs && !loaded) fail_input(&t, "--resume's read refused what it takes: %s", why);
         if (i < 4 && !ok) fail_input(&t, "a valid checkpoint refused: %s", why);
         if (!ok && !why[0]) fail_input(&t, "refused without a reason");
         if (ok) {
@@ -363,11 +374,10 @@ static void fuzz_checkpoints(int iters) {
             if (h.T < 2 || h.T > c->max_position)
                 fail_input(&t, "accepted sequence length %d (2 to the %d positions)", h.T, c->max_position);
         }
-        if (runs && !check_ckpt_loaded(s, &model)) fail_input(&t, "loaded, but the model does not hold its state");
-        if (runs && model.step != h.step) fail_input(&t, "loaded step %d, the file says %d", model.step, h.step);
-        if (i < 4 && (i % 4 < 2) == (sizeof(floatX) == 2) && !runs) fail_input(&t, "the valid seed was not loaded");
-        if (runs) t.loaded++;
-        if (!ok) t.refused++;
+        if (loaded && !check_ckpt_loaded(s, &model)) fail_input(&t, "loaded, but the model does not hold its state");
+        if (loaded && model.step != h.step) fail_input(&t, "loaded step %d, the file says %d", model.step, h.step);
+        if (i < 4 && (i % 4 < 2) == (sizeof(floatX) == 2) && !loaded) fail_input(&t, "the valid seed was not loaded");
+        t.loaded += loaded, t.refused += !ok;
         (void)printed;
     }
     tally_check(&t);
@@ -673,6 +683,38 @@ static void fuzz_config(int iters) {
     bert_params_free(&p);
 }
 
+// tokenizer.json (hf.h: bert_tokenizer_vocab, what start-up reads beside the shards): a WordPiece vocabulary (an
+// object of token: id) and a Unigram one (a list of [token, score]), each with added tokens. Its answer is the
+// vocabulary size, or -1 (refused: the caller says so, naming the file).
+static void fuzz_tokenizer(int iters) {
+    static const char* seeds[2] = {
+        "{\"version\": \"1.0\", \"truncation\": null, \"added_tokens\": [{\"id\": 0, \"content\": \"[PAD]\", "
+        "\"special\": true}, {\"id\": 5, \"content\": \"[MASK]\", \"special\": true}], \"normalizer\": "
+        "{\"type\": \"BertNormalizer\", \"lowercase\": false}, \"model\": {\"type\": \"WordPiece\", "
+        "\"unk_token\": \"[UNK]\", \"vocab\": {\"[PAD]\": 0, \"[UNK]\": 1, \"a\": 2, \"b\": 3, \"##c\": 4}}}",
+        "{\"added_tokens\": [{\"id\": 3, \"content\": \"<mask>\"}], \"model\": {\"type\": \"Unigram\", "
+        "\"vocab\": [[\"<pad>\", 0.0], [\"a\", -1.5], [\"b\", -2.25e0], [\"c\", -3]], \"unk_id\": 0}}"};
+    static const long long want[2] = {6, 4};
+    std::vector<std::string> names = {"model", "vocab", "added_tokens", "id", "type", "[PAD]"};
+    Tally t = {"tokenizer.json", 0, 0, 0, 0};
+    for (int i = 0; i < iters + 2; i++, t.inputs++) {
+        std::string s = seeds[i % 2];
+        if (i < 2)
+            snprintf(what, sizeof what, "the valid seed %d", i);
+        else if (below(4))
+            mutate_json(s, names);
+        else
+            mutate_bytes(s, s.size());
+        quiet_begin();
+        long long v = bert_tokenizer_vocab(s.c_str(), s.size());
+        quiet_end();
+        if (i < 2 && v != want[i]) fail_input(&t, "the valid seed gave %lld ids, not %lld", v, want[i]);
+        if (v != -1 && (v < 1 || v > 2147483648ll)) fail_input(&t, "gave %lld ids: neither -1 nor 1 to 2^31", v);
+        t.loaded += v >= 0, t.refused += v < 0;
+    }
+    tally_check(&t);
+}
+
 int main(void) {
     const char* it = getenv("FUZZ_ITERS");
     int iters = it && *it ? atoi(it) : 3000;
@@ -700,6 +742,9 @@ int main(void) {
     printf("  (%.1f s)\n", now_s() - t0);
     rng_state = seed * 0x9E3779B97F4A7C15ull + 3;
     fuzz_config(iters);
+    printf("  (%.1f s)\n", now_s() - t0);
+    rng_state = seed * 0x9E3779B97F4A7C15ull + 4;
+    fuzz_tokenizer(iters);
     printf("  (%.1f s)\n", now_s() - t0);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
