@@ -58,8 +58,9 @@
 // or 100 steps ended within 0.1% of each other and 0.6 points closer to fp32 than none.
 #define ONEBIT_REFRESH_DEFAULT 100
 // --comm-var-steps's default: the variance steps' spacing doubles after every ONEBIT_VAR_SCALER of them (0/1 Adam's
-// kappa, DeepSpeed's var_update_scaler, whose default this is). Measured on one GPU (docs/scaling.md): 8 left the runs
-// 0.5% to 3.8% above fp32, 16 and 32 within 0.3% (16 costs fewer bf16 steps than 32 for the same settling).
+// kappa, DeepSpeed's var_update_scaler, whose default this is). Measured on one GPU (docs/scaling.md: the mini
+// preset, 3 seeds, T=32 and 64): after a 1-step warm-up, 8 left runs up to 3.8% above fp32's loss, 16 up to 2.9%
+// and 32 up to 0.3%; after the default warm-up (--warmup's 25 steps) 16 stayed within 0.21%.
 #define ONEBIT_VAR_SCALER 16
 // The deadline of the start-up all-to-all that opens 1-bit Adam's point-to-point connections (the trainer's
 // onebit_setup): NCCL connects a pair of ranks on its first exchange, and the first all-to-all at 240 GPUs took
@@ -68,9 +69,10 @@
 // --comm-warmup's default: the learning rate's warm-up (--warmup; its default 1% of --steps), at least 1 step and
 // below --steps: AdamW with the bf16 all-reduce while v changes fastest; after it, the variance steps (below) keep
 // updating v ever more rarely. DeepSpeed's 0/1 Adam ends its variance updates at the end of the learning-rate
-// warm-up too ("var_freeze_step ... is usually the end of the learning rate warmup"). Measured in docs/scaling.md:
-// a warm-up of 1 step left the compressed runs 0.4% to 2.9% above fp32 on some seeds; 20% of --steps (the default
-// before 2026-11-28, with v frozen after it but for a refresh every 100 steps) 2.9% at T=32 on one seed.
+// warm-up too ("var_freeze_step ... is usually the end of the learning rate warmup"). Measured (docs/scaling.md:
+// one GPU, the mini preset, 3 seeds, T=32 and 64): with --warmup's 25 steps the runs ended within 0.21% of fp32's
+// loss, with a 1-step warm-up up to 2.9% above it; 20% of --steps with v frozen after it but for one update every
+// 100 steps (the scheme before 2026-11-28) up to 2.9% above it at T=32.
 static inline int onebit_default_warmup(int steps, int lr_warmup) {
     int w = lr_warmup >= 0 ? lr_warmup : steps / 100;
     if (w > steps - 1) w = steps - 1;
