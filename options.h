@@ -152,9 +152,9 @@ static const Flag flags[] = {
     {NULL, NULL, F_HELP, 0, 0, 0, NULL, 0, "communication and the optimizer at scale (docs/scaling.md):"},
     {"--comm", "fp32|bf16|onebit", F_CHOICE, AT(comm), 0, 0, "fp32", M_RUN | M_BENCH,
      "fp32: buckets all-reduced in fp32; bf16: half the bytes; onebit: 1-bit Adam,\n"
-     "after --comm-warmup steps of AdamW (bf16 all-reduce) the variance is frozen; only the\n"
-     "momentum's signs and one scale per 256 elements are sent, about 28x fewer bytes\n"
-     "than fp32 (also on one GPU, to see its effect)"},
+     "after --comm-warmup steps of AdamW (bf16 all-reduce) only the momentum's signs and\n"
+     "one scale per 256 elements are sent, but on the variance steps (AdamW, ever rarer):\n"
+     "about 25x fewer bytes than fp32 (also on one GPU, to see its effect)"},
     {"--grad-reduce", "fp32|bf16", F_CHOICE, AT(comm), 0, 0, NULL, M_RUN | M_BENCH,
      "the older name of --comm fp32 | bf16"},
     {"--comm-warmup", "N", F_INT, AT(comm_warmup), 1, INT_MAX, NULL, M_RUN,
@@ -381,7 +381,7 @@ static void check_flag_combinations(const Options* o) {
     }
 }
 
-// check_comm_options: --comm onebit, --comm-warmup and --comm-refresh against the other flags (one line and exit 1).
+// check_comm_options: --comm onebit and its --comm-* flags against the other flags (one line and exit 1).
 static void check_comm_options(const Options* o) {
     const char* why = NULL;
     if (o->comm_warmup && !o->onebit)
